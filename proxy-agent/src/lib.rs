@@ -1,0 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
+//! proxy-agent: a Kubernetes service proxy with kube-proxy's behaviour and an eBPF fast path.
+//!
+//! Three stages, one direction: cluster objects ([`k8s`], [`source`]) -> a pure model
+//! ([`model`]) -> per-mode desired state and apply ([`proxier`]). Only the apply half of a
+//! proxier touches the kernel.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod ebpf_object;
+pub mod k8s;
+pub mod model;
+pub mod node;
+pub mod runner;
+pub mod telemetry;

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Map names and default sizes. The `_V1` suffix is the layout version: aya reuses an
+//! existing pin without checking its layout, so a layout change must change the name.
+
+/// Frontends: (address, port, protocol, scope, slot) -> slot 0 = service, slot n = backend n.
+pub const SVC4: &str = "SVC4_V1";
+pub const SVC6: &str = "SVC6_V1";
+/// Backend id -> address and port.
+pub const BACKENDS4: &str = "BACKENDS4_V1";
+pub const BACKENDS6: &str = "BACKENDS6_V1";
+/// rev_nat_id -> the service frontend, used to undo a translation.
+pub const REV_NAT4: &str = "REV_NAT4_V1";
+pub const REV_NAT6: &str = "REV_NAT6_V1";
+/// (socket cookie, backend) -> frontend, for recvmsg/getpeername (LRU).
+pub const SOCK_REV_NAT4: &str = "SOCK_REV_NAT4_V1";
+pub const SOCK_REV_NAT6: &str = "SOCK_REV_NAT6_V1";
+/// (client, rev_nat_id) -> backend id and last use, for sessionAffinity ClientIP (LRU).
+pub const AFFINITY: &str = "AFFINITY_V1";
+/// Service CIDRs (LPM): packets to an address inside them that is no frontend are dropped.
+pub const SVC_CIDRS4: &str = "SVC_CIDRS4_V1";
+pub const SVC_CIDRS6: &str = "SVC_CIDRS6_V1";
+/// Node addresses on which NodePorts are served (nodePortAddresses applied).
+pub const NODEPORT_ADDRS4: &str = "NODEPORT_ADDRS4_V1";
+pub const NODEPORT_ADDRS6: &str = "NODEPORT_ADDRS6_V1";
+/// Per-LB-frontend loadBalancerSourceRanges (LPM keyed by rev_nat_id + source prefix).
+pub const SRC_RANGES4: &str = "SRC_RANGES4_V1";
+pub const SRC_RANGES6: &str = "SRC_RANGES6_V1";
+/// Connection tracking of translated north-south flows (LRU, 5-tuple).
+pub const CT4: &str = "CT4_V1";
+pub const CT6: &str = "CT6_V1";
+/// Single-slot array holding [`crate::LbConfig`].
+pub const LB_CONFIG: &str = "LB_CONFIG_V1";
+
+/// Every map the programs define, for pinning, inspection and cleanup.
+pub const ALL: &[&str] = &[
+    SVC4,
+    SVC6,
+    BACKENDS4,
+    BACKENDS6,
+    REV_NAT4,
+    REV_NAT6,
+    SOCK_REV_NAT4,
+    SOCK_REV_NAT6,
+    AFFINITY,
+    SVC_CIDRS4,
+    SVC_CIDRS6,
+    NODEPORT_ADDRS4,
+    NODEPORT_ADDRS6,
+    SRC_RANGES4,
+    SRC_RANGES6,
+    CT4,
+    CT6,
+    LB_CONFIG,
+];
+
+/// Compile-time capacities; the agent overrides them from its configuration at load time.
+pub const DEFAULT_SVC_ENTRIES: usize = 65_536;
+pub const DEFAULT_BACKEND_ENTRIES: usize = 65_536;
+pub const DEFAULT_REV_NAT_ENTRIES: usize = 65_536;
+pub const DEFAULT_SOCK_REV_NAT_ENTRIES: usize = 131_072;
+pub const DEFAULT_AFFINITY_ENTRIES: usize = 65_536;
+pub const DEFAULT_CT_ENTRIES: usize = 131_072;
+pub const DEFAULT_CIDR_ENTRIES: usize = 64;
+pub const DEFAULT_NODE_ADDR_ENTRIES: usize = 256;
+pub const DEFAULT_SRC_RANGE_ENTRIES: usize = 16_384;

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Reverse NAT: from a rev_nat_id back to the frontend, and per-socket entries that let
+//! recvmsg and getpeername show the frontend instead of the backend.
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RevNat4Value {
+    pub addr: u32,
+    pub port: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<RevNat4Value>() == 8);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RevNat6Value {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<RevNat6Value>() == 20);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockRevNat4Key {
+    pub cookie: u64,
+    /// The backend the socket was sent to.
+    pub addr: u32,
+    pub port: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<SockRevNat4Key>() == 16);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockRevNat4Value {
+    /// The frontend the application asked for.
+    pub addr: u32,
+    pub port: u16,
+    /// Checked against [`RevNat4Value`] before restoring, so a reused id never leaks an
+    /// unrelated frontend.
+    pub rev_nat_id: u16,
+}
+const _: () = assert!(core::mem::size_of::<SockRevNat4Value>() == 8);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockRevNat6Key {
+    pub cookie: u64,
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub _pad: [u8; 6],
+}
+const _: () = assert!(core::mem::size_of::<SockRevNat6Key>() == 32);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockRevNat6Value {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub rev_nat_id: u16,
+}
+const _: () = assert!(core::mem::size_of::<SockRevNat6Value>() == 20);
