@@ -62,11 +62,9 @@ impl_pod!(
     Ct4Key,
     Ct6Key,
     CtValue,
-    Cidr4Key,
-    Cidr6Key,
     NodeAddr4Key,
     NodeAddr6Key,
     LbConfig,
-    SourceRange4Key,
-    SourceRange6Key,
+    SourceRange4,
+    SourceRange6,
 );

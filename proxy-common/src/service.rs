@@ -40,6 +40,15 @@ pub mod svc_flags {
     /// Traffic from outside the cluster must be masqueraded to reach the backends
     /// (eTP=Cluster on external frontends).
     pub const MASQUERADE: u16 = 1 << 11;
+    /// Source ranges: clients in the host network namespace are allowed (the node address
+    /// they would use is inside the ranges). Used by socket programs, which see no source
+    /// address for an unbound socket.
+    pub const SRC_RANGE_HOST_ALLOWED: u16 = 1 << 12;
+    /// Source ranges: every pod address of this node is inside the ranges.
+    pub const SRC_RANGE_PODS_ALLOWED: u16 = 1 << 13;
+    /// Source ranges: some but not all pod addresses of this node are inside the ranges;
+    /// socket programs leave the connection to tc, which sees the real source.
+    pub const SRC_RANGE_PODS_DEFER: u16 = 1 << 14;
 }
 
 #[repr(C)]

@@ -1,12 +1,54 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+//! The service proxy's eBPF programs. Entry points only; the logic is in the modules.
 #![no_std]
 #![no_main]
 
+mod lb;
+mod maps;
+mod sock;
+
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
+use crate::lb::{V4, V6};
+
 #[cgroup_sock_addr(connect4)]
-pub fn sock_connect4(_ctx: SockAddrContext) -> i32 {
-    1
+pub fn sock_connect4(ctx: SockAddrContext) -> i32 {
+    sock::translate::<V4, false>(&ctx)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn sock_connect6(ctx: SockAddrContext) -> i32 {
+    sock::translate::<V6, false>(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn sock_sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock::translate::<V4, true>(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sock_sendmsg6(ctx: SockAddrContext) -> i32 {
+    sock::translate::<V6, true>(&ctx)
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn sock_recvmsg4(ctx: SockAddrContext) -> i32 {
+    sock::restore::<V4>(&ctx)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn sock_recvmsg6(ctx: SockAddrContext) -> i32 {
+    sock::restore::<V6>(&ctx)
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn sock_getpeername4(ctx: SockAddrContext) -> i32 {
+    sock::restore::<V4>(&ctx)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn sock_getpeername6(ctx: SockAddrContext) -> i32 {
+    sock::restore::<V6>(&ctx)
 }
 
 #[cfg(not(test))]

@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+//! Map definitions. BTF maps (`.maps` section) so that `bpftool map dump` shows field names;
+//! the agent pins them and overrides `max_entries` from its configuration at load time.
+//! The static names are the pinned names (see `proxy_common::maps`).
+
+use aya_ebpf::{
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap},
+    macros::btf_map,
+};
+use proxy_common::{
+    AffinityKey, AffinityValue, Backend4Value, Backend6Value, Ct4Key, Ct6Key, CtValue, LbConfig,
+    NodeAddr4Key, NodeAddr6Key, RevNat4Value, RevNat6Value, SockRevNat4Key, SockRevNat4Value,
+    SockRevNat6Key, SockRevNat6Value, SourceRange4, SourceRange6, Svc4Key, Svc6Key, SvcValue,
+    maps::*,
+};
+
+#[btf_map]
+pub static SVC4_V1: HashMap<Svc4Key, SvcValue, DEFAULT_SVC_ENTRIES> = HashMap::new();
+#[btf_map]
+pub static SVC6_V1: HashMap<Svc6Key, SvcValue, DEFAULT_SVC_ENTRIES> = HashMap::new();
+
+#[btf_map]
+pub static BACKENDS4_V1: HashMap<u32, Backend4Value, DEFAULT_BACKEND_ENTRIES> = HashMap::new();
+#[btf_map]
+pub static BACKENDS6_V1: HashMap<u32, Backend6Value, DEFAULT_BACKEND_ENTRIES> = HashMap::new();
+
+#[btf_map]
+pub static REV_NAT4_V1: HashMap<u16, RevNat4Value, DEFAULT_REV_NAT_ENTRIES> = HashMap::new();
+#[btf_map]
+pub static REV_NAT6_V1: HashMap<u16, RevNat6Value, DEFAULT_REV_NAT_ENTRIES> = HashMap::new();
+
+#[btf_map]
+pub static SOCK_REV_NAT4_V1: LruHashMap<
+    SockRevNat4Key,
+    SockRevNat4Value,
+    DEFAULT_SOCK_REV_NAT_ENTRIES,
+> = LruHashMap::new();
+#[btf_map]
+pub static SOCK_REV_NAT6_V1: LruHashMap<
+    SockRevNat6Key,
+    SockRevNat6Value,
+    DEFAULT_SOCK_REV_NAT_ENTRIES,
+> = LruHashMap::new();
+
+#[btf_map]
+pub static AFFINITY_V1: LruHashMap<AffinityKey, AffinityValue, DEFAULT_AFFINITY_ENTRIES> =
+    LruHashMap::new();
+
+#[btf_map]
+pub static SVC_CIDRS4_V1: LpmTrie<[u8; 4], u8, DEFAULT_CIDR_ENTRIES> = LpmTrie::new();
+#[btf_map]
+pub static SVC_CIDRS6_V1: LpmTrie<[u8; 16], u8, DEFAULT_CIDR_ENTRIES> = LpmTrie::new();
+
+#[btf_map]
+pub static NODEPORT_ADDRS4_V1: HashMap<NodeAddr4Key, u8, DEFAULT_NODE_ADDR_ENTRIES> =
+    HashMap::new();
+#[btf_map]
+pub static NODEPORT_ADDRS6_V1: HashMap<NodeAddr6Key, u8, DEFAULT_NODE_ADDR_ENTRIES> =
+    HashMap::new();
+
+#[btf_map]
+pub static SRC_RANGES4_V1: LpmTrie<SourceRange4, u8, DEFAULT_SRC_RANGE_ENTRIES> = LpmTrie::new();
+#[btf_map]
+pub static SRC_RANGES6_V1: LpmTrie<SourceRange6, u8, DEFAULT_SRC_RANGE_ENTRIES> = LpmTrie::new();
+
+#[btf_map]
+pub static CT4_V1: LruHashMap<Ct4Key, CtValue, DEFAULT_CT_ENTRIES> = LruHashMap::new();
+#[btf_map]
+pub static CT6_V1: LruHashMap<Ct6Key, CtValue, DEFAULT_CT_ENTRIES> = LruHashMap::new();
+
+#[btf_map]
+pub static LB_CONFIG_V1: Array<LbConfig, 1> = Array::new();

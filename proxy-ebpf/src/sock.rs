@@ -1,0 +1,267 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+//! Socket-level load balancing (cgroup sock_addr programs), after Cilium's bpf_sock.c:
+//! connect() and sendmsg() rewrite a service frontend to a backend once per connection (per
+//! datagram for unconnected UDP), so east-west traffic needs no per-packet NAT and no
+//! conntrack entry. recvmsg() and getpeername() put the frontend back, from a per-socket
+//! reverse entry written before the rewrite.
+//!
+//! Verdicts: a frontend without any endpoint fails the syscall with ECONNREFUSED (upstream's
+//! REJECT). Cases that upstream DROPs (traffic-policy Local with endpoints only elsewhere, a
+//! source outside loadBalancerSourceRanges, an unallocated service address) are left
+//! untranslated: a socket program cannot drop silently, so the packet travels on and the tc
+//! program on the node's device drops it, and the client sees silence as with upstream.
+//! Every program returns 1 (proceed) except for REJECT.
+
+use aya_ebpf::{
+    bindings::bpf_sock_addr,
+    helpers::{
+        bpf_get_netns_cookie, bpf_get_socket_cookie, generated::bpf_set_retval,
+    },
+    programs::SockAddrContext,
+    EbpfContext as _,
+};
+use proxy_common::{
+    SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue, proto,
+    svc_flags,
+};
+
+use crate::{
+    lb::{Client, Family, Frontend, V4, V6, lookup_frontend, select_backend},
+    maps::{LB_CONFIG_V1, SOCK_REV_NAT4_V1, SOCK_REV_NAT6_V1},
+};
+
+const ECONNREFUSED: i32 = 111;
+
+/// The socket-address side of a family: where the destination sits in `bpf_sock_addr` and
+/// how reverse entries are keyed.
+pub trait SockFamily: Family {
+    fn dst(sa: *mut bpf_sock_addr) -> (Self::Addr, u16);
+    fn set_dst(sa: *mut bpf_sock_addr, addr: Self::Addr, port: u16);
+    /// The address the socket is bound to, if any (0 / :: when unbound).
+    fn bound_src(sa: *mut bpf_sock_addr) -> Self::Addr;
+    /// The source address given to sendmsg() (IP_PKTINFO), if any.
+    fn msg_src(sa: *mut bpf_sock_addr) -> Self::Addr;
+    fn save_rev(cookie: u64, backend: (Self::Addr, u16), frontend: (Self::Addr, u16), id: u16);
+    /// The frontend a socket's reverse entry names for this backend.
+    fn load_rev(cookie: u64, backend: (Self::Addr, u16)) -> Option<(Self::Addr, u16, u16)>;
+    fn forget_rev(cookie: u64, backend: (Self::Addr, u16));
+}
+
+impl SockFamily for V4 {
+    #[inline(always)]
+    fn dst(sa: *mut bpf_sock_addr) -> (u32, u16) {
+        unsafe { ((*sa).user_ip4, (*sa).user_port as u16) }
+    }
+    #[inline(always)]
+    fn set_dst(sa: *mut bpf_sock_addr, addr: u32, port: u16) {
+        unsafe {
+            (*sa).user_ip4 = addr;
+            (*sa).user_port = port as u32;
+        }
+    }
+    #[inline(always)]
+    fn bound_src(sa: *mut bpf_sock_addr) -> u32 {
+        unsafe {
+            let sk = (*sa).__bindgen_anon_1.sk;
+            if sk.is_null() { 0 } else { (*sk).src_ip4 }
+        }
+    }
+    #[inline(always)]
+    fn msg_src(sa: *mut bpf_sock_addr) -> u32 {
+        unsafe { (*sa).msg_src_ip4 }
+    }
+    #[inline(always)]
+    fn save_rev(cookie: u64, backend: (u32, u16), frontend: (u32, u16), id: u16) {
+        let key = SockRevNat4Key { cookie, addr: backend.0, port: backend.1, _pad: 0 };
+        let value = SockRevNat4Value { addr: frontend.0, port: frontend.1, rev_nat_id: id };
+        // An identical entry (a UDP socket sending again) is left alone: no write per datagram.
+        if unsafe { SOCK_REV_NAT4_V1.get(key) } != Some(&value) {
+            let _ = SOCK_REV_NAT4_V1.insert(key, value, 0);
+        }
+    }
+    #[inline(always)]
+    fn load_rev(cookie: u64, backend: (u32, u16)) -> Option<(u32, u16, u16)> {
+        let key = SockRevNat4Key { cookie, addr: backend.0, port: backend.1, _pad: 0 };
+        unsafe { SOCK_REV_NAT4_V1.get(key).map(|v| (v.addr, v.port, v.rev_nat_id)) }
+    }
+    #[inline(always)]
+    fn forget_rev(cookie: u64, backend: (u32, u16)) {
+        let key = SockRevNat4Key { cookie, addr: backend.0, port: backend.1, _pad: 0 };
+        let _ = SOCK_REV_NAT4_V1.remove(key);
+    }
+}
+
+#[inline(always)]
+fn words_to_bytes(w: [u32; 4]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    let mut i = 0;
+    while i < 4 {
+        let b = w[i].to_ne_bytes();
+        out[i * 4] = b[0];
+        out[i * 4 + 1] = b[1];
+        out[i * 4 + 2] = b[2];
+        out[i * 4 + 3] = b[3];
+        i += 1;
+    }
+    out
+}
+
+#[inline(always)]
+fn bytes_to_words(b: [u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+        u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+        u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
+    ]
+}
+
+impl SockFamily for V6 {
+    #[inline(always)]
+    fn dst(sa: *mut bpf_sock_addr) -> ([u8; 16], u16) {
+        unsafe {
+            let w = [(*sa).user_ip6[0], (*sa).user_ip6[1], (*sa).user_ip6[2], (*sa).user_ip6[3]];
+            (words_to_bytes(w), (*sa).user_port as u16)
+        }
+    }
+    #[inline(always)]
+    fn set_dst(sa: *mut bpf_sock_addr, addr: [u8; 16], port: u16) {
+        let w = bytes_to_words(addr);
+        unsafe {
+            (*sa).user_ip6[0] = w[0];
+            (*sa).user_ip6[1] = w[1];
+            (*sa).user_ip6[2] = w[2];
+            (*sa).user_ip6[3] = w[3];
+            (*sa).user_port = port as u32;
+        }
+    }
+    #[inline(always)]
+    fn bound_src(sa: *mut bpf_sock_addr) -> [u8; 16] {
+        unsafe {
+            let sk = (*sa).__bindgen_anon_1.sk;
+            if sk.is_null() {
+                return [0; 16];
+            }
+            let w = [(*sk).src_ip6[0], (*sk).src_ip6[1], (*sk).src_ip6[2], (*sk).src_ip6[3]];
+            words_to_bytes(w)
+        }
+    }
+    #[inline(always)]
+    fn msg_src(sa: *mut bpf_sock_addr) -> [u8; 16] {
+        unsafe {
+            let w = [
+                (*sa).msg_src_ip6[0],
+                (*sa).msg_src_ip6[1],
+                (*sa).msg_src_ip6[2],
+                (*sa).msg_src_ip6[3],
+            ];
+            words_to_bytes(w)
+        }
+    }
+    #[inline(always)]
+    fn save_rev(cookie: u64, backend: ([u8; 16], u16), frontend: ([u8; 16], u16), id: u16) {
+        let key = SockRevNat6Key { cookie, addr: backend.0, port: backend.1, _pad: [0; 6] };
+        let value = SockRevNat6Value { addr: frontend.0, port: frontend.1, rev_nat_id: id };
+        if unsafe { SOCK_REV_NAT6_V1.get(key) } != Some(&value) {
+            let _ = SOCK_REV_NAT6_V1.insert(key, value, 0);
+        }
+    }
+    #[inline(always)]
+    fn load_rev(cookie: u64, backend: ([u8; 16], u16)) -> Option<([u8; 16], u16, u16)> {
+        let key = SockRevNat6Key { cookie, addr: backend.0, port: backend.1, _pad: [0; 6] };
+        unsafe { SOCK_REV_NAT6_V1.get(key).map(|v| (v.addr, v.port, v.rev_nat_id)) }
+    }
+    #[inline(always)]
+    fn forget_rev(cookie: u64, backend: ([u8; 16], u16)) {
+        let key = SockRevNat6Key { cookie, addr: backend.0, port: backend.1, _pad: [0; 6] };
+        let _ = SOCK_REV_NAT6_V1.remove(key);
+    }
+}
+
+#[inline(always)]
+fn reject() -> i32 {
+    // The syscall fails with ECONNREFUSED instead of the default EPERM.
+    unsafe { bpf_set_retval(-ECONNREFUSED) };
+    0
+}
+
+#[inline(always)]
+fn host_netns_cookie() -> u64 {
+    LB_CONFIG_V1.get(0).map(|c| c.host_netns_cookie).unwrap_or(0)
+}
+
+/// Whether loadBalancerSourceRanges let this socket through. Socket programs usually do not
+/// know the source address yet: a bound (or IP_PKTINFO) address is checked exactly; otherwise
+/// the agent's per-frontend verdicts for the node's own namespace and for pods apply.
+#[inline(always)]
+fn source_allowed<F: SockFamily, const SENDMSG: bool>(
+    sa: *mut bpf_sock_addr,
+    svc: &SvcValue,
+    netns: u64,
+) -> bool {
+    // msg_src_* exists only in the sendmsg context (the verifier refuses it elsewhere).
+    let mut src = if SENDMSG { F::msg_src(sa) } else { F::zero() };
+    if src == F::zero() {
+        src = F::bound_src(sa);
+    }
+    if src != F::zero() {
+        return F::source_allowed(svc.rev_nat_id, src);
+    }
+    if netns == host_netns_cookie() {
+        svc.flags & svc_flags::SRC_RANGE_HOST_ALLOWED != 0
+    } else {
+        svc.flags & svc_flags::SRC_RANGE_PODS_ALLOWED != 0
+    }
+}
+
+/// connect() and sendmsg(): frontend -> backend.
+#[inline(always)]
+pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i32 {
+    let sa = ctx.sock_addr;
+    let protocol = unsafe { (*sa).protocol } as u8;
+    if protocol != proto::TCP && protocol != proto::UDP && protocol != proto::SCTP {
+        return 1;
+    }
+    let (addr, port) = F::dst(sa);
+    let (svc, key) = match lookup_frontend::<F>(addr, port, protocol, true) {
+        Frontend::Service { svc, key } => (svc, key),
+        Frontend::Reject => return reject(),
+        Frontend::None | Frontend::Drop => return 1,
+    };
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    if svc.flags & svc_flags::SOURCE_RANGES != 0 && !source_allowed::<F, SENDMSG>(sa, &svc, netns) {
+        return 1;
+    }
+    if svc.count == 0 {
+        if svc.flags & svc_flags::DROP_NO_ENDPOINTS != 0 {
+            return 1;
+        }
+        return reject();
+    }
+    let Some((_, backend)) = select_backend::<F>(&svc, &key, Client::Netns(netns)) else {
+        return 1;
+    };
+    let target = F::backend_target(&backend);
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    F::save_rev(cookie, target, (addr, port), svc.rev_nat_id);
+    F::set_dst(sa, target.0, target.1);
+    1
+}
+
+/// recvmsg() and getpeername(): backend -> frontend, when the socket was translated and the
+/// frontend still exists under the same id.
+#[inline(always)]
+pub fn restore<F: SockFamily>(ctx: &SockAddrContext) -> i32 {
+    let sa = ctx.sock_addr;
+    let peer = F::dst(sa);
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if let Some((addr, port, id)) = F::load_rev(cookie, peer) {
+        match F::rev_nat(id) {
+            Some((a, p)) if a == addr && p == port => F::set_dst(sa, addr, port),
+            // The frontend went away or its id now names another one: never show a
+            // frontend the application did not ask for.
+            _ => F::forget_rev(cookie, peer),
+        }
+    }
+    1
+}

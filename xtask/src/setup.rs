@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `cargo xtask setup`: the verified toolchain recipe of ../shared/toolchain.md, made
+//! idempotent. Every step first checks whether it is needed and says what it finds.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+
+use crate::util::{output, run_cmd, step};
+
+/// Debian packages the build, the agent and the tests need.
+const APT_PACKAGES: &[&str] = &[
+    // bpf-linker is built against LLVM 22, the LLVM of rustc 1.95.
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+    // The agent's dataplanes and the tests.
+    "bpftool",
+    "iproute2",
+    "iptables",
+    "ipset",
+    "nftables",
+    "conntrack",
+    "curl",
+    "iputils-ping",
+    "kmod",
+];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+#[derive(Args, Default)]
+pub struct SetupArgs {
+    /// Only report what is missing; change nothing.
+    #[arg(long)]
+    pub check: bool,
+}
+
+pub fn run(args: &SetupArgs) -> anyhow::Result<()> {
+    let missing = missing_packages();
+    step("apt packages");
+    if missing.is_empty() {
+        println!("    all {} packages installed", APT_PACKAGES.len());
+    } else if args.check {
+        println!("    missing: {}", missing.join(" "));
+    } else {
+        install_packages(&missing)?;
+    }
+
+    step("rust-src component (build-std for the bpfel target)");
+    if has_rust_src() {
+        println!("    installed");
+    } else if args.check {
+        println!("    missing");
+    } else {
+        run_cmd(Command::new("rustup").args(["component", "add", "rust-src"]))?;
+    }
+
+    step(&format!("bpf-linker {BPF_LINKER_VERSION} against LLVM 22"));
+    match bpf_linker_state() {
+        LinkerState::Good => println!("    installed"),
+        state if args.check => println!("    {state:?}"),
+        state => {
+            println!("    {state:?}: building it (about a minute on 2 cores)");
+            run_cmd(crate::util::cargo()
+                .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked"])
+                .args(["--no-default-features", "--features", "llvm-22", "--force"])
+                .env("LLVM_PREFIX", LLVM_PREFIX))?;
+            if bpf_linker_state() != LinkerState::Good {
+                bail!("bpf-linker still not usable after installing it");
+            }
+        }
+    }
+
+    step("bpffs at /sys/fs/bpf");
+    if bpffs_mounted() {
+        println!("    mounted");
+    } else if args.check {
+        println!("    not mounted");
+    } else if crate::util::is_root() {
+        run_cmd(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))?;
+    } else {
+        println!("    not mounted and not root: the privileged tests will mount it or skip");
+    }
+    Ok(())
+}
+
+/// Runs setup only when something is missing (fast path: a few checks).
+pub fn ensure_ready() -> anyhow::Result<()> {
+    if missing_packages().is_empty()
+        && has_rust_src()
+        && bpf_linker_state() == LinkerState::Good
+        && bpffs_mounted()
+    {
+        return Ok(());
+    }
+    run(&SetupArgs::default())
+}
+
+fn missing_packages() -> Vec<&'static str> {
+    APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|pkg| {
+            let status = output(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]));
+            !status.is_some_and(|s| s.contains("install ok installed"))
+        })
+        .collect()
+}
+
+fn install_packages(missing: &[&str]) -> anyhow::Result<()> {
+    println!("    installing: {}", missing.join(" "));
+    run_cmd(Command::new("apt-get").args(["update", "-q"]))?;
+    run_cmd(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .context("apt-get install (are you root?)")
+}
+
+fn has_rust_src() -> bool {
+    output(Command::new("rustup").args(["component", "list", "--installed"]))
+        .is_some_and(|list| list.lines().any(|l| l.starts_with("rust-src")))
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum LinkerState {
+    Good,
+    Missing,
+    WrongVersion(String),
+    WrongLlvm,
+}
+
+fn bpf_linker_state() -> LinkerState {
+    let Ok(path) = which_bpf_linker() else {
+        return LinkerState::Missing;
+    };
+    let version = output(Command::new(&path).arg("--version")).unwrap_or_default();
+    if !version.contains(BPF_LINKER_VERSION) {
+        return LinkerState::WrongVersion(version.trim().to_string());
+    }
+    // A linker built against another LLVM than rustc's fails with "Invalid record".
+    let ldd = output(Command::new("ldd").arg(&path)).unwrap_or_default();
+    if ldd.contains("LLVM") && !ldd.contains("LLVM.so.22") && !ldd.contains("LLVM-22") {
+        return LinkerState::WrongLlvm;
+    }
+    LinkerState::Good
+}
+
+fn which_bpf_linker() -> anyhow::Result<String> {
+    let out = output(Command::new("sh").args(["-c", "command -v bpf-linker"]))
+        .context("bpf-linker not on PATH")?;
+    Ok(out.trim().to_string())
+}
+
+fn bpffs_mounted() -> bool {
+    std::fs::read_to_string("/proc/mounts")
+        .map(|m| m.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf")))
+        .unwrap_or(false)
+        && Path::new("/sys/fs/bpf").is_dir()
+}

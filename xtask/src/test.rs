@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `cargo xtask test`: setup when needed, build everything (the eBPF object required), then
+//! run every test with the test runner, whose own summary closes the run.
+
+use clap::Args;
+
+use crate::{
+    setup,
+    util::{cargo, run_cmd, step},
+};
+
+#[derive(Args, Default)]
+pub struct TestArgs {
+    /// Extra arguments for the test runner (e.g. a filter).
+    #[arg(trailing_var_arg = true)]
+    pub rest: Vec<String>,
+}
+
+pub fn run_tests(args: &TestArgs) -> anyhow::Result<()> {
+    setup::ensure_ready()?;
+    crate::util::build_workspace(false)?;
+    step("running the tests");
+    let mut cmd = cargo();
+    if has_nextest() {
+        cmd.args(["nextest", "run", "--no-fail-fast"]);
+    } else {
+        cmd.args(["test", "--no-fail-fast"]);
+    }
+    cmd.env("PROXY_REQUIRE_EBPF", "1").args(&args.rest);
+    run_cmd(&mut cmd)
+}
+
+pub fn run(args: &TestArgs) -> anyhow::Result<()> {
+    run_tests(args)
+}
+
+fn has_nextest() -> bool {
+    crate::util::output(cargo().args(["nextest", "--version"])).is_some()
+}
