@@ -45,7 +45,14 @@ impl Family for V4 {
 
     #[inline(always)]
     fn svc_key(addr: u32, port: u16, proto: u8, scope: u8, slot: u16) -> Svc4Key {
-        Svc4Key { addr, dport: port, slot, proto, scope, _pad: [0; 2] }
+        Svc4Key {
+            addr,
+            dport: port,
+            slot,
+            proto,
+            scope,
+            _pad: [0; 2],
+        }
     }
     #[inline(always)]
     fn set_slot(key: &mut Svc4Key, slot: u16) {
@@ -78,12 +85,20 @@ impl Family for V4 {
     }
     #[inline(always)]
     fn in_service_cidr(addr: u32) -> bool {
-        SVC_CIDRS4_V1.get(&LpmKey::new(32, addr.to_ne_bytes())).is_some()
+        SVC_CIDRS4_V1
+            .get(&LpmKey::new(32, addr.to_ne_bytes()))
+            .is_some()
     }
     #[inline(always)]
     fn source_allowed(rev_nat_id: u16, src: u32) -> bool {
-        let data = SourceRange4 { rev_nat_id: rev_nat_id.to_be(), _pad: 0, addr: src };
-        SRC_RANGES4_V1.get(&LpmKey::new(SOURCE_RANGE_PREFIX_BITS + 32, data)).is_some()
+        let data = SourceRange4 {
+            rev_nat_id: rev_nat_id.to_be(),
+            _pad: 0,
+            addr: src,
+        };
+        SRC_RANGES4_V1
+            .get(&LpmKey::new(SOURCE_RANGE_PREFIX_BITS + 32, data))
+            .is_some()
     }
     #[inline(always)]
     fn zero() -> u32 {
@@ -108,7 +123,14 @@ impl Family for V6 {
 
     #[inline(always)]
     fn svc_key(addr: [u8; 16], port: u16, proto: u8, scope: u8, slot: u16) -> Svc6Key {
-        Svc6Key { addr, dport: port, slot, proto, scope, _pad: [0; 2] }
+        Svc6Key {
+            addr,
+            dport: port,
+            slot,
+            proto,
+            scope,
+            _pad: [0; 2],
+        }
     }
     #[inline(always)]
     fn set_slot(key: &mut Svc6Key, slot: u16) {
@@ -144,8 +166,14 @@ impl Family for V6 {
     }
     #[inline(always)]
     fn source_allowed(rev_nat_id: u16, src: [u8; 16]) -> bool {
-        let data = SourceRange6 { rev_nat_id: rev_nat_id.to_be(), _pad: 0, addr: src };
-        SRC_RANGES6_V1.get(&LpmKey::new(SOURCE_RANGE_PREFIX_BITS + 128, data)).is_some()
+        let data = SourceRange6 {
+            rev_nat_id: rev_nat_id.to_be(),
+            _pad: 0,
+            addr: src,
+        };
+        SRC_RANGES6_V1
+            .get(&LpmKey::new(SOURCE_RANGE_PREFIX_BITS + 128, data))
+            .is_some()
     }
     #[inline(always)]
     fn zero() -> [u8; 16] {
@@ -175,7 +203,12 @@ pub enum Frontend<F: Family> {
 /// the NodePort entry when `addr` is a NodePort address, then the ClusterIP wildcard, then the
 /// service CIDRs.
 #[inline(always)]
-pub fn lookup_frontend<F: Family>(addr: F::Addr, port: u16, proto: u8, internal: bool) -> Frontend<F> {
+pub fn lookup_frontend<F: Family>(
+    addr: F::Addr,
+    port: u16,
+    proto: u8,
+    internal: bool,
+) -> Frontend<F> {
     let mut key = F::svc_key(addr, port, proto, SCOPE_EXTERNAL, 0);
     let mut found = F::svc(&key);
     if found.is_none() && F::is_nodeport_addr(addr) {
@@ -188,7 +221,10 @@ pub fn lookup_frontend<F: Family>(addr: F::Addr, port: u16, proto: u8, internal:
                 let mut internal_key = key;
                 F::set_scope(&mut internal_key, SCOPE_INTERNAL);
                 if let Some(internal_svc) = F::svc(&internal_key) {
-                    return Frontend::Service { svc: internal_svc, key: internal_key };
+                    return Frontend::Service {
+                        svc: internal_svc,
+                        key: internal_key,
+                    };
                 }
             }
             Frontend::Service { svc, key }
@@ -200,7 +236,11 @@ pub fn lookup_frontend<F: Family>(addr: F::Addr, port: u16, proto: u8, internal:
                     return Frontend::Reject;
                 }
             }
-            if F::in_service_cidr(addr) { Frontend::Drop } else { Frontend::None }
+            if F::in_service_cidr(addr) {
+                Frontend::Drop
+            } else {
+                Frontend::None
+            }
         }
     }
 }
@@ -252,7 +292,10 @@ pub fn select_backend<F: Family>(
                 if let Some(backend) = F::backend(prev.backend_id) {
                     let _ = AFFINITY_V1.insert(
                         akey,
-                        AffinityValue { backend_id: prev.backend_id, last_used: now },
+                        AffinityValue {
+                            backend_id: prev.backend_id,
+                            last_used: now,
+                        },
                         0,
                     );
                     return Some((prev.backend_id, backend));
@@ -266,7 +309,14 @@ pub fn select_backend<F: Family>(
     let backend_id = F::svc(&slot_key)?.backend_id;
     let backend = F::backend(backend_id)?;
     if affinity {
-        let _ = AFFINITY_V1.insert(akey, AffinityValue { backend_id, last_used: now }, 0);
+        let _ = AFFINITY_V1.insert(
+            akey,
+            AffinityValue {
+                backend_id,
+                last_used: now,
+            },
+            0,
+        );
     }
     Some((backend_id, backend))
 }

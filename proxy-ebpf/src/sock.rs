@@ -13,16 +13,13 @@
 //! Every program returns 1 (proceed) except for REJECT.
 
 use aya_ebpf::{
-    bindings::bpf_sock_addr,
-    helpers::{
-        bpf_get_netns_cookie, bpf_get_socket_cookie, generated::bpf_set_retval,
-    },
-    programs::SockAddrContext,
     EbpfContext as _,
+    bindings::bpf_sock_addr,
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, generated::bpf_set_retval},
+    programs::SockAddrContext,
 };
 use proxy_common::{
-    SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue, proto,
-    svc_flags,
+    SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue, proto, svc_flags,
 };
 
 use crate::{
@@ -72,8 +69,17 @@ impl SockFamily for V4 {
     }
     #[inline(always)]
     fn save_rev(cookie: u64, backend: (u32, u16), frontend: (u32, u16), id: u16) {
-        let key = SockRevNat4Key { cookie, addr: backend.0, port: backend.1, _pad: 0 };
-        let value = SockRevNat4Value { addr: frontend.0, port: frontend.1, rev_nat_id: id };
+        let key = SockRevNat4Key {
+            cookie,
+            addr: backend.0,
+            port: backend.1,
+            _pad: 0,
+        };
+        let value = SockRevNat4Value {
+            addr: frontend.0,
+            port: frontend.1,
+            rev_nat_id: id,
+        };
         // An identical entry (a UDP socket sending again) is left alone: no write per datagram.
         if unsafe { SOCK_REV_NAT4_V1.get(key) } != Some(&value) {
             let _ = SOCK_REV_NAT4_V1.insert(key, value, 0);
@@ -81,12 +87,26 @@ impl SockFamily for V4 {
     }
     #[inline(always)]
     fn load_rev(cookie: u64, backend: (u32, u16)) -> Option<(u32, u16, u16)> {
-        let key = SockRevNat4Key { cookie, addr: backend.0, port: backend.1, _pad: 0 };
-        unsafe { SOCK_REV_NAT4_V1.get(key).map(|v| (v.addr, v.port, v.rev_nat_id)) }
+        let key = SockRevNat4Key {
+            cookie,
+            addr: backend.0,
+            port: backend.1,
+            _pad: 0,
+        };
+        unsafe {
+            SOCK_REV_NAT4_V1
+                .get(key)
+                .map(|v| (v.addr, v.port, v.rev_nat_id))
+        }
     }
     #[inline(always)]
     fn forget_rev(cookie: u64, backend: (u32, u16)) {
-        let key = SockRevNat4Key { cookie, addr: backend.0, port: backend.1, _pad: 0 };
+        let key = SockRevNat4Key {
+            cookie,
+            addr: backend.0,
+            port: backend.1,
+            _pad: 0,
+        };
         let _ = SOCK_REV_NAT4_V1.remove(key);
     }
 }
@@ -120,7 +140,12 @@ impl SockFamily for V6 {
     #[inline(always)]
     fn dst(sa: *mut bpf_sock_addr) -> ([u8; 16], u16) {
         unsafe {
-            let w = [(*sa).user_ip6[0], (*sa).user_ip6[1], (*sa).user_ip6[2], (*sa).user_ip6[3]];
+            let w = [
+                (*sa).user_ip6[0],
+                (*sa).user_ip6[1],
+                (*sa).user_ip6[2],
+                (*sa).user_ip6[3],
+            ];
             (words_to_bytes(w), (*sa).user_port as u16)
         }
     }
@@ -142,7 +167,12 @@ impl SockFamily for V6 {
             if sk.is_null() {
                 return [0; 16];
             }
-            let w = [(*sk).src_ip6[0], (*sk).src_ip6[1], (*sk).src_ip6[2], (*sk).src_ip6[3]];
+            let w = [
+                (*sk).src_ip6[0],
+                (*sk).src_ip6[1],
+                (*sk).src_ip6[2],
+                (*sk).src_ip6[3],
+            ];
             words_to_bytes(w)
         }
     }
@@ -160,20 +190,43 @@ impl SockFamily for V6 {
     }
     #[inline(always)]
     fn save_rev(cookie: u64, backend: ([u8; 16], u16), frontend: ([u8; 16], u16), id: u16) {
-        let key = SockRevNat6Key { cookie, addr: backend.0, port: backend.1, _pad: [0; 6] };
-        let value = SockRevNat6Value { addr: frontend.0, port: frontend.1, rev_nat_id: id };
+        let key = SockRevNat6Key {
+            cookie,
+            addr: backend.0,
+            port: backend.1,
+            _pad: [0; 6],
+        };
+        let value = SockRevNat6Value {
+            addr: frontend.0,
+            port: frontend.1,
+            rev_nat_id: id,
+        };
         if unsafe { SOCK_REV_NAT6_V1.get(key) } != Some(&value) {
             let _ = SOCK_REV_NAT6_V1.insert(key, value, 0);
         }
     }
     #[inline(always)]
     fn load_rev(cookie: u64, backend: ([u8; 16], u16)) -> Option<([u8; 16], u16, u16)> {
-        let key = SockRevNat6Key { cookie, addr: backend.0, port: backend.1, _pad: [0; 6] };
-        unsafe { SOCK_REV_NAT6_V1.get(key).map(|v| (v.addr, v.port, v.rev_nat_id)) }
+        let key = SockRevNat6Key {
+            cookie,
+            addr: backend.0,
+            port: backend.1,
+            _pad: [0; 6],
+        };
+        unsafe {
+            SOCK_REV_NAT6_V1
+                .get(key)
+                .map(|v| (v.addr, v.port, v.rev_nat_id))
+        }
     }
     #[inline(always)]
     fn forget_rev(cookie: u64, backend: ([u8; 16], u16)) {
-        let key = SockRevNat6Key { cookie, addr: backend.0, port: backend.1, _pad: [0; 6] };
+        let key = SockRevNat6Key {
+            cookie,
+            addr: backend.0,
+            port: backend.1,
+            _pad: [0; 6],
+        };
         let _ = SOCK_REV_NAT6_V1.remove(key);
     }
 }
@@ -187,7 +240,10 @@ fn reject() -> i32 {
 
 #[inline(always)]
 fn host_netns_cookie() -> u64 {
-    LB_CONFIG_V1.get(0).map(|c| c.host_netns_cookie).unwrap_or(0)
+    LB_CONFIG_V1
+        .get(0)
+        .map(|c| c.host_netns_cookie)
+        .unwrap_or(0)
 }
 
 /// Whether loadBalancerSourceRanges let this socket through. Socket programs usually do not

@@ -8,7 +8,10 @@ mod util;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "xtask", about = "Project tasks: setup, build, test, scenarios, demo, bench, vm")]
+#[command(
+    name = "xtask",
+    about = "Project tasks: setup, build, test, scenarios, demo, bench, vm"
+)]
 struct Cli {
     #[command(subcommand)]
     task: Task,

@@ -64,10 +64,16 @@ pub fn run(args: &SetupArgs) -> anyhow::Result<()> {
         state if args.check => println!("    {state:?}"),
         state => {
             println!("    {state:?}: building it (about a minute on 2 cores)");
-            run_cmd(crate::util::cargo()
-                .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked"])
-                .args(["--no-default-features", "--features", "llvm-22", "--force"])
-                .env("LLVM_PREFIX", LLVM_PREFIX))?;
+            run_cmd(
+                crate::util::cargo()
+                    .args([
+                        "install",
+                        &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+                        "--locked",
+                    ])
+                    .args(["--no-default-features", "--features", "llvm-22", "--force"])
+                    .env("LLVM_PREFIX", LLVM_PREFIX),
+            )?;
             if bpf_linker_state() != LinkerState::Good {
                 bail!("bpf-linker still not usable after installing it");
             }
@@ -113,10 +119,12 @@ fn missing_packages() -> Vec<&'static str> {
 fn install_packages(missing: &[&str]) -> anyhow::Result<()> {
     println!("    installing: {}", missing.join(" "));
     run_cmd(Command::new("apt-get").args(["update", "-q"]))?;
-    run_cmd(Command::new("apt-get")
-        .args(["install", "-y", "-q", "--no-install-recommends"])
-        .args(missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+    run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
     .context("apt-get install (are you root?)")
 }
 
@@ -157,7 +165,10 @@ fn which_bpf_linker() -> anyhow::Result<String> {
 
 fn bpffs_mounted() -> bool {
     std::fs::read_to_string("/proc/mounts")
-        .map(|m| m.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf")))
+        .map(|m| {
+            m.lines()
+                .any(|l| l.split_whitespace().nth(2) == Some("bpf"))
+        })
         .unwrap_or(false)
         && Path::new("/sys/fs/bpf").is_dir()
 }

@@ -11,7 +11,10 @@ use anyhow::{Context as _, bail};
 /// The workspace root (the parent of xtask's manifest directory).
 pub fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().map(Path::to_path_buf).unwrap_or_else(|| manifest.to_path_buf())
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| manifest.to_path_buf())
 }
 
 /// Prints a step header the way every task reports its progress.
@@ -31,7 +34,8 @@ pub fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
 /// Runs `cmd` and returns its exit status (echoing the command line).
 pub fn status(cmd: &mut Command) -> anyhow::Result<ExitStatus> {
     println!("    $ {}", describe(cmd));
-    cmd.status().with_context(|| format!("starting {}", describe(cmd)))
+    cmd.status()
+        .with_context(|| format!("starting {}", describe(cmd)))
 }
 
 /// Runs `cmd` quietly and returns its stdout when it succeeds.
@@ -62,7 +66,8 @@ pub fn cargo() -> Command {
 pub fn build_workspace(release: bool) -> anyhow::Result<()> {
     step("building the workspace (eBPF object required)");
     let mut cmd = cargo();
-    cmd.args(["build", "--all-targets"]).env("PROXY_REQUIRE_EBPF", "1");
+    cmd.args(["build", "--all-targets"])
+        .env("PROXY_REQUIRE_EBPF", "1");
     if release {
         cmd.arg("--release");
     }

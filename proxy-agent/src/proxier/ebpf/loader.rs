@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Loading the embedded object, pinning its maps and attaching its programs so that they
+//! outlive the agent: maps and links are pinned under the bpffs root, and a restarted agent
+//! reuses the maps and swaps each link for a new one without a gap (the new link is attached
+//! and pinned before the old pin is replaced, so both run for an instant; the second sees an
+//! already translated address and leaves it alone).
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap as AyaHash, LpmTrie, MapData},
+    programs::{CgroupAttachMode, CgroupSockAddr, links::FdLink},
+};
+use proxy_common::{LB_CFG_READY, LbConfig, maps as names};
+use tracing::{debug, info, warn};
+
+use super::maps::{KernelHash, KernelLpm, LbMaps};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("ebpf mode is unavailable: {0}")]
+    Unavailable(&'static str),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("program {name} is missing from the eBPF object")]
+    MissingProgram { name: &'static str },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("map {name} is missing from the eBPF object")]
+    MissingMap { name: &'static str },
+    #[error("pinning {path}: {source}")]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error("link of {name}: {source}")]
+    Link {
+        name: &'static str,
+        #[source]
+        source: aya::programs::links::LinkError,
+    },
+    #[error("no cgroup v2 mount found in /proc/mounts; pass --cgroup-root")]
+    NoCgroup2,
+}
+
+pub type Result<T, E = LoadError> = std::result::Result<T, E>;
+
+/// Capacities of the maps (from the configuration's `ebpf.mapSizes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSizes {
+    pub services: u32,
+    pub backends: u32,
+    pub rev_nat: u32,
+    pub sock_rev_nat: u32,
+    pub affinity: u32,
+    pub conntrack: u32,
+    pub source_ranges: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        use proxy_common::maps::*;
+        Self {
+            services: DEFAULT_SVC_ENTRIES as u32,
+            backends: DEFAULT_BACKEND_ENTRIES as u32,
+            rev_nat: DEFAULT_REV_NAT_ENTRIES as u32,
+            sock_rev_nat: DEFAULT_SOCK_REV_NAT_ENTRIES as u32,
+            affinity: DEFAULT_AFFINITY_ENTRIES as u32,
+            conntrack: DEFAULT_CT_ENTRIES as u32,
+            source_ranges: DEFAULT_SRC_RANGE_ENTRIES as u32,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Directory under bpffs that holds `maps/` and `links/`.
+    pub bpffs_root: PathBuf,
+    /// cgroup v2 directory the socket programs attach to.
+    pub cgroup: PathBuf,
+    pub map_sizes: MapSizes,
+}
+
+/// The socket programs and where they attach.
+const SOCK_PROGRAMS: &[&str] = &[
+    "sock_connect4",
+    "sock_connect6",
+    "sock_sendmsg4",
+    "sock_sendmsg6",
+    "sock_recvmsg4",
+    "sock_recvmsg6",
+    "sock_getpeername4",
+    "sock_getpeername6",
+];
+
+/// A loaded and attached dataplane.
+pub struct Loaded {
+    /// Keeps the programs' fds; the links live on in their pins.
+    _ebpf: Ebpf,
+    pub maps: LbMaps,
+    config: Array<MapData, LbConfig>,
+}
+
+impl Loaded {
+    /// Writes the runtime configuration slot.
+    pub fn write_config(&mut self, mut cfg: LbConfig) -> Result<()> {
+        cfg.flags |= LB_CFG_READY;
+        self.config.set(0, cfg, 0).map_err(|source| LoadError::Map {
+            name: names::LB_CONFIG,
+            source,
+        })
+    }
+}
+
+pub fn maps_dir(root: &Path) -> PathBuf {
+    root.join("maps")
+}
+
+pub fn links_dir(root: &Path) -> PathBuf {
+    root.join("links")
+}
+
+/// The mount point of the cgroup v2 hierarchy (e.g. /sys/fs/cgroup or, on hybrid systems,
+/// /sys/fs/cgroup/unified).
+pub fn detect_cgroup2_root() -> Result<PathBuf> {
+    let mounts = fs::read_to_string("/proc/mounts").map_err(|source| LoadError::Io {
+        what: "reading",
+        path: "/proc/mounts".into(),
+        source,
+    })?;
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_, mount_point, fs_type) = (fields.next()?, fields.next()?, fields.next()?);
+            (fs_type == "cgroup2").then(|| PathBuf::from(mount_point))
+        })
+        .next()
+        .ok_or(LoadError::NoCgroup2)
+}
+
+fn create_dir(path: &Path) -> Result<()> {
+    fs::create_dir_all(path).map_err(|source| LoadError::Io {
+        what: "creating",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Loads the embedded object, pins (or reuses) the maps and attaches every program.
+pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
+    if let Some(reason) = crate::ebpf_object::unavailable_reason() {
+        return Err(LoadError::Unavailable(reason));
+    }
+    let maps_dir = maps_dir(&opts.bpffs_root);
+    let links_dir = links_dir(&opts.bpffs_root);
+    create_dir(&maps_dir)?;
+    create_dir(&links_dir)?;
+
+    let pins: Vec<(&'static str, PathBuf)> =
+        names::ALL.iter().map(|n| (*n, maps_dir.join(n))).collect();
+    let reused = pins.iter().filter(|(_, p)| p.exists()).count();
+    let mut loader = EbpfLoader::new();
+    for (name, path) in &pins {
+        loader.map_pin_path(name, path.as_path());
+    }
+    let sizes = opts.map_sizes;
+    for (name, size) in [
+        (names::SVC4, sizes.services),
+        (names::SVC6, sizes.services),
+        (names::BACKENDS4, sizes.backends),
+        (names::BACKENDS6, sizes.backends),
+        (names::REV_NAT4, sizes.rev_nat),
+        (names::REV_NAT6, sizes.rev_nat),
+        (names::SOCK_REV_NAT4, sizes.sock_rev_nat),
+        (names::SOCK_REV_NAT6, sizes.sock_rev_nat),
+        (names::AFFINITY, sizes.affinity),
+        (names::CT4, sizes.conntrack),
+        (names::CT6, sizes.conntrack),
+        (names::SRC_RANGES4, sizes.source_ranges),
+        (names::SRC_RANGES6, sizes.source_ranges),
+    ] {
+        loader.map_max_entries(name, size);
+    }
+    let mut ebpf = loader.load(crate::ebpf_object::bytes())?;
+    info!(
+        root = %opts.bpffs_root.display(),
+        reused_maps = reused,
+        "eBPF object loaded, maps pinned"
+    );
+
+    let cgroup = fs::File::open(&opts.cgroup).map_err(|source| LoadError::Io {
+        what: "opening cgroup",
+        path: opts.cgroup.clone(),
+        source,
+    })?;
+    for name in SOCK_PROGRAMS {
+        let program: &mut CgroupSockAddr = ebpf
+            .program_mut(name)
+            .ok_or(LoadError::MissingProgram { name })?
+            .try_into()
+            .map_err(|source| LoadError::Program { name, source })?;
+        program
+            .load()
+            .map_err(|source| LoadError::Program { name, source })?;
+        let link_id = program
+            .attach(&cgroup, CgroupAttachMode::Single)
+            .map_err(|source| LoadError::Program { name, source })?;
+        let link = program
+            .take_link(link_id)
+            .map_err(|source| LoadError::Program { name, source })?;
+        let link: FdLink = link
+            .try_into()
+            .map_err(|source| LoadError::Link { name, source })?;
+        replace_pinned_link(&links_dir, name, link)?;
+    }
+    info!(cgroup = %opts.cgroup.display(), "socket programs attached");
+
+    let maps = take_maps(&mut ebpf)?;
+    let config = take_array(&mut ebpf, names::LB_CONFIG)?;
+    Ok(Loaded {
+        _ebpf: ebpf,
+        maps,
+        config,
+    })
+}
+
+/// Pins `link` as `links/<name>`, replacing (and thereby detaching) a previous link of the
+/// same program only once the new one is attached.
+fn replace_pinned_link(links_dir: &Path, name: &str, link: FdLink) -> Result<()> {
+    let final_path = links_dir.join(name);
+    // bpffs refuses names with dots.
+    let staging = links_dir.join(format!("{name}_staging"));
+    if staging.exists() {
+        let _ = fs::remove_file(&staging);
+    }
+    let pinned = link.pin(&staging).map_err(|source| LoadError::Pin {
+        path: staging.clone(),
+        source,
+    })?;
+    fs::rename(&staging, &final_path).map_err(|source| LoadError::Io {
+        what: "replacing pinned link",
+        path: final_path.clone(),
+        source,
+    })?;
+    // The pin keeps the link attached; our fd is no longer needed.
+    drop(pinned);
+    debug!(program = name, pin = %final_path.display(), "link pinned");
+    Ok(())
+}
+
+/// Detaches every program and removes every pin under `root` (links first, then maps).
+pub fn unpin_all(root: &Path) -> io::Result<usize> {
+    let mut removed = 0;
+    for dir in [links_dir(root), maps_dir(root)] {
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+        fs::remove_dir(&dir)?;
+    }
+    match fs::remove_dir(root) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => warn!(root = %root.display(), error = %e, "could not remove the bpffs root"),
+    }
+    Ok(removed)
+}
+
+fn take_hash<K: aya::Pod + Send, V: aya::Pod + Send>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<Box<KernelHash<K, V>>> {
+    let map = ebpf.take_map(name).ok_or(LoadError::MissingMap { name })?;
+    let map: AyaHash<MapData, K, V> =
+        AyaHash::try_from(map).map_err(|source| LoadError::Map { name, source })?;
+    Ok(Box::new(KernelHash::new(name, map)))
+}
+
+fn take_lpm<D: aya::Pod + Send>(ebpf: &mut Ebpf, name: &'static str) -> Result<Box<KernelLpm<D>>> {
+    let map = ebpf.take_map(name).ok_or(LoadError::MissingMap { name })?;
+    let map: LpmTrie<MapData, D, u8> =
+        LpmTrie::try_from(map).map_err(|source| LoadError::Map { name, source })?;
+    Ok(Box::new(KernelLpm::new(name, map)))
+}
+
+fn take_array<V: aya::Pod>(ebpf: &mut Ebpf, name: &'static str) -> Result<Array<MapData, V>> {
+    let map = ebpf.take_map(name).ok_or(LoadError::MissingMap { name })?;
+    Array::try_from(map).map_err(|source| LoadError::Map { name, source })
+}
+
+fn take_maps(ebpf: &mut Ebpf) -> Result<LbMaps> {
+    Ok(LbMaps {
+        svc4: take_hash(ebpf, names::SVC4)?,
+        svc6: take_hash(ebpf, names::SVC6)?,
+        backends4: take_hash(ebpf, names::BACKENDS4)?,
+        backends6: take_hash(ebpf, names::BACKENDS6)?,
+        rev_nat4: take_hash(ebpf, names::REV_NAT4)?,
+        rev_nat6: take_hash(ebpf, names::REV_NAT6)?,
+        affinity: take_hash(ebpf, names::AFFINITY)?,
+        svc_cidrs4: take_lpm(ebpf, names::SVC_CIDRS4)?,
+        svc_cidrs6: take_lpm(ebpf, names::SVC_CIDRS6)?,
+        nodeport_addrs4: take_hash(ebpf, names::NODEPORT_ADDRS4)?,
+        nodeport_addrs6: take_hash(ebpf, names::NODEPORT_ADDRS6)?,
+        src_ranges4: take_lpm(ebpf, names::SRC_RANGES4)?,
+        src_ranges6: take_lpm(ebpf, names::SRC_RANGES6)?,
+    })
+}

@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The maps as the apply stage sees them: a small key/value interface implemented by the
+//! pinned kernel maps and by an in-memory fake that records every operation, so that the
+//! order of writes (the consistency guarantee) is tested without privileges.
+
+use std::{
+    collections::HashMap as StdHashMap,
+    hash::Hash,
+    sync::{Arc, Mutex},
+};
+
+use aya::maps::{
+    HashMap as AyaHash, MapData, MapError,
+    lpm_trie::{Key as LpmKey, LpmTrie},
+};
+use proxy_common::{
+    AffinityKey, AffinityValue, Backend4Value, Backend6Value, NodeAddr4Key, NodeAddr6Key,
+    RevNat4Value, RevNat6Value, SourceRange4, SourceRange6, Svc4Key, Svc6Key, SvcValue,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MapOpError {
+    #[error("{map}: {op} failed: {source}")]
+    Kernel {
+        map: &'static str,
+        op: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("{map}: map is full ({op})")]
+    Full { map: &'static str, op: &'static str },
+}
+
+pub type Result<T, E = MapOpError> = std::result::Result<T, E>;
+
+/// One map, keyed and valued by plain-old-data types.
+pub trait KvMap<K, V>: Send {
+    fn name(&self) -> &'static str;
+    fn get(&self, key: &K) -> Result<Option<V>>;
+    fn put(&mut self, key: &K, value: &V) -> Result<()>;
+    /// Deleting a missing key is not an error.
+    fn delete(&mut self, key: &K) -> Result<()>;
+    fn entries(&self) -> Result<Vec<(K, V)>>;
+}
+
+fn kernel_err(map: &'static str, op: &'static str, source: MapError) -> MapOpError {
+    // E2BIG from an update means the map is at capacity.
+    if let MapError::SyscallError(ref e) = source
+        && e.io_error.raw_os_error() == Some(libc::E2BIG)
+    {
+        return MapOpError::Full { map, op };
+    }
+    MapOpError::Kernel { map, op, source }
+}
+
+fn is_not_found(e: &MapError) -> bool {
+    match e {
+        MapError::KeyNotFound | MapError::ElementNotFound => true,
+        MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
+/// A kernel hash (or LRU hash) map.
+pub struct KernelHash<K: aya::Pod, V: aya::Pod> {
+    name: &'static str,
+    map: AyaHash<MapData, K, V>,
+}
+
+impl<K: aya::Pod, V: aya::Pod> KernelHash<K, V> {
+    pub fn new(name: &'static str, map: AyaHash<MapData, K, V>) -> Self {
+        Self { name, map }
+    }
+}
+
+impl<K: aya::Pod + Send, V: aya::Pod + Send> KvMap<K, V> for KernelHash<K, V> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn get(&self, key: &K) -> Result<Option<V>> {
+        match self.map.get(key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(kernel_err(self.name, "lookup", e)),
+        }
+    }
+    fn put(&mut self, key: &K, value: &V) -> Result<()> {
+        self.map
+            .insert(key, value, 0)
+            .map_err(|e| kernel_err(self.name, "update", e))
+    }
+    fn delete(&mut self, key: &K) -> Result<()> {
+        match self.map.remove(key) {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(kernel_err(self.name, "delete", e)),
+        }
+    }
+    fn entries(&self) -> Result<Vec<(K, V)>> {
+        let mut out = Vec::new();
+        for item in self.map.iter() {
+            match item {
+                Ok(kv) => out.push(kv),
+                // An entry deleted while iterating (LRU eviction) is not an error.
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => return Err(kernel_err(self.name, "iterate", e)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A prefix as the agent sees it: (prefix length in bits, data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Prefix<D> {
+    pub len: u32,
+    pub data: D,
+}
+
+/// A kernel LPM trie.
+pub struct KernelLpm<D: aya::Pod> {
+    name: &'static str,
+    map: LpmTrie<MapData, D, u8>,
+}
+
+impl<D: aya::Pod> KernelLpm<D> {
+    pub fn new(name: &'static str, map: LpmTrie<MapData, D, u8>) -> Self {
+        Self { name, map }
+    }
+}
+
+impl<D: aya::Pod + Send> KvMap<Prefix<D>, u8> for KernelLpm<D> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn get(&self, key: &Prefix<D>) -> Result<Option<u8>> {
+        match self.map.get(&LpmKey::new(key.len, key.data), 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(kernel_err(self.name, "lookup", e)),
+        }
+    }
+    fn put(&mut self, key: &Prefix<D>, value: &u8) -> Result<()> {
+        self.map
+            .insert(&LpmKey::new(key.len, key.data), value, 0)
+            .map_err(|e| kernel_err(self.name, "update", e))
+    }
+    fn delete(&mut self, key: &Prefix<D>) -> Result<()> {
+        match self.map.remove(&LpmKey::new(key.len, key.data)) {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(kernel_err(self.name, "delete", e)),
+        }
+    }
+    fn entries(&self) -> Result<Vec<(Prefix<D>, u8)>> {
+        let mut out = Vec::new();
+        for item in self.map.iter() {
+            match item {
+                Ok((k, v)) => out.push((
+                    Prefix {
+                        len: k.prefix_len(),
+                        data: k.data(),
+                    },
+                    v,
+                )),
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => return Err(kernel_err(self.name, "iterate", e)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One recorded operation of the in-memory fake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Put { map: &'static str, key: String },
+    Delete { map: &'static str, key: String },
+}
+
+/// Shared log of operations across all fake maps, in order.
+pub type OpLog = Arc<Mutex<Vec<Op>>>;
+
+/// In-memory map for tests: same semantics as the kernel's (including capacity), and every
+/// write appended to a shared log.
+pub struct MemMap<K, V> {
+    name: &'static str,
+    entries: StdHashMap<K, V>,
+    capacity: usize,
+    log: OpLog,
+}
+
+impl<K, V> MemMap<K, V> {
+    pub fn new(name: &'static str, capacity: usize, log: OpLog) -> Self {
+        Self {
+            name,
+            entries: StdHashMap::new(),
+            capacity,
+            log,
+        }
+    }
+}
+
+impl<K, V> KvMap<K, V> for MemMap<K, V>
+where
+    K: Clone + Eq + Hash + std::fmt::Debug + Send,
+    V: Clone + Send,
+{
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn get(&self, key: &K) -> Result<Option<V>> {
+        Ok(self.entries.get(key).cloned())
+    }
+    fn put(&mut self, key: &K, value: &V) -> Result<()> {
+        if !self.entries.contains_key(key) && self.entries.len() >= self.capacity {
+            return Err(MapOpError::Full {
+                map: self.name,
+                op: "update",
+            });
+        }
+        self.entries.insert(key.clone(), value.clone());
+        if let Ok(mut log) = self.log.lock() {
+            log.push(Op::Put {
+                map: self.name,
+                key: format!("{key:?}"),
+            });
+        }
+        Ok(())
+    }
+    fn delete(&mut self, key: &K) -> Result<()> {
+        if self.entries.remove(key).is_some()
+            && let Ok(mut log) = self.log.lock()
+        {
+            log.push(Op::Delete {
+                map: self.name,
+                key: format!("{key:?}"),
+            });
+        }
+        Ok(())
+    }
+    fn entries(&self) -> Result<Vec<(K, V)>> {
+        Ok(self
+            .entries
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+}
+
+pub type Map<K, V> = Box<dyn KvMap<K, V>>;
+
+/// Every map the agent writes.
+pub struct LbMaps {
+    pub svc4: Map<Svc4Key, SvcValue>,
+    pub svc6: Map<Svc6Key, SvcValue>,
+    pub backends4: Map<u32, Backend4Value>,
+    pub backends6: Map<u32, Backend6Value>,
+    pub rev_nat4: Map<u16, RevNat4Value>,
+    pub rev_nat6: Map<u16, RevNat6Value>,
+    pub affinity: Map<AffinityKey, AffinityValue>,
+    pub svc_cidrs4: Map<Prefix<[u8; 4]>, u8>,
+    pub svc_cidrs6: Map<Prefix<[u8; 16]>, u8>,
+    pub nodeport_addrs4: Map<NodeAddr4Key, u8>,
+    pub nodeport_addrs6: Map<NodeAddr6Key, u8>,
+    pub src_ranges4: Map<Prefix<SourceRange4>, u8>,
+    pub src_ranges6: Map<Prefix<SourceRange6>, u8>,
+}
+
+impl LbMaps {
+    /// Fake maps sharing one operation log, with the given capacity each.
+    pub fn in_memory(capacity: usize) -> (Self, OpLog) {
+        use proxy_common::maps::*;
+        let log: OpLog = Arc::default();
+        let l = || log.clone();
+        let maps = Self {
+            svc4: Box::new(MemMap::new(SVC4, capacity, l())),
+            svc6: Box::new(MemMap::new(SVC6, capacity, l())),
+            backends4: Box::new(MemMap::new(BACKENDS4, capacity, l())),
+            backends6: Box::new(MemMap::new(BACKENDS6, capacity, l())),
+            rev_nat4: Box::new(MemMap::new(REV_NAT4, capacity, l())),
+            rev_nat6: Box::new(MemMap::new(REV_NAT6, capacity, l())),
+            affinity: Box::new(MemMap::new(AFFINITY, capacity, l())),
+            svc_cidrs4: Box::new(MemMap::new(SVC_CIDRS4, capacity, l())),
+            svc_cidrs6: Box::new(MemMap::new(SVC_CIDRS6, capacity, l())),
+            nodeport_addrs4: Box::new(MemMap::new(NODEPORT_ADDRS4, capacity, l())),
+            nodeport_addrs6: Box::new(MemMap::new(NODEPORT_ADDRS6, capacity, l())),
+            src_ranges4: Box::new(MemMap::new(SRC_RANGES4, capacity, l())),
+            src_ranges6: Box::new(MemMap::new(SRC_RANGES6, capacity, l())),
+        };
+        (maps, log)
+    }
+}

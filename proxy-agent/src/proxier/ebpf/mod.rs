@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The ebpf dataplane: socket-level load balancing (cgroup sock_addr programs) for traffic
+//! from this node and tc programs for traffic from outside, over Cilium-style maps.
+
+pub mod ids;
+pub mod loader;
+pub mod maps;

@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The agent's only unsafe code: system calls that no safe wrapper in our dependencies
+//! offers. Each one is a few lines with its safety argument next to it.
+#![allow(unsafe_code)]
+
+use std::{io, os::fd::AsRawFd};
+
+/// The cookie of the network namespace `socket` lives in (`SO_NETNS_COOKIE`, Linux 5.14+):
+/// the value `bpf_get_netns_cookie()` returns for sockets of that namespace.
+pub fn netns_cookie(socket: &impl AsRawFd) -> io::Result<u64> {
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are valid for writes of the sizes passed, and the fd is
+    // borrowed from a live socket for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// The cookie of the calling thread's current network namespace.
+pub fn current_netns_cookie() -> io::Result<u64> {
+    let socket =
+        std::net::UdpSocket::bind("0.0.0.0:0").or_else(|_| std::net::UdpSocket::bind("[::]:0"))?;
+    netns_cookie(&socket)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_current_namespace_has_a_nonzero_cookie() {
+        let cookie = super::current_netns_cookie().expect("SO_NETNS_COOKIE works on Linux 5.14+");
+        assert_ne!(cookie, 0);
+        assert_eq!(super::current_netns_cookie().ok(), Some(cookie));
+    }
+}

@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Helpers for tests that need root: skipping when unprivileged, temporary cgroups and
+//! bpffs directories that clean up after themselves, and running commands inside a cgroup.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+/// Whether the test process may do privileged things (root).
+pub fn is_root() -> bool {
+    nix::unistd::Uid::effective().is_root()
+}
+
+/// Returns early from a test, with a message, when not running as root.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        if !$crate::privileged::is_root() {
+            eprintln!(
+                "SKIP {}: needs root (run `cargo xtask test` as root)",
+                module_path!()
+            );
+            return;
+        }
+    };
+}
+
+/// The cgroup v2 mount point.
+pub fn cgroup2_root() -> PathBuf {
+    proxy_agent::proxier::ebpf::loader::detect_cgroup2_root()
+        .expect("a cgroup v2 mount (the test machines have one)")
+}
+
+/// A child cgroup of the v2 root, removed (after killing its processes) on drop.
+pub struct TempCgroup {
+    pub path: PathBuf,
+}
+
+impl TempCgroup {
+    pub fn new(name: &str) -> Self {
+        let path = cgroup2_root().join(format!("{name}-{}", std::process::id()));
+        fs::create_dir_all(&path).expect("creating a test cgroup");
+        Self { path }
+    }
+
+    /// Runs `sh -c script` with the shell moved into this cgroup first.
+    pub fn run_sh(&self, script: &str) -> Output {
+        let procs = self.path.join("cgroup.procs");
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo $$ > {} && {script}", procs.display()))
+            .output()
+            .expect("running sh")
+    }
+}
+
+impl Drop for TempCgroup {
+    fn drop(&mut self) {
+        if let Ok(procs) = fs::read_to_string(self.path.join("cgroup.procs")) {
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        for _ in 0..50 {
+            if fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+/// A bpffs directory for one test's pins, removed (unpinning everything) on drop.
+pub struct TempBpffs {
+    pub path: PathBuf,
+}
+
+impl TempBpffs {
+    pub fn new(name: &str) -> Self {
+        let path = Path::new("/sys/fs/bpf").join(format!("{name}-{}", std::process::id()));
+        let _ = proxy_agent::proxier::ebpf::loader::unpin_all(&path);
+        Self { path }
+    }
+}
+
+impl Drop for TempBpffs {
+    fn drop(&mut self) {
+        let _ = proxy_agent::proxier::ebpf::loader::unpin_all(&self.path);
+    }
+}
+
+/// A network namespace with only `lo` (up), deleted on drop. Keeps test traffic off the
+/// machine's real network: nothing in it routes anywhere but loopback.
+pub struct TempNetns {
+    pub name: String,
+}
+
+impl TempNetns {
+    pub fn new(name: &str) -> Self {
+        let name = format!("{name}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip netns add {name}");
+        let ns = Self { name };
+        ns.sh("ip link set lo up");
+        ns
+    }
+
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// Runs `sh -c script` inside the namespace (outside any test cgroup).
+    pub fn sh(&self, script: &str) -> Output {
+        Command::new("nsenter")
+            .arg(format!("--net={}", self.path().display()))
+            .args(["--", "sh", "-c", script])
+            .output()
+            .expect("running nsenter")
+    }
+
+    /// Runs `sh -c script` inside the namespace and inside `cgroup`.
+    pub fn sh_in_cgroup(&self, cgroup: &TempCgroup, script: &str) -> Output {
+        cgroup.run_sh(&format!(
+            "exec nsenter --net={} -- sh -c '{}'",
+            self.path().display(),
+            script.replace('\'', "'\\''")
+        ))
+    }
+}
+
+impl Drop for TempNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
