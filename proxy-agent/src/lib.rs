@@ -9,7 +9,9 @@
 
 pub mod config;
 pub mod ebpf_object;
+pub mod health;
 pub mod k8s;
+pub mod metrics;
 pub mod model;
 pub mod node;
 pub mod proxier;

@@ -1,1 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+//! The Kubernetes side: the API client and watchers, conversion to the model.
+
+pub mod client;
+pub mod watch;

@@ -1,0 +1,327 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Watching the API: Services, EndpointSlices, ServiceCIDRs and this node's Node, turned into
+//! [`ClusterEvent`]s for the agent's event loop.
+//!
+//! A watcher relists after a dropped watch or a 410 Gone. Replaying such a relist as
+//! "delete everything, add everything" would make every service flap; instead each
+//! resource's relist is buffered and diffed against what was last reported, so only real
+//! differences come out (linkerd's and kube-proxy's informers behave the same way).
+
+use std::{collections::HashMap, fmt::Debug, sync::Arc};
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
+};
+use kube::{
+    Api, Resource, ResourceExt as _,
+    runtime::{WatchStreamExt as _, watcher},
+};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// Label selector of upstream's informers: services (and their slices) that another proxy
+/// implementation claims, and headless ones, are not ours.
+pub const PROXYABLE_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResourceKind {
+    Service,
+    EndpointSlice,
+    Node,
+    ServiceCidr,
+}
+
+#[derive(Clone, Debug)]
+pub enum Change<T> {
+    Upsert(Arc<T>),
+    Delete(Arc<T>),
+}
+
+#[derive(Clone, Debug)]
+pub enum ClusterEvent {
+    Service(Change<Service>),
+    EndpointSlice(Change<EndpointSlice>),
+    Node(Change<Node>),
+    ServiceCidr(Change<ServiceCIDR>),
+    /// A resource's (re)list completed: from now on its state is complete.
+    Synced(ResourceKind),
+    /// The API could not be reached; the watchers keep retrying with backoff.
+    Unreachable {
+        kind: ResourceKind,
+        error: String,
+    },
+}
+
+/// Tracks what has been reported for one resource and turns relists into diffs.
+#[derive(Debug)]
+pub struct RelistDiff<K> {
+    /// ns/name -> (resourceVersion, object) last reported.
+    known: HashMap<String, (Option<String>, Arc<K>)>,
+    /// Objects seen since the current relist started.
+    relist: Option<HashMap<String, Arc<K>>>,
+}
+
+impl<K> Default for RelistDiff<K> {
+    fn default() -> Self {
+        Self {
+            known: HashMap::new(),
+            relist: None,
+        }
+    }
+}
+
+/// What one watcher event means for the consumer.
+#[derive(Debug)]
+pub enum Diffed<K> {
+    Upsert(Arc<K>),
+    Delete(Arc<K>),
+    Synced,
+}
+
+fn object_key<K: Resource>(obj: &K) -> String {
+    let meta = obj.meta();
+    match &meta.namespace {
+        Some(ns) => format!("{ns}/{}", meta.name.as_deref().unwrap_or_default()),
+        None => meta.name.clone().unwrap_or_default(),
+    }
+}
+
+impl<K: Resource + Clone> RelistDiff<K> {
+    pub fn handle(&mut self, event: watcher::Event<K>) -> Vec<Diffed<K>> {
+        match event {
+            watcher::Event::Init => {
+                self.relist = Some(HashMap::new());
+                Vec::new()
+            }
+            watcher::Event::InitApply(obj) => {
+                let obj = Arc::new(obj);
+                match &mut self.relist {
+                    Some(buffer) => {
+                        buffer.insert(object_key(obj.as_ref()), obj);
+                        Vec::new()
+                    }
+                    // Not inside a relist (should not happen): treat as an update.
+                    None => self.apply(obj).into_iter().collect(),
+                }
+            }
+            watcher::Event::InitDone => {
+                let buffer = self.relist.take().unwrap_or_default();
+                let mut out = Vec::new();
+                let gone: Vec<String> = self
+                    .known
+                    .keys()
+                    .filter(|k| !buffer.contains_key(*k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    if let Some((_, obj)) = self.known.remove(&key) {
+                        out.push(Diffed::Delete(obj));
+                    }
+                }
+                for obj in buffer.into_values() {
+                    out.extend(self.apply(obj));
+                }
+                out.push(Diffed::Synced);
+                out
+            }
+            watcher::Event::Apply(obj) => self.apply(Arc::new(obj)).into_iter().collect(),
+            watcher::Event::Delete(obj) => {
+                let key = object_key(&obj);
+                match self.known.remove(&key) {
+                    Some(_) => vec![Diffed::Delete(Arc::new(obj))],
+                    None => Vec::new(),
+                }
+            }
+        }
+    }
+
+    /// Reports `obj` unless the same resourceVersion was reported already.
+    fn apply(&mut self, obj: Arc<K>) -> Option<Diffed<K>> {
+        let key = object_key(obj.as_ref());
+        let rv = obj.meta().resource_version.clone();
+        if let Some((known_rv, _)) = self.known.get(&key)
+            && rv.is_some()
+            && *known_rv == rv
+        {
+            return None;
+        }
+        self.known.insert(key, (rv, obj.clone()));
+        Some(Diffed::Upsert(obj))
+    }
+}
+
+/// Spawns one watcher task per resource; events go to `tx`. The tasks end when `tx` closes.
+pub fn spawn_watchers(client: kube::Client, node_name: &str, tx: mpsc::Sender<ClusterEvent>) {
+    let proxyable = watcher::Config::default().labels(PROXYABLE_SELECTOR);
+    spawn_one(
+        Api::<Service>::all(client.clone()),
+        proxyable.clone(),
+        ResourceKind::Service,
+        tx.clone(),
+        |c| ClusterEvent::Service(c),
+    );
+    spawn_one(
+        Api::<EndpointSlice>::all(client.clone()),
+        proxyable,
+        ResourceKind::EndpointSlice,
+        tx.clone(),
+        |c| ClusterEvent::EndpointSlice(c),
+    );
+    spawn_one(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+        ResourceKind::Node,
+        tx.clone(),
+        |c| ClusterEvent::Node(c),
+    );
+    spawn_one(
+        Api::<ServiceCIDR>::all(client),
+        watcher::Config::default(),
+        ResourceKind::ServiceCidr,
+        tx,
+        |c| ClusterEvent::ServiceCidr(c),
+    );
+}
+
+fn spawn_one<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    kind: ResourceKind,
+    tx: mpsc::Sender<ClusterEvent>,
+    wrap: fn(Change<K>) -> ClusterEvent,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
+    tokio::spawn(async move {
+        let mut diff = RelistDiff::<K>::default();
+        let mut stream = watcher(api, config).default_backoff().boxed();
+        loop {
+            let next = stream.try_next().await;
+            let events = match next {
+                Ok(Some(event)) => diff.handle(event),
+                Ok(None) => break,
+                Err(error) => {
+                    warn!(?kind, %error, "watch failed; retrying with backoff");
+                    let msg = ClusterEvent::Unreachable {
+                        kind,
+                        error: error.to_string(),
+                    };
+                    if tx.send(msg).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            for event in events {
+                let msg = match event {
+                    Diffed::Upsert(obj) => {
+                        debug!(?kind, name = %obj.name_any(), "upsert");
+                        wrap(Change::Upsert(obj))
+                    }
+                    Diffed::Delete(obj) => {
+                        debug!(?kind, name = %obj.name_any(), "delete");
+                        wrap(Change::Delete(obj))
+                    }
+                    Diffed::Synced => {
+                        info!(?kind, "list complete");
+                        ClusterEvent::Synced(kind)
+                    }
+                };
+                if tx.send(msg).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn svc(name: &str, rv: &str) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn summary(out: &[Diffed<Service>]) -> Vec<String> {
+        out.iter()
+            .map(|d| match d {
+                Diffed::Upsert(s) => format!(
+                    "+{}@{}",
+                    s.name_any(),
+                    s.resource_version().unwrap_or_default()
+                ),
+                Diffed::Delete(s) => format!("-{}", s.name_any()),
+                Diffed::Synced => "synced".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn first_list_reports_everything_then_synced() {
+        let mut d = RelistDiff::default();
+        assert!(d.handle(watcher::Event::Init).is_empty());
+        assert!(
+            d.handle(watcher::Event::InitApply(svc("a", "1")))
+                .is_empty()
+        );
+        let out = d.handle(watcher::Event::InitDone);
+        assert_eq!(summary(&out), vec!["+a@1", "synced"]);
+    }
+
+    #[test]
+    fn a_relist_reports_only_differences() {
+        let mut d = RelistDiff::default();
+        d.handle(watcher::Event::Init);
+        d.handle(watcher::Event::InitApply(svc("same", "1")));
+        d.handle(watcher::Event::InitApply(svc("changed", "2")));
+        d.handle(watcher::Event::InitApply(svc("removed", "3")));
+        d.handle(watcher::Event::InitDone);
+        // After a dropped watch / 410 Gone the watcher lists again.
+        d.handle(watcher::Event::Init);
+        d.handle(watcher::Event::InitApply(svc("same", "1")));
+        d.handle(watcher::Event::InitApply(svc("changed", "7")));
+        d.handle(watcher::Event::InitApply(svc("new", "8")));
+        let mut out = summary(&d.handle(watcher::Event::InitDone));
+        out.sort();
+        assert_eq!(out, vec!["+changed@7", "+new@8", "-removed", "synced"]);
+    }
+
+    #[test]
+    fn live_events_pass_through_and_duplicates_are_dropped() {
+        let mut d = RelistDiff::default();
+        d.handle(watcher::Event::Init);
+        d.handle(watcher::Event::InitDone);
+        assert_eq!(
+            summary(&d.handle(watcher::Event::Apply(svc("a", "1")))),
+            vec!["+a@1"]
+        );
+        assert!(d.handle(watcher::Event::Apply(svc("a", "1"))).is_empty());
+        assert_eq!(
+            summary(&d.handle(watcher::Event::Apply(svc("a", "2")))),
+            vec!["+a@2"]
+        );
+        assert_eq!(
+            summary(&d.handle(watcher::Event::Delete(svc("a", "3")))),
+            vec!["-a"]
+        );
+        // Deleting what was never reported reports nothing.
+        assert!(d.handle(watcher::Event::Delete(svc("b", "4"))).is_empty());
+    }
+}
