@@ -4,16 +4,15 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use axum::{
-    Router,
     body::Body,
-    extract::{Query, Request, State},
+    extract::{Query, Request},
     http::{Method, StatusCode, header},
     response::Response,
 };
 use serde_json::{Value, json};
 
 use super::{
-    Shared,
+    Outage, Shared,
     error::{Error, Result},
     object,
     requests::{RecordedRequest, Verb},
@@ -24,10 +23,6 @@ use super::{
 };
 
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
-
-pub fn router(shared: Arc<Shared>) -> Router {
-    Router::new().fallback(handle).with_state(shared)
-}
 
 /// A request aimed at a resource collection or object.
 #[derive(Debug)]
@@ -143,7 +138,8 @@ fn error_response(error: &Error) -> Response {
     )
 }
 
-async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+/// Answers one request and records it in the request log.
+pub async fn handle(shared: Arc<Shared>, request: Request) -> Response {
     let method = request.method().clone();
     let uri = request.uri().clone();
     let target = parse_target(uri.path());
@@ -167,7 +163,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         record.name = t.name.clone();
     }
 
-    let (response, expired) = if shared.is_unavailable() {
+    let (response, expired) = if shared.outage() == Outage::ServiceUnavailable {
         (error_response(&Error::Unavailable), false)
     } else {
         match dispatch(&shared, verb, target, &query, request).await {

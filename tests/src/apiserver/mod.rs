@@ -8,16 +8,35 @@
 //! EndpointSlices, networking.k8s.io/v1 ServiceCIDRs and events.k8s.io/v1 Events.
 //! Like etcd, one resourceVersion counter spans every type.
 //!
+//! Faults for tests: [`TestApiServer::compact`] (the next watch from an older
+//! resourceVersion gets `410 Expired`), [`TestApiServer::drop_watches`] (connection
+//! drop mid-watch), [`TestApiServer::set_outage`] (connections closed, or 503s).
+//! Observation: [`TestApiServer::requests`] / [`TestApiServer::request_count`],
+//! [`TestApiServer::open_watches`], [`TestApiServer::bookmarks_sent`],
+//! [`TestApiServer::events`].
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use k8s_openapi::api::core::v1::Service;
+//! use kube::{Api, runtime::{WatchStreamExt, reflector, watcher}};
 //! use tests::apiserver::{TestApiServer, Verb};
 //!
 //! let server = TestApiServer::start().await?;
-//! let client = server.client()?;
-//! server.create(&Service::default())?; // (a real test sets a name)
-//! server.compact(); // the next watch from an older RV gets 410 Expired
-//! assert!(server.request_count(Verb::List, "services") >= 0);
+//! let mut svc = Service::default();
+//! svc.metadata.name = Some("web".into());
+//! server.create(&svc)?; // namespace defaults to "default"
+//!
+//! let (store, writer) = reflector::store::<Service>();
+//! let api = Api::<Service>::all(server.client()?);
+//! let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+//! tokio::spawn(futures::StreamExt::for_each(stream, |_| async {}));
+//! store.wait_until_ready().await?;
+//!
+//! server.set_unavailable(true); // the API server goes away
+//! server.delete::<Service>(None, "web")?;
+//! server.compact(); // the watcher's resourceVersion is now too old: 410, relist
+//! server.set_unavailable(false);
+//! server.wait_until(std::time::Duration::from_secs(10), |s| s.request_count(Verb::List, "services") >= 2).await;
 //! # Ok(()) }
 //! ```
 
@@ -28,6 +47,7 @@ mod object;
 mod requests;
 mod resources;
 mod selector;
+mod serve;
 mod store;
 mod watch;
 
@@ -36,7 +56,7 @@ use std::{
     path::Path,
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -50,9 +70,11 @@ pub use self::{
     error::{Error, Result},
     kubeconfig::CONTEXT_NAME,
     requests::{RecordedRequest, Verb},
-    resources::ResourceKind,
 };
-use self::{resources::CORE_EVENTS, store::Store};
+use self::{
+    resources::{CORE_EVENTS, ResourceKind},
+    store::Store,
+};
 
 /// Tunables of a [`TestApiServer`].
 #[derive(Debug, Clone)]
@@ -77,11 +99,29 @@ impl Default for ServerConfig {
     }
 }
 
+/// How the server fails while the API is "down".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Outage {
+    /// Serving normally.
+    #[default]
+    None,
+    /// Every open connection is cut and new ones are closed as soon as accepted, as
+    /// when the apiserver process is gone. Clients see transport errors.
+    ConnectionsClosed,
+    /// Every request is answered `503 ServiceUnavailable`, as a load balancer in
+    /// front of a dead apiserver would. Open watches are cut. Note that kube-rs
+    /// clients retry 503s internally (exponential backoff from 5 ms, 15 attempts), so
+    /// a short outage of this kind is invisible to the caller beyond latency.
+    ServiceUnavailable,
+}
+
 /// State shared by the HTTP handlers and the test's handle.
 pub(crate) struct Shared {
     store: Mutex<Store>,
     config: ServerConfig,
-    unavailable: AtomicBool,
+    outage: Mutex<Outage>,
+    /// Bumped to cut every open connection.
+    cut_connections: tokio::sync::watch::Sender<u64>,
     requests: Mutex<Vec<RecordedRequest>>,
     bookmarks: AtomicU64,
 }
@@ -99,8 +139,13 @@ impl Shared {
         self.bookmarks.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn is_unavailable(&self) -> bool {
-        self.unavailable.load(Ordering::SeqCst)
+    fn outage(&self) -> Outage {
+        *self.outage.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn cut_all_connections(&self) {
+        self.cut_connections
+            .send_modify(|generation| *generation += 1);
     }
 
     fn requests(&self) -> MutexGuard<'_, Vec<RecordedRequest>> {
@@ -112,18 +157,19 @@ impl Shared {
     }
 }
 
-/// A running test API server. Dropping it stops accepting connections and ends
-/// every open watch.
+/// A running test API server. Dropping it stops accepting connections and cuts
+/// every open one.
 pub struct TestApiServer {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    serve_task: JoinHandle<()>,
+    accept_task: JoinHandle<()>,
 }
 
 impl Drop for TestApiServer {
     fn drop(&mut self) {
-        self.serve_task.abort();
+        self.accept_task.abort();
         self.shared.store().drop_watches();
+        self.shared.cut_all_connections();
     }
 }
 
@@ -176,20 +222,16 @@ impl TestApiServer {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(config.history_limit)),
             config,
-            unavailable: AtomicBool::new(false),
+            outage: Mutex::new(Outage::None),
+            cut_connections: tokio::sync::watch::Sender::new(0),
             requests: Mutex::new(Vec::new()),
             bookmarks: AtomicU64::new(0),
         });
-        let router = http::router(shared.clone());
-        let serve_task = tokio::spawn(async move {
-            if let Err(err) = axum::serve(listener, router).await {
-                tracing::warn!(reason = %err, "test API server stopped");
-            }
-        });
+        let accept_task = tokio::spawn(serve::accept_loop(listener, shared.clone()));
         Ok(Self {
             shared,
             addr,
-            serve_task,
+            accept_task,
         })
     }
 
@@ -357,12 +399,30 @@ impl TestApiServer {
         self.shared.store().drop_watches();
     }
 
-    /// While unavailable every request is answered `503 ServiceUnavailable`; turning
-    /// it on also cuts every open watch, so the outage is seen at once.
+    /// `true`: the API server is down ([`Outage::ConnectionsClosed`]); `false`: back up.
     pub fn set_unavailable(&self, unavailable: bool) {
-        self.shared.unavailable.store(unavailable, Ordering::SeqCst);
-        if unavailable {
-            self.drop_watches();
+        self.set_outage(if unavailable {
+            Outage::ConnectionsClosed
+        } else {
+            Outage::None
+        });
+    }
+
+    /// Starts or ends an outage of the given kind. Starting one cuts every open
+    /// watch (and with [`Outage::ConnectionsClosed`] every connection) at once.
+    pub fn set_outage(&self, outage: Outage) {
+        *self
+            .shared
+            .outage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = outage;
+        match outage {
+            Outage::None => {}
+            Outage::ServiceUnavailable => self.drop_watches(),
+            Outage::ConnectionsClosed => {
+                self.drop_watches();
+                self.shared.cut_all_connections();
+            }
         }
     }
 

@@ -2,7 +2,10 @@
 
 use serde_json::json;
 
-use super::*;
+use super::{
+    list::{decode_continue, encode_continue},
+    *,
+};
 use crate::apiserver::resources::{ENDPOINT_SLICES, NODES, SERVICES};
 
 fn svc(name: &str, labels: Value) -> Value {
