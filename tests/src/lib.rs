@@ -2,4 +2,5 @@
 //! Test support: the list/watch test API server, fixtures, privileged-test helpers.
 #![forbid(unsafe_code)]
 
+pub mod apiserver;
 pub mod privileged;
