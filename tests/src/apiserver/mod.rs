@@ -218,6 +218,19 @@ impl TestApiServer {
         let listener = TcpListener::bind(("127.0.0.1", 0))
             .await
             .map_err(Error::Bind)?;
+        Self::serve_on(listener, config)
+    }
+
+    /// Serves on a listener the caller bound, e.g. inside another network namespace (a
+    /// socket stays in the namespace it was created in), so that an agent running there
+    /// reaches the server on that namespace's 127.0.0.1.
+    pub fn start_on(listener: std::net::TcpListener, config: ServerConfig) -> Result<Self> {
+        listener.set_nonblocking(true).map_err(Error::Bind)?;
+        let listener = TcpListener::from_std(listener).map_err(Error::Bind)?;
+        Self::serve_on(listener, config)
+    }
+
+    fn serve_on(listener: TcpListener, config: ServerConfig) -> Result<Self> {
         let addr = listener.local_addr().map_err(Error::Bind)?;
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(config.history_limit)),
