@@ -5,9 +5,14 @@
 
 mod lb;
 mod maps;
+mod parse;
 mod sock;
+mod tc;
 
-use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+use aya_ebpf::{
+    macros::{cgroup_sock_addr, classifier},
+    programs::{SockAddrContext, TcContext},
+};
 
 use crate::lb::{V4, V6};
 
@@ -49,6 +54,11 @@ pub fn sock_getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub fn sock_getpeername6(ctx: SockAddrContext) -> i32 {
     sock::restore::<V6>(&ctx)
+}
+
+#[classifier]
+pub fn tc_uplink_egress(ctx: TcContext) -> i32 {
+    tc::egress::handle(&ctx)
 }
 
 #[cfg(not(test))]

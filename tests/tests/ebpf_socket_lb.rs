@@ -77,6 +77,7 @@ fn connect_is_translated_rejected_or_left_alone() {
         bpffs_root: bpffs.path.clone(),
         cgroup: cg.path.clone(),
         map_sizes: MapSizes::default(),
+        devices: Vec::new(),
     })
     .expect("load and attach");
     loaded

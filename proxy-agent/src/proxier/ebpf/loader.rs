@@ -13,7 +13,10 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap as AyaHash, LpmTrie, MapData},
-    programs::{CgroupAttachMode, CgroupSockAddr, links::FdLink},
+    programs::{
+        CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, links::FdLink,
+        tc::qdisc_add_clsact,
+    },
 };
 use proxy_common::{LB_CFG_READY, LbConfig, maps as names};
 use tracing::{debug, info, warn};
@@ -36,6 +39,13 @@ pub enum LoadError {
     #[error("program {name}: {source}")]
     Program {
         name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("attaching {name} to device {device}: {source}")]
+    Device {
+        name: &'static str,
+        device: String,
         #[source]
         source: aya::programs::ProgramError,
     },
@@ -101,6 +111,8 @@ pub struct LoadOptions {
     /// cgroup v2 directory the socket programs attach to.
     pub cgroup: PathBuf,
     pub map_sizes: MapSizes,
+    /// The node's uplink devices: tc programs attach there.
+    pub devices: Vec<String>,
 }
 
 /// The socket programs and where they attach.
@@ -237,6 +249,13 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         replace_pinned_link(&links_dir, name, link)?;
     }
     info!(cgroup = %opts.cgroup.display(), "socket programs attached");
+    attach_tc(
+        &mut ebpf,
+        "tc_uplink_egress",
+        TcAttachType::Egress,
+        &opts.devices,
+        &links_dir,
+    )?;
 
     let maps = take_maps(&mut ebpf)?;
     let config = take_array(&mut ebpf, names::LB_CONFIG)?;
@@ -245,6 +264,48 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         maps,
         config,
     })
+}
+
+/// Attaches a tc program to every device. On kernels with TCX (6.6+) the links are pinned
+/// like the cgroup ones; older kernels get a netlink filter on a clsact qdisc, which stays
+/// attached by itself.
+fn attach_tc(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    direction: TcAttachType,
+    devices: &[String],
+    links_dir: &Path,
+) -> Result<()> {
+    let program: &mut SchedClassifier = ebpf
+        .program_mut(name)
+        .ok_or(LoadError::MissingProgram { name })?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })?;
+    program
+        .load()
+        .map_err(|source| LoadError::Program { name, source })?;
+    for device in devices {
+        // Needed only by the netlink fallback; harmless (EEXIST) otherwise.
+        let _ = qdisc_add_clsact(device);
+        let link_id = program
+            .attach(device, direction)
+            .map_err(|source| LoadError::Device {
+                name,
+                device: device.clone(),
+                source,
+            })?;
+        let link = program
+            .take_link(link_id)
+            .map_err(|source| LoadError::Program { name, source })?;
+        match FdLink::try_from(link) {
+            Ok(fd_link) => replace_pinned_link(links_dir, &format!("{name}_{device}"), fd_link)?,
+            Err(_) => debug!(program = name, %device, "netlink tc filter attached"),
+        }
+    }
+    if !devices.is_empty() {
+        info!(program = name, devices = ?devices, "tc program attached");
+    }
+    Ok(())
 }
 
 /// Pins `link` as `links/<name>`, replacing (and thereby detaching) a previous link of the

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+//! Bounds-checked header parsing for tc programs (Ethernet, IPv4 with options, IPv6 without
+//! extension-header walking, TCP/UDP/SCTP ports). Loads go through `bpf_skb_load_bytes`, so
+//! every read is checked by the kernel and works on non-linear skbs.
+
+use aya_ebpf::programs::TcContext;
+use proxy_common::proto;
+
+pub const ETH_HLEN: usize = 14;
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+const IPV6_HLEN: usize = 40;
+
+/// One parsed packet, addresses and ports in network byte order.
+#[derive(Clone, Copy)]
+pub struct Packet<A> {
+    pub saddr: A,
+    pub daddr: A,
+    /// Ports (0 when the protocol has none or this is a non-first fragment).
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// Offset of the L3 header.
+    pub l3_off: usize,
+    /// Offset of the L4 header.
+    pub l4_off: usize,
+    /// A non-first fragment: no L4 header.
+    pub later_fragment: bool,
+}
+
+#[inline(always)]
+pub fn ethertype(ctx: &TcContext) -> Option<u16> {
+    ctx.load::<u16>(12).ok().map(u16::from_be)
+}
+
+#[inline(always)]
+fn has_ports(p: u8) -> bool {
+    p == proto::TCP || p == proto::UDP || p == proto::SCTP
+}
+
+#[inline(always)]
+pub fn ipv4(ctx: &TcContext) -> Option<Packet<u32>> {
+    let l3 = ETH_HLEN;
+    let ver_ihl: u8 = ctx.load(l3).ok()?;
+    if ver_ihl >> 4 != 4 {
+        return None;
+    }
+    let ihl = ((ver_ihl & 0x0f) as usize) * 4;
+    if ihl < 20 {
+        return None;
+    }
+    let frag: u16 = u16::from_be(ctx.load(l3 + 6).ok()?);
+    let later_fragment = frag & 0x1fff != 0;
+    let p: u8 = ctx.load(l3 + 9).ok()?;
+    let saddr: u32 = ctx.load(l3 + 12).ok()?;
+    let daddr: u32 = ctx.load(l3 + 16).ok()?;
+    let l4 = l3 + ihl;
+    let (sport, dport) = if has_ports(p) && !later_fragment {
+        (ctx.load::<u16>(l4).ok()?, ctx.load::<u16>(l4 + 2).ok()?)
+    } else {
+        (0, 0)
+    };
+    Some(Packet {
+        saddr,
+        daddr,
+        sport,
+        dport,
+        proto: p,
+        l3_off: l3,
+        l4_off: l4,
+        later_fragment,
+    })
+}
+
+#[inline(always)]
+pub fn ipv6(ctx: &TcContext) -> Option<Packet<[u8; 16]>> {
+    let l3 = ETH_HLEN;
+    let first: u8 = ctx.load(l3).ok()?;
+    if first >> 4 != 6 {
+        return None;
+    }
+    let next: u8 = ctx.load(l3 + 6).ok()?;
+    let saddr: [u8; 16] = ctx.load(l3 + 8).ok()?;
+    let daddr: [u8; 16] = ctx.load(l3 + 24).ok()?;
+    let l4 = l3 + IPV6_HLEN;
+    let (sport, dport) = if has_ports(next) {
+        (ctx.load::<u16>(l4).ok()?, ctx.load::<u16>(l4 + 2).ok()?)
+    } else {
+        (0, 0)
+    };
+    Some(Packet {
+        saddr,
+        daddr,
+        sport,
+        dport,
+        proto: next,
+        l3_off: l3,
+        l4_off: l4,
+        later_fragment: false,
+    })
+}
