@@ -51,7 +51,10 @@ fn main() -> anyhow::Result<()> {
     aya_build::build_ebpf([package], aya_build::Toolchain::Custom(&toolchain))
         .context("building the eBPF programs")?;
     if fs::metadata(&object).map(|m| m.len()).unwrap_or(0) == 0 {
-        bail!("aya-build finished but left no object at {}", object.display());
+        bail!(
+            "aya-build finished but left no object at {}",
+            object.display()
+        );
     }
     Ok(())
 }

@@ -14,9 +14,13 @@ pub fn init(verbosity: u8, json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let registry = tracing_subscriber::registry().with(filter);
     let installed = if json {
-        registry.with(fmt::layer().json().with_writer(std::io::stderr)).try_init()
+        registry
+            .with(fmt::layer().json().with_writer(std::io::stderr))
+            .try_init()
     } else {
-        registry.with(fmt::layer().with_writer(std::io::stderr)).try_init()
+        registry
+            .with(fmt::layer().with_writer(std::io::stderr))
+            .try_init()
     };
     if installed.is_ok() {
         // aya-log and other `log` users: route their records into tracing.
