@@ -58,6 +58,11 @@ pub struct ServiceBuilder {
 }
 
 impl ServiceBuilder {
+    /// Continues building from an existing Service.
+    pub fn from_service(svc: Service) -> Self {
+        Self { svc }
+    }
+
     fn spec(&mut self) -> &mut ServiceSpec {
         self.svc.spec.get_or_insert_with(ServiceSpec::default)
     }
@@ -263,6 +268,11 @@ pub struct EndpointSliceBuilder {
 }
 
 impl EndpointSliceBuilder {
+    /// Continues building from an existing EndpointSlice.
+    pub fn from_slice(slice: EndpointSlice) -> Self {
+        Self { slice }
+    }
+
     pub fn port(mut self, name: &str, port: i32, protocol: &str) -> Self {
         self.slice
             .ports
@@ -341,6 +351,12 @@ pub struct EndpointBuilder {
 impl EndpointBuilder {
     pub fn node(mut self, node_name: &str) -> Self {
         self.endpoint.node_name = Some(node_name.to_owned());
+        self
+    }
+
+    /// Replaces the addresses (only the first one is used by the proxy).
+    pub fn with_addresses(mut self, addresses: &[&str]) -> Self {
+        self.endpoint.addresses = addresses.iter().map(|a| (*a).to_owned()).collect();
         self
     }
 

@@ -28,7 +28,7 @@ pub fn parse_ip_sloppy(text: &str) -> Option<IpAddr> {
 /// ("203.0.113.000/025" is 203.0.113.0/25). The prefix length may carry leading zeros.
 pub fn parse_cidr_sloppy(text: &str) -> Option<IpNet> {
     let (addr, prefix) = text.split_once('/')?;
-    let prefix = parse_decimal(prefix, 3)?;
+    let prefix = parse_decimal(prefix, 128)?;
     let net = if let Some(v4) = parse_ipv4_sloppy(addr) {
         IpNet::new(IpAddr::V4(v4), u8::try_from(prefix).ok()?).ok()?
     } else {

@@ -41,6 +41,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The object kinds the proxy consumes.
 #[derive(Clone, Debug, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "objects are parsed once from files; plain variants keep matching simple"
+)]
 pub enum ClusterObject {
     Service(Service),
     EndpointSlice(EndpointSlice),
