@@ -47,7 +47,7 @@ impl Endpoint {
     }
 }
 
-/// "ip:port", "[ip6]:port".
+/// `ip:port`, `[ip6]:port`.
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.addr().fmt(f)

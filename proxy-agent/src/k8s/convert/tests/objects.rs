@@ -144,3 +144,21 @@ fn errors_say_which_object() {
         Err(Error::Yaml { .. })
     ));
 }
+
+#[test]
+fn mk_node_builds_what_the_api_serves() {
+    let objects = parse_objects(SCENARIO_OBJECTS).unwrap();
+    let ClusterObject::Node(parsed) = &objects[0] else {
+        panic!("a Node first")
+    };
+    let built = crate::k8s::fixtures::mk_node(
+        "test-node",
+        &[
+            ("kubernetes.io/hostname", "test-node"),
+            ("topology.kubernetes.io/zone", "zone-a"),
+        ],
+        &["10.0.0.0/8"],
+        &["192.168.0.2"],
+    );
+    assert_eq!(&built, parsed);
+}
