@@ -2,4 +2,7 @@
 //! The Kubernetes side: the API client and watchers, conversion to the model.
 
 pub mod client;
+pub mod convert;
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fixtures;
 pub mod watch;

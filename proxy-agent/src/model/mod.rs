@@ -1,1 +1,31 @@
 // SPDX-License-Identifier: Apache-2.0
+//! The pure model: service port -> service, service port -> endpoints, with upstream
+//! kube-proxy's change trackers and topology rules.
+//!
+//! Every type here is free of Kubernetes API types; conversion lives in
+//! [`crate::k8s::convert`]. The trackers' `update` / `endpoint_slice_update` entry points
+//! take API objects and convert them; everything else works on domain values. Each
+//! tracker and map covers one IP family, as each upstream proxier does.
+
+mod endpoint;
+mod endpoints_tracker;
+mod endpointslice_cache;
+mod invalid;
+mod names;
+mod service_port;
+mod service_tracker;
+pub mod topology;
+
+#[cfg(test)]
+mod tests;
+
+pub use endpoint::{Endpoint, SliceEndpoint, SliceInfo, SlicePort};
+pub use endpoints_tracker::{EndpointsChangeTracker, EndpointsMap, UpdateEndpointsMapResult};
+pub use endpointslice_cache::{EndpointSliceCache, EndpointsChange, ServiceEndpoints};
+pub use invalid::{InvalidObject, ObjectKind, Rejections};
+pub use names::{IpFamily, NamespacedName, Protocol, ServiceEndpoint, ServicePortName};
+pub use service_port::{LoadBalancerIngress, LoadBalancerIpMode, ServicePort, SessionAffinity};
+pub use service_tracker::{
+    ServiceChangeTracker, ServicePortMap, ServicePorts, UpdateServiceMapResult,
+};
+pub use topology::{CategorizedEndpoints, categorize_endpoints};

@@ -1,0 +1,315 @@
+// SPDX-License-Identifier: Apache-2.0
+//! v1 Service -> one [`ServicePort`] per port, for one IP family.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+
+use super::{object_name, parse_cidr_sloppy, parse_ip_sloppy, should_proxy_service};
+use crate::model::{
+    InvalidObject, IpFamily, LoadBalancerIngress, LoadBalancerIpMode, NamespacedName, ObjectKind,
+    Protocol, ServicePort, ServicePortName, SessionAffinity,
+};
+
+const TYPE_CLUSTER_IP: &str = "ClusterIP";
+const TYPE_NODE_PORT: &str = "NodePort";
+const TYPE_LOAD_BALANCER: &str = "LoadBalancer";
+const TYPE_EXTERNAL_NAME: &str = "ExternalName";
+const CLUSTER_IP_NONE: &str = "None";
+/// The API server's bound for `sessionAffinityConfig.clientIP.timeoutSeconds`.
+const MAX_AFFINITY_TIMEOUT_SECONDS: i32 = 86_400;
+
+/// The ports of `svc` as seen by a proxier of `family`.
+///
+/// Returns an empty list, not an error, for services the proxy does not handle: those
+/// outside kube-proxy's label selector, ExternalName services, headless services, and
+/// services without a ClusterIP of `family` (a single-stack service of the other family).
+/// Entries of the other family in `externalIPs`, `loadBalancerSourceRanges` and the
+/// load-balancer ingress are left out; malformed entries there are left out with a
+/// warning, as upstream does. Anything else the API server would have refused makes the
+/// whole object invalid.
+pub fn service_ports(
+    svc: &Service,
+    family: IpFamily,
+) -> Result<Vec<(ServicePortName, ServicePort)>, InvalidObject> {
+    let name = object_name(&svc.metadata);
+    let invalid = |reason: String| {
+        InvalidObject::new(ObjectKind::Service, &name.namespace, &name.name, reason)
+    };
+    if name.name.is_empty() {
+        return Err(invalid("metadata.name is missing".into()));
+    }
+    if !should_proxy_service(svc) {
+        return Ok(Vec::new());
+    }
+    let Some(spec) = svc.spec.as_ref() else {
+        return Err(invalid("spec is missing".into()));
+    };
+
+    // The API server defaults an absent type to ClusterIP.
+    let service_type = spec.type_.as_deref().unwrap_or(TYPE_CLUSTER_IP);
+    match service_type {
+        TYPE_EXTERNAL_NAME => return Ok(Vec::new()),
+        TYPE_CLUSTER_IP | TYPE_NODE_PORT | TYPE_LOAD_BALANCER => {}
+        other => return Err(invalid(format!("unknown spec.type {other:?}"))),
+    }
+
+    let Some(cluster_ip) = cluster_ip_for_family(spec, family).map_err(invalid)? else {
+        return Ok(Vec::new());
+    };
+
+    let external_policy_local = {
+        let accepts_external = service_type == TYPE_LOAD_BALANCER
+            || service_type == TYPE_NODE_PORT
+            || spec
+                .external_ips
+                .as_ref()
+                .is_some_and(|ips| !ips.is_empty());
+        let local = traffic_policy_is_local(
+            spec.external_traffic_policy.as_deref(),
+            "externalTrafficPolicy",
+        )
+        .map_err(invalid)?;
+        accepts_external && local
+    };
+    let internal_policy_local = traffic_policy_is_local(
+        spec.internal_traffic_policy.as_deref(),
+        "internalTrafficPolicy",
+    )
+    .map_err(invalid)?;
+
+    let health_check_node_port = if service_type == TYPE_LOAD_BALANCER && external_policy_local {
+        match spec.health_check_node_port.unwrap_or(0) {
+            0 => {
+                tracing::error!(service = %name, "service needs a health check node port but has none");
+                None
+            }
+            port => {
+                Some(port_number(port).ok_or_else(|| {
+                    invalid(format!("healthCheckNodePort {port} is out of range"))
+                })?)
+            }
+        }
+    } else {
+        None
+    };
+
+    let session_affinity = session_affinity(spec).map_err(invalid)?;
+    let external_ips = external_ips(spec, family, &name);
+    let load_balancer_source_ranges = source_ranges(spec, family, &name);
+    let load_balancer_ingress = load_balancer_ingress(svc, family, &name).map_err(invalid)?;
+
+    let mut names_seen = HashSet::new();
+    let mut ports = Vec::new();
+    for spec_port in spec.ports.as_deref().unwrap_or_default() {
+        let port_name = spec_port.name.clone().unwrap_or_default();
+        if !names_seen.insert(port_name.clone()) {
+            return Err(invalid(format!("duplicate port name {port_name:?}")));
+        }
+        let protocol = match spec_port.protocol.as_deref() {
+            None => Protocol::Tcp,
+            Some(text) => Protocol::from_api(text)
+                .ok_or_else(|| invalid(format!("port {port_name:?}: unknown protocol {text:?}")))?,
+        };
+        let port = port_number(spec_port.port).ok_or_else(|| {
+            invalid(format!(
+                "port {port_name:?}: port {} is out of range",
+                spec_port.port
+            ))
+        })?;
+        let node_port = match spec_port.node_port.unwrap_or(0) {
+            0 => None,
+            value => Some(port_number(value).ok_or_else(|| {
+                invalid(format!(
+                    "port {port_name:?}: nodePort {value} is out of range"
+                ))
+            })?),
+        };
+        ports.push((
+            ServicePortName::new(name.clone(), port_name, protocol),
+            ServicePort {
+                cluster_ip,
+                port,
+                protocol,
+                node_port,
+                external_ips: external_ips.clone(),
+                load_balancer_ingress: load_balancer_ingress.clone(),
+                load_balancer_source_ranges: load_balancer_source_ranges.clone(),
+                external_policy_local,
+                internal_policy_local,
+                health_check_node_port,
+                session_affinity,
+            },
+        ));
+    }
+    Ok(ports)
+}
+
+/// The ClusterIP of `family`, `None` when the service has none (headless, or not of that
+/// family). Mirrors upstream's `GetClusterIPByFamily`, and checks what the API server would.
+fn cluster_ip_for_family(spec: &ServiceSpec, family: IpFamily) -> Result<Option<IpAddr>, String> {
+    let cluster_ips: &[String] = spec.cluster_ips.as_deref().unwrap_or_default();
+    let primary = spec
+        .cluster_ip
+        .as_deref()
+        .filter(|ip| !ip.is_empty())
+        .or(cluster_ips.first().map(String::as_str));
+    let Some(primary) = primary else {
+        return Ok(None);
+    };
+    if primary == CLUSTER_IP_NONE {
+        return Ok(None);
+    }
+    let parse = |text: &str, field: &str| {
+        parse_ip_sloppy(text).ok_or_else(|| format!("{field} {text:?} is not an IP address"))
+    };
+    let primary_ip = parse(primary, "clusterIP")?;
+
+    // clusterIPs[0] must be clusterIP; a service written with only `clusterIP` (as before
+    // dual-stack) has that one address.
+    let ips = if cluster_ips.is_empty() {
+        vec![primary_ip]
+    } else {
+        let ips = cluster_ips
+            .iter()
+            .map(|text| parse(text, "clusterIPs entry"))
+            .collect::<Result<Vec<_>, _>>()?;
+        if ips[0] != primary_ip {
+            return Err(format!(
+                "clusterIP {primary:?} is not clusterIPs[0] {:?}",
+                cluster_ips[0]
+            ));
+        }
+        ips
+    };
+
+    let families: &[String] = spec.ip_families.as_deref().unwrap_or_default();
+    if families.is_empty() {
+        // Objects from before dual-stack: the address decides its family.
+        return Ok(ips.into_iter().find(|ip| family.contains(ip)));
+    }
+    let families = families
+        .iter()
+        .map(|text| {
+            IpFamily::from_api(text).ok_or_else(|| format!("unknown ipFamilies entry {text:?}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for (index, (ip, ip_family)) in ips.iter().zip(&families).enumerate() {
+        if !ip_family.contains(ip) {
+            return Err(format!(
+                "clusterIPs[{index}] {ip} is not of family {ip_family}"
+            ));
+        }
+    }
+    Ok(families
+        .iter()
+        .position(|f| *f == family)
+        .and_then(|index| ips.get(index).copied()))
+}
+
+fn traffic_policy_is_local(value: Option<&str>, field: &str) -> Result<bool, String> {
+    match value {
+        None | Some("Cluster") => Ok(false),
+        Some("Local") => Ok(true),
+        Some(other) => Err(format!("unknown {field} {other:?}")),
+    }
+}
+
+fn session_affinity(spec: &ServiceSpec) -> Result<Option<SessionAffinity>, String> {
+    match spec.session_affinity.as_deref() {
+        None | Some("None") => Ok(None),
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|config| config.client_ip.as_ref())
+                .and_then(|client_ip| client_ip.timeout_seconds);
+            let timeout_seconds = match timeout {
+                None => SessionAffinity::DEFAULT_TIMEOUT_SECONDS,
+                Some(seconds @ 1..=MAX_AFFINITY_TIMEOUT_SECONDS) => seconds.unsigned_abs(),
+                Some(seconds) => {
+                    return Err(format!(
+                        "session affinity timeout {seconds}s is out of range"
+                    ));
+                }
+            };
+            Ok(Some(SessionAffinity { timeout_seconds }))
+        }
+        Some(other) => Err(format!("unknown sessionAffinity {other:?}")),
+    }
+}
+
+fn external_ips(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) -> Vec<IpAddr> {
+    spec.external_ips
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|text| {
+            let ip = parse_ip_sloppy(text);
+            if ip.is_none() && !text.trim().is_empty() {
+                tracing::warn!(service = %name, ip = %text, "skipping invalid external IP");
+            }
+            ip
+        })
+        .filter(|ip| family.contains(ip))
+        .collect()
+}
+
+fn source_ranges(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) -> Vec<ipnet::IpNet> {
+    // API validation has long let whitespace around the ranges through.
+    spec.load_balancer_source_ranges
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|text| text.trim())
+        .filter_map(|text| {
+            let net = parse_cidr_sloppy(text);
+            if net.is_none() && !text.is_empty() {
+                tracing::warn!(service = %name, cidr = %text, "skipping invalid load balancer source range");
+            }
+            net
+        })
+        .filter(|net| IpFamily::of_net(net) == family)
+        .collect()
+}
+
+fn load_balancer_ingress(
+    svc: &Service,
+    family: IpFamily,
+    name: &NamespacedName,
+) -> Result<Vec<LoadBalancerIngress>, String> {
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|status| status.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_deref())
+        .unwrap_or_default();
+    let mut result = Vec::new();
+    for entry in ingress {
+        let Some(text) = entry.ip.as_deref().filter(|ip| !ip.is_empty()) else {
+            continue;
+        };
+        let ip_mode = match entry.ip_mode.as_deref() {
+            None | Some("VIP") => LoadBalancerIpMode::Vip,
+            Some("Proxy") => LoadBalancerIpMode::Proxy,
+            Some(other) => {
+                return Err(format!(
+                    "load balancer ingress {text}: unknown ipMode {other:?}"
+                ));
+            }
+        };
+        let Some(ip) = parse_ip_sloppy(text) else {
+            tracing::warn!(service = %name, ip = %text, "skipping invalid load balancer ingress IP");
+            continue;
+        };
+        if family.contains(&ip) {
+            result.push(LoadBalancerIngress { ip, ip_mode });
+        }
+    }
+    Ok(result)
+}
+
+fn port_number(value: i32) -> Option<u16> {
+    u16::try_from(value).ok().filter(|port| *port != 0)
+}

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+//! parse_objects: YAML -> typed cluster objects.
+
+use crate::k8s::convert::objects::{Error, objects_from_value};
+use crate::k8s::convert::{ClusterObject, parse_objects};
+use crate::model::{NamespacedName, ObjectKind};
+
+const SCENARIO_OBJECTS: &str = "
+- apiVersion: v1
+  kind: Node
+  metadata:
+    name: test-node
+    labels: {kubernetes.io/hostname: test-node, topology.kubernetes.io/zone: zone-a}
+  spec: {podCIDR: 10.0.0.0/8, podCIDRs: [10.0.0.0/8]}
+  status:
+    addresses:
+    - {type: InternalIP, address: 192.168.0.2}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: svc1, namespace: ns1}
+  spec: {clusterIP: 172.30.0.41, ports: [{name: http, port: 80, protocol: TCP}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: svc1-abc, namespace: ns1, labels: {kubernetes.io/service-name: svc1}}
+  addressType: IPv4
+  endpoints: [{addresses: [10.180.0.1], nodeName: test-node, conditions: {ready: true}}]
+  ports: [{name: http, port: 80, protocol: TCP}]
+- apiVersion: networking.k8s.io/v1
+  kind: ServiceCIDR
+  metadata: {name: kubernetes}
+  spec: {cidrs: [172.30.0.0/16, 'fd00:30::/112']}
+";
+
+#[test]
+fn a_scenario_objects_list() {
+    let objects = parse_objects(SCENARIO_OBJECTS).unwrap();
+    let kinds: Vec<_> = objects.iter().map(|o| (o.kind(), o.name())).collect();
+    assert_eq!(
+        kinds,
+        [
+            (ObjectKind::Node, NamespacedName::new("", "test-node")),
+            (ObjectKind::Service, NamespacedName::new("ns1", "svc1")),
+            (
+                ObjectKind::EndpointSlice,
+                NamespacedName::new("ns1", "svc1-abc")
+            ),
+            (
+                ObjectKind::ServiceCidr,
+                NamespacedName::new("", "kubernetes")
+            ),
+        ]
+    );
+    let ClusterObject::Node(node) = &objects[0] else {
+        panic!()
+    };
+    assert_eq!(
+        node.metadata.labels.as_ref().unwrap()["topology.kubernetes.io/zone"],
+        "zone-a"
+    );
+    let ClusterObject::Service(svc) = &objects[1] else {
+        panic!()
+    };
+    assert_eq!(
+        svc.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port,
+        80
+    );
+    let ClusterObject::ServiceCidr(cidr) = &objects[3] else {
+        panic!()
+    };
+    assert_eq!(cidr.spec.as_ref().unwrap().cidrs.as_ref().unwrap().len(), 2);
+
+    let value: serde_yaml::Value = serde_yaml::from_str(SCENARIO_OBJECTS).unwrap();
+    assert_eq!(objects_from_value(value).unwrap(), objects);
+}
+
+#[test]
+fn multiple_documents_and_lists() {
+    let yaml = "
+---
+apiVersion: v1
+kind: Service
+metadata: {name: a, namespace: ns}
+spec: {clusterIP: 10.0.0.1}
+---
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: b, namespace: ns}
+- apiVersion: v1
+  kind: Node
+  metadata: {name: n}
+";
+    let names: Vec<String> = parse_objects(yaml)
+        .unwrap()
+        .iter()
+        .map(|o| format!("{}:{}", o.kind(), o.name()))
+        .collect();
+    assert_eq!(names, ["Service:ns/a", "Service:ns/b", "Node:/n"]);
+    assert!(parse_objects("").unwrap().is_empty());
+}
+
+#[test]
+fn errors_say_which_object() {
+    let unsupported = parse_objects("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n");
+    assert!(matches!(
+        unsupported,
+        Err(Error::UnsupportedKind { ref kind, .. }) if kind == "Pod"
+    ));
+    let wrong_group = parse_objects("apiVersion: v1\nkind: EndpointSlice\nmetadata: {name: p}\n");
+    assert!(matches!(wrong_group, Err(Error::UnsupportedKind { .. })));
+
+    let untyped = parse_objects("- metadata: {name: x}\n");
+    assert!(matches!(
+        untyped,
+        Err(Error::MissingTypeMeta {
+            document: 0,
+            index: 0
+        })
+    ));
+
+    let second_bad = "
+- apiVersion: v1
+  kind: Service
+  metadata: {name: ok}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: bad}
+  spec: {ports: [{port: eighty}]}
+";
+    assert!(matches!(
+        parse_objects(second_bad),
+        Err(Error::Decode {
+            index: 1,
+            kind: ObjectKind::Service,
+            ..
+        })
+    ));
+
+    assert!(matches!(
+        parse_objects("a: [unclosed"),
+        Err(Error::Yaml { .. })
+    ));
+}
+
+#[test]
+fn mk_node_builds_what_the_api_serves() {
+    let objects = parse_objects(SCENARIO_OBJECTS).unwrap();
+    let ClusterObject::Node(parsed) = &objects[0] else {
+        panic!("a Node first")
+    };
+    let built = crate::k8s::fixtures::mk_node(
+        "test-node",
+        &[
+            ("kubernetes.io/hostname", "test-node"),
+            ("topology.kubernetes.io/zone", "zone-a"),
+        ],
+        &["10.0.0.0/8"],
+        &["192.168.0.2"],
+    );
+    assert_eq!(&built, parsed);
+}

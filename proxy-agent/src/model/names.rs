@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Identifiers shared by the whole model: object names, protocols, address families.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+
+/// A namespaced object name ("ns/name"), the key of services and their endpoints.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NamespacedName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl NamespacedName {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for NamespacedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Transport protocol of a service port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// The spelling the Kubernetes API uses ("TCP", "UDP", "SCTP").
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+
+    /// Parses the API spelling; the API is case-sensitive, and so is this.
+    pub fn from_api(value: &str) -> Option<Self> {
+        match value {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// IP address family. Each tracker and map is single-family, as each upstream proxier is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub fn of(ip: &IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
+        }
+    }
+
+    pub fn of_net(net: &IpNet) -> Self {
+        match net {
+            IpNet::V4(_) => IpFamily::V4,
+            IpNet::V6(_) => IpFamily::V6,
+        }
+    }
+
+    pub fn contains(self, ip: &IpAddr) -> bool {
+        IpFamily::of(ip) == self
+    }
+
+    /// The spelling of `Service.spec.ipFamilies` and `EndpointSlice.addressType`.
+    pub fn as_api_str(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+
+    pub fn from_api(value: &str) -> Option<Self> {
+        match value {
+            "IPv4" => Some(IpFamily::V4),
+            "IPv6" => Some(IpFamily::V6),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_api_str())
+    }
+}
+
+/// Names one port of one service: the key of [`super::ServicePortMap`] and
+/// [`super::EndpointsMap`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServicePortName {
+    pub service: NamespacedName,
+    /// The port's `name` ("" for a single unnamed port).
+    pub port_name: String,
+    pub protocol: Protocol,
+}
+
+impl ServicePortName {
+    pub fn new(service: NamespacedName, port_name: impl Into<String>, protocol: Protocol) -> Self {
+        Self {
+            service,
+            port_name: port_name.into(),
+            protocol,
+        }
+    }
+}
+
+/// "ns/name:port", or "ns/name" for an unnamed port, as upstream prints it (the protocol
+/// is not part of the text; rule comments and logs use this form).
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port_name.is_empty() {
+            write!(f, "{}", self.service)
+        } else {
+            write!(f, "{}:{}", self.service, self.port_name)
+        }
+    }
+}
+
+/// One endpoint of one service port, as reported for conntrack cleanup.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceEndpoint {
+    pub service_port_name: ServicePortName,
+    pub endpoint: SocketAddr,
+}
+
+impl fmt::Display for ServiceEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} -> {}", self.service_port_name, self.endpoint)
+    }
+}

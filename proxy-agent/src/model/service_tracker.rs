@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Pending Service changes, and the map of service ports they are applied to.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
+
+use super::{
+    InvalidObject, IpFamily, NamespacedName, ObjectKind, Protocol, Rejections, ServicePort,
+    ServicePortName,
+};
+use crate::k8s::convert;
+
+/// The ports of one service.
+pub type ServicePorts = HashMap<ServicePortName, Arc<ServicePort>>;
+
+#[derive(Debug)]
+struct ServiceChange {
+    previous: ServicePorts,
+    current: ServicePorts,
+}
+
+/// Collects Service events for one IP family until a sync applies them to a
+/// [`ServicePortMap`]. For each service it keeps the ports as last applied and as they
+/// are now; a service whose events cancel out has no pending change.
+#[derive(Debug)]
+pub struct ServiceChangeTracker {
+    family: IpFamily,
+    items: HashMap<NamespacedName, ServiceChange>,
+    rejections: Rejections,
+    changes_total: u64,
+}
+
+impl ServiceChangeTracker {
+    pub fn new(family: IpFamily) -> Self {
+        Self {
+            family,
+            items: HashMap::new(),
+            rejections: Rejections::default(),
+            changes_total: 0,
+        }
+    }
+
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// Records an add (`None, Some`), update (`Some, Some`) or delete (`Some, None`).
+    /// Returns whether any change is pending, from this call or an earlier one. A service
+    /// the proxy does not handle has no ports; an invalid one has none either and is
+    /// reported through [`ServiceChangeTracker::take_rejected`].
+    pub fn update(&mut self, previous: Option<&Service>, current: Option<&Service>) -> bool {
+        let Some(service) = current.or(previous) else {
+            return false;
+        };
+        self.changes_total += 1;
+        let name = convert::object_name(&service.metadata);
+        let current_ports = match current {
+            None => {
+                self.rejections.clear(ObjectKind::Service, &name);
+                ServicePorts::new()
+            }
+            Some(current) => match convert::service_ports(current, self.family) {
+                Ok(ports) => {
+                    self.rejections.clear(ObjectKind::Service, &name);
+                    into_service_ports(ports)
+                }
+                Err(invalid) => {
+                    self.rejections.record(invalid);
+                    ServicePorts::new()
+                }
+            },
+        };
+        let family = self.family;
+        self.update_ports(
+            name,
+            || previous.map(|svc| convert_quietly(svc, family)),
+            current_ports,
+        );
+        !self.items.is_empty()
+    }
+
+    /// The domain-level form of [`ServiceChangeTracker::update`]: `previous` yields the
+    /// ports as last seen (called only when no change is pending for the service).
+    pub fn update_ports(
+        &mut self,
+        service: NamespacedName,
+        previous: impl FnOnce() -> Option<ServicePorts>,
+        current: ServicePorts,
+    ) {
+        match self.items.entry(service) {
+            Entry::Occupied(mut entry) => {
+                if entry.get().previous == current {
+                    entry.remove();
+                } else {
+                    entry.get_mut().current = current;
+                }
+            }
+            Entry::Vacant(entry) => {
+                let previous = previous().unwrap_or_default();
+                if previous != current {
+                    tracing::debug!(service = %entry.key(), ports = current.len(), "service ports changed");
+                    entry.insert(ServiceChange { previous, current });
+                }
+            }
+        }
+    }
+
+    /// Services with changes not yet applied.
+    pub fn pending_changes(&self) -> HashSet<NamespacedName> {
+        self.items.keys().cloned().collect()
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Service events seen so far (kubeproxy_sync_proxy_rules_service_changes_total).
+    pub fn changes_total(&self) -> u64 {
+        self.changes_total
+    }
+
+    /// Invalid services seen since the last call, each reported once.
+    pub fn take_rejected(&mut self) -> Vec<InvalidObject> {
+        self.rejections.take_fresh()
+    }
+
+    /// Services refused right now.
+    pub fn rejected_count(&self) -> usize {
+        self.rejections.active_count()
+    }
+}
+
+fn into_service_ports(ports: Vec<(ServicePortName, ServicePort)>) -> ServicePorts {
+    ports
+        .into_iter()
+        .map(|(name, port)| (name, Arc::new(port)))
+        .collect()
+}
+
+/// The previous version was reported (or accepted) when it was current.
+fn convert_quietly(svc: &Service, family: IpFamily) -> ServicePorts {
+    convert::service_ports(svc, family)
+        .map(into_service_ports)
+        .unwrap_or_default()
+}
+
+/// What [`ServicePortMap::apply`] changed.
+#[derive(Debug, Default, PartialEq)]
+pub struct UpdateServiceMapResult {
+    /// Services added, updated or deleted.
+    pub updated_services: HashSet<NamespacedName>,
+    /// ClusterIPs of removed UDP service ports, whose conntrack entries must go.
+    pub deleted_udp_cluster_ips: HashSet<IpAddr>,
+}
+
+/// Every service port of one IP family.
+#[derive(Debug, Default)]
+pub struct ServicePortMap(HashMap<ServicePortName, Arc<ServicePort>>);
+
+impl Deref for ServicePortMap {
+    type Target = HashMap<ServicePortName, Arc<ServicePort>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl ServicePortMap {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies the tracker's pending changes. Costs only the services that changed.
+    pub fn apply(&mut self, tracker: &mut ServiceChangeTracker) -> UpdateServiceMapResult {
+        let mut result = UpdateServiceMapResult::default();
+        for (service, change) in tracker.items.drain() {
+            for port_name in change.previous.keys() {
+                if change.current.contains_key(port_name) {
+                    continue;
+                }
+                if let Some(removed) = self.0.remove(port_name)
+                    && removed.protocol == Protocol::Udp
+                {
+                    result.deleted_udp_cluster_ips.insert(removed.cluster_ip);
+                }
+            }
+            self.0.extend(change.current);
+            result.updated_services.insert(service);
+        }
+        result
+    }
+
+    /// Health-check node ports by service (LoadBalancer services with eTP=Local). A full
+    /// scan.
+    pub fn health_check_node_ports(&self) -> HashMap<NamespacedName, u16> {
+        self.0
+            .iter()
+            .filter_map(|(name, port)| {
+                port.health_check_node_port
+                    .map(|hc| (name.service.clone(), hc))
+            })
+            .collect()
+    }
+}

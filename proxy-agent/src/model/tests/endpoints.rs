@@ -1,0 +1,527 @@
+// SPDX-License-Identifier: Apache-2.0
+//! EndpointSlice cache, EndpointsChangeTracker and EndpointsMap (upstream
+//! endpointslicecache_test.go and endpoints_test.go restated).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use super::{nsn, port_name};
+use crate::k8s::fixtures::{EndpointSliceBuilder, mk_endpoint, mk_endpointslice};
+use crate::model::{
+    EndpointsChangeTracker, EndpointsMap, IpFamily, ObjectKind, Protocol, ServiceEndpoint,
+    ServicePortName, UpdateEndpointsMapResult,
+};
+
+const HOST: &str = "host1";
+
+struct Fake {
+    tracker: EndpointsChangeTracker,
+    map: EndpointsMap,
+}
+
+impl Fake {
+    fn new(node: &str) -> Self {
+        Self {
+            tracker: EndpointsChangeTracker::new(IpFamily::V4, node),
+            map: EndpointsMap::new(),
+        }
+    }
+
+    fn add(&mut self, slice: &EndpointSlice) -> bool {
+        self.tracker.endpoint_slice_update(slice, false)
+    }
+
+    fn delete(&mut self, slice: &EndpointSlice) -> bool {
+        self.tracker.endpoint_slice_update(slice, true)
+    }
+
+    fn apply(&mut self) -> UpdateEndpointsMapResult {
+        self.map.apply(&mut self.tracker)
+    }
+
+    /// "ip:port" of a port's endpoints, in map order.
+    fn endpoints(&self, name: &ServicePortName) -> Vec<String> {
+        self.map
+            .get(name)
+            .map(|list| list.iter().map(|e| e.to_string()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Slice `slice` of `svc` in ns1 with endpoints 10.0.<slice>.1..=count on the given nodes
+/// (round robin), port "port-0" TCP `port`.
+fn generated_slice(svc: &str, slice: u8, count: u8, nodes: &[&str], port: i32) -> EndpointSlice {
+    let mut builder =
+        mk_endpointslice("ns1", &format!("{svc}-{slice}"), svc, "IPv4").port("port-0", port, "TCP");
+    for i in 1..=count {
+        let mut endpoint = mk_endpoint(&format!("10.0.{slice}.{i}"));
+        if !nodes.is_empty() {
+            endpoint = endpoint.node(nodes[usize::from(i) % nodes.len()]);
+        }
+        builder = builder.endpoint(endpoint);
+    }
+    builder.build()
+}
+
+fn tcp(svc: &str, port: &str) -> ServicePortName {
+    port_name("ns1", svc, port, Protocol::Tcp)
+}
+
+fn udp(svc: &str, port: &str) -> ServicePortName {
+    port_name("ns1", svc, port, Protocol::Udp)
+}
+
+#[test]
+fn one_slice_two_ports() {
+    let mut fake = Fake::new(HOST);
+    let slice = mk_endpointslice("ns1", "svc1-1", "svc1", "IPv4")
+        .port("port-0", 80, "TCP")
+        .port("port-1", 443, "TCP")
+        .endpoint(mk_endpoint("10.0.1.1").node("host2"))
+        .endpoint(mk_endpoint("10.0.1.2").node(HOST))
+        .endpoint(mk_endpoint("10.0.1.3").node("host2"))
+        .build();
+    assert!(fake.add(&slice));
+    let result = fake.apply();
+    assert_eq!(result.updated_services, HashSet::from([nsn("ns1", "svc1")]));
+    assert_eq!(
+        fake.endpoints(&tcp("svc1", "port-0")),
+        ["10.0.1.1:80", "10.0.1.2:80", "10.0.1.3:80"]
+    );
+    assert_eq!(
+        fake.endpoints(&tcp("svc1", "port-1")),
+        ["10.0.1.1:443", "10.0.1.2:443", "10.0.1.3:443"]
+    );
+    let local: Vec<String> = fake.map[&tcp("svc1", "port-0")]
+        .iter()
+        .filter(|e| e.is_local)
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(local, ["10.0.1.2:80"]);
+    let first = &fake.map[&tcp("svc1", "port-0")][0];
+    assert!(first.ready && first.serving && !first.terminating);
+    assert_eq!(first.node_name.as_deref(), Some("host2"));
+}
+
+#[test]
+fn endpoints_of_all_slices_are_merged_and_duplicates_removed() {
+    let mut fake = Fake::new(HOST);
+    fake.add(&generated_slice("svc1", 1, 3, &[], 80));
+    // A second slice repeating 10.0.1.1 and 10.0.1.2 (an endpoint moving between slices).
+    fake.add(
+        &mk_endpointslice("ns1", "svc1-2", "svc1", "IPv4")
+            .port("port-0", 80, "TCP")
+            .endpoint(mk_endpoint("10.0.1.1"))
+            .endpoint(mk_endpoint("10.0.1.2"))
+            .endpoint(mk_endpoint("10.0.1.10"))
+            .build(),
+    );
+    fake.add(&generated_slice("svc2", 2, 1, &[], 80));
+    fake.apply();
+    // Sorted as text, as upstream sorts them: "10.0.1.10:80" < "10.0.1.1:80".
+    assert_eq!(
+        fake.endpoints(&tcp("svc1", "port-0")),
+        ["10.0.1.10:80", "10.0.1.1:80", "10.0.1.2:80", "10.0.1.3:80"]
+    );
+    assert_eq!(fake.endpoints(&tcp("svc2", "port-0")), ["10.0.2.1:80"]);
+}
+
+#[test]
+fn a_duplicate_address_prefers_the_endpoint_that_is_not_terminating() {
+    let terminating = |slice: &str| {
+        mk_endpointslice("ns1", slice, "svc1", "IPv4")
+            .port("p", 80, "TCP")
+            .endpoint(
+                mk_endpoint("10.0.1.1")
+                    .conditions(false, true, true)
+                    .node("old-node"),
+            )
+            .build()
+    };
+    let running = |slice: &str| {
+        mk_endpointslice("ns1", slice, "svc1", "IPv4")
+            .port("p", 80, "TCP")
+            .endpoint(mk_endpoint("10.0.1.1").node("new-node"))
+            .build()
+    };
+    // Whichever slice sorts first, the running endpoint wins.
+    for (first, second) in [
+        (terminating("a"), running("b")),
+        (running("a"), terminating("b")),
+    ] {
+        let mut fake = Fake::new(HOST);
+        fake.add(&first);
+        fake.add(&second);
+        fake.apply();
+        let endpoints = &fake.map[&tcp("svc1", "p")];
+        assert_eq!(endpoints.len(), 1);
+        assert!(endpoints[0].ready && !endpoints[0].terminating);
+        assert_eq!(endpoints[0].node_name.as_deref(), Some("new-node"));
+    }
+}
+
+#[test]
+fn same_ip_on_different_ports_are_different_endpoints() {
+    let mut fake = Fake::new(HOST);
+    for (slice, port) in [(1, 80), (2, 8080)] {
+        fake.add(
+            &mk_endpointslice("ns1", &format!("svc1-{slice}"), "svc1", "IPv4")
+                .port("port-0", port, "TCP")
+                .endpoint(mk_endpoint("10.0.1.1").node("host2"))
+                .endpoint(mk_endpoint("10.0.1.2").node(HOST))
+                .build(),
+        );
+    }
+    fake.apply();
+    assert_eq!(
+        fake.endpoints(&tcp("svc1", "port-0")),
+        [
+            "10.0.1.1:80",
+            "10.0.1.1:8080",
+            "10.0.1.2:80",
+            "10.0.1.2:8080"
+        ]
+    );
+    assert_eq!(
+        fake.map.local_ready_endpoints(),
+        HashMap::from([(nsn("ns1", "svc1"), 1)])
+    );
+}
+
+#[test]
+fn ports_without_a_number_yield_nothing() {
+    let mut fake = Fake::new(HOST);
+    let slice = mk_endpointslice("ns1", "svc1-1", "svc1", "IPv4")
+        .endpoint(mk_endpoint("10.0.1.1"))
+        .with(|s| {
+            s.ports = Some(vec![k8s_openapi::api::discovery::v1::EndpointPort {
+                name: Some("port-0".into()),
+                port: None,
+                protocol: Some("TCP".into()),
+                app_protocol: None,
+            }]);
+        })
+        .build();
+    fake.add(&slice);
+    let result = fake.apply();
+    assert!(fake.map.is_empty());
+    assert_eq!(result.updated_services, HashSet::from([nsn("ns1", "svc1")]));
+}
+
+#[test]
+fn absent_conditions_take_upstream_defaults() {
+    let mut fake = Fake::new(HOST);
+    fake.add(
+        &mk_endpointslice("ns1", "svc1-1", "svc1", "IPv4")
+            .port("p", 80, "TCP")
+            .endpoint(mk_endpoint("10.0.1.1").no_conditions())
+            .build(),
+    );
+    fake.apply();
+    let endpoint = &fake.map[&tcp("svc1", "p")][0];
+    assert!(endpoint.ready && endpoint.serving && !endpoint.terminating);
+}
+
+#[test]
+fn an_empty_node_name_makes_nothing_local() {
+    let mut fake = Fake::new("");
+    fake.add(
+        &mk_endpointslice("ns1", "svc1-1", "svc1", "IPv4")
+            .port("p", 80, "TCP")
+            .endpoint(mk_endpoint("10.0.1.1"))
+            .endpoint(mk_endpoint("10.0.1.2").node(""))
+            .build(),
+    );
+    fake.apply();
+    assert!(fake.map[&tcp("svc1", "p")].iter().all(|e| !e.is_local));
+}
+
+#[test]
+fn deleting_slices_removes_their_endpoints() {
+    let mut fake = Fake::new(HOST);
+    let first = generated_slice("svc1", 1, 2, &[], 80);
+    let second = generated_slice("svc1", 2, 1, &[], 80);
+    fake.add(&first);
+    fake.add(&second);
+    fake.apply();
+    assert_eq!(fake.endpoints(&tcp("svc1", "port-0")).len(), 3);
+
+    assert!(fake.delete(&first));
+    let result = fake.apply();
+    assert_eq!(result.updated_services, HashSet::from([nsn("ns1", "svc1")]));
+    assert_eq!(fake.endpoints(&tcp("svc1", "port-0")), ["10.0.2.1:80"]);
+
+    assert!(fake.delete(&second));
+    let result = fake.apply();
+    assert_eq!(result.updated_services, HashSet::from([nsn("ns1", "svc1")]));
+    assert!(fake.map.is_empty());
+
+    // Deleting what is gone changes nothing.
+    assert!(!fake.delete(&second));
+    assert!(fake.apply().updated_services.is_empty());
+}
+
+#[test]
+fn repeated_and_cancelled_updates() {
+    let mut fake = Fake::new(HOST);
+    let slice = generated_slice("svc1", 1, 2, &[], 80);
+    assert!(fake.add(&slice));
+    assert!(!fake.add(&slice), "same content as pending");
+    fake.apply();
+    assert!(!fake.add(&slice), "same content as applied");
+    assert_eq!(fake.tracker.pending_count(), 0);
+
+    // Only the trigger time differs: nothing to sync.
+    let annotated = EndpointSliceBuilder::from_slice(slice.clone())
+        .annotation(
+            "endpoints.kubernetes.io/last-change-trigger-time",
+            "2030-01-01T00:00:00Z",
+        )
+        .build();
+    assert!(!fake.add(&annotated));
+
+    let changed = generated_slice("svc1", 1, 3, &[], 80);
+    assert!(fake.add(&changed));
+    assert_eq!(
+        fake.tracker.pending_changes(),
+        HashSet::from([nsn("ns1", "svc1")])
+    );
+    assert_eq!(fake.tracker.changes_total(), 5);
+    fake.apply();
+    assert_eq!(fake.endpoints(&tcp("svc1", "port-0")).len(), 3);
+}
+
+#[test]
+fn slices_the_tracker_does_not_handle_are_ignored() {
+    let mut fake = Fake::new(HOST);
+    let v6 = mk_endpointslice("ns1", "svc1-v6", "svc1", "IPv6")
+        .port("p", 80, "TCP")
+        .endpoint(mk_endpoint("fd00::1"))
+        .build();
+    let fqdn = mk_endpointslice("ns1", "svc1-fqdn", "svc1", "FQDN")
+        .port("p", 80, "TCP")
+        .endpoint(mk_endpoint("example.com"))
+        .build();
+    let unlabelled = generated_slice("svc1", 1, 1, &[], 80);
+    let unlabelled = EndpointSliceBuilder::from_slice(unlabelled)
+        .with(|s| s.metadata.labels = None)
+        .build();
+    assert!(!fake.add(&v6));
+    assert!(!fake.add(&fqdn));
+    assert!(!fake.add(&unlabelled));
+    assert_eq!(fake.tracker.changes_total(), 0);
+    assert!(fake.apply().updated_services.is_empty());
+
+    // The IPv6 tracker takes the IPv6 slice.
+    let mut tracker = EndpointsChangeTracker::new(IpFamily::V6, HOST);
+    let mut map = EndpointsMap::new();
+    assert!(tracker.endpoint_slice_update(&v6, false));
+    map.apply(&mut tracker);
+    assert_eq!(map[&tcp("svc1", "p")][0].to_string(), "[fd00::1]:80");
+}
+
+#[test]
+fn slices_labelled_for_another_proxy_or_headless_count_as_removed() {
+    let mut fake = Fake::new(HOST);
+    let slice = generated_slice("svc1", 1, 1, &[], 80);
+    fake.add(&slice);
+    fake.apply();
+    for label in [
+        "service.kubernetes.io/service-proxy-name",
+        "service.kubernetes.io/headless",
+    ] {
+        let labelled = EndpointSliceBuilder::from_slice(slice.clone())
+            .label(label, "x")
+            .build();
+        assert!(fake.add(&labelled));
+        fake.apply();
+        assert!(fake.map.is_empty(), "{label}");
+        fake.add(&slice);
+        fake.apply();
+        assert_eq!(fake.map.len(), 1);
+    }
+}
+
+#[test]
+fn an_invalid_slice_is_rejected_once_and_counts_as_removed() {
+    let mut fake = Fake::new(HOST);
+    let good = generated_slice("svc1", 1, 1, &[], 80);
+    let other = generated_slice("svc2", 2, 1, &[], 80);
+    fake.add(&good);
+    fake.add(&other);
+    fake.apply();
+
+    let bad = EndpointSliceBuilder::from_slice(good.clone())
+        .endpoint(mk_endpoint("10.0.1.999"))
+        .build();
+    assert!(fake.add(&bad));
+    assert!(!fake.add(&bad));
+    let rejected = fake.tracker.take_rejected();
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].kind, ObjectKind::EndpointSlice);
+    assert_eq!(rejected[0].name, "svc1-1");
+    assert!(fake.tracker.take_rejected().is_empty());
+
+    let result = fake.apply();
+    assert_eq!(result.updated_services, HashSet::from([nsn("ns1", "svc1")]));
+    assert!(!fake.map.contains_key(&tcp("svc1", "port-0")));
+    assert_eq!(fake.endpoints(&tcp("svc2", "port-0")), ["10.0.2.1:80"]);
+
+    assert!(fake.add(&good));
+    assert_eq!(fake.tracker.rejected_count(), 0);
+    fake.apply();
+    assert_eq!(fake.endpoints(&tcp("svc1", "port-0")), ["10.0.1.1:80"]);
+}
+
+fn udp_slice(name: &str, endpoints: &[(&str, bool, bool)]) -> EndpointSlice {
+    let mut builder = mk_endpointslice("ns1", name, "svc1", "IPv4")
+        .port("dns", 53, "UDP")
+        .port("dns-tcp", 53, "TCP");
+    for (ip, ready, serving) in endpoints {
+        builder =
+            builder.endpoint(mk_endpoint(ip).conditions(*ready, *serving, !*ready && *serving));
+    }
+    builder.build()
+}
+
+fn stale(port: ServicePortName, endpoint: &str) -> ServiceEndpoint {
+    ServiceEndpoint {
+        service_port_name: port,
+        endpoint: endpoint.parse().unwrap(),
+    }
+}
+
+#[test]
+fn udp_conntrack_cleanup_is_reported() {
+    let mut fake = Fake::new(HOST);
+
+    // First endpoints of a UDP port: the port becomes active.
+    fake.add(&udp_slice(
+        "s",
+        &[("10.0.1.1", true, true), ("10.0.1.2", true, true)],
+    ));
+    let result = fake.apply();
+    assert_eq!(result.new_services_with_endpoints, [udp("svc1", "dns")]);
+    assert!(result.deleted_udp_endpoints.is_empty());
+    assert!(result.conntrack_cleanup_required);
+
+    // 10.0.1.1 goes, 10.0.1.2 stops serving, 10.0.1.3 arrives: both old ones are stale,
+    // for the UDP port only.
+    fake.add(&udp_slice(
+        "s",
+        &[("10.0.1.2", false, false), ("10.0.1.3", true, true)],
+    ));
+    let result = fake.apply();
+    assert_eq!(
+        result.deleted_udp_endpoints,
+        [
+            stale(udp("svc1", "dns"), "10.0.1.1:53"),
+            stale(udp("svc1", "dns"), "10.0.1.2:53")
+        ]
+    );
+    assert!(result.new_services_with_endpoints.is_empty());
+
+    // A serving endpoint that starts terminating still serves: nothing stale.
+    fake.add(&udp_slice(
+        "s",
+        &[("10.0.1.2", false, false), ("10.0.1.3", false, true)],
+    ));
+    let result = fake.apply();
+    assert!(result.deleted_udp_endpoints.is_empty());
+
+    // An endpoint that never served leaves nothing behind.
+    fake.add(&udp_slice("s", &[("10.0.1.3", false, true)]));
+    let result = fake.apply();
+    assert!(result.deleted_udp_endpoints.is_empty());
+
+    // Only non-serving endpoints, then a serving one again: the port is active anew.
+    fake.add(&udp_slice("s", &[("10.0.1.4", false, false)]));
+    let result = fake.apply();
+    assert_eq!(
+        result.deleted_udp_endpoints,
+        [stale(udp("svc1", "dns"), "10.0.1.3:53")]
+    );
+    fake.add(&udp_slice("s", &[("10.0.1.4", true, true)]));
+    let result = fake.apply();
+    assert_eq!(result.new_services_with_endpoints, [udp("svc1", "dns")]);
+}
+
+#[test]
+fn tcp_only_changes_need_no_conntrack_cleanup() {
+    let mut fake = Fake::new(HOST);
+    fake.add(&generated_slice("svc1", 1, 2, &[], 80));
+    let result = fake.apply();
+    assert!(!result.conntrack_cleanup_required);
+    assert!(result.new_services_with_endpoints.is_empty());
+    fake.delete(&generated_slice("svc1", 1, 2, &[], 80));
+    let result = fake.apply();
+    assert!(result.deleted_udp_endpoints.is_empty());
+    assert!(!result.conntrack_cleanup_required);
+}
+
+#[test]
+fn trigger_times_after_the_tracker_started_are_reported() {
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let mut fake = Fake::new(HOST);
+    fake.tracker = EndpointsChangeTracker::new(IpFamily::V4, HOST).with_start_time(start);
+    let annotate = |slice: EndpointSlice, time: &str| {
+        EndpointSliceBuilder::from_slice(slice)
+            .annotation("endpoints.kubernetes.io/last-change-trigger-time", time)
+            .build()
+    };
+    // 2023-11-14T22:13:20Z is the start time itself.
+    fake.add(&annotate(
+        generated_slice("svc1", 1, 1, &[], 80),
+        "2023-11-14T22:13:20Z",
+    ));
+    fake.add(&annotate(
+        generated_slice("svc2", 2, 1, &[], 80),
+        "2023-11-14T22:13:21.5Z",
+    ));
+    fake.add(&annotate(
+        generated_slice("svc2", 3, 1, &[], 80),
+        "2023-11-14T23:13:22+01:00",
+    ));
+    fake.add(&annotate(
+        generated_slice("svc3", 4, 1, &[], 80),
+        "not a time",
+    ));
+    let result = fake.apply();
+    assert_eq!(
+        result.last_change_trigger_times,
+        HashMap::from([(
+            nsn("ns1", "svc2"),
+            vec![
+                start + Duration::from_millis(1_500),
+                start + Duration::from_secs(2)
+            ]
+        )])
+    );
+    assert_eq!(result.updated_services.len(), 3);
+
+    // A deletion forgets the service's pending trigger times.
+    fake.add(&annotate(
+        generated_slice("svc2", 2, 2, &[], 80),
+        "2023-11-14T22:13:30Z",
+    ));
+    fake.delete(&generated_slice("svc2", 2, 2, &[], 80));
+    assert!(fake.apply().last_change_trigger_times.is_empty());
+}
+
+#[test]
+fn apply_touches_only_changed_services() {
+    let mut fake = Fake::new(HOST);
+    fake.add(&generated_slice("svc1", 1, 2, &[], 80));
+    fake.add(&generated_slice("svc2", 2, 2, &[], 80));
+    fake.apply();
+    let untouched = fake.map[&tcp("svc2", "port-0")][0].clone();
+    fake.add(&generated_slice("svc1", 1, 3, &[], 80));
+    let result = fake.apply();
+    assert_eq!(result.updated_services, HashSet::from([nsn("ns1", "svc1")]));
+    assert!(std::sync::Arc::ptr_eq(
+        &untouched,
+        &fake.map[&tcp("svc2", "port-0")][0]
+    ));
+}
