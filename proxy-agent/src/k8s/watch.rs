@@ -23,11 +23,6 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-/// Label selector of upstream's informers: services (and their slices) that another proxy
-/// implementation claims, and headless ones, are not ours.
-pub const PROXYABLE_SELECTOR: &str =
-    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ResourceKind {
     Service,
@@ -157,7 +152,10 @@ impl<K: Resource + Clone> RelistDiff<K> {
 
 /// Spawns one watcher task per resource; events go to `tx`. The tasks end when `tx` closes.
 pub fn spawn_watchers(client: kube::Client, node_name: &str, tx: mpsc::Sender<ClusterEvent>) {
-    let proxyable = watcher::Config::default().labels(PROXYABLE_SELECTOR);
+    // Services (and their slices) that another proxy claims, and headless ones, are not
+    // ours: upstream's informers filter them out by label.
+    let proxyable =
+        watcher::Config::default().labels(super::convert::PROXIED_OBJECTS_LABEL_SELECTOR);
     spawn_one(
         Api::<Service>::all(client.clone()),
         proxyable.clone(),
