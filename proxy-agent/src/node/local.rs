@@ -4,9 +4,10 @@
 
 use ipnet::IpNet;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum LocalDetector {
     /// No detector (clusterCIDR empty in ClusterCIDR mode): nothing counts as local.
+    #[default]
     None,
     /// Source address inside these CIDRs (clusterCIDR or the Node's podCIDRs).
     Cidrs(Vec<IpNet>),

@@ -1,4 +1,200 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Dataplanes. Each mode has a folder; what they share lives here once.
+//! Dataplanes. Each mode has a folder; what they share lives here once: the inputs of a
+//! sync (the model of each IP family and the facts about this node), the [`Proxier`]
+//! trait, and helpers every mode needs.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    net::IpAddr,
+};
+
+use ipnet::IpNet;
+
+use crate::{
+    model::{
+        EndpointsMap, IpFamily, NamespacedName, ServiceEndpoint, ServicePortMap, ServicePortName,
+    },
+    node::{LocalDetector, NodeAddresses},
+};
 
 pub mod ebpf;
+
+/// The model of one IP family, as the event loop keeps it.
+#[derive(Debug)]
+pub struct FamilyState {
+    pub family: IpFamily,
+    pub services: ServicePortMap,
+    pub endpoints: EndpointsMap,
+    /// Service CIDRs of this family (from ServiceCIDR objects), for the dataplanes that
+    /// police them (ebpf drops traffic to unallocated addresses inside them, as nftables).
+    pub service_cidrs: Vec<IpNet>,
+}
+
+impl FamilyState {
+    pub fn new(family: IpFamily) -> Self {
+        Self {
+            family,
+            services: ServicePortMap::new(),
+            endpoints: EndpointsMap::new(),
+            service_cidrs: Vec::new(),
+        }
+    }
+}
+
+/// Facts about this node and the settings every proxier shares.
+#[derive(Clone, Debug, Default)]
+pub struct NodeContext {
+    pub name: String,
+    /// The Node's labels (topology.kubernetes.io/zone for topology hints).
+    pub labels: BTreeMap<String, String>,
+    /// The node's primary IPs (--bind-address or the Node object).
+    pub primary_ips: NodeAddresses,
+    /// Every address on the host's interfaces.
+    pub host_addresses: Vec<IpAddr>,
+    /// nodePortAddresses resolved: the addresses NodePorts are served on, or `None` for
+    /// "every local address".
+    pub nodeport_addresses: Option<Vec<IpAddr>>,
+    pub local_detector: LocalDetector,
+    pub masquerade_all: bool,
+    /// The fwmark bit iptables/ipvs use to mark packets for masquerading.
+    pub masquerade_bit: u32,
+    /// iptables.localhostNodePorts (iptables mode, IPv4).
+    pub localhost_nodeports: bool,
+}
+
+impl NodeContext {
+    /// NodePort addresses of one family (`None`: every local address of it).
+    pub fn nodeport_addresses_of(&self, family: IpFamily) -> Option<Vec<IpAddr>> {
+        self.nodeport_addresses.as_ref().map(|addrs| {
+            addrs
+                .iter()
+                .filter(|a| family.contains(a))
+                .copied()
+                .collect()
+        })
+    }
+
+    /// Whether `ip` is one of this node's addresses.
+    pub fn is_node_address(&self, ip: &IpAddr) -> bool {
+        self.host_addresses.contains(ip)
+    }
+}
+
+/// Resolves nodePortAddresses against the host's addresses: keywords `primary`, `localhost`,
+/// `all` and CIDRs, as upstream's `NodePortAddresses`. An empty list means every address.
+pub fn resolve_nodeport_addresses(
+    cidrs: &[IpNet],
+    include_primary: bool,
+    primary: &NodeAddresses,
+    host_addresses: &[IpAddr],
+) -> Option<Vec<IpAddr>> {
+    if cidrs.is_empty() && !include_primary {
+        return None;
+    }
+    let mut out: Vec<IpAddr> = host_addresses
+        .iter()
+        .filter(|a| cidrs.iter().any(|c| c.contains(*a)))
+        .copied()
+        .collect();
+    if include_primary {
+        out.extend(primary.iter());
+    }
+    out.sort();
+    out.dedup();
+    Some(out)
+}
+
+/// UDP conntrack cleanup inputs collected from the trackers since the last sync.
+#[derive(Clone, Debug, Default)]
+pub struct StaleConntrack {
+    pub deleted_udp_cluster_ips: HashSet<IpAddr>,
+    pub deleted_udp_endpoints: Vec<ServiceEndpoint>,
+    pub new_services_with_endpoints: Vec<ServicePortName>,
+}
+
+/// One sync.
+#[derive(Clone, Copy, Debug)]
+pub struct SyncRequest<'a> {
+    pub families: &'a [FamilyState],
+    pub node: &'a NodeContext,
+    /// Rebuild everything and compare with the kernel's actual state (first sync, after a
+    /// failure, periodically); otherwise only `changed` needs work.
+    pub full: bool,
+    /// Services whose ports or endpoints changed since the last successful sync.
+    pub changed: &'a HashSet<NamespacedName>,
+    pub stale: &'a StaleConntrack,
+}
+
+/// What a sync did, for logs and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Services (of all families) programmed.
+    pub services: usize,
+    /// Kernel objects written and deleted (map entries, rules, virtual servers).
+    pub written: usize,
+    pub deleted: usize,
+    /// Services with a Local traffic policy and no local endpoint.
+    pub no_local_endpoints_internal: usize,
+    pub no_local_endpoints_external: usize,
+    /// Objects that did not fit (full maps); the rest was programmed.
+    pub not_programmed: usize,
+}
+
+/// A failed sync; the runner retries it with a full sync.
+#[derive(Debug, thiserror::Error)]
+#[error("{mode} sync failed: {source}")]
+pub struct SyncError {
+    pub mode: &'static str,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl SyncError {
+    pub fn new(mode: &'static str, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self {
+            mode,
+            source: Box::new(source),
+        }
+    }
+}
+
+/// A dataplane: turns the model into kernel state.
+pub trait Proxier: Send {
+    /// The mode name (`ebpf`, `iptables`, `ipvs`).
+    fn mode(&self) -> &'static str;
+
+    /// Brings the kernel in line with the model. Must leave the dataplane consistent
+    /// whatever happens: a failure part-way is repaired by the next (full) sync.
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodeport_addresses_resolution() {
+        let host: Vec<IpAddr> = ["127.0.0.1", "192.168.0.2", "192.168.1.2", "fd00::2"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let primary = NodeAddresses {
+            v4: Some("192.168.0.2".parse().unwrap()),
+            v6: None,
+        };
+        assert_eq!(
+            resolve_nodeport_addresses(&[], false, &primary, &host),
+            None
+        );
+        let only_primary = resolve_nodeport_addresses(&[], true, &primary, &host).unwrap();
+        assert_eq!(only_primary, vec!["192.168.0.2".parse::<IpAddr>().unwrap()]);
+        let cidr: IpNet = "192.168.1.0/24".parse().unwrap();
+        let some = resolve_nodeport_addresses(&[cidr], false, &primary, &host).unwrap();
+        assert_eq!(some, vec!["192.168.1.2".parse::<IpAddr>().unwrap()]);
+        let ctx = NodeContext {
+            nodeport_addresses: Some(host.clone()),
+            ..Default::default()
+        };
+        assert_eq!(ctx.nodeport_addresses_of(IpFamily::V6).unwrap().len(), 1);
+    }
+}
