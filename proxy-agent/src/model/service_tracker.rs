@@ -158,15 +158,19 @@ pub struct UpdateServiceMapResult {
     pub deleted_udp_cluster_ips: HashSet<IpAddr>,
 }
 
-/// Every service port of one IP family.
+/// Every service port of one IP family, with an index from each service to its ports so
+/// that proxiers can work service by service at the cost of that service alone.
 #[derive(Debug, Default)]
-pub struct ServicePortMap(HashMap<ServicePortName, Arc<ServicePort>>);
+pub struct ServicePortMap {
+    ports: HashMap<ServicePortName, Arc<ServicePort>>,
+    by_service: HashMap<NamespacedName, Vec<ServicePortName>>,
+}
 
 impl Deref for ServicePortMap {
     type Target = HashMap<ServicePortName, Arc<ServicePort>>;
 
     fn deref(&self) -> &Self::Target {
-        &self.0
+        &self.ports
     }
 }
 
@@ -183,22 +187,46 @@ impl ServicePortMap {
                 if change.current.contains_key(port_name) {
                     continue;
                 }
-                if let Some(removed) = self.0.remove(port_name)
+                if let Some(removed) = self.ports.remove(port_name)
                     && removed.protocol == Protocol::Udp
                 {
                     result.deleted_udp_cluster_ips.insert(removed.cluster_ip);
                 }
             }
-            self.0.extend(change.current);
+            if change.current.is_empty() {
+                self.by_service.remove(&service);
+            } else {
+                let mut names: Vec<ServicePortName> = change.current.keys().cloned().collect();
+                names.sort_by(|a, b| (&a.port_name, a.protocol).cmp(&(&b.port_name, b.protocol)));
+                self.by_service.insert(service.clone(), names);
+            }
+            self.ports.extend(change.current);
             result.updated_services.insert(service);
         }
         result
     }
 
+    /// The ports of one service (in a stable order), empty when it has none.
+    pub fn ports_of<'a>(
+        &'a self,
+        service: &NamespacedName,
+    ) -> impl Iterator<Item = (&'a ServicePortName, &'a Arc<ServicePort>)> + 'a {
+        self.by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| self.ports.get_key_value(name))
+    }
+
+    /// Every service that has ports.
+    pub fn services(&self) -> impl Iterator<Item = &NamespacedName> {
+        self.by_service.keys()
+    }
+
     /// Health-check node ports by service (LoadBalancer services with eTP=Local). A full
     /// scan.
     pub fn health_check_node_ports(&self) -> HashMap<NamespacedName, u16> {
-        self.0
+        self.ports
             .iter()
             .filter_map(|(name, port)| {
                 port.health_check_node_port

@@ -371,3 +371,31 @@ fn services_of_another_proxy_are_ignored() {
     assert!(fake.apply().updated_services.is_empty());
     assert!(fake.map.is_empty());
 }
+
+#[test]
+fn ports_of_follows_adds_updates_and_deletes() {
+    let mut f = Fake::new();
+    let svc = cluster_ip_svc();
+    f.add(&svc);
+    f.apply();
+    let names: Vec<String> = f
+        .map
+        .ports_of(&nsn("ns2", "cluster-ip"))
+        .map(|(name, _)| name.port_name.clone())
+        .collect();
+    assert_eq!(names, vec!["port1", "port2"]);
+    assert_eq!(f.map.services().count(), 1);
+
+    let fewer = mk_service("ns2", "cluster-ip")
+        .legacy_cluster_ip("172.16.55.4")
+        .node_port("port2", 1235, "UDP", 5321)
+        .build();
+    f.tracker.update(Some(&svc), Some(&fewer));
+    f.apply();
+    assert_eq!(f.map.ports_of(&nsn("ns2", "cluster-ip")).count(), 1);
+
+    f.tracker.update(Some(&fewer), None);
+    f.apply();
+    assert_eq!(f.map.ports_of(&nsn("ns2", "cluster-ip")).count(), 0);
+    assert_eq!(f.map.services().count(), 0);
+}
