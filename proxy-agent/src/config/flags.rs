@@ -75,7 +75,7 @@ pub struct Flags {
     pub kube_api_content_type: Option<String>,
 
     /// Queries per second allowed towards the API server. [default: 5]
-    #[arg(long, value_name = "QPS")]
+    #[arg(long, value_name = "QPS", allow_negative_numbers = true)]
     pub kube_api_qps: Option<f32>,
 
     /// Burst of queries allowed above --kube-api-qps. [default: 10]

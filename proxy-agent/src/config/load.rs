@@ -31,7 +31,9 @@ pub fn load_file(path: &Path) -> Result<KubeProxyConfiguration> {
 
 /// Decodes `text` without defaulting; `origin` names the source in errors.
 pub fn parse_str(text: &str, origin: &Path) -> Result<KubeProxyConfiguration> {
-    let is_json = text.trim_start().starts_with('{');
+    // A YAML flow mapping also starts with '{'; only well-formed JSON takes the JSON path.
+    let is_json = text.trim_start().starts_with('{')
+        && serde_json::from_str::<serde_json::Value>(text).is_ok();
     check_type_meta(text, is_json, origin)?;
     if is_json {
         let mut deserializer = serde_json::Deserializer::from_str(text);
@@ -193,6 +195,13 @@ mod tests {
     fn empty_document_defaults_like_an_empty_object() {
         let config = load_file(&data_file("minimal.yaml")).unwrap();
         assert_eq!(config, default_config());
+    }
+
+    #[test]
+    fn yaml_flow_mapping_is_not_mistaken_for_json() {
+        let config = parse("{apiVersion: kubeproxy.config.k8s.io/v1alpha1, kind: KubeProxyConfiguration, mode: ipvs}")
+            .unwrap();
+        assert_eq!(config.mode, "ipvs");
     }
 
     #[test]

@@ -266,7 +266,7 @@ pub fn effective(config: &KubeProxyConfiguration) -> Result<Effective, FieldErro
         local_mode,
         cluster_cidrs,
         node_port_addresses: config.node_port_addresses()?,
-        sync_periods: config.sync_periods(mode),
+        sync_periods: config.effective_sync_periods(mode),
         masquerade_all: config.masquerade_all(mode),
         xdp_mode: config.xdp_mode()?,
     })

@@ -257,7 +257,7 @@ impl KubeProxyConfiguration {
     /// and `iptables.*` for every other mode. eBPF falls in "every other mode", so it runs
     /// with `iptables.syncPeriod` / `iptables.minSyncPeriod` (30s / 1s by default), which is
     /// also what a kube-proxy configuration without a mode would have used.
-    pub fn sync_periods(&self, mode: ProxyMode) -> SyncPeriods {
+    pub fn effective_sync_periods(&self, mode: ProxyMode) -> SyncPeriods {
         match mode {
             ProxyMode::Ipvs => SyncPeriods {
                 sync: self.ipvs.sync_period,
@@ -376,7 +376,7 @@ mod tests {
         config.ipvs.min_sync_period = Duration::from_secs(3);
         config.nftables.sync_period = Duration::from_secs(33);
         config.nftables.min_sync_period = Duration::from_secs(4);
-        let periods = |mode| config.sync_periods(mode);
+        let periods = |mode| config.effective_sync_periods(mode);
         assert_eq!(
             periods(ProxyMode::Ebpf),
             SyncPeriods {

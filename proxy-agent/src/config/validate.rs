@@ -359,7 +359,7 @@ fn validate_detect_local(config: &KubeProxyConfiguration, errors: &mut Vec<Field
 
 /// logsapi's `Validate`, for the parts that do not depend on klog's own flags.
 fn validate_logging(logging: &LoggingConfiguration, errors: &mut Vec<FieldError>) {
-    if !logging.format.is_empty() && !LOG_FORMATS.contains(&logging.format.as_str()) {
+    if !LOG_FORMATS.contains(&logging.format.as_str()) {
         errors.push(FieldError::invalid(
             "logging.format",
             &logging.format,

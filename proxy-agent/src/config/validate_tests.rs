@@ -399,6 +399,10 @@ fn logging_format_must_be_known() {
         |c| c.logging.format = "xml".into(),
         r#"logging.format: Invalid value: "xml": Unsupported log format"#,
     );
+    expect_one(
+        |c| c.logging.format = String::new(),
+        r#"logging.format: Invalid value: "": Unsupported log format"#,
+    );
 }
 
 #[test]
