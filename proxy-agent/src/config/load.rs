@@ -1,0 +1,370 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Reading and writing the configuration file.
+//!
+//! Decoding is strict: an unknown or duplicated field is an error naming the field's path.
+//! Upstream kube-proxy decodes strictly too but, when only strictness fails, retries
+//! leniently and merely logs a warning; we refuse the file instead, because a misspelt
+//! field silently left at its default is the more expensive mistake for a dataplane.
+//! JSON documents go through serde_json (better error positions), everything else through
+//! serde_yaml, which also reads JSON.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::defaults::apply_defaults;
+use super::field::FieldError;
+use super::types::{API_VERSION, KIND, KubeProxyConfiguration};
+use super::{ConfigError, Result};
+
+/// Reads, decodes and defaults the file at `path`. Validation is separate (`validate`), as
+/// upstream validates only after command-line overrides are merged in.
+pub fn load_file(path: &Path) -> Result<KubeProxyConfiguration> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut config = parse_str(&text, path)?;
+    apply_defaults(&mut config);
+    Ok(config)
+}
+
+/// Decodes `text` without defaulting; `origin` names the source in errors.
+pub fn parse_str(text: &str, origin: &Path) -> Result<KubeProxyConfiguration> {
+    // A YAML flow mapping also starts with '{'; only well-formed JSON takes the JSON path.
+    let is_json = text.trim_start().starts_with('{')
+        && serde_json::from_str::<serde_json::Value>(text).is_ok();
+    check_type_meta(text, is_json, origin)?;
+    if is_json {
+        let mut deserializer = serde_json::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(&mut deserializer)
+            .map_err(|error| decode_error(origin, error.path().to_string(), error.inner()))
+            .and_then(|config| {
+                deserializer
+                    .end()
+                    .map_err(|error| decode_error(origin, String::new(), &error))?;
+                Ok(config)
+            })
+    } else {
+        let deserializer = serde_yaml::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(deserializer)
+            .map_err(|error| decode_error(origin, error.path().to_string(), error.inner()))
+    }
+}
+
+fn decode_error(origin: &Path, field: String, error: &dyn std::fmt::Display) -> ConfigError {
+    // serde_path_to_error spells the document root ".".
+    let field = if field == "." { String::new() } else { field };
+    let message = strip_parent_path(&field, error.to_string());
+    ConfigError::Decode {
+        path: origin.to_owned(),
+        field,
+        message,
+    }
+}
+
+/// serde_yaml starts its messages with the path of the value's parent ("iptables: unknown
+/// field ..."); the full path is printed already, so that prefix is dropped.
+fn strip_parent_path(field: &str, message: String) -> String {
+    let mut candidate = field;
+    while !candidate.is_empty() {
+        if let Some(rest) = message
+            .strip_prefix(candidate)
+            .and_then(|rest| rest.strip_prefix(": "))
+        {
+            return rest.to_owned();
+        }
+        candidate = match candidate.rfind(['.', '[']) {
+            Some(cut) => &candidate[..cut],
+            None => "",
+        };
+    }
+    message
+}
+
+/// Only the two TypeMeta fields; everything else is ignored at this stage.
+#[derive(Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    expecting = "a KubeProxyConfiguration mapping"
+)]
+struct TypeMeta {
+    api_version: Option<String>,
+    kind: Option<String>,
+}
+
+/// Refuses documents of another kind or version before their fields are interpreted, so
+/// that a kubelet configuration passed by mistake is reported as such rather than as a
+/// list of unknown fields.
+fn check_type_meta(text: &str, is_json: bool, origin: &Path) -> Result<()> {
+    let type_meta: TypeMeta = if is_json {
+        serde_json::from_str(text).map_err(|error| decode_error(origin, String::new(), &error))?
+    } else {
+        serde_yaml::from_str(text).map_err(|error| decode_error(origin, String::new(), &error))?
+    };
+    let mut errors = Vec::new();
+    match type_meta.api_version.as_deref() {
+        Some(API_VERSION) => {}
+        None | Some("") => errors.push(FieldError::required(
+            "apiVersion",
+            format!("must be {API_VERSION}"),
+        )),
+        Some(other) => errors.push(FieldError::not_supported(
+            "apiVersion",
+            other,
+            &[API_VERSION],
+        )),
+    }
+    match type_meta.kind.as_deref() {
+        Some(KIND) => {}
+        None | Some("") => errors.push(FieldError::required("kind", format!("must be {KIND}"))),
+        Some(other) => errors.push(FieldError::not_supported("kind", other, &[KIND])),
+    }
+    if errors.is_empty() {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        origin: origin.display().to_string(),
+        errors,
+    })
+}
+
+/// The configuration as YAML, every field included (what `--write-config-to` writes).
+pub fn to_yaml(config: &KubeProxyConfiguration) -> Result<String> {
+    serde_yaml::to_string(config).map_err(|error| ConfigError::Serialize(error.to_string()))
+}
+
+/// Writes `config` to `path` as YAML.
+pub fn write_config(path: &Path, config: &KubeProxyConfiguration) -> Result<()> {
+    let yaml = to_yaml(config)?;
+    std::fs::write(path, yaml).map_err(|source| ConfigError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::defaults::default_config;
+    use crate::config::duration::Duration;
+    use crate::config::validate::validate;
+
+    fn data_file(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/config")
+            .join(name)
+    }
+
+    fn parse(text: &str) -> Result<KubeProxyConfiguration> {
+        parse_str(text, Path::new("test.yaml"))
+    }
+
+    const HEADER: &str =
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+
+    #[test]
+    fn yaml_and_json_fixtures_load_to_the_same_configuration() {
+        let from_yaml = load_file(&data_file("full.yaml")).unwrap();
+        let from_json = load_file(&data_file("full.json")).unwrap();
+        assert_eq!(from_yaml, from_json);
+        assert!(
+            validate(&from_yaml).is_empty(),
+            "{:?}",
+            validate(&from_yaml)
+        );
+        assert_eq!(from_yaml.mode, "ipvs");
+        assert_eq!(from_yaml.cluster_cidr, "10.244.0.0/16,fd00:10:244::/56");
+        assert_eq!(from_yaml.ipvs.scheduler, "wrr");
+        assert_eq!(from_yaml.ipvs.min_sync_period, Duration::from_secs(2));
+        assert_eq!(from_yaml.conntrack.udp_timeout, Duration::from_secs(30));
+        assert_eq!(from_yaml.feature_gates.get("SomeGate"), Some(&true));
+        assert_eq!(
+            from_yaml.ebpf.devices,
+            vec!["eth0".to_owned(), "eth1".to_owned()]
+        );
+        assert_eq!(from_yaml.ebpf.map_sizes.services, 1024);
+        assert_eq!(from_yaml.ebpf.map_sizes.backends, 65536);
+        assert_eq!(from_yaml.logging.verbosity, 2);
+        // Defaults fill what the file leaves out.
+        assert_eq!(from_yaml.iptables.masquerade_bit, Some(14));
+        assert_eq!(from_yaml.oom_score_adj, Some(-999));
+    }
+
+    #[test]
+    fn empty_document_defaults_like_an_empty_object() {
+        let config = load_file(&data_file("minimal.yaml")).unwrap();
+        assert_eq!(config, default_config());
+    }
+
+    #[test]
+    fn yaml_flow_mapping_is_not_mistaken_for_json() {
+        let config = parse("{apiVersion: kubeproxy.config.k8s.io/v1alpha1, kind: KubeProxyConfiguration, mode: ipvs}")
+            .unwrap();
+        assert_eq!(config.mode, "ipvs");
+    }
+
+    #[test]
+    fn unknown_top_level_field_is_named() {
+        let err = parse(&format!("{HEADER}clusterCidr: 10.0.0.0/8\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("test.yaml: clusterCidr: unknown field `clusterCidr`, expected one of"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_nested_field_is_named_with_its_path() {
+        let err = parse(&format!("{HEADER}iptables:\n  masqueradeBits: 14\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("test.yaml: iptables.masqueradeBits: unknown field `masqueradeBits`"),
+            "{err}"
+        );
+        let err = parse_str(
+            r#"{"apiVersion":"kubeproxy.config.k8s.io/v1alpha1","kind":"KubeProxyConfiguration","ebpf":{"mapSizes":{"service":1}}}"#,
+            Path::new("c.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("c.json: ebpf.mapSizes.service: unknown field `service`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_duration_is_named_with_its_path() {
+        let err = parse(&format!("{HEADER}conntrack:\n  udpTimeout: 30\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("test.yaml: conntrack.udpTimeout: "),
+            "{err}"
+        );
+        let err = parse(&format!("{HEADER}configSyncPeriod: 15 minutes\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(r#"test.yaml: configSyncPeriod: time: unknown unit " minutes" in duration "15 minutes""#),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wrong_type_is_named_with_its_path() {
+        let err = parse(&format!("{HEADER}featureGates:\n  Foo: maybe\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("test.yaml: featureGates.Foo: invalid type"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn duplicate_fields_are_refused() {
+        let err = parse(&format!("{HEADER}mode: ipvs\nmode: iptables\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("duplicate"), "{err}");
+    }
+
+    #[test]
+    fn wrong_api_version_is_refused() {
+        let err =
+            parse("apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n")
+                .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"test.yaml: apiVersion: Unsupported value: "kubeproxy.config.k8s.io/v1alpha2": supported values: "kubeproxy.config.k8s.io/v1alpha1""#
+        );
+    }
+
+    #[test]
+    fn wrong_kind_is_refused() {
+        let err = parse(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\nfoo: 1\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"test.yaml: kind: Unsupported value: "KubeletConfiguration": supported values: "KubeProxyConfiguration""#
+        );
+    }
+
+    #[test]
+    fn missing_type_meta_is_refused() {
+        let err = parse("mode: ipvs\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "test.yaml: apiVersion: Required value: must be kubeproxy.config.k8s.io/v1alpha1\n\
+             test.yaml: kind: Required value: must be KubeProxyConfiguration"
+        );
+    }
+
+    #[test]
+    fn non_mapping_document_is_refused() {
+        let err = parse("- a\n- b\n").unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "test.yaml: invalid type: sequence, expected a KubeProxyConfiguration mapping"
+            ),
+            "{err}"
+        );
+        let err = parse(&format!("{HEADER}mode: [\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("test.yaml: did not find expected node content"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unreadable_file_names_the_path() {
+        let err = load_file(Path::new("/nonexistent/kube-proxy.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("/nonexistent/kube-proxy.yaml: cannot read configuration file"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn written_configuration_reads_back_identically() {
+        let mut config = default_config();
+        config.mode = "ipvs".into();
+        config.cluster_cidr = "10.0.0.0/8".into();
+        config.node_port_addresses = vec!["primary".into()];
+        config.conntrack.tcp_close_wait_timeout = Some(Duration::from_secs(90));
+        config.feature_gates.insert("Gate".into(), false);
+        config.ebpf.devices = vec!["eth0".into()];
+        let yaml = to_yaml(&config).unwrap();
+        assert!(yaml.contains("tcpCloseWaitTimeout: 1m30s\n"), "{yaml}");
+        assert!(yaml.contains("syncPeriod: 30s\n"), "{yaml}");
+        assert!(yaml.contains("clusterCIDR: 10.0.0.0/8\n"), "{yaml}");
+        let read_back = parse(&yaml).unwrap();
+        assert_eq!(read_back, config);
+
+        let dir = std::env::temp_dir().join(format!("kp-config-roundtrip-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("written.yaml");
+        write_config(&path, &config).unwrap();
+        assert_eq!(load_file(&path).unwrap(), config);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn upstream_defaulted_file_is_accepted() {
+        // What upstream's own round-trip test writes for an empty v1alpha1 object.
+        let config = load_file(&data_file("upstream-defaults.yaml")).unwrap();
+        assert!(validate(&config).is_empty(), "{:?}", validate(&config));
+        assert_eq!(config.iptables.localhost_node_ports, Some(true));
+        assert_eq!(config.winkernel, Default::default());
+    }
+}

@@ -1,0 +1,476 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Validation, after upstream's pkg/proxy/apis/config/validation/validation.go.
+//!
+//! All errors are collected, each naming its field in the file's own spelling
+//! (`iptables.masqueradeBit`, `ipvs.excludeCIDRs[1]`), as upstream's newest validation does
+//! for v1alpha1 input. Rules and messages are upstream's, except where noted:
+//! - mode: `ebpf` is valid and the blank default; `nftables` is parsed but refused because
+//!   this agent does not implement it; `kernelspace` is Windows-only and refused.
+//! - ipvs.scheduler is checked against the kernel's schedulers (upstream dropped the check);
+//! - featureGates: any name is accepted (upstream refuses names it does not know);
+//! - showHiddenMetricsForVersion: only the `<major>.<minor>` form is checked, since the agent
+//!   has no Kubernetes version to compare with;
+//! - nodePortAddresses keywords: repeated keywords are reported as duplicates;
+//! - udpIdleTimeout (older struct) must be > 0, as the older validation required;
+//! - the `ebpf` section is ours.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use super::duration::Duration;
+use super::field::FieldError;
+use super::net::{
+    go_atoi, is_ipv4_like, parse_cidr_sloppy, parse_ip_sloppy, parse_port_range, split_host_port,
+};
+use super::typed::{LocalMode, NODE_PORT_KEYWORDS_DETAIL, NodePortAddress, ProxyMode, XdpMode};
+use super::types::{KubeProxyConfiguration, LoggingConfiguration, MapSizes};
+
+/// Upper bound for `ebpf.mapSizes.*`: beyond 16M entries the kernel's memory accounting (and
+/// any sane node) objects long before the map is useful.
+pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
+
+/// Kernel IPVS schedulers; "" lets the ipvs proxier pick rr.
+pub const IPVS_SCHEDULERS: &[&str] = &[
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh",
+];
+
+const LOCAL_MODES: &[&str] = &[
+    "ClusterCIDR",
+    "NodeCIDR",
+    "BridgeInterface",
+    "InterfaceNamePrefix",
+    "",
+];
+const XDP_MODES: &[&str] = &["off", "generic", "native"];
+const LOG_FORMATS: &[&str] = &["text", "json"];
+const DUAL_STACK_DETAIL: &str = "must be either a single CIDR or a dual-stack pair of CIDRs (e.g. 10.100.0.0/16,fde4:8dba:82e1::/48)";
+const NON_NEGATIVE: &str = "must be greater than or equal to 0";
+const POSITIVE: &str = "must be greater than 0";
+
+/// Every problem in `config`, sorted by field path (stable, so one field's errors keep
+/// upstream's order).
+pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    validate_sync_periods(config, &mut errors);
+    check_masquerade_bit(
+        "iptables.masqueradeBit",
+        config.iptables.masquerade_bit,
+        &mut errors,
+    );
+    match config.mode.as_str() {
+        "ipvs" => validate_ipvs(config, &mut errors),
+        "nftables" => check_masquerade_bit(
+            "nftables.masqueradeBit",
+            config.nftables.masquerade_bit,
+            &mut errors,
+        ),
+        _ => {}
+    }
+    validate_conntrack(config, &mut errors);
+    if let Some(adj) = config.oom_score_adj
+        && !(-1000..=1000).contains(&adj)
+    {
+        errors.push(FieldError::invalid(
+            "oomScoreAdj",
+            adj,
+            "must be within the range [-1000, 1000]",
+        ));
+    }
+    if !matches!(
+        ProxyMode::parse(&config.mode),
+        Some(ProxyMode::Ebpf | ProxyMode::Iptables | ProxyMode::Ipvs)
+    ) {
+        errors.push(invalid_mode(&config.mode));
+    }
+    if config.client_connection.burst < 0 {
+        errors.push(FieldError::invalid(
+            "clientConnection.burst",
+            config.client_connection.burst,
+            NON_NEGATIVE,
+        ));
+    }
+    check_positive("configSyncPeriod", config.config_sync_period, &mut errors);
+    check_positive("udpIdleTimeout", config.udp_idle_timeout, &mut errors);
+
+    if parse_ip_sloppy(&config.bind_address).is_none() {
+        errors.push(FieldError::invalid(
+            "bindAddress",
+            &config.bind_address,
+            "not a valid textual representation of an IP address",
+        ));
+    }
+    if !config.healthz_bind_address.is_empty() {
+        validate_host_port(
+            "healthzBindAddress",
+            &config.healthz_bind_address,
+            &mut errors,
+        );
+    }
+    validate_host_port(
+        "metricsBindAddress",
+        &config.metrics_bind_address,
+        &mut errors,
+    );
+
+    if parse_port_range(&config.port_range).is_err() {
+        errors.push(FieldError::invalid(
+            "portRange",
+            &config.port_range,
+            "must be a valid port range (e.g. 300-2000)",
+        ));
+    }
+    validate_node_port_addresses(&config.node_port_addresses, &mut errors);
+    validate_show_hidden_metrics_version(&config.show_hidden_metrics_for_version, &mut errors);
+    validate_detect_local(config, &mut errors);
+    validate_logging(&config.logging, &mut errors);
+    validate_ebpf(config, &mut errors);
+
+    errors.sort_by(|a, b| a.field.cmp(&b.field));
+    errors
+}
+
+pub(crate) fn invalid_mode(mode: &str) -> FieldError {
+    if mode == "nftables" {
+        return FieldError::invalid(
+            "mode",
+            mode,
+            "unsupported proxy mode nftables: this agent implements ebpf, iptables and ipvs",
+        );
+    }
+    FieldError::invalid(
+        "mode",
+        mode,
+        "must be ebpf, iptables, ipvs or blank (blank means the best-available proxy [currently ebpf])",
+    )
+}
+
+pub(crate) fn unsupported_local_mode(mode: &str) -> FieldError {
+    FieldError::not_supported("detectLocalMode", mode, LOCAL_MODES)
+}
+
+pub(crate) fn unsupported_xdp_mode(mode: &str) -> FieldError {
+    FieldError::not_supported("ebpf.xdpMode", mode, XDP_MODES)
+}
+
+/// Upstream validates the one sync-period pair of the selected mode (ipvs, nftables, or
+/// iptables for every other mode) and reports a period below the minimum on `syncPeriod`,
+/// with the minimum as the value.
+fn validate_sync_periods(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) {
+    let section = KubeProxyConfiguration::sync_section(&config.mode);
+    let (sync, min_sync) = match section {
+        "ipvs" => (config.ipvs.sync_period, config.ipvs.min_sync_period),
+        "nftables" => (config.nftables.sync_period, config.nftables.min_sync_period),
+        _ => (config.iptables.sync_period, config.iptables.min_sync_period),
+    };
+    check_positive(&format!("{section}.syncPeriod"), sync, errors);
+    check_non_negative(&format!("{section}.minSyncPeriod"), min_sync, errors);
+    if min_sync > sync {
+        errors.push(FieldError::invalid(
+            format!("{section}.syncPeriod"),
+            min_sync,
+            format!("must be greater than or equal to {section}.minSyncPeriod"),
+        ));
+    }
+}
+
+fn check_masquerade_bit(field: &str, bit: Option<i32>, errors: &mut Vec<FieldError>) {
+    if let Some(bit) = bit
+        && !(0..=31).contains(&bit)
+    {
+        errors.push(FieldError::invalid(
+            field,
+            bit,
+            "must be within the range [0, 31]",
+        ));
+    }
+}
+
+fn check_positive(field: &str, value: Duration, errors: &mut Vec<FieldError>) {
+    if value.as_nanos() <= 0 {
+        errors.push(FieldError::invalid(field, value, POSITIVE));
+    }
+}
+
+fn check_non_negative(field: &str, value: Duration, errors: &mut Vec<FieldError>) {
+    if value.is_negative() {
+        errors.push(FieldError::invalid(field, value, NON_NEGATIVE));
+    }
+}
+
+fn validate_ipvs(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) {
+    let ipvs = &config.ipvs;
+    check_non_negative("ipvs.tcpTimeout", ipvs.tcp_timeout, errors);
+    check_non_negative("ipvs.tcpFinTimeout", ipvs.tcp_fin_timeout, errors);
+    check_non_negative("ipvs.udpTimeout", ipvs.udp_timeout, errors);
+    if !ipvs.scheduler.is_empty() && !IPVS_SCHEDULERS.contains(&ipvs.scheduler.as_str()) {
+        errors.push(FieldError::invalid(
+            "ipvs.scheduler",
+            &ipvs.scheduler,
+            format!(
+                "must be in [{}], blank means the default algorithm method (currently rr)",
+                IPVS_SCHEDULERS.join(" ")
+            ),
+        ));
+    }
+    for (index, cidr) in ipvs.exclude_cidrs.iter().enumerate() {
+        if parse_cidr_sloppy(cidr).is_none() {
+            errors.push(FieldError::invalid(
+                format!("ipvs.excludeCIDRs[{index}]"),
+                cidr,
+                "must be a valid CIDR",
+            ));
+        }
+    }
+}
+
+fn validate_conntrack(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) {
+    let conntrack = &config.conntrack;
+    for (field, value) in [
+        ("conntrack.maxPerCore", conntrack.max_per_core),
+        ("conntrack.min", conntrack.min),
+    ] {
+        if let Some(value) = value
+            && value < 0
+        {
+            errors.push(FieldError::invalid(field, value, NON_NEGATIVE));
+        }
+    }
+    let durations = [
+        (
+            "conntrack.tcpEstablishedTimeout",
+            conntrack.tcp_established_timeout.unwrap_or_default(),
+        ),
+        (
+            "conntrack.tcpCloseWaitTimeout",
+            conntrack.tcp_close_wait_timeout.unwrap_or_default(),
+        ),
+        ("conntrack.udpTimeout", conntrack.udp_timeout),
+        ("conntrack.udpStreamTimeout", conntrack.udp_stream_timeout),
+    ];
+    for (field, value) in durations {
+        check_non_negative(field, value, errors);
+    }
+}
+
+/// Upstream's `validateHostPort`: "IP:port" with a parseable IP and a port in 1..=65535.
+fn validate_host_port(field: &str, input: &str, errors: &mut Vec<FieldError>) {
+    let Some((host, port)) = split_host_port(input) else {
+        errors.push(FieldError::invalid(field, input, "must be IP:port"));
+        return;
+    };
+    if parse_ip_sloppy(host).is_none() {
+        errors.push(FieldError::invalid(field, host, "must be a valid IP"));
+    }
+    if !matches!(go_atoi(port), Some(1..=65535)) {
+        errors.push(FieldError::invalid(field, port, "must be a valid port"));
+    }
+}
+
+fn validate_node_port_addresses(entries: &[String], errors: &mut Vec<FieldError>) {
+    let mut keywords_seen = HashSet::new();
+    for (index, entry) in entries.iter().enumerate() {
+        let field = format!("nodePortAddresses[{index}]");
+        match NodePortAddress::parse(entry) {
+            None => errors.push(FieldError::invalid(field, entry, NODE_PORT_KEYWORDS_DETAIL)),
+            Some(NodePortAddress::Cidr(_)) => {}
+            Some(_) => {
+                if !keywords_seen.insert(entry.as_str()) {
+                    errors.push(FieldError::duplicate(field, entry));
+                }
+            }
+        }
+    }
+}
+
+fn validate_show_hidden_metrics_version(version: &str, errors: &mut Vec<FieldError>) {
+    if version.is_empty() {
+        return;
+    }
+    let well_formed = version.split_once('.').is_some_and(|(major, minor)| {
+        [major, minor]
+            .iter()
+            .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+    });
+    if !well_formed {
+        errors.push(FieldError::invalid(
+            "showHiddenMetricsForVersion",
+            version,
+            "must be of the form <major>.<minor> (e.g. '1.16')",
+        ));
+    }
+}
+
+/// The clusterCIDR checks upstream applies in ClusterCIDR mode: one CIDR or a pair of
+/// different families, each a valid CIDR.
+pub(crate) fn cluster_cidr_errors(cluster_cidr: &str) -> Vec<FieldError> {
+    if cluster_cidr.is_empty() {
+        return Vec::new();
+    }
+    let parts: Vec<&str> = cluster_cidr.split(',').collect();
+    if parts.len() > 2 {
+        return vec![FieldError::invalid(
+            "clusterCIDR",
+            cluster_cidr,
+            DUAL_STACK_DETAIL,
+        )];
+    }
+    let mut errors = Vec::new();
+    let mut parsed = Vec::new();
+    for part in &parts {
+        match parse_cidr_sloppy(part) {
+            Some(cidr) => parsed.push(cidr),
+            None => errors.push(FieldError::invalid(
+                "clusterCIDR",
+                *part,
+                "must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            )),
+        }
+    }
+    if let [first, second] = parsed.as_slice()
+        && is_ipv4_like(first.network()) == is_ipv4_like(second.network())
+    {
+        errors.push(FieldError::invalid(
+            "clusterCIDR",
+            cluster_cidr,
+            DUAL_STACK_DETAIL,
+        ));
+    }
+    errors
+}
+
+fn validate_detect_local(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) {
+    let Some(mode) = LocalMode::parse(&config.detect_local_mode) else {
+        errors.push(unsupported_local_mode(&config.detect_local_mode));
+        return;
+    };
+    let must_not_be_empty =
+        |field: &str, value: &str| FieldError::invalid(field, value, "must not be empty");
+    match mode {
+        LocalMode::ClusterCidr => errors.extend(cluster_cidr_errors(&config.cluster_cidr)),
+        LocalMode::BridgeInterface if config.detect_local.bridge_interface.is_empty() => {
+            errors.push(must_not_be_empty("detectLocal.bridgeInterface", ""));
+        }
+        LocalMode::InterfaceNamePrefix if config.detect_local.interface_name_prefix.is_empty() => {
+            errors.push(must_not_be_empty("detectLocal.interfaceNamePrefix", ""));
+        }
+        _ => {}
+    }
+}
+
+/// logsapi's `Validate`, for the parts that do not depend on klog's own flags.
+fn validate_logging(logging: &LoggingConfiguration, errors: &mut Vec<FieldError>) {
+    if !LOG_FORMATS.contains(&logging.format.as_str()) {
+        errors.push(FieldError::invalid(
+            "logging.format",
+            &logging.format,
+            "Unsupported log format",
+        ));
+    }
+    let max = i32::MAX.unsigned_abs();
+    if logging.verbosity > max {
+        errors.push(FieldError::invalid(
+            "logging.verbosity",
+            logging.verbosity,
+            format!("Must be <= {max}"),
+        ));
+    }
+    if !logging.vmodule.is_empty() && !logging.format.is_empty() && logging.format != "text" {
+        errors.push(FieldError::forbidden(
+            "logging.vmodule",
+            "Only supported for text log format",
+        ));
+    }
+    for (index, item) in logging.vmodule.iter().enumerate() {
+        let field = format!("logging.vmodule[{index}]");
+        if item.file_pattern.is_empty() {
+            errors.push(FieldError::required(
+                &field,
+                "File pattern must not be empty",
+            ));
+        }
+        if item.file_pattern.contains(['=', ',']) {
+            errors.push(FieldError::invalid(
+                &field,
+                &item.file_pattern,
+                "File pattern must not contain equal sign or comma",
+            ));
+        }
+        if item.verbosity > max {
+            errors.push(FieldError::invalid(
+                &field,
+                item.verbosity,
+                format!("Must be <= {max}"),
+            ));
+        }
+    }
+}
+
+/// Linux's `dev_valid_name`: 1 to 15 bytes, not "." or "..", no '/', ':' or whitespace.
+fn is_valid_interface_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() < 16
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+}
+
+fn validate_ebpf(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) {
+    let ebpf = &config.ebpf;
+    for (field, path) in [
+        ("ebpf.bpffsRoot", &ebpf.bpffs_root),
+        ("ebpf.cgroupRoot", &ebpf.cgroup_root),
+    ] {
+        if !path.is_empty() && !Path::new(path).is_absolute() {
+            errors.push(FieldError::invalid(field, path, "must be an absolute path"));
+        }
+    }
+    let mut seen = HashSet::new();
+    for (index, device) in ebpf.devices.iter().enumerate() {
+        let field = format!("ebpf.devices[{index}]");
+        if !is_valid_interface_name(device) {
+            errors.push(FieldError::invalid(
+                field,
+                device,
+                "must be a valid interface name (1-15 characters, no '/', ':' or whitespace)",
+            ));
+        } else if !seen.insert(device.as_str()) {
+            errors.push(FieldError::duplicate(field, device));
+        }
+    }
+    if XdpMode::parse(&ebpf.xdp_mode).is_none() {
+        errors.push(unsupported_xdp_mode(&ebpf.xdp_mode));
+    }
+    let MapSizes {
+        services,
+        backends,
+        rev_nat,
+        sock_rev_nat,
+        affinity,
+        conntrack,
+        source_ranges,
+    } = ebpf.map_sizes;
+    let sizes = [
+        ("ebpf.mapSizes.services", services),
+        ("ebpf.mapSizes.backends", backends),
+        ("ebpf.mapSizes.revNat", rev_nat),
+        ("ebpf.mapSizes.sockRevNat", sock_rev_nat),
+        ("ebpf.mapSizes.affinity", affinity),
+        ("ebpf.mapSizes.conntrack", conntrack),
+        ("ebpf.mapSizes.sourceRanges", source_ranges),
+    ];
+    for (field, size) in sizes {
+        if !(1..=MAX_MAP_ENTRIES).contains(&size) {
+            errors.push(FieldError::invalid(
+                field,
+                size,
+                format!("must be within the range [1, {MAX_MAP_ENTRIES}]"),
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "validate_tests.rs"]
+mod tests;
