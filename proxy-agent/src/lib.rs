@@ -16,5 +16,6 @@ pub mod model;
 pub mod node;
 pub mod proxier;
 pub mod runner;
+pub mod state;
 pub mod sys;
 pub mod telemetry;

@@ -1,0 +1,589 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Turning desired services into ordered map writes.
+//!
+//! Lookups must never see a half-written service (after Cilium's lb.h): backends and
+//! reverse-NAT entries are written before any slot refers to them; a frontend's slots
+//! 1..n before its slot 0 (which publishes the count), the internal scope before the
+//! external slot 0 that announces it; shrinking publishes the smaller count first and
+//! deletes the extra slots after; a vanishing frontend loses its slot 0 first; entries
+//! nothing refers to any more go last.
+//!
+//! Partial syncs diff each changed service against what was written for it; full syncs
+//! compare everything with what the maps actually hold, which repairs drift and adopts the
+//! maps a previous agent left behind without rewriting identical entries.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+};
+
+use ipnet::IpNet;
+use proxy_common::{SCOPE_EXTERNAL, SCOPE_INTERNAL, SvcValue, svc_flags};
+use tracing::{debug, warn};
+
+use super::{
+    desired::{BackendAddr, DesiredService, FrontendKey, Scope, desired_service},
+    entries::{BackendEntry, Snapshot, SvcEntryKey},
+    ids::{Exhausted, IdAllocator},
+    maps::{LbMaps, MapOpError},
+};
+use crate::{
+    model::{IpFamily, NamespacedName},
+    proxier::{FamilyState, NodeContext, SyncStats},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Map(#[from] MapOpError),
+    #[error(transparent)]
+    Ids(#[from] Exhausted),
+}
+
+/// One map operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    PutBackend(u32, BackendEntry),
+    PutRevNat(u16, IpAddr, u16),
+    PutSrcRange(u16, IpNet),
+    PutSvc(SvcEntryKey, SvcValue),
+    PutNodePortAddr(IpAddr),
+    PutSvcCidr(IpNet),
+    DelSvc(SvcEntryKey),
+    DelSrcRange(u16, IpNet),
+    DelRevNat(bool, u16),
+    DelBackend(bool, u32),
+    DelNodePortAddr(IpAddr),
+    DelSvcCidr(IpNet),
+}
+
+/// What has been written for one service of one family, and the ids it holds.
+#[derive(Clone, Debug, Default)]
+struct AppliedService {
+    svc: HashMap<SvcEntryKey, SvcValue>,
+    src_ranges: HashSet<(u16, IpNet)>,
+    /// One reference on the rev_nat id of each.
+    frontends: Vec<FrontendKey>,
+    /// One reference on the backend id of each occurrence.
+    backends: Vec<BackendAddr>,
+    /// (rev_nat_id, backend ids) of frontends with session affinity.
+    affinity: Vec<(u16, Vec<u32>)>,
+    no_local_internal: bool,
+    no_local_external: bool,
+}
+
+/// The agent's memory of the maps: ids and per-service entries.
+#[derive(Debug)]
+pub struct ApplyState {
+    backend_ids: IdAllocator<BackendAddr>,
+    rev_nat_ids: IdAllocator<FrontendKey>,
+    backend_entries: HashMap<BackendAddr, BackendEntry>,
+    owners: HashMap<FrontendKey, (IpFamily, NamespacedName)>,
+    services: HashMap<(IpFamily, NamespacedName), AppliedService>,
+    nodeport_addrs: HashSet<IpAddr>,
+    svc_cidrs: HashSet<IpNet>,
+    adopted: bool,
+}
+
+fn v6(addr: &IpAddr) -> bool {
+    addr.is_ipv6()
+}
+
+impl ApplyState {
+    pub fn new(max_backends: u32, max_rev_nat: u32) -> Self {
+        Self {
+            backend_ids: IdAllocator::new("backend", u64::from(max_backends)),
+            rev_nat_ids: IdAllocator::new("rev_nat", u64::from(max_rev_nat.min(u32::from(u16::MAX)))),
+            backend_entries: HashMap::new(),
+            owners: HashMap::new(),
+            services: HashMap::new(),
+            nodeport_addrs: HashSet::new(),
+            svc_cidrs: HashSet::new(),
+            adopted: false,
+        }
+    }
+
+    /// Takes ids over from maps a previous agent left, so that identical entries keep
+    /// their ids and need no write.
+    fn adopt(&mut self, actual: &Snapshot) {
+        for ((_, id), entry) in &actual.backends {
+            if self.backend_ids.adopt(entry.addr, u64::from(*id)) {
+                self.backend_entries.insert(entry.addr, *entry);
+            }
+        }
+        for (key, value) in &actual.svc {
+            if key.slot == 0 && key.scope == SCOPE_EXTERNAL && value.flags & svc_flags::WILDCARD == 0
+            {
+                self.rev_nat_ids.adopt(key.frontend, u64::from(value.rev_nat_id));
+            }
+        }
+        self.adopted = true;
+    }
+
+    /// Acquires ids for `desired` and builds its entries. Frontends another service owns
+    /// already are skipped with a warning (first come, first served).
+    fn build(
+        &mut self,
+        family: IpFamily,
+        service: &NamespacedName,
+        desired: &DesiredService,
+        ops: &mut Plan,
+    ) -> Result<AppliedService, ApplyError> {
+        let mut out = AppliedService {
+            no_local_internal: desired.no_local_internal,
+            no_local_external: desired.no_local_external,
+            ..Default::default()
+        };
+        for frontend in &desired.frontends {
+            let owner = (family, service.clone());
+            match self.owners.get(&frontend.key) {
+                Some(o) if *o != owner => {
+                    warn!(
+                        service = %service,
+                        frontend = ?frontend.key,
+                        owner = %o.1,
+                        "frontend already used by another service; skipped"
+                    );
+                    continue;
+                }
+                _ => {}
+            }
+            let fresh = self.rev_nat_ids.get(&frontend.key).is_none();
+            let rev_nat_id = self.rev_nat_ids.acquire(&frontend.key)? as u16;
+            if fresh {
+                ops.rev_nat_puts
+                    .push(Op::PutRevNat(rev_nat_id, frontend.key.addr, frontend.key.port));
+            }
+            self.owners.insert(frontend.key, owner);
+            out.frontends.push(frontend.key);
+
+            let mut scopes = vec![(SCOPE_EXTERNAL, &frontend.external)];
+            if let Some(internal) = &frontend.internal {
+                scopes.push((SCOPE_INTERNAL, internal));
+            }
+            for (scope_id, scope) in scopes {
+                let ids = self.backend_slots(scope, &mut out, ops)?;
+                for (i, id) in ids.iter().enumerate() {
+                    out.svc.insert(
+                        SvcEntryKey {
+                            frontend: frontend.key,
+                            scope: scope_id,
+                            slot: (i + 1) as u16,
+                        },
+                        SvcValue {
+                            backend_id: *id,
+                            rev_nat_id,
+                            ..Default::default()
+                        },
+                    );
+                }
+                out.svc.insert(
+                    SvcEntryKey {
+                        frontend: frontend.key,
+                        scope: scope_id,
+                        slot: 0,
+                    },
+                    SvcValue {
+                        backend_id: frontend.affinity_timeout.unwrap_or(0),
+                        count: ids.len() as u16,
+                        rev_nat_id,
+                        flags: scope.flags,
+                        _pad: 0,
+                    },
+                );
+                if frontend.affinity_timeout.is_some() {
+                    out.affinity.push((rev_nat_id, ids));
+                }
+            }
+            for range in &frontend.source_ranges {
+                out.src_ranges.insert((rev_nat_id, *range));
+            }
+        }
+        for ip in &desired.wildcards {
+            out.svc.insert(
+                SvcEntryKey {
+                    frontend: FrontendKey {
+                        addr: *ip,
+                        port: 0,
+                        proto: 0,
+                    },
+                    scope: SCOPE_EXTERNAL,
+                    slot: 0,
+                },
+                SvcValue {
+                    flags: svc_flags::WILDCARD,
+                    ..Default::default()
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// Acquires the backend ids of one scope (writing new or changed backends).
+    fn backend_slots(
+        &mut self,
+        scope: &Scope,
+        out: &mut AppliedService,
+        ops: &mut Plan,
+    ) -> Result<Vec<u32>, ApplyError> {
+        let mut ids = Vec::with_capacity(scope.backends.len());
+        for b in &scope.backends {
+            let entry = BackendEntry {
+                addr: b.addr,
+                local: b.local,
+                terminating: b.terminating,
+            };
+            let id = self.backend_ids.acquire(&b.addr)? as u32;
+            if self.backend_entries.get(&b.addr) != Some(&entry) {
+                self.backend_entries.insert(b.addr, entry);
+                ops.backend_puts.push(Op::PutBackend(id, entry));
+            }
+            out.backends.push(b.addr);
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    /// Drops the references `old` held; ids that became free get their entries deleted.
+    fn release(&mut self, family: IpFamily, service: &NamespacedName, old: &AppliedService, ops: &mut Plan) {
+        for key in &old.frontends {
+            if let Some(id) = self.rev_nat_ids.release(key) {
+                ops.rev_nat_dels.push(Op::DelRevNat(v6(&key.addr), id as u16));
+                ops.dead_rev_nat.insert(id as u16);
+                if self.owners.get(key) == Some(&(family, service.clone())) {
+                    self.owners.remove(key);
+                }
+            }
+        }
+        for addr in &old.backends {
+            if let Some(id) = self.backend_ids.release(addr) {
+                self.backend_entries.remove(addr);
+                ops.backend_dels.push(Op::DelBackend(v6(&addr.addr), id as u32));
+            }
+        }
+    }
+}
+
+/// Operations grouped by phase; [`Plan::ordered`] flattens them in the safe order.
+#[derive(Debug, Default)]
+struct Plan {
+    backend_puts: Vec<Op>,
+    rev_nat_puts: Vec<Op>,
+    range_puts: Vec<Op>,
+    svc_puts: Vec<(SvcEntryKey, SvcValue)>,
+    node_puts: Vec<Op>,
+    svc_dels: Vec<SvcEntryKey>,
+    range_dels: Vec<Op>,
+    rev_nat_dels: Vec<Op>,
+    backend_dels: Vec<Op>,
+    node_dels: Vec<Op>,
+    /// rev_nat ids whose affinity entries must go (frontend gone or backends removed).
+    dead_rev_nat: HashSet<u16>,
+    dead_affinity: HashSet<(u16, u32)>,
+}
+
+impl Plan {
+    fn diff_service(&mut self, old: &AppliedService, new: &AppliedService) {
+        for (k, v) in &new.svc {
+            if old.svc.get(k) != Some(v) {
+                self.svc_puts.push((*k, *v));
+            }
+        }
+        for k in old.svc.keys() {
+            if !new.svc.contains_key(k) {
+                self.svc_dels.push(*k);
+            }
+        }
+        for r in new.src_ranges.difference(&old.src_ranges) {
+            self.range_puts.push(Op::PutSrcRange(r.0, r.1));
+        }
+        for r in old.src_ranges.difference(&new.src_ranges) {
+            self.range_dels.push(Op::DelSrcRange(r.0, r.1));
+        }
+        for (id, old_ids) in &old.affinity {
+            let now: HashSet<u32> = new
+                .affinity
+                .iter()
+                .filter(|(i, _)| i == id)
+                .flat_map(|(_, ids)| ids.iter().copied())
+                .collect();
+            for b in old_ids {
+                if !now.contains(b) {
+                    self.dead_affinity.insert((*id, *b));
+                }
+            }
+        }
+    }
+
+    /// The operations in an order that keeps every lookup consistent.
+    fn ordered(mut self) -> (Vec<Op>, HashSet<u16>, HashSet<(u16, u32)>) {
+        // Internal scope before external; within a scope, slots 1..n then slot 0.
+        self.svc_puts.sort_by_key(|(k, _)| {
+            (k.frontend, std::cmp::Reverse(k.scope), k.slot == 0, k.slot)
+        });
+        // Slot 0 of the external scope first (the frontend disappears at once), then the
+        // rest.
+        self.svc_dels.sort_by_key(|k| {
+            (!(k.slot == 0 && k.scope == SCOPE_EXTERNAL), k.frontend, k.scope, k.slot)
+        });
+        let mut ops = Vec::new();
+        ops.extend(self.backend_puts);
+        ops.extend(self.rev_nat_puts);
+        ops.extend(self.range_puts);
+        ops.extend(self.node_puts);
+        ops.extend(self.svc_puts.into_iter().map(|(k, v)| Op::PutSvc(k, v)));
+        ops.extend(self.svc_dels.into_iter().map(Op::DelSvc));
+        ops.extend(self.range_dels);
+        ops.extend(self.rev_nat_dels);
+        ops.extend(self.backend_dels);
+        ops.extend(self.node_dels);
+        (ops, self.dead_rev_nat, self.dead_affinity)
+    }
+}
+
+/// Node-level map contents of every family.
+fn desired_node(families: &[FamilyState], node: &NodeContext) -> (HashSet<IpAddr>, HashSet<IpNet>) {
+    let mut addrs = HashSet::new();
+    let mut cidrs = HashSet::new();
+    for f in families {
+        match node.nodeport_addresses_of(f.family) {
+            Some(list) => addrs.extend(list.into_iter().filter(|a| !a.is_loopback())),
+            None => addrs.extend(
+                node.host_addresses
+                    .iter()
+                    .filter(|a| f.family.contains(a) && !a.is_loopback())
+                    .copied(),
+            ),
+        }
+        cidrs.extend(f.service_cidrs.iter().copied());
+    }
+    (addrs, cidrs)
+}
+
+fn execute(maps: &mut LbMaps, ops: &[Op]) -> Result<(usize, usize), MapOpError> {
+    let (mut written, mut deleted) = (0, 0);
+    for op in ops {
+        match op {
+            Op::PutBackend(id, b) => maps.put_backend(*id, b)?,
+            Op::PutRevNat(id, addr, port) => maps.put_rev_nat(*id, *addr, *port)?,
+            Op::PutSrcRange(id, net) => maps.put_src_range(*id, net)?,
+            Op::PutSvc(k, v) => maps.put_svc(k, v)?,
+            Op::PutNodePortAddr(ip) => maps.put_nodeport_addr(*ip)?,
+            Op::PutSvcCidr(net) => maps.put_svc_cidr(net)?,
+            Op::DelSvc(k) => maps.del_svc(k)?,
+            Op::DelSrcRange(id, net) => maps.del_src_range(*id, net)?,
+            Op::DelRevNat(v6, id) => maps.del_rev_nat(*v6, *id)?,
+            Op::DelBackend(v6, id) => maps.del_backend(*v6, *id)?,
+            Op::DelNodePortAddr(ip) => maps.del_nodeport_addr(*ip)?,
+            Op::DelSvcCidr(net) => maps.del_svc_cidr(net)?,
+        }
+        if matches!(
+            op,
+            Op::PutBackend(..)
+                | Op::PutRevNat(..)
+                | Op::PutSrcRange(..)
+                | Op::PutSvc(..)
+                | Op::PutNodePortAddr(..)
+                | Op::PutSvcCidr(..)
+        ) {
+            written += 1;
+        } else {
+            deleted += 1;
+        }
+    }
+    Ok((written, deleted))
+}
+
+/// Deletes affinity entries that could send a client to a backend its frontend no longer
+/// has (or to a frontend id that is gone and may be reused).
+fn clean_affinity(
+    maps: &mut LbMaps,
+    dead_frontends: &HashSet<u16>,
+    dead_pairs: &HashSet<(u16, u32)>,
+) -> Result<usize, MapOpError> {
+    if dead_frontends.is_empty() && dead_pairs.is_empty() {
+        return Ok(0);
+    }
+    let mut removed = 0;
+    for (key, value) in maps.affinity.entries()? {
+        if dead_frontends.contains(&key.rev_nat_id)
+            || dead_pairs.contains(&(key.rev_nat_id, value.backend_id))
+        {
+            maps.affinity.delete(&key)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+impl ApplyState {
+    /// Brings the maps in line with `families` for the services in `changed` (every service
+    /// when `full`).
+    pub fn sync(
+        &mut self,
+        maps: &mut LbMaps,
+        families: &[FamilyState],
+        node: &NodeContext,
+        changed: &HashSet<NamespacedName>,
+        full: bool,
+    ) -> Result<SyncStats, ApplyError> {
+        let actual = if full { Some(maps.snapshot()?) } else { None };
+        if let Some(actual) = &actual
+            && !self.adopted
+        {
+            self.adopt(actual);
+        }
+        let mut plan = Plan::default();
+        for state in families {
+            let family = state.family;
+            let services: Vec<NamespacedName> = if full {
+                let mut all: HashSet<NamespacedName> = state.services.services().cloned().collect();
+                all.extend(
+                    self.services
+                        .keys()
+                        .filter(|(f, _)| *f == family)
+                        .map(|(_, s)| s.clone()),
+                );
+                all.into_iter().collect()
+            } else {
+                changed.iter().cloned().collect()
+            };
+            for service in services {
+                let desired = desired_service(&service, state, node);
+                let new = self.build(family, &service, &desired, &mut plan)?;
+                let key = (family, service.clone());
+                let old = self.services.remove(&key).unwrap_or_default();
+                plan.diff_service(&old, &new);
+                self.release(family, &service, &old, &mut plan);
+                if !new.svc.is_empty() {
+                    self.services.insert(key, new);
+                }
+            }
+        }
+        let (addrs, cidrs) = desired_node(families, node);
+        for a in addrs.difference(&self.nodeport_addrs) {
+            plan.node_puts.push(Op::PutNodePortAddr(*a));
+        }
+        for a in self.nodeport_addrs.difference(&addrs) {
+            plan.node_dels.push(Op::DelNodePortAddr(*a));
+        }
+        for c in cidrs.difference(&self.svc_cidrs) {
+            plan.node_puts.push(Op::PutSvcCidr(*c));
+        }
+        for c in self.svc_cidrs.difference(&cidrs) {
+            plan.node_dels.push(Op::DelSvcCidr(*c));
+        }
+        self.nodeport_addrs = addrs;
+        self.svc_cidrs = cidrs;
+
+        // Ids adopted from the maps that no service claimed: their entries go below.
+        for (_, id) in self.backend_ids.drop_unreferenced() {
+            debug!(id, "dropping an adopted backend id nothing uses");
+        }
+        for (_, id) in self.rev_nat_ids.drop_unreferenced() {
+            plan.dead_rev_nat.insert(id as u16);
+        }
+
+        let (diff_ops, dead_frontends, dead_pairs) = plan.ordered();
+        // A full sync compares with what the maps hold instead of what was written.
+        let ops = match actual {
+            Some(actual) => self.reconcile(&actual),
+            None => diff_ops,
+        };
+        let (written, deleted) = execute(maps, &ops)?;
+        let affinity_removed = clean_affinity(maps, &dead_frontends, &dead_pairs)?;
+        Ok(SyncStats {
+            services: self.services.len(),
+            written,
+            deleted: deleted + affinity_removed,
+            no_local_endpoints_internal: self
+                .services
+                .values()
+                .filter(|s| s.no_local_internal)
+                .count(),
+            no_local_endpoints_external: self
+                .services
+                .values()
+                .filter(|s| s.no_local_external)
+                .count(),
+            not_programmed: 0,
+        })
+    }
+
+    /// Everything the maps should hold now.
+    pub fn expected(&self) -> Snapshot {
+        let mut s = Snapshot::default();
+        for svc in self.services.values() {
+            s.svc.extend(svc.svc.iter().map(|(k, v)| (*k, *v)));
+            s.src_ranges.extend(svc.src_ranges.iter().copied());
+        }
+        for (addr, entry) in &self.backend_entries {
+            if let Some(id) = self.backend_ids.get(addr) {
+                s.backends.insert((v6(&addr.addr), id as u32), *entry);
+            }
+        }
+        for key in self.owners.keys() {
+            if let Some(id) = self.rev_nat_ids.get(key) {
+                s.rev_nat.insert((v6(&key.addr), id as u16), (key.addr, key.port));
+            }
+        }
+        s.nodeport_addrs = self.nodeport_addrs.clone();
+        s.svc_cidrs = self.svc_cidrs.clone();
+        s
+    }
+
+    /// The operations that turn `actual` into [`ApplyState::expected`], in safe order.
+    fn reconcile(&self, actual: &Snapshot) -> Vec<Op> {
+        let expected = self.expected();
+        let mut plan = Plan::default();
+        for (id, entry) in &expected.backends {
+            if actual.backends.get(id) != Some(entry) {
+                plan.backend_puts.push(Op::PutBackend(id.1, *entry));
+            }
+        }
+        for (id, (addr, port)) in &expected.rev_nat {
+            if actual.rev_nat.get(id) != Some(&(*addr, *port)) {
+                plan.rev_nat_puts.push(Op::PutRevNat(id.1, *addr, *port));
+            }
+        }
+        for r in expected.src_ranges.difference(&actual.src_ranges) {
+            plan.range_puts.push(Op::PutSrcRange(r.0, r.1));
+        }
+        for (k, v) in &expected.svc {
+            if actual.svc.get(k) != Some(v) {
+                plan.svc_puts.push((*k, *v));
+            }
+        }
+        for a in expected.nodeport_addrs.difference(&actual.nodeport_addrs) {
+            plan.node_puts.push(Op::PutNodePortAddr(*a));
+        }
+        for c in expected.svc_cidrs.difference(&actual.svc_cidrs) {
+            plan.node_puts.push(Op::PutSvcCidr(*c));
+        }
+        for k in actual.svc.keys() {
+            if !expected.svc.contains_key(k) {
+                plan.svc_dels.push(*k);
+            }
+        }
+        for r in actual.src_ranges.difference(&expected.src_ranges) {
+            plan.range_dels.push(Op::DelSrcRange(r.0, r.1));
+        }
+        for id in actual.rev_nat.keys() {
+            if !expected.rev_nat.contains_key(id) {
+                plan.rev_nat_dels.push(Op::DelRevNat(id.0, id.1));
+            }
+        }
+        for id in actual.backends.keys() {
+            if !expected.backends.contains_key(id) {
+                plan.backend_dels.push(Op::DelBackend(id.0, id.1));
+            }
+        }
+        for a in actual.nodeport_addrs.difference(&expected.nodeport_addrs) {
+            plan.node_dels.push(Op::DelNodePortAddr(*a));
+        }
+        for c in actual.svc_cidrs.difference(&expected.svc_cidrs) {
+            plan.node_dels.push(Op::DelSvcCidr(*c));
+        }
+        plan.ordered().0
+    }
+}

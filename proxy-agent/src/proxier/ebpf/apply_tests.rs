@@ -1,0 +1,466 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The apply stage against in-memory maps: contents, write order, incremental syncs,
+//! drift repair and restart adoption.
+
+use std::{collections::HashSet, net::IpAddr, sync::Arc};
+
+use proxy_common::{SCOPE_EXTERNAL, SCOPE_INTERNAL, svc_flags};
+
+use super::{
+    apply::ApplyState,
+    desired::FrontendKey,
+    entries::SvcEntryKey,
+    maps::{LbMaps, Op as LoggedOp, OpLog},
+};
+use crate::{
+    k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
+    model::{IpFamily, NamespacedName},
+    node::NodeAddresses,
+    proxier::NodeContext,
+    state::ClusterState,
+};
+
+const TCP: u8 = 6;
+
+struct Harness {
+    cluster: ClusterState,
+    node: NodeContext,
+    apply: ApplyState,
+    maps: LbMaps,
+    log: OpLog,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let (maps, log) = LbMaps::in_memory(1024);
+        Self {
+            cluster: ClusterState::new(&[IpFamily::V4], "node-a"),
+            node: NodeContext {
+                name: "node-a".into(),
+                primary_ips: NodeAddresses {
+                    v4: Some("192.168.0.2".parse().unwrap()),
+                    v6: None,
+                },
+                host_addresses: vec!["192.168.0.2".parse().unwrap()],
+                ..Default::default()
+            },
+            apply: ApplyState::new(1024, 1024),
+            maps,
+            log,
+        }
+    }
+
+    fn service(&mut self, svc: k8s_openapi::api::core::v1::Service) {
+        self.cluster.service(&Arc::new(svc), false);
+    }
+
+    fn delete_service(&mut self, svc: k8s_openapi::api::core::v1::Service) {
+        self.cluster.service(&Arc::new(svc), true);
+    }
+
+    fn slice(&mut self, slice: k8s_openapi::api::discovery::v1::EndpointSlice) {
+        self.cluster.endpoint_slice(&slice, false);
+    }
+
+    /// Applies pending changes and syncs; returns the logged map operations.
+    fn sync(&mut self, full: bool) -> Vec<LoggedOp> {
+        let changes = self.cluster.apply_pending();
+        self.log.lock().unwrap().clear();
+        self.apply
+            .sync(
+                &mut self.maps,
+                self.cluster.families(),
+                &self.node,
+                &changes.changed,
+                full,
+            )
+            .expect("sync succeeds");
+        self.log.lock().unwrap().clone()
+    }
+
+    fn svc(&self, addr: &str, port: u16, scope: u8, slot: u16) -> Option<proxy_common::SvcValue> {
+        let snapshot = self.maps.snapshot().unwrap();
+        snapshot
+            .svc
+            .get(&SvcEntryKey {
+                frontend: FrontendKey {
+                    addr: addr.parse().unwrap(),
+                    port,
+                    proto: TCP,
+                },
+                scope,
+                slot,
+            })
+            .copied()
+    }
+
+    fn backends_of(&self, addr: &str, port: u16, scope: u8) -> Vec<String> {
+        let snapshot = self.maps.snapshot().unwrap();
+        let Some(slot0) = self.svc(addr, port, scope, 0) else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = (1..=slot0.count)
+            .map(|slot| {
+                let id = self.svc(addr, port, scope, slot).expect("slot present").backend_id;
+                let b = snapshot.backends.get(&(false, id)).expect("backend present");
+                format!("{}:{}", b.addr.addr, b.addr.port)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+fn web(eps: &[&str]) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    let mut b = mk_endpointslice("ns1", "web-1", "web", "IPv4").port("http", 8080, "TCP");
+    for ep in eps {
+        b = b.endpoint(mk_endpoint(ep).node("node-b").build());
+    }
+    b.build()
+}
+
+fn web_service() -> k8s_openapi::api::core::v1::Service {
+    mk_service("ns1", "web")
+        .cluster_ip("172.30.0.10")
+        .port("http", 80, "TCP")
+        .build()
+}
+
+/// Index of the first logged op matching `pred`.
+fn pos(ops: &[LoggedOp], pred: impl Fn(&LoggedOp) -> bool) -> usize {
+    ops.iter().position(pred).unwrap_or_else(|| panic!("no such op in {ops:#?}"))
+}
+
+fn is_put<'a>(map: &'static str, key_part: &'a str) -> impl Fn(&LoggedOp) -> bool + 'a {
+    move |op| matches!(op, LoggedOp::Put { map: m, key } if *m == map && key.contains(key_part))
+}
+
+fn is_del<'a>(map: &'static str, key_part: &'a str) -> impl Fn(&LoggedOp) -> bool + 'a {
+    move |op| matches!(op, LoggedOp::Delete { map: m, key } if *m == map && key.contains(key_part))
+}
+
+#[test]
+fn a_cluster_ip_service_is_written_backends_first_slot_zero_last() {
+    let mut h = Harness::new();
+    h.service(web_service());
+    h.slice(web(&["10.0.1.1", "10.0.1.2"]));
+    let ops = h.sync(false);
+
+    assert_eq!(h.backends_of("172.30.0.10", 80, SCOPE_EXTERNAL), vec!["10.0.1.1:8080", "10.0.1.2:8080"]);
+    let slot0 = h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 0).unwrap();
+    assert_eq!(slot0.count, 2);
+    assert_ne!(slot0.flags & svc_flags::CLUSTER_IP, 0);
+    // The wildcard entry of the ClusterIP rejects other ports.
+    let wildcard = h.maps.snapshot().unwrap().svc.into_iter().find(|(k, _)| k.frontend.port == 0);
+    assert_eq!(wildcard.map(|(_, v)| v.flags), Some(svc_flags::WILDCARD));
+
+    let first_slot0 = pos(&ops, |op| {
+        matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains("slot: 0") && key.contains("dport: 20480"))
+    });
+    let last_backend = ops
+        .iter()
+        .rposition(|op| matches!(op, LoggedOp::Put { map: "BACKENDS4_V1", .. }))
+        .unwrap();
+    let rev_nat = pos(&ops, is_put("REV_NAT4_V1", ""));
+    let slot1 = pos(&ops, |op| {
+        matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains("slot: 1"))
+    });
+    assert!(last_backend < slot1 && rev_nat < slot1 && slot1 < first_slot0, "{ops:#?}");
+}
+
+#[test]
+fn scaling_touches_only_what_changed_in_a_safe_order() {
+    let mut h = Harness::new();
+    h.service(web_service());
+    h.slice(web(&["10.0.1.1", "10.0.1.2"]));
+    h.sync(false);
+
+    // Grow: new backend, then slot 3, then slot 0 with the new count.
+    h.slice(web(&["10.0.1.1", "10.0.1.2", "10.0.1.3"]));
+    let ops = h.sync(false);
+    assert!(ops.iter().all(|op| matches!(op, LoggedOp::Put { .. })), "{ops:#?}");
+    let backend = pos(&ops, is_put("BACKENDS4_V1", ""));
+    let slot3 = pos(&ops, is_put("SVC4_V1", "slot: 3"));
+    let slot0 = pos(&ops, is_put("SVC4_V1", "slot: 0"));
+    assert!(backend < slot3 && slot3 < slot0);
+    assert_eq!(ops.len(), 3, "only the new backend, its slot and slot 0: {ops:#?}");
+
+    // Shrink to one: slot 0 first (count 1), then the extra slots and the unused backends.
+    h.slice(web(&["10.0.1.3"]));
+    let ops = h.sync(false);
+    let slot0 = pos(&ops, is_put("SVC4_V1", "slot: 0"));
+    let first_del = pos(&ops, |op| matches!(op, LoggedOp::Delete { .. }));
+    let backend_del = pos(&ops, is_del("BACKENDS4_V1", ""));
+    assert!(slot0 < first_del && first_del <= backend_del);
+    assert_eq!(h.backends_of("172.30.0.10", 80, SCOPE_EXTERNAL), vec!["10.0.1.3:8080"]);
+    assert_eq!(h.maps.snapshot().unwrap().backends.len(), 1);
+}
+
+#[test]
+fn a_deleted_service_disappears_slot_zero_first_and_leaves_nothing() {
+    let mut h = Harness::new();
+    h.service(web_service());
+    h.slice(web(&["10.0.1.1"]));
+    h.sync(false);
+    h.delete_service(web_service());
+    let ops = h.sync(false);
+    let slot0 = pos(&ops, |op| {
+        matches!(op, LoggedOp::Delete { map: "SVC4_V1", key } if key.contains("slot: 0") && key.contains("dport: 20480"))
+    });
+    let slot1 = pos(&ops, is_del("SVC4_V1", "slot: 1"));
+    let rev_nat = pos(&ops, is_del("REV_NAT4_V1", ""));
+    let backend = pos(&ops, is_del("BACKENDS4_V1", ""));
+    assert!(slot0 < slot1 && slot1 < rev_nat && rev_nat < backend, "{ops:#?}");
+    let snapshot = h.maps.snapshot().unwrap();
+    assert!(snapshot.svc.is_empty() && snapshot.backends.is_empty() && snapshot.rev_nat.is_empty());
+}
+
+#[test]
+fn a_change_to_one_service_touches_only_its_entries() {
+    let mut h = Harness::new();
+    h.service(web_service());
+    h.slice(web(&["10.0.1.1"]));
+    h.service(
+        mk_service("ns2", "db")
+            .cluster_ip("172.30.0.20")
+            .port("sql", 5432, "TCP")
+            .build(),
+    );
+    h.slice(
+        mk_endpointslice("ns2", "db-1", "db", "IPv4")
+            .port("sql", 5432, "TCP")
+            .endpoint(mk_endpoint("10.0.2.1").build())
+            .build(),
+    );
+    h.sync(false);
+    h.slice(web(&["10.0.1.9"]));
+    let ops = h.sync(false);
+    assert!(!ops.is_empty());
+    for op in &ops {
+        let key = match op {
+            LoggedOp::Put { key, .. } | LoggedOp::Delete { key, .. } => key,
+        };
+        // 172.30.0.20 is 0x14001eac in native order; no op may name it or its backend.
+        assert!(!key.contains(&u32::from_ne_bytes([172, 30, 0, 20]).to_string()), "{op:?}");
+        assert!(!key.contains(&u32::from_ne_bytes([10, 0, 2, 1]).to_string()), "{op:?}");
+    }
+}
+
+#[test]
+fn a_full_sync_after_partial_ones_writes_nothing_and_repairs_drift() {
+    let mut h = Harness::new();
+    h.service(web_service());
+    h.slice(web(&["10.0.1.1", "10.0.1.2"]));
+    h.sync(false);
+    assert!(h.sync(true).is_empty(), "nothing differs");
+
+    // Someone deletes slot 2 and adds an entry of their own.
+    let slot2 = SvcEntryKey {
+        frontend: FrontendKey { addr: "172.30.0.10".parse().unwrap(), port: 80, proto: TCP },
+        scope: SCOPE_EXTERNAL,
+        slot: 2,
+    };
+    let value = h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 2).unwrap();
+    h.maps.del_svc(&slot2).unwrap();
+    let stray = SvcEntryKey {
+        frontend: FrontendKey { addr: "172.30.9.9".parse().unwrap(), port: 1, proto: TCP },
+        scope: SCOPE_EXTERNAL,
+        slot: 0,
+    };
+    h.maps.put_svc(&stray, &value).unwrap();
+    let ops = h.sync(true);
+    assert_eq!(ops.len(), 2, "{ops:#?}");
+    assert_eq!(h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 2), Some(value));
+    assert!(h.svc("172.30.9.9", 1, SCOPE_EXTERNAL, 0).is_none());
+}
+
+#[test]
+fn a_restarted_agent_adopts_the_maps_without_rewriting_them() {
+    let mut h = Harness::new();
+    h.service(web_service());
+    h.slice(web(&["10.0.1.1", "10.0.1.2"]));
+    h.sync(false);
+    let before = h.maps.snapshot().unwrap();
+
+    // A new agent: fresh state and trackers, same maps.
+    h.apply = ApplyState::new(1024, 1024);
+    h.cluster = ClusterState::new(&[IpFamily::V4], "node-a");
+    h.service(web_service());
+    h.slice(web(&["10.0.1.2", "10.0.1.1"]));
+    let ops = h.sync(true);
+    assert!(ops.is_empty(), "identical entries keep their ids: {ops:#?}");
+    assert_eq!(h.maps.snapshot().unwrap(), before);
+}
+
+#[test]
+fn etp_local_gets_two_scopes_internal_written_before_the_external_slot_zero() {
+    let mut h = Harness::new();
+    h.service(
+        mk_service("ns1", "lb")
+            .type_("LoadBalancer")
+            .cluster_ip("172.30.0.30")
+            .node_port("http", 80, "TCP", 30080)
+            .lb_ingress("1.2.3.4", None)
+            .external_traffic_policy("Local")
+            .health_check_node_port(30000)
+            .build(),
+    );
+    h.slice(
+        mk_endpointslice("ns1", "lb-1", "lb", "IPv4")
+            .port("http", 8080, "TCP")
+            .endpoint(mk_endpoint("10.0.3.1").node("node-a").build())
+            .endpoint(mk_endpoint("10.0.3.2").node("node-b").build())
+            .build(),
+    );
+    let ops = h.sync(false);
+    let ext = h.svc("1.2.3.4", 80, SCOPE_EXTERNAL, 0).unwrap();
+    assert_ne!(ext.flags & svc_flags::TWO_SCOPES, 0);
+    assert_ne!(ext.flags & svc_flags::ETP_LOCAL, 0);
+    assert_eq!(h.backends_of("1.2.3.4", 80, SCOPE_EXTERNAL), vec!["10.0.3.1:8080"]);
+    assert_eq!(
+        h.backends_of("1.2.3.4", 80, SCOPE_INTERNAL),
+        vec!["10.0.3.1:8080", "10.0.3.2:8080"]
+    );
+    // The NodePort entry uses the unspecified address.
+    assert_eq!(h.backends_of("0.0.0.0", 30080, SCOPE_EXTERNAL), vec!["10.0.3.1:8080"]);
+    let lb = u32::from_ne_bytes([1, 2, 3, 4]).to_string();
+    let internal0 = pos(&ops, |op| {
+        matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains(&lb) && key.contains("slot: 0") && key.contains("scope: 1"))
+    });
+    let external0 = pos(&ops, |op| {
+        matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains(&lb) && key.contains("slot: 0") && key.contains("scope: 0"))
+    });
+    assert!(internal0 < external0);
+    // The ClusterIP follows the internal policy (Cluster): every endpoint, one scope.
+    assert_eq!(
+        h.backends_of("172.30.0.30", 80, SCOPE_EXTERNAL),
+        vec!["10.0.3.1:8080", "10.0.3.2:8080"]
+    );
+    assert!(h.svc("172.30.0.30", 80, SCOPE_INTERNAL, 0).is_none());
+}
+
+#[test]
+fn no_endpoints_rejects_and_local_policy_without_local_endpoints_drops() {
+    let mut h = Harness::new();
+    h.service(
+        mk_service("ns1", "itp")
+            .cluster_ip("172.30.0.40")
+            .port("http", 80, "TCP")
+            .internal_traffic_policy("Local")
+            .build(),
+    );
+    h.sync(false);
+    let empty = h.svc("172.30.0.40", 80, SCOPE_EXTERNAL, 0).unwrap();
+    assert_eq!((empty.count, empty.flags & svc_flags::DROP_NO_ENDPOINTS), (0, 0));
+    h.slice(
+        mk_endpointslice("ns1", "itp-1", "itp", "IPv4")
+            .port("http", 8080, "TCP")
+            .endpoint(mk_endpoint("10.0.4.1").node("node-b").build())
+            .build(),
+    );
+    h.sync(false);
+    let remote_only = h.svc("172.30.0.40", 80, SCOPE_EXTERNAL, 0).unwrap();
+    assert_eq!(remote_only.count, 0);
+    assert_ne!(remote_only.flags & svc_flags::DROP_NO_ENDPOINTS, 0);
+}
+
+#[test]
+fn source_ranges_and_node_level_maps() {
+    let mut h = Harness::new();
+    h.node.local_detector = crate::node::LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]);
+    h.service(
+        mk_service("ns1", "lbr")
+            .type_("LoadBalancer")
+            .cluster_ip("172.30.0.50")
+            .node_port("http", 80, "TCP", 30081)
+            .lb_ingress("5.6.7.8", None)
+            .source_ranges(&["192.168.0.0/24", " 203.0.113.0/25"])
+            .build(),
+    );
+    h.slice(web(&["10.0.1.1"]));
+    h.sync(false);
+    let lb = h.svc("5.6.7.8", 80, SCOPE_EXTERNAL, 0).unwrap();
+    assert_ne!(lb.flags & svc_flags::SOURCE_RANGES, 0);
+    // The node (192.168.0.2) is inside the ranges, pods (10.0.0.0/8) are not.
+    assert_ne!(lb.flags & svc_flags::SRC_RANGE_HOST_ALLOWED, 0);
+    assert_eq!(lb.flags & (svc_flags::SRC_RANGE_PODS_ALLOWED | svc_flags::SRC_RANGE_PODS_DEFER), 0);
+    let ranges: HashSet<String> = h
+        .maps
+        .snapshot()
+        .unwrap()
+        .src_ranges
+        .iter()
+        .map(|(id, net)| {
+            assert_eq!(*id, lb.rev_nat_id);
+            net.to_string()
+        })
+        .collect();
+    // The node IP is allowed, so is the LB IP itself.
+    let expected: HashSet<String> =
+        ["192.168.0.0/24", "203.0.113.0/25", "5.6.7.8/32"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(ranges, expected);
+    let nodeports: Vec<IpAddr> = h.maps.snapshot().unwrap().nodeport_addrs.into_iter().collect();
+    assert_eq!(nodeports, vec!["192.168.0.2".parse::<IpAddr>().unwrap()]);
+}
+
+#[test]
+fn affinity_entries_of_removed_backends_are_deleted() {
+    let mut h = Harness::new();
+    h.service(
+        mk_service("ns1", "web")
+            .cluster_ip("172.30.0.10")
+            .port("http", 80, "TCP")
+            .session_affinity_client_ip(Some(60))
+            .build(),
+    );
+    h.slice(web(&["10.0.1.1", "10.0.1.2"]));
+    h.sync(false);
+    let slot0 = h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 0).unwrap();
+    assert_eq!(slot0.backend_id, 60, "slot 0 carries the affinity timeout");
+    let gone = h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 1).unwrap().backend_id;
+    let kept = h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 2).unwrap().backend_id;
+    let snapshot = h.maps.snapshot().unwrap();
+    let gone_addr = snapshot.backends[&(false, gone)].addr.addr.to_string();
+    for (client, backend) in [(1u8, gone), (2, kept)] {
+        let key = proxy_common::AffinityKey {
+            client: [client; 16],
+            rev_nat_id: slot0.rev_nat_id,
+            kind: 0,
+            _pad: 0,
+        };
+        h.maps
+            .affinity
+            .put(&key, &proxy_common::AffinityValue { backend_id: backend, last_used: 1 })
+            .unwrap();
+    }
+    let keep: Vec<&str> = ["10.0.1.1", "10.0.1.2"].into_iter().filter(|a| *a != gone_addr).collect();
+    h.slice(web(&keep));
+    h.sync(false);
+    let left: Vec<u32> = h.maps.affinity.entries().unwrap().iter().map(|(_, v)| v.backend_id).collect();
+    assert_eq!(left, vec![kept]);
+}
+
+#[test]
+fn ids_are_stable_and_shared_backends_survive_one_service_going() {
+    let mut h = Harness::new();
+    h.service(web_service());
+    h.service(
+        mk_service("ns1", "web2")
+            .cluster_ip("172.30.0.11")
+            .port("http", 80, "TCP")
+            .build(),
+    );
+    h.slice(web(&["10.0.1.1"]));
+    h.slice(
+        mk_endpointslice("ns1", "web2-1", "web2", "IPv4")
+            .port("http", 8080, "TCP")
+            .endpoint(mk_endpoint("10.0.1.1").build())
+            .build(),
+    );
+    h.sync(false);
+    assert_eq!(h.maps.snapshot().unwrap().backends.len(), 1, "one shared backend");
+    h.delete_service(web_service());
+    h.sync(false);
+    assert_eq!(h.backends_of("172.30.0.11", 80, SCOPE_EXTERNAL), vec!["10.0.1.1:8080"]);
+    let _ = NamespacedName::new("ns1", "web");
+}

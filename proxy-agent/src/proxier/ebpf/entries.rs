@@ -1,0 +1,364 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Map entries in family-neutral form (IpAddr instead of u32 / [u8; 16]), and their
+//! conversion to the kernel layouts of proxy-common at the map boundary.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use ipnet::IpNet;
+use proxy_common::{
+    BACKEND_F_LOCAL, BACKEND_F_TERMINATING, Backend4Value, Backend6Value, NodeAddr4Key,
+    NodeAddr6Key, RevNat4Value, RevNat6Value, SOURCE_RANGE_PREFIX_BITS, SourceRange4,
+    SourceRange6, Svc4Key, Svc6Key, SvcValue,
+};
+
+use super::{
+    desired::{BackendAddr, FrontendKey},
+    maps::{LbMaps, Prefix, Result},
+};
+
+/// One slot of one scope of a frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SvcEntryKey {
+    pub frontend: FrontendKey,
+    pub scope: u8,
+    pub slot: u16,
+}
+
+/// A backend as stored: address and flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BackendEntry {
+    pub addr: BackendAddr,
+    pub local: bool,
+    pub terminating: bool,
+}
+
+/// Everything in the LB maps, family-neutral.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub svc: HashMap<SvcEntryKey, SvcValue>,
+    pub backends: HashMap<(bool, u32), BackendEntry>,
+    pub rev_nat: HashMap<(bool, u16), (IpAddr, u16)>,
+    pub src_ranges: HashSet<(u16, IpNet)>,
+    pub nodeport_addrs: HashSet<IpAddr>,
+    pub svc_cidrs: HashSet<IpNet>,
+}
+
+fn v4_raw(a: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(a.octets())
+}
+
+fn v4_from_raw(raw: u32) -> Ipv4Addr {
+    Ipv4Addr::from(raw.to_ne_bytes())
+}
+
+fn svc4_key(k: &SvcEntryKey, a: Ipv4Addr) -> Svc4Key {
+    Svc4Key {
+        addr: v4_raw(a),
+        dport: k.frontend.port.to_be(),
+        slot: k.slot,
+        proto: k.frontend.proto,
+        scope: k.scope,
+        _pad: [0; 2],
+    }
+}
+
+fn svc6_key(k: &SvcEntryKey, a: Ipv6Addr) -> Svc6Key {
+    Svc6Key {
+        addr: a.octets(),
+        dport: k.frontend.port.to_be(),
+        slot: k.slot,
+        proto: k.frontend.proto,
+        scope: k.scope,
+        _pad: [0; 2],
+    }
+}
+
+fn backend_flags(b: &BackendEntry) -> u8 {
+    let mut f = 0;
+    if b.local {
+        f |= BACKEND_F_LOCAL;
+    }
+    if b.terminating {
+        f |= BACKEND_F_TERMINATING;
+    }
+    f
+}
+
+fn prefix_bits(net: &IpNet) -> u32 {
+    SOURCE_RANGE_PREFIX_BITS + u32::from(net.prefix_len())
+}
+
+/// Typed writes through [`LbMaps`].
+impl LbMaps {
+    pub fn put_svc(&mut self, k: &SvcEntryKey, v: &SvcValue) -> Result<()> {
+        match k.frontend.addr {
+            IpAddr::V4(a) => self.svc4.put(&svc4_key(k, a), v),
+            IpAddr::V6(a) => self.svc6.put(&svc6_key(k, a), v),
+        }
+    }
+
+    pub fn del_svc(&mut self, k: &SvcEntryKey) -> Result<()> {
+        match k.frontend.addr {
+            IpAddr::V4(a) => self.svc4.delete(&svc4_key(k, a)),
+            IpAddr::V6(a) => self.svc6.delete(&svc6_key(k, a)),
+        }
+    }
+
+    pub fn put_backend(&mut self, id: u32, b: &BackendEntry) -> Result<()> {
+        let port = b.addr.port.to_be();
+        match b.addr.addr {
+            IpAddr::V4(a) => self.backends4.put(
+                &id,
+                &Backend4Value {
+                    addr: v4_raw(a),
+                    port,
+                    proto: b.addr.proto,
+                    flags: backend_flags(b),
+                },
+            ),
+            IpAddr::V6(a) => self.backends6.put(
+                &id,
+                &Backend6Value {
+                    addr: a.octets(),
+                    port,
+                    proto: b.addr.proto,
+                    flags: backend_flags(b),
+                },
+            ),
+        }
+    }
+
+    pub fn del_backend(&mut self, v6: bool, id: u32) -> Result<()> {
+        if v6 {
+            self.backends6.delete(&id)
+        } else {
+            self.backends4.delete(&id)
+        }
+    }
+
+    pub fn put_rev_nat(&mut self, id: u16, addr: IpAddr, port: u16) -> Result<()> {
+        match addr {
+            IpAddr::V4(a) => self.rev_nat4.put(
+                &id,
+                &RevNat4Value {
+                    addr: v4_raw(a),
+                    port: port.to_be(),
+                    _pad: 0,
+                },
+            ),
+            IpAddr::V6(a) => self.rev_nat6.put(
+                &id,
+                &RevNat6Value {
+                    addr: a.octets(),
+                    port: port.to_be(),
+                    _pad: 0,
+                },
+            ),
+        }
+    }
+
+    pub fn del_rev_nat(&mut self, v6: bool, id: u16) -> Result<()> {
+        if v6 {
+            self.rev_nat6.delete(&id)
+        } else {
+            self.rev_nat4.delete(&id)
+        }
+    }
+
+    pub fn put_src_range(&mut self, id: u16, net: &IpNet) -> Result<()> {
+        match net {
+            IpNet::V4(n) => self.src_ranges4.put(
+                &Prefix {
+                    len: prefix_bits(net),
+                    data: SourceRange4 {
+                        rev_nat_id: id.to_be(),
+                        _pad: 0,
+                        addr: v4_raw(n.network()),
+                    },
+                },
+                &1,
+            ),
+            IpNet::V6(n) => self.src_ranges6.put(
+                &Prefix {
+                    len: prefix_bits(net),
+                    data: SourceRange6 {
+                        rev_nat_id: id.to_be(),
+                        _pad: 0,
+                        addr: n.network().octets(),
+                    },
+                },
+                &1,
+            ),
+        }
+    }
+
+    pub fn del_src_range(&mut self, id: u16, net: &IpNet) -> Result<()> {
+        match net {
+            IpNet::V4(n) => self.src_ranges4.delete(&Prefix {
+                len: prefix_bits(net),
+                data: SourceRange4 {
+                    rev_nat_id: id.to_be(),
+                    _pad: 0,
+                    addr: v4_raw(n.network()),
+                },
+            }),
+            IpNet::V6(n) => self.src_ranges6.delete(&Prefix {
+                len: prefix_bits(net),
+                data: SourceRange6 {
+                    rev_nat_id: id.to_be(),
+                    _pad: 0,
+                    addr: n.network().octets(),
+                },
+            }),
+        }
+    }
+
+    pub fn put_nodeport_addr(&mut self, ip: IpAddr) -> Result<()> {
+        match ip {
+            IpAddr::V4(a) => self.nodeport_addrs4.put(&NodeAddr4Key { addr: v4_raw(a) }, &1),
+            IpAddr::V6(a) => self
+                .nodeport_addrs6
+                .put(&NodeAddr6Key { addr: a.octets() }, &1),
+        }
+    }
+
+    pub fn del_nodeport_addr(&mut self, ip: IpAddr) -> Result<()> {
+        match ip {
+            IpAddr::V4(a) => self.nodeport_addrs4.delete(&NodeAddr4Key { addr: v4_raw(a) }),
+            IpAddr::V6(a) => self.nodeport_addrs6.delete(&NodeAddr6Key { addr: a.octets() }),
+        }
+    }
+
+    pub fn put_svc_cidr(&mut self, net: &IpNet) -> Result<()> {
+        match net {
+            IpNet::V4(n) => self.svc_cidrs4.put(
+                &Prefix {
+                    len: u32::from(n.prefix_len()),
+                    data: n.network().octets(),
+                },
+                &1,
+            ),
+            IpNet::V6(n) => self.svc_cidrs6.put(
+                &Prefix {
+                    len: u32::from(n.prefix_len()),
+                    data: n.network().octets(),
+                },
+                &1,
+            ),
+        }
+    }
+
+    pub fn del_svc_cidr(&mut self, net: &IpNet) -> Result<()> {
+        match net {
+            IpNet::V4(n) => self.svc_cidrs4.delete(&Prefix {
+                len: u32::from(n.prefix_len()),
+                data: n.network().octets(),
+            }),
+            IpNet::V6(n) => self.svc_cidrs6.delete(&Prefix {
+                len: u32::from(n.prefix_len()),
+                data: n.network().octets(),
+            }),
+        }
+    }
+
+    /// Everything the maps hold now (a full sync compares against it).
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let mut s = Snapshot::default();
+        for (k, v) in self.svc4.entries()? {
+            let key = SvcEntryKey {
+                frontend: FrontendKey {
+                    addr: IpAddr::V4(v4_from_raw(k.addr)),
+                    port: u16::from_be(k.dport),
+                    proto: k.proto,
+                },
+                scope: k.scope,
+                slot: k.slot,
+            };
+            s.svc.insert(key, v);
+        }
+        for (k, v) in self.svc6.entries()? {
+            let key = SvcEntryKey {
+                frontend: FrontendKey {
+                    addr: IpAddr::V6(Ipv6Addr::from(k.addr)),
+                    port: u16::from_be(k.dport),
+                    proto: k.proto,
+                },
+                scope: k.scope,
+                slot: k.slot,
+            };
+            s.svc.insert(key, v);
+        }
+        for (id, v) in self.backends4.entries()? {
+            s.backends.insert(
+                (false, id),
+                BackendEntry {
+                    addr: BackendAddr {
+                        addr: IpAddr::V4(v4_from_raw(v.addr)),
+                        port: u16::from_be(v.port),
+                        proto: v.proto,
+                    },
+                    local: v.flags & BACKEND_F_LOCAL != 0,
+                    terminating: v.flags & BACKEND_F_TERMINATING != 0,
+                },
+            );
+        }
+        for (id, v) in self.backends6.entries()? {
+            s.backends.insert(
+                (true, id),
+                BackendEntry {
+                    addr: BackendAddr {
+                        addr: IpAddr::V6(Ipv6Addr::from(v.addr)),
+                        port: u16::from_be(v.port),
+                        proto: v.proto,
+                    },
+                    local: v.flags & BACKEND_F_LOCAL != 0,
+                    terminating: v.flags & BACKEND_F_TERMINATING != 0,
+                },
+            );
+        }
+        for (id, v) in self.rev_nat4.entries()? {
+            s.rev_nat.insert(
+                (false, id),
+                (IpAddr::V4(v4_from_raw(v.addr)), u16::from_be(v.port)),
+            );
+        }
+        for (id, v) in self.rev_nat6.entries()? {
+            s.rev_nat
+                .insert((true, id), (IpAddr::V6(Ipv6Addr::from(v.addr)), u16::from_be(v.port)));
+        }
+        for (p, _) in self.src_ranges4.entries()? {
+            let len = p.len.saturating_sub(SOURCE_RANGE_PREFIX_BITS) as u8;
+            if let Ok(net) = ipnet::Ipv4Net::new(v4_from_raw(p.data.addr), len) {
+                s.src_ranges
+                    .insert((u16::from_be(p.data.rev_nat_id), IpNet::V4(net)));
+            }
+        }
+        for (p, _) in self.src_ranges6.entries()? {
+            let len = p.len.saturating_sub(SOURCE_RANGE_PREFIX_BITS) as u8;
+            if let Ok(net) = ipnet::Ipv6Net::new(Ipv6Addr::from(p.data.addr), len) {
+                s.src_ranges
+                    .insert((u16::from_be(p.data.rev_nat_id), IpNet::V6(net)));
+            }
+        }
+        for (k, _) in self.nodeport_addrs4.entries()? {
+            s.nodeport_addrs.insert(IpAddr::V4(v4_from_raw(k.addr)));
+        }
+        for (k, _) in self.nodeport_addrs6.entries()? {
+            s.nodeport_addrs.insert(IpAddr::V6(Ipv6Addr::from(k.addr)));
+        }
+        for (p, _) in self.svc_cidrs4.entries()? {
+            if let Ok(net) = ipnet::Ipv4Net::new(Ipv4Addr::from(p.data), p.len as u8) {
+                s.svc_cidrs.insert(IpNet::V4(net));
+            }
+        }
+        for (p, _) in self.svc_cidrs6.entries()? {
+            if let Ok(net) = ipnet::Ipv6Net::new(Ipv6Addr::from(p.data), p.len as u8) {
+                s.svc_cidrs.insert(IpNet::V6(net));
+            }
+        }
+        Ok(s)
+    }
+}

@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The cluster as the agent knows it: per IP family, the change trackers and the maps they
+//! are applied to, plus this node's labels and the service CIDRs. The event loop feeds it
+//! API objects and takes, at sync time, the model and what changed since the last sync.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+    time::SystemTime,
+};
+
+use ipnet::IpNet;
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
+};
+
+use crate::{
+    k8s::convert::parse_cidr_sloppy,
+    model::{EndpointsChangeTracker, InvalidObject, IpFamily, NamespacedName, ServiceChangeTracker},
+    proxier::{FamilyState, StaleConntrack},
+};
+
+/// The change trackers of one family (its model is the `FamilyState` at the same index).
+#[derive(Debug)]
+struct Trackers {
+    services: ServiceChangeTracker,
+    endpoints: EndpointsChangeTracker,
+}
+
+/// What one [`ClusterState::apply_pending`] found.
+#[derive(Debug, Default)]
+pub struct AppliedChanges {
+    /// Services whose ports or endpoints changed (any family).
+    pub changed: HashSet<NamespacedName>,
+    pub stale: StaleConntrack,
+    /// EndpointSlice last-change-trigger-times, for network programming latency.
+    pub trigger_times: Vec<SystemTime>,
+}
+
+#[derive(Debug)]
+pub struct ClusterState {
+    trackers: Vec<Trackers>,
+    /// Kept contiguous so a sync request can borrow them as one slice.
+    states: Vec<FamilyState>,
+    /// Previous version of each Service, for the trackers' previous/current pairs.
+    services: HashMap<NamespacedName, Arc<Service>>,
+    service_cidrs: HashMap<String, Vec<IpNet>>,
+    node_labels: BTreeMap<String, String>,
+    node: Option<Arc<Node>>,
+}
+
+impl ClusterState {
+    /// `families` in primary-first order (one for single-stack nodes).
+    pub fn new(families: &[IpFamily], node_name: &str) -> Self {
+        Self {
+            trackers: families
+                .iter()
+                .map(|f| Trackers {
+                    services: ServiceChangeTracker::new(*f),
+                    endpoints: EndpointsChangeTracker::new(*f, node_name),
+                })
+                .collect(),
+            states: families.iter().map(|f| FamilyState::new(*f)).collect(),
+            services: HashMap::new(),
+            service_cidrs: HashMap::new(),
+            node_labels: BTreeMap::new(),
+            node: None,
+        }
+    }
+
+    /// A Service was added or changed (`Some`) or deleted (`None`, with its last version).
+    pub fn service(&mut self, service: &Arc<Service>, deleted: bool) -> bool {
+        let name = crate::k8s::convert::object_name(&service.metadata);
+        let previous = if deleted {
+            self.services.remove(&name)
+        } else {
+            self.services.insert(name, service.clone())
+        };
+        let current = (!deleted).then_some(service.as_ref());
+        let mut pending = false;
+        for t in &mut self.trackers {
+            pending |= t.services.update(previous.as_deref(), current);
+        }
+        pending
+    }
+
+    pub fn endpoint_slice(&mut self, slice: &EndpointSlice, deleted: bool) -> bool {
+        let mut pending = false;
+        for t in &mut self.trackers {
+            pending |= t.endpoints.endpoint_slice_update(slice, deleted);
+        }
+        pending
+    }
+
+    /// This node's Node object. Returns whether its topology labels changed (which changes
+    /// every service's endpoint choice).
+    pub fn node(&mut self, node: &Arc<Node>) -> bool {
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let changed = labels != self.node_labels;
+        self.node_labels = labels;
+        self.node = Some(node.clone());
+        changed
+    }
+
+    pub fn node_object(&self) -> Option<&Arc<Node>> {
+        self.node.as_ref()
+    }
+
+    pub fn node_labels(&self) -> &BTreeMap<String, String> {
+        &self.node_labels
+    }
+
+    /// A ServiceCIDR was added, changed or deleted. Returns whether the set changed.
+    pub fn service_cidr(&mut self, cidr: &ServiceCIDR, deleted: bool) -> bool {
+        let name = cidr.metadata.name.clone().unwrap_or_default();
+        let nets: Vec<IpNet> = cidr
+            .spec
+            .as_ref()
+            .and_then(|s| s.cidrs.as_ref())
+            .map(|c| c.iter().filter_map(|s| parse_cidr_sloppy(s)).collect())
+            .unwrap_or_default();
+        let before = self.service_cidrs.get(&name).cloned();
+        if deleted {
+            self.service_cidrs.remove(&name);
+        } else {
+            self.service_cidrs.insert(name, nets.clone());
+        }
+        let changed = before != (!deleted).then_some(nets);
+        if changed {
+            for state in &mut self.states {
+                let family = state.family;
+                let mut all: Vec<IpNet> = self
+                    .service_cidrs
+                    .values()
+                    .flatten()
+                    .filter(|n| IpFamily::of_net(n) == family)
+                    .copied()
+                    .collect();
+                all.sort();
+                all.dedup();
+                state.service_cidrs = all;
+            }
+        }
+        changed
+    }
+
+    /// Pending changes: (service changes, endpoint changes), over all families.
+    pub fn pending_counts(&self) -> (usize, usize) {
+        self.trackers.iter().fold((0, 0), |(s, e), t| {
+            (s + t.services.pending_count(), e + t.endpoints.pending_count())
+        })
+    }
+
+    /// Cumulative (service changes, endpoint changes) seen.
+    pub fn changes_total(&self) -> (u64, u64) {
+        self.trackers.first().map_or((0, 0), |t| {
+            (t.services.changes_total(), t.endpoints.changes_total())
+        })
+    }
+
+    /// Invalid objects found since the last call, de-duplicated across families.
+    pub fn take_rejected(&mut self) -> Vec<InvalidObject> {
+        let mut out: Vec<InvalidObject> = Vec::new();
+        for t in &mut self.trackers {
+            for r in t
+                .services
+                .take_rejected()
+                .into_iter()
+                .chain(t.endpoints.take_rejected())
+            {
+                if !out.contains(&r) {
+                    out.push(r);
+                }
+            }
+        }
+        out
+    }
+
+    /// Applies every pending change to the model.
+    pub fn apply_pending(&mut self) -> AppliedChanges {
+        let mut out = AppliedChanges::default();
+        for (t, state) in self.trackers.iter_mut().zip(&mut self.states) {
+            let svc = state.services.apply(&mut t.services);
+            let eps = state.endpoints.apply(&mut t.endpoints);
+            out.changed.extend(svc.updated_services);
+            out.changed.extend(eps.updated_services);
+            out.stale
+                .deleted_udp_cluster_ips
+                .extend(svc.deleted_udp_cluster_ips);
+            out.stale
+                .deleted_udp_endpoints
+                .extend(eps.deleted_udp_endpoints);
+            out.stale
+                .new_services_with_endpoints
+                .extend(eps.new_services_with_endpoints);
+            out.trigger_times
+                .extend(eps.last_change_trigger_times.into_values().flatten());
+        }
+        out
+    }
+
+    /// The family models, for a [`crate::proxier::SyncRequest`].
+    pub fn families(&self) -> &[FamilyState] {
+        &self.states
+    }
+}
