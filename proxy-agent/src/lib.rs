@@ -16,6 +16,7 @@ pub mod model;
 pub mod node;
 pub mod proxier;
 pub mod runner;
+pub mod source;
 pub mod state;
 pub mod sys;
 pub mod telemetry;

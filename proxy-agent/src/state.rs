@@ -18,7 +18,9 @@ use k8s_openapi::api::{
 
 use crate::{
     k8s::convert::parse_cidr_sloppy,
-    model::{EndpointsChangeTracker, InvalidObject, IpFamily, NamespacedName, ServiceChangeTracker},
+    model::{
+        EndpointsChangeTracker, InvalidObject, IpFamily, NamespacedName, ServiceChangeTracker,
+    },
     proxier::{FamilyState, StaleConntrack},
 };
 
@@ -149,7 +151,10 @@ impl ClusterState {
     /// Pending changes: (service changes, endpoint changes), over all families.
     pub fn pending_counts(&self) -> (usize, usize) {
         self.trackers.iter().fold((0, 0), |(s, e), t| {
-            (s + t.services.pending_count(), e + t.endpoints.pending_count())
+            (
+                s + t.services.pending_count(),
+                e + t.endpoints.pending_count(),
+            )
         })
     }
 

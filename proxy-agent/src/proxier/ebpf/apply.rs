@@ -93,7 +93,10 @@ impl ApplyState {
     pub fn new(max_backends: u32, max_rev_nat: u32) -> Self {
         Self {
             backend_ids: IdAllocator::new("backend", u64::from(max_backends)),
-            rev_nat_ids: IdAllocator::new("rev_nat", u64::from(max_rev_nat.min(u32::from(u16::MAX)))),
+            rev_nat_ids: IdAllocator::new(
+                "rev_nat",
+                u64::from(max_rev_nat.min(u32::from(u16::MAX))),
+            ),
             backend_entries: HashMap::new(),
             owners: HashMap::new(),
             services: HashMap::new(),
@@ -112,9 +115,12 @@ impl ApplyState {
             }
         }
         for (key, value) in &actual.svc {
-            if key.slot == 0 && key.scope == SCOPE_EXTERNAL && value.flags & svc_flags::WILDCARD == 0
+            if key.slot == 0
+                && key.scope == SCOPE_EXTERNAL
+                && value.flags & svc_flags::WILDCARD == 0
             {
-                self.rev_nat_ids.adopt(key.frontend, u64::from(value.rev_nat_id));
+                self.rev_nat_ids
+                    .adopt(key.frontend, u64::from(value.rev_nat_id));
             }
         }
         self.adopted = true;
@@ -151,8 +157,11 @@ impl ApplyState {
             let fresh = self.rev_nat_ids.get(&frontend.key).is_none();
             let rev_nat_id = self.rev_nat_ids.acquire(&frontend.key)? as u16;
             if fresh {
-                ops.rev_nat_puts
-                    .push(Op::PutRevNat(rev_nat_id, frontend.key.addr, frontend.key.port));
+                ops.rev_nat_puts.push(Op::PutRevNat(
+                    rev_nat_id,
+                    frontend.key.addr,
+                    frontend.key.port,
+                ));
             }
             self.owners.insert(frontend.key, owner);
             out.frontends.push(frontend.key);
@@ -245,10 +254,17 @@ impl ApplyState {
     }
 
     /// Drops the references `old` held; ids that became free get their entries deleted.
-    fn release(&mut self, family: IpFamily, service: &NamespacedName, old: &AppliedService, ops: &mut Plan) {
+    fn release(
+        &mut self,
+        family: IpFamily,
+        service: &NamespacedName,
+        old: &AppliedService,
+        ops: &mut Plan,
+    ) {
         for key in &old.frontends {
             if let Some(id) = self.rev_nat_ids.release(key) {
-                ops.rev_nat_dels.push(Op::DelRevNat(v6(&key.addr), id as u16));
+                ops.rev_nat_dels
+                    .push(Op::DelRevNat(v6(&key.addr), id as u16));
                 ops.dead_rev_nat.insert(id as u16);
                 if self.owners.get(key) == Some(&(family, service.clone())) {
                     self.owners.remove(key);
@@ -258,7 +274,8 @@ impl ApplyState {
         for addr in &old.backends {
             if let Some(id) = self.backend_ids.release(addr) {
                 self.backend_entries.remove(addr);
-                ops.backend_dels.push(Op::DelBackend(v6(&addr.addr), id as u32));
+                ops.backend_dels
+                    .push(Op::DelBackend(v6(&addr.addr), id as u32));
             }
         }
     }
@@ -318,13 +335,17 @@ impl Plan {
     /// The operations in an order that keeps every lookup consistent.
     fn ordered(mut self) -> (Vec<Op>, HashSet<u16>, HashSet<(u16, u32)>) {
         // Internal scope before external; within a scope, slots 1..n then slot 0.
-        self.svc_puts.sort_by_key(|(k, _)| {
-            (k.frontend, std::cmp::Reverse(k.scope), k.slot == 0, k.slot)
-        });
+        self.svc_puts
+            .sort_by_key(|(k, _)| (k.frontend, std::cmp::Reverse(k.scope), k.slot == 0, k.slot));
         // Slot 0 of the external scope first (the frontend disappears at once), then the
         // rest.
         self.svc_dels.sort_by_key(|k| {
-            (!(k.slot == 0 && k.scope == SCOPE_EXTERNAL), k.frontend, k.scope, k.slot)
+            (
+                !(k.slot == 0 && k.scope == SCOPE_EXTERNAL),
+                k.frontend,
+                k.scope,
+                k.slot,
+            )
         });
         let mut ops = Vec::new();
         ops.extend(self.backend_puts);
@@ -524,7 +545,8 @@ impl ApplyState {
         }
         for key in self.owners.keys() {
             if let Some(id) = self.rev_nat_ids.get(key) {
-                s.rev_nat.insert((v6(&key.addr), id as u16), (key.addr, key.port));
+                s.rev_nat
+                    .insert((v6(&key.addr), id as u16), (key.addr, key.port));
             }
         }
         s.nodeport_addrs = self.nodeport_addrs.clone();

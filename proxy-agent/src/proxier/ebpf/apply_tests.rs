@@ -101,8 +101,14 @@ impl Harness {
         };
         let mut out: Vec<String> = (1..=slot0.count)
             .map(|slot| {
-                let id = self.svc(addr, port, scope, slot).expect("slot present").backend_id;
-                let b = snapshot.backends.get(&(false, id)).expect("backend present");
+                let id = self
+                    .svc(addr, port, scope, slot)
+                    .expect("slot present")
+                    .backend_id;
+                let b = snapshot
+                    .backends
+                    .get(&(false, id))
+                    .expect("backend present");
                 format!("{}:{}", b.addr.addr, b.addr.port)
             })
             .collect();
@@ -128,7 +134,9 @@ fn web_service() -> k8s_openapi::api::core::v1::Service {
 
 /// Index of the first logged op matching `pred`.
 fn pos(ops: &[LoggedOp], pred: impl Fn(&LoggedOp) -> bool) -> usize {
-    ops.iter().position(pred).unwrap_or_else(|| panic!("no such op in {ops:#?}"))
+    ops.iter()
+        .position(pred)
+        .unwrap_or_else(|| panic!("no such op in {ops:#?}"))
 }
 
 fn is_put<'a>(map: &'static str, key_part: &'a str) -> impl Fn(&LoggedOp) -> bool + 'a {
@@ -146,26 +154,48 @@ fn a_cluster_ip_service_is_written_backends_first_slot_zero_last() {
     h.slice(web(&["10.0.1.1", "10.0.1.2"]));
     let ops = h.sync(false);
 
-    assert_eq!(h.backends_of("172.30.0.10", 80, SCOPE_EXTERNAL), vec!["10.0.1.1:8080", "10.0.1.2:8080"]);
+    assert_eq!(
+        h.backends_of("172.30.0.10", 80, SCOPE_EXTERNAL),
+        vec!["10.0.1.1:8080", "10.0.1.2:8080"]
+    );
     let slot0 = h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 0).unwrap();
     assert_eq!(slot0.count, 2);
     assert_ne!(slot0.flags & svc_flags::CLUSTER_IP, 0);
     // The wildcard entry of the ClusterIP rejects other ports.
-    let wildcard = h.maps.snapshot().unwrap().svc.into_iter().find(|(k, _)| k.frontend.port == 0);
+    let wildcard = h
+        .maps
+        .snapshot()
+        .unwrap()
+        .svc
+        .into_iter()
+        .find(|(k, _)| k.frontend.port == 0);
     assert_eq!(wildcard.map(|(_, v)| v.flags), Some(svc_flags::WILDCARD));
 
-    let first_slot0 = pos(&ops, |op| {
-        matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains("slot: 0") && key.contains("dport: 20480"))
-    });
+    let first_slot0 = pos(
+        &ops,
+        |op| matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains("slot: 0") && key.contains("dport: 20480")),
+    );
     let last_backend = ops
         .iter()
-        .rposition(|op| matches!(op, LoggedOp::Put { map: "BACKENDS4_V1", .. }))
+        .rposition(|op| {
+            matches!(
+                op,
+                LoggedOp::Put {
+                    map: "BACKENDS4_V1",
+                    ..
+                }
+            )
+        })
         .unwrap();
     let rev_nat = pos(&ops, is_put("REV_NAT4_V1", ""));
-    let slot1 = pos(&ops, |op| {
-        matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains("slot: 1"))
-    });
-    assert!(last_backend < slot1 && rev_nat < slot1 && slot1 < first_slot0, "{ops:#?}");
+    let slot1 = pos(
+        &ops,
+        |op| matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains("slot: 1")),
+    );
+    assert!(
+        last_backend < slot1 && rev_nat < slot1 && slot1 < first_slot0,
+        "{ops:#?}"
+    );
 }
 
 #[test]
@@ -178,12 +208,19 @@ fn scaling_touches_only_what_changed_in_a_safe_order() {
     // Grow: new backend, then slot 3, then slot 0 with the new count.
     h.slice(web(&["10.0.1.1", "10.0.1.2", "10.0.1.3"]));
     let ops = h.sync(false);
-    assert!(ops.iter().all(|op| matches!(op, LoggedOp::Put { .. })), "{ops:#?}");
+    assert!(
+        ops.iter().all(|op| matches!(op, LoggedOp::Put { .. })),
+        "{ops:#?}"
+    );
     let backend = pos(&ops, is_put("BACKENDS4_V1", ""));
     let slot3 = pos(&ops, is_put("SVC4_V1", "slot: 3"));
     let slot0 = pos(&ops, is_put("SVC4_V1", "slot: 0"));
     assert!(backend < slot3 && slot3 < slot0);
-    assert_eq!(ops.len(), 3, "only the new backend, its slot and slot 0: {ops:#?}");
+    assert_eq!(
+        ops.len(),
+        3,
+        "only the new backend, its slot and slot 0: {ops:#?}"
+    );
 
     // Shrink to one: slot 0 first (count 1), then the extra slots and the unused backends.
     h.slice(web(&["10.0.1.3"]));
@@ -192,7 +229,10 @@ fn scaling_touches_only_what_changed_in_a_safe_order() {
     let first_del = pos(&ops, |op| matches!(op, LoggedOp::Delete { .. }));
     let backend_del = pos(&ops, is_del("BACKENDS4_V1", ""));
     assert!(slot0 < first_del && first_del <= backend_del);
-    assert_eq!(h.backends_of("172.30.0.10", 80, SCOPE_EXTERNAL), vec!["10.0.1.3:8080"]);
+    assert_eq!(
+        h.backends_of("172.30.0.10", 80, SCOPE_EXTERNAL),
+        vec!["10.0.1.3:8080"]
+    );
     assert_eq!(h.maps.snapshot().unwrap().backends.len(), 1);
 }
 
@@ -204,13 +244,17 @@ fn a_deleted_service_disappears_slot_zero_first_and_leaves_nothing() {
     h.sync(false);
     h.delete_service(web_service());
     let ops = h.sync(false);
-    let slot0 = pos(&ops, |op| {
-        matches!(op, LoggedOp::Delete { map: "SVC4_V1", key } if key.contains("slot: 0") && key.contains("dport: 20480"))
-    });
+    let slot0 = pos(
+        &ops,
+        |op| matches!(op, LoggedOp::Delete { map: "SVC4_V1", key } if key.contains("slot: 0") && key.contains("dport: 20480")),
+    );
     let slot1 = pos(&ops, is_del("SVC4_V1", "slot: 1"));
     let rev_nat = pos(&ops, is_del("REV_NAT4_V1", ""));
     let backend = pos(&ops, is_del("BACKENDS4_V1", ""));
-    assert!(slot0 < slot1 && slot1 < rev_nat && rev_nat < backend, "{ops:#?}");
+    assert!(
+        slot0 < slot1 && slot1 < rev_nat && rev_nat < backend,
+        "{ops:#?}"
+    );
     let snapshot = h.maps.snapshot().unwrap();
     assert!(snapshot.svc.is_empty() && snapshot.backends.is_empty() && snapshot.rev_nat.is_empty());
 }
@@ -241,8 +285,14 @@ fn a_change_to_one_service_touches_only_its_entries() {
             LoggedOp::Put { key, .. } | LoggedOp::Delete { key, .. } => key,
         };
         // 172.30.0.20 is 0x14001eac in native order; no op may name it or its backend.
-        assert!(!key.contains(&u32::from_ne_bytes([172, 30, 0, 20]).to_string()), "{op:?}");
-        assert!(!key.contains(&u32::from_ne_bytes([10, 0, 2, 1]).to_string()), "{op:?}");
+        assert!(
+            !key.contains(&u32::from_ne_bytes([172, 30, 0, 20]).to_string()),
+            "{op:?}"
+        );
+        assert!(
+            !key.contains(&u32::from_ne_bytes([10, 0, 2, 1]).to_string()),
+            "{op:?}"
+        );
     }
 }
 
@@ -256,14 +306,22 @@ fn a_full_sync_after_partial_ones_writes_nothing_and_repairs_drift() {
 
     // Someone deletes slot 2 and adds an entry of their own.
     let slot2 = SvcEntryKey {
-        frontend: FrontendKey { addr: "172.30.0.10".parse().unwrap(), port: 80, proto: TCP },
+        frontend: FrontendKey {
+            addr: "172.30.0.10".parse().unwrap(),
+            port: 80,
+            proto: TCP,
+        },
         scope: SCOPE_EXTERNAL,
         slot: 2,
     };
     let value = h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 2).unwrap();
     h.maps.del_svc(&slot2).unwrap();
     let stray = SvcEntryKey {
-        frontend: FrontendKey { addr: "172.30.9.9".parse().unwrap(), port: 1, proto: TCP },
+        frontend: FrontendKey {
+            addr: "172.30.9.9".parse().unwrap(),
+            port: 1,
+            proto: TCP,
+        },
         scope: SCOPE_EXTERNAL,
         slot: 0,
     };
@@ -316,20 +374,28 @@ fn etp_local_gets_two_scopes_internal_written_before_the_external_slot_zero() {
     let ext = h.svc("1.2.3.4", 80, SCOPE_EXTERNAL, 0).unwrap();
     assert_ne!(ext.flags & svc_flags::TWO_SCOPES, 0);
     assert_ne!(ext.flags & svc_flags::ETP_LOCAL, 0);
-    assert_eq!(h.backends_of("1.2.3.4", 80, SCOPE_EXTERNAL), vec!["10.0.3.1:8080"]);
+    assert_eq!(
+        h.backends_of("1.2.3.4", 80, SCOPE_EXTERNAL),
+        vec!["10.0.3.1:8080"]
+    );
     assert_eq!(
         h.backends_of("1.2.3.4", 80, SCOPE_INTERNAL),
         vec!["10.0.3.1:8080", "10.0.3.2:8080"]
     );
     // The NodePort entry uses the unspecified address.
-    assert_eq!(h.backends_of("0.0.0.0", 30080, SCOPE_EXTERNAL), vec!["10.0.3.1:8080"]);
+    assert_eq!(
+        h.backends_of("0.0.0.0", 30080, SCOPE_EXTERNAL),
+        vec!["10.0.3.1:8080"]
+    );
     let lb = u32::from_ne_bytes([1, 2, 3, 4]).to_string();
-    let internal0 = pos(&ops, |op| {
-        matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains(&lb) && key.contains("slot: 0") && key.contains("scope: 1"))
-    });
-    let external0 = pos(&ops, |op| {
-        matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains(&lb) && key.contains("slot: 0") && key.contains("scope: 0"))
-    });
+    let internal0 = pos(
+        &ops,
+        |op| matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains(&lb) && key.contains("slot: 0") && key.contains("scope: 1")),
+    );
+    let external0 = pos(
+        &ops,
+        |op| matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains(&lb) && key.contains("slot: 0") && key.contains("scope: 0")),
+    );
     assert!(internal0 < external0);
     // The ClusterIP follows the internal policy (Cluster): every endpoint, one scope.
     assert_eq!(
@@ -351,7 +417,10 @@ fn no_endpoints_rejects_and_local_policy_without_local_endpoints_drops() {
     );
     h.sync(false);
     let empty = h.svc("172.30.0.40", 80, SCOPE_EXTERNAL, 0).unwrap();
-    assert_eq!((empty.count, empty.flags & svc_flags::DROP_NO_ENDPOINTS), (0, 0));
+    assert_eq!(
+        (empty.count, empty.flags & svc_flags::DROP_NO_ENDPOINTS),
+        (0, 0)
+    );
     h.slice(
         mk_endpointslice("ns1", "itp-1", "itp", "IPv4")
             .port("http", 8080, "TCP")
@@ -383,7 +452,10 @@ fn source_ranges_and_node_level_maps() {
     assert_ne!(lb.flags & svc_flags::SOURCE_RANGES, 0);
     // The node (192.168.0.2) is inside the ranges, pods (10.0.0.0/8) are not.
     assert_ne!(lb.flags & svc_flags::SRC_RANGE_HOST_ALLOWED, 0);
-    assert_eq!(lb.flags & (svc_flags::SRC_RANGE_PODS_ALLOWED | svc_flags::SRC_RANGE_PODS_DEFER), 0);
+    assert_eq!(
+        lb.flags & (svc_flags::SRC_RANGE_PODS_ALLOWED | svc_flags::SRC_RANGE_PODS_DEFER),
+        0
+    );
     let ranges: HashSet<String> = h
         .maps
         .snapshot()
@@ -396,10 +468,18 @@ fn source_ranges_and_node_level_maps() {
         })
         .collect();
     // The node IP is allowed, so is the LB IP itself.
-    let expected: HashSet<String> =
-        ["192.168.0.0/24", "203.0.113.0/25", "5.6.7.8/32"].iter().map(|s| s.to_string()).collect();
+    let expected: HashSet<String> = ["192.168.0.0/24", "203.0.113.0/25", "5.6.7.8/32"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     assert_eq!(ranges, expected);
-    let nodeports: Vec<IpAddr> = h.maps.snapshot().unwrap().nodeport_addrs.into_iter().collect();
+    let nodeports: Vec<IpAddr> = h
+        .maps
+        .snapshot()
+        .unwrap()
+        .nodeport_addrs
+        .into_iter()
+        .collect();
     assert_eq!(nodeports, vec!["192.168.0.2".parse::<IpAddr>().unwrap()]);
 }
 
@@ -417,8 +497,14 @@ fn affinity_entries_of_removed_backends_are_deleted() {
     h.sync(false);
     let slot0 = h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 0).unwrap();
     assert_eq!(slot0.backend_id, 60, "slot 0 carries the affinity timeout");
-    let gone = h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 1).unwrap().backend_id;
-    let kept = h.svc("172.30.0.10", 80, SCOPE_EXTERNAL, 2).unwrap().backend_id;
+    let gone = h
+        .svc("172.30.0.10", 80, SCOPE_EXTERNAL, 1)
+        .unwrap()
+        .backend_id;
+    let kept = h
+        .svc("172.30.0.10", 80, SCOPE_EXTERNAL, 2)
+        .unwrap()
+        .backend_id;
     let snapshot = h.maps.snapshot().unwrap();
     let gone_addr = snapshot.backends[&(false, gone)].addr.addr.to_string();
     for (client, backend) in [(1u8, gone), (2, kept)] {
@@ -430,13 +516,29 @@ fn affinity_entries_of_removed_backends_are_deleted() {
         };
         h.maps
             .affinity
-            .put(&key, &proxy_common::AffinityValue { backend_id: backend, last_used: 1 })
+            .put(
+                &key,
+                &proxy_common::AffinityValue {
+                    backend_id: backend,
+                    last_used: 1,
+                },
+            )
             .unwrap();
     }
-    let keep: Vec<&str> = ["10.0.1.1", "10.0.1.2"].into_iter().filter(|a| *a != gone_addr).collect();
+    let keep: Vec<&str> = ["10.0.1.1", "10.0.1.2"]
+        .into_iter()
+        .filter(|a| *a != gone_addr)
+        .collect();
     h.slice(web(&keep));
     h.sync(false);
-    let left: Vec<u32> = h.maps.affinity.entries().unwrap().iter().map(|(_, v)| v.backend_id).collect();
+    let left: Vec<u32> = h
+        .maps
+        .affinity
+        .entries()
+        .unwrap()
+        .iter()
+        .map(|(_, v)| v.backend_id)
+        .collect();
     assert_eq!(left, vec![kept]);
 }
 
@@ -458,9 +560,16 @@ fn ids_are_stable_and_shared_backends_survive_one_service_going() {
             .build(),
     );
     h.sync(false);
-    assert_eq!(h.maps.snapshot().unwrap().backends.len(), 1, "one shared backend");
+    assert_eq!(
+        h.maps.snapshot().unwrap().backends.len(),
+        1,
+        "one shared backend"
+    );
     h.delete_service(web_service());
     h.sync(false);
-    assert_eq!(h.backends_of("172.30.0.11", 80, SCOPE_EXTERNAL), vec!["10.0.1.1:8080"]);
+    assert_eq!(
+        h.backends_of("172.30.0.11", 80, SCOPE_EXTERNAL),
+        vec!["10.0.1.1:8080"]
+    );
     let _ = NamespacedName::new("ns1", "web");
 }

@@ -115,22 +115,31 @@ fn scope(flags: u16, backends: Vec<DesiredBackend>, has_any: bool) -> Scope {
 /// an unbound socket): are the node's own addresses, and this node's pods, allowed?
 fn source_range_flags(ranges: &[IpNet], family: IpFamily, node: &NodeContext) -> u16 {
     let mut flags = 0;
-    let node_ips: Vec<IpAddr> = node.primary_ips.iter().filter(|ip| family.contains(ip)).collect();
-    if node_ips.iter().any(|ip| ranges.iter().any(|r| r.contains(ip))) {
+    let node_ips: Vec<IpAddr> = node
+        .primary_ips
+        .iter()
+        .filter(|ip| family.contains(ip))
+        .collect();
+    if node_ips
+        .iter()
+        .any(|ip| ranges.iter().any(|r| r.contains(ip)))
+    {
         flags |= svc_flags::SRC_RANGE_HOST_ALLOWED;
     }
     let pod_cidrs = node.local_detector.cidrs(family == IpFamily::V6);
     if pod_cidrs.is_empty() {
         flags |= svc_flags::SRC_RANGE_PODS_DEFER;
-    } else if pod_cidrs
-        .iter()
-        .all(|p| ranges.iter().any(|r| r.contains(&p.network()) && r.prefix_len() <= p.prefix_len()))
-    {
+    } else if pod_cidrs.iter().all(|p| {
+        ranges
+            .iter()
+            .any(|r| r.contains(&p.network()) && r.prefix_len() <= p.prefix_len())
+    }) {
         flags |= svc_flags::SRC_RANGE_PODS_ALLOWED;
-    } else if pod_cidrs
-        .iter()
-        .any(|p| ranges.iter().any(|r| r.contains(&p.network()) || p.contains(&r.network())))
-    {
+    } else if pod_cidrs.iter().any(|p| {
+        ranges
+            .iter()
+            .any(|r| r.contains(&p.network()) || p.contains(&r.network()))
+    }) {
         flags |= svc_flags::SRC_RANGE_PODS_DEFER;
     }
     flags
@@ -239,8 +248,12 @@ fn add_port_frontends(
         }
     };
     if let Some(node_port) = port.node_port {
-        out.frontends
-            .push(make(svc_flags::NODE_PORT, unspecified(family), node_port, Vec::new()));
+        out.frontends.push(make(
+            svc_flags::NODE_PORT,
+            unspecified(family),
+            node_port,
+            Vec::new(),
+        ));
     }
     for ip in &port.external_ips {
         out.frontends
@@ -258,7 +271,11 @@ fn add_port_frontends(
         ranges.extend(port.load_balancer_vips().map(IpNet::from));
     }
     for vip in port.load_balancer_vips() {
-        out.frontends
-            .push(make(svc_flags::LOAD_BALANCER, vip, port.port, ranges.clone()));
+        out.frontends.push(make(
+            svc_flags::LOAD_BALANCER,
+            vip,
+            port.port,
+            ranges.clone(),
+        ));
     }
 }

@@ -10,8 +10,8 @@ use std::{
 use ipnet::IpNet;
 use proxy_common::{
     BACKEND_F_LOCAL, BACKEND_F_TERMINATING, Backend4Value, Backend6Value, NodeAddr4Key,
-    NodeAddr6Key, RevNat4Value, RevNat6Value, SOURCE_RANGE_PREFIX_BITS, SourceRange4,
-    SourceRange6, Svc4Key, Svc6Key, SvcValue,
+    NodeAddr6Key, RevNat4Value, RevNat6Value, SOURCE_RANGE_PREFIX_BITS, SourceRange4, SourceRange6,
+    Svc4Key, Svc6Key, SvcValue,
 };
 
 use super::{
@@ -218,7 +218,9 @@ impl LbMaps {
 
     pub fn put_nodeport_addr(&mut self, ip: IpAddr) -> Result<()> {
         match ip {
-            IpAddr::V4(a) => self.nodeport_addrs4.put(&NodeAddr4Key { addr: v4_raw(a) }, &1),
+            IpAddr::V4(a) => self
+                .nodeport_addrs4
+                .put(&NodeAddr4Key { addr: v4_raw(a) }, &1),
             IpAddr::V6(a) => self
                 .nodeport_addrs6
                 .put(&NodeAddr6Key { addr: a.octets() }, &1),
@@ -227,8 +229,12 @@ impl LbMaps {
 
     pub fn del_nodeport_addr(&mut self, ip: IpAddr) -> Result<()> {
         match ip {
-            IpAddr::V4(a) => self.nodeport_addrs4.delete(&NodeAddr4Key { addr: v4_raw(a) }),
-            IpAddr::V6(a) => self.nodeport_addrs6.delete(&NodeAddr6Key { addr: a.octets() }),
+            IpAddr::V4(a) => self
+                .nodeport_addrs4
+                .delete(&NodeAddr4Key { addr: v4_raw(a) }),
+            IpAddr::V6(a) => self
+                .nodeport_addrs6
+                .delete(&NodeAddr6Key { addr: a.octets() }),
         }
     }
 
@@ -326,8 +332,10 @@ impl LbMaps {
             );
         }
         for (id, v) in self.rev_nat6.entries()? {
-            s.rev_nat
-                .insert((true, id), (IpAddr::V6(Ipv6Addr::from(v.addr)), u16::from_be(v.port)));
+            s.rev_nat.insert(
+                (true, id),
+                (IpAddr::V6(Ipv6Addr::from(v.addr)), u16::from_be(v.port)),
+            );
         }
         for (p, _) in self.src_ranges4.entries()? {
             let len = p.len.saturating_sub(SOURCE_RANGE_PREFIX_BITS) as u8;
