@@ -181,9 +181,11 @@ async fn a_listener_bound_from_here_serves_inside_the_node_namespace() {
     assert_eq!(leftovers(), before);
 }
 
-/// A stand-in for proxy-agent: records how it was started, serves /healthz with a
-/// fresh lastUpdated on 127.0.0.1:10256, and accepts `--cleanup`.
-fn fake_agent(dir: &Path) -> Option<PathBuf> {
+/// A stand-in for proxy-agent: records how it was started and accepts `--cleanup`.
+/// With `metrics`, it reports syncs only through the sync gauges on 127.0.0.1:10249
+/// (its /healthz says 503); without, only through /healthz on 127.0.0.1:10256, with
+/// the timestamp written as upstream writes it (Go's time.String()).
+fn fake_agent(dir: &Path, metrics: bool) -> Option<PathBuf> {
     if Command::new("python3")
         .arg("-c")
         .arg("pass")
@@ -201,20 +203,30 @@ case " $* " in *" --cleanup "*) exit 0;; esac
 cp "$2" {dir}/config.yaml
 cat /proc/self/cgroup > {dir}/cgroup
 exec python3 -c '
-import datetime, http.server, json
+import datetime, http.server, threading, time
+METRICS = {metrics}
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        body = json.dumps({{"lastUpdated": now, "currentTime": now}}).encode()
-        self.send_response(200)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        if self.path == "/metrics":
+            t = now.timestamp()
+            body = "kubeproxy_sync_proxy_rules_last_timestamp_seconds %f\nkubeproxy_sync_proxy_rules_last_queued_timestamp_seconds %f\n" % (t, t - 1)
+            self.send_response(200)
+        else:
+            stamp = now.strftime("%Y-%m-%d %H:%M:%S.%f +0000 UTC m=+1.5")
+            body = "{{\"lastUpdated\": \"%s\",\"currentTime\": \"%s\"}}" % (stamp, stamp)
+            self.send_response(503 if METRICS else 200)
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(body.encode())
     def log_message(self, *args):
         pass
+if METRICS:
+    threading.Thread(target=http.server.HTTPServer(("127.0.0.1", 10249), H).serve_forever, daemon=True).start()
 http.server.HTTPServer(("127.0.0.1", 10256), H).serve_forever()
 '
 "#,
-        dir = dir.display()
+        dir = dir.display(),
+        metrics = if metrics { "True" } else { "False" },
     );
     let path = dir.join("proxy-agent");
     fs::write(&path, script).unwrap();
@@ -228,13 +240,19 @@ async fn the_agent_runs_in_the_node_namespace_and_cgroup_and_is_cleaned_up() {
         return;
     }
     let _serial = SERIAL.lock().await;
+    for metrics in [true, false] {
+        run_with_fake_agent(metrics).await;
+    }
+}
+
+async fn run_with_fake_agent(metrics: bool) {
     let Some(l1) = shared("l1-headless-ignored.yaml") else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("fake-agent-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("fake-agent-{}-{metrics}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap();
-    let Some(binary) = fake_agent(&dir) else {
+    let Some(binary) = fake_agent(&dir, metrics) else {
         return;
     };
     let before = leftovers();

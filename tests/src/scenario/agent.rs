@@ -16,8 +16,9 @@ use super::{
     cluster::AgentConnection,
     error::{Error, Result},
     format::Mode,
-    http::{HttpResponse, parse_timestamp},
+    http::HttpResponse,
     netns::Place,
+    readiness::{Change, judge_healthz, judge_metrics, parse_sync_times},
 };
 
 pub const HEALTHZ_BIND: &str = "127.0.0.1:10256";
@@ -81,30 +82,6 @@ pub fn render_config(inputs: &ConfigInputs<'_>) -> Result<String> {
         ],
     );
     Ok(serde_yaml::to_string(&Value::Object(config))?)
-}
-
-/// Whether a /healthz answer shows a sync that finished after `since`.
-pub fn synced_since(response: &HttpResponse, since: SystemTime) -> bool {
-    if response.status != 200 {
-        return false;
-    }
-    let Ok(body) = serde_json::from_str::<Value>(&response.body) else {
-        return false;
-    };
-    let Some((updated, fine)) = body
-        .get("lastUpdated")
-        .and_then(Value::as_str)
-        .and_then(parse_timestamp)
-    else {
-        return false;
-    };
-    // A whole-second stamp cannot be ordered within its second; accept that second.
-    let slack = if fine {
-        Duration::ZERO
-    } else {
-        Duration::from_secs(1)
-    };
-    updated + slack > since
 }
 
 #[derive(Debug, Clone)]
@@ -179,50 +156,64 @@ impl Agent {
         })
     }
 
-    /// Waits until /healthz reports a sync that finished after `since` (the moment the
-    /// last object change was made).
-    pub async fn wait_synced(&mut self, since: SystemTime) -> Result<()> {
+    /// Waits until the agent has applied `change`: by its sync metrics, or failing
+    /// those, by /healthz (see [`readiness`](super::readiness)).
+    pub async fn wait_synced(&mut self, change: Change) -> Result<()> {
         let deadline = Instant::now() + self.ready_timeout;
-        let url = format!("http://{HEALTHZ_BIND}/healthz");
-        let mut last;
         loop {
             if let Some(child) = &mut self.child
                 && let Ok(Some(status)) = child.try_wait()
             {
                 return Err(self.failure(format!("exited ({status})")));
             }
-            let args = [
-                "http-get".to_string(),
-                url.clone(),
-                "--timeout-ms".into(),
-                "300".into(),
-            ];
-            let command = self.probe_place.command(&self.runner_exe, &args);
-            let output = tokio::process::Command::from(command)
-                .stdin(Stdio::null())
-                .kill_on_drop(true)
-                .output()
-                .await
-                .map_err(Error::io("running http-get"))?;
-            if output.status.success() {
-                match serde_json::from_slice::<HttpResponse>(&output.stdout) {
-                    Ok(response) if synced_since(&response, since) => return Ok(()),
-                    Ok(response) => {
-                        last = format!("HTTP {} {}", response.status, response.body.trim())
-                    }
-                    Err(err) => last = format!("bad http-get output: {err}"),
+            let verdict = match self.get(&format!("http://{METRICS_BIND}/metrics")).await {
+                Ok(metrics)
+                    if metrics.status == 200
+                        && parse_sync_times(&metrics.body).last_sync.is_some() =>
+                {
+                    judge_metrics(parse_sync_times(&metrics.body), change, SystemTime::now())
                 }
-            } else {
-                last = String::from_utf8_lossy(&output.stderr).trim().to_string();
-            }
+                _ => match self.get(&format!("http://{HEALTHZ_BIND}/healthz")).await {
+                    Ok(healthz) => judge_healthz(&healthz, change),
+                    Err(err) => Err(err),
+                },
+            };
+            let last = match verdict {
+                Ok(()) => return Ok(()),
+                Err(why) => why,
+            };
             if Instant::now() >= deadline {
                 return Err(self.failure(format!(
-                    "no sync within {:?} of the last change; last /healthz: {last}",
+                    "not synced {:?} after the change: {last}",
                     self.ready_timeout
                 )));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// GET from inside the node namespace (127.0.0.1 there is not ours).
+    async fn get(&self, url: &str) -> Result<HttpResponse, String> {
+        let args = [
+            "http-get".to_string(),
+            url.to_string(),
+            "--timeout-ms".into(),
+            "300".into(),
+        ];
+        let command = self.probe_place.command(&self.runner_exe, &args);
+        let output = tokio::process::Command::from(command)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|err| format!("running http-get: {err}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "GET {url}: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        serde_json::from_slice(&output.stdout).map_err(|err| format!("bad http-get output: {err}"))
     }
 
     fn failure(&self, reason: String) -> Error {
@@ -346,34 +337,5 @@ mod tests {
         let back: Value =
             serde_yaml::from_str(&render_config(&inputs(&Map::new(), &dir)).unwrap()).unwrap();
         assert!(back.get("clientConnection").is_none());
-    }
-
-    #[test]
-    fn readiness_needs_a_sync_after_the_change() {
-        let (change, _) = parse_timestamp("2025-01-02T03:04:05.500Z").unwrap();
-        let answer = |status, stamp: &str| HttpResponse {
-            status,
-            body: format!("{{\"lastUpdated\":\"{stamp}\",\"currentTime\":\"{stamp}\"}}"),
-        };
-        assert!(synced_since(
-            &answer(200, "2025-01-02T03:04:05.600Z"),
-            change
-        ));
-        assert!(!synced_since(
-            &answer(200, "2025-01-02T03:04:05.400Z"),
-            change
-        ));
-        assert!(!synced_since(
-            &answer(503, "2025-01-02T03:04:05.600Z"),
-            change
-        ));
-        assert!(synced_since(&answer(200, "2025-01-02T03:04:05Z"), change));
-        assert!(!synced_since(&answer(200, "2025-01-02T03:04:04Z"), change));
-        assert!(!synced_since(&answer(200, "0001-01-01T00:00:00Z"), change));
-        let not_json = HttpResponse {
-            status: 200,
-            body: "ok".into(),
-        };
-        assert!(!synced_since(&not_json, change));
     }
 }

@@ -19,6 +19,7 @@ pub mod objects;
 pub mod outcome;
 pub mod placement;
 pub mod probe;
+pub mod readiness;
 pub mod report;
 pub mod run;
 pub mod stale;

@@ -231,7 +231,7 @@ mod tests {
         );
         assert!(object_ref(&json!({"kind": "Service"})).is_err());
 
-        let objects = with_node(&[svc.clone()], &node());
+        let objects = with_node(std::slice::from_ref(&svc), &node());
         assert_eq!(objects.len(), 2);
         assert_eq!(objects[1]["status"]["addresses"][1]["address"], "1.2.3.4");
         assert_eq!(objects[1]["spec"]["podCIDRs"][0], "10.0.0.0/8");

@@ -21,6 +21,7 @@ use super::{
     objects::{object_ref, with_node},
     outcome::{Attempt, Judge},
     placement::Placement,
+    readiness,
     report::{FlowReport, Status},
     topology::Topology,
 };
@@ -144,15 +145,40 @@ pub async fn run_scenario(
         return out;
     }
     let sctp = sctp_supported();
+    let unsupported = |flow: &Flow| flow.proto == Proto::Sctp && !sctp;
+    let skip = |flow: &Flow| {
+        report(
+            scenario,
+            flow,
+            Status::Skip,
+            "kernel has no SCTP support".into(),
+        )
+    };
+    // The full error (with the agent's log) is printed once; flows get its first line.
+    let first_line = |err: &Error| {
+        err.to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
     let mut env = match Env::set_up(options, scenario, sctp).await {
         Ok(env) => env,
         Err(err) => {
+            eprintln!("{} ({}): setup failed: {err}", scenario.name, options.mode);
             for stage in 0..scenario.stages.len() {
                 for flow in applicable(stage) {
-                    push(
-                        report(scenario, flow, Status::Fail, format!("setup failed: {err}")),
-                        &mut out,
-                    );
+                    let r = if unsupported(flow) {
+                        skip(flow)
+                    } else {
+                        report(
+                            scenario,
+                            flow,
+                            Status::Fail,
+                            format!("setup failed: {}", first_line(&err)),
+                        )
+                    };
+                    push(r, &mut out);
                 }
             }
             return out;
@@ -165,21 +191,22 @@ pub async fn run_scenario(
             env.change(&stage.change).await
         };
         let node_addresses = ready.and_then(|()| env.topology.node_addresses());
+        if let Err(err) = &node_addresses {
+            eprintln!(
+                "{} ({}): step {n} not applied: {err}",
+                scenario.name, options.mode
+            );
+        }
         for flow in applicable(n) {
-            let r = match (&node_addresses, flow.proto) {
-                (Err(err), _) => report(
+            let r = match &node_addresses {
+                _ if unsupported(flow) => skip(flow),
+                Err(err) => report(
                     scenario,
                     flow,
                     Status::Fail,
-                    format!("step {n} not applied: {err}"),
+                    format!("step {n} not applied: {}", first_line(err)),
                 ),
-                (_, Proto::Sctp) if !sctp => report(
-                    scenario,
-                    flow,
-                    Status::Skip,
-                    "kernel has no SCTP support".into(),
-                ),
-                (Ok(addrs), _) => {
+                Ok(addrs) => {
                     let (status, text) = env.run_flow(flow, addrs).await;
                     report(scenario, flow, status, text)
                 }
@@ -224,7 +251,10 @@ impl<'a> Env<'a> {
             Change::Delete(_) => with_node(&[], &scenario.node),
         };
         source.apply_state(&initial)?;
-        let since = SystemTime::now();
+        let change = readiness::Change {
+            at: SystemTime::now(),
+            initial: true,
+        };
         let agent = match &options.agent {
             Some(agent_options) => {
                 let connection = source.connection();
@@ -245,7 +275,7 @@ impl<'a> Env<'a> {
                     &options.runner_exe,
                     options.keep,
                 )?;
-                agent.wait_synced(since).await?;
+                agent.wait_synced(change).await?;
                 Some(agent)
             }
             None => None,
@@ -273,9 +303,12 @@ impl<'a> Env<'a> {
                 self.source.delete(refs)?;
             }
         }
-        let since = SystemTime::now();
+        let change = readiness::Change {
+            at: SystemTime::now(),
+            initial: false,
+        };
         match &mut self.agent {
-            Some(agent) => agent.wait_synced(since).await,
+            Some(agent) => agent.wait_synced(change).await,
             None => Ok(()),
         }
     }
