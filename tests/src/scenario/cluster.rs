@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //! How scenario objects reach the agent. A [`ClusterSource`] holds the cluster state;
-//! [`DirSource`] writes one YAML file per object into a directory the agent reads
-//! (`--source DIR`). A source backed by the test API server implements the same trait.
+//! [`Tracked`] implements it over an [`ObjectStore`]: [`DirStore`] writes one YAML file
+//! per object into a directory the agent reads (`--source DIR`); a store backed by the
+//! test API server (`put` = apply, `remove` = delete, connection = its kubeconfig) is
+//! the other.
 
 use std::{
     collections::BTreeMap,
@@ -34,20 +36,95 @@ pub trait ClusterSource {
     fn connection(&self) -> AgentConnection;
 }
 
-/// One file per object, `<Kind>_<namespace>_<name>.yaml` (`_` for cluster-scoped),
-/// written atomically (temporary file, then rename) so the agent never reads half.
+/// Where objects are kept: a directory, or an API server.
+pub trait ObjectStore {
+    /// Creates or replaces the object.
+    fn put(&mut self, r: &ObjectRef, object: &Value) -> Result<()>;
+    fn remove(&mut self, r: &ObjectRef) -> Result<()>;
+    fn connection(&self) -> AgentConnection;
+}
+
+/// A [`ClusterSource`] over any [`ObjectStore`]: it remembers the state, so a new
+/// state touches only objects that changed (deletions first, so an address moving
+/// from one object to another never exists twice).
 #[derive(Debug)]
-pub struct DirSource {
-    dir: PathBuf,
+pub struct Tracked<S> {
+    store: S,
     current: BTreeMap<ObjectRef, Value>,
 }
 
-impl DirSource {
+impl<S: ObjectStore> Tracked<S> {
+    pub fn new(store: S) -> Self {
+        Tracked {
+            store,
+            current: BTreeMap::new(),
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+}
+
+impl<S: ObjectStore> ClusterSource for Tracked<S> {
+    fn apply_state(&mut self, objects: &[Value]) -> Result<()> {
+        let mut desired: Vec<(ObjectRef, &Value)> = Vec::new();
+        for object in objects {
+            let r = object_ref(object)?;
+            if desired.iter().any(|(seen, _)| *seen == r) {
+                return Err(Error::Invalid(format!("{r} appears twice")));
+            }
+            desired.push((r, object));
+        }
+        let gone: Vec<ObjectRef> = self
+            .current
+            .keys()
+            .filter(|r| !desired.iter().any(|(d, _)| d == *r))
+            .cloned()
+            .collect();
+        for r in gone {
+            self.store.remove(&r)?;
+            self.current.remove(&r);
+        }
+        for (r, object) in desired {
+            if self.current.get(&r) != Some(object) {
+                self.store.put(&r, object)?;
+                self.current.insert(r, object.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn delete(&mut self, refs: &[ObjectRef]) -> Result<()> {
+        for r in refs {
+            if !self.current.contains_key(r) {
+                return Err(Error::Invalid(format!(
+                    "delete of {r}, which does not exist"
+                )));
+            }
+            self.store.remove(r)?;
+            self.current.remove(r);
+        }
+        Ok(())
+    }
+
+    fn connection(&self) -> AgentConnection {
+        self.store.connection()
+    }
+}
+
+/// One file per object, `<Kind>_<namespace>_<name>.yaml` (`_` for cluster-scoped),
+/// written atomically (temporary file, then rename) so the agent never reads half.
+#[derive(Debug)]
+pub struct DirStore {
+    dir: PathBuf,
+}
+
+impl DirStore {
     pub fn new(dir: &Path) -> Result<Self> {
         fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
-        Ok(DirSource {
+        Ok(DirStore {
             dir: dir.to_path_buf(),
-            current: BTreeMap::new(),
         })
     }
 
@@ -55,8 +132,10 @@ impl DirSource {
         let ns = r.namespace.as_deref().unwrap_or("_");
         self.dir.join(format!("{}_{}_{}.yaml", r.kind, ns, r.name))
     }
+}
 
-    fn write(&self, r: &ObjectRef, object: &Value) -> Result<()> {
+impl ObjectStore for DirStore {
+    fn put(&mut self, r: &ObjectRef, object: &Value) -> Result<()> {
         let path = self.file_of(r);
         let tmp = self.dir.join(format!(".{}.tmp", r.name));
         let text = serde_yaml::to_string(object)?;
@@ -64,47 +143,22 @@ impl DirSource {
         fs::rename(&tmp, &path).map_err(Error::io(format!("renaming to {}", path.display())))
     }
 
-    fn remove(&self, r: &ObjectRef) -> Result<()> {
+    fn remove(&mut self, r: &ObjectRef) -> Result<()> {
         let path = self.file_of(r);
         fs::remove_file(&path).map_err(Error::io(format!("removing {}", path.display())))
-    }
-}
-
-impl ClusterSource for DirSource {
-    fn apply_state(&mut self, objects: &[Value]) -> Result<()> {
-        let mut desired = BTreeMap::new();
-        for object in objects {
-            let r = object_ref(object)?;
-            if desired.insert(r.clone(), object.clone()).is_some() {
-                return Err(Error::Invalid(format!("{r} appears twice")));
-            }
-        }
-        for r in self.current.keys().filter(|r| !desired.contains_key(*r)) {
-            self.remove(r)?;
-        }
-        for (r, object) in &desired {
-            if self.current.get(r) != Some(object) {
-                self.write(r, object)?;
-            }
-        }
-        self.current = desired;
-        Ok(())
-    }
-
-    fn delete(&mut self, refs: &[ObjectRef]) -> Result<()> {
-        for r in refs {
-            if self.current.remove(r).is_none() {
-                return Err(Error::Invalid(format!(
-                    "delete of {r}, which does not exist"
-                )));
-            }
-            self.remove(r)?;
-        }
-        Ok(())
     }
 
     fn connection(&self) -> AgentConnection {
         AgentConnection::SourceDir(self.dir.clone())
+    }
+}
+
+/// The directory-backed cluster the runner uses until the API-server store lands.
+pub type DirSource = Tracked<DirStore>;
+
+impl DirSource {
+    pub fn in_dir(dir: &Path) -> Result<Self> {
+        Ok(Tracked::new(DirStore::new(dir)?))
     }
 }
 
@@ -123,11 +177,64 @@ mod tests {
         names
     }
 
+    #[derive(Default)]
+    struct Recorder(Vec<String>);
+
+    impl ObjectStore for Recorder {
+        fn put(&mut self, r: &ObjectRef, _: &Value) -> Result<()> {
+            self.0.push(format!("put {r}"));
+            Ok(())
+        }
+        fn remove(&mut self, r: &ObjectRef) -> Result<()> {
+            self.0.push(format!("remove {r}"));
+            Ok(())
+        }
+        fn connection(&self) -> AgentConnection {
+            AgentConnection::Kubeconfig("/k".into())
+        }
+    }
+
+    #[test]
+    fn only_changes_reach_the_store_deletions_first() {
+        let obj = |kind: &str, name: &str, v: i64| json!({"kind": kind, "metadata": {"name": name, "namespace": "ns"}, "spec": {"v": v}});
+        let mut source = Tracked::new(Recorder::default());
+        source
+            .apply_state(&[obj("Service", "a", 1), obj("Service", "b", 1)])
+            .unwrap();
+        source
+            .apply_state(&[
+                obj("Service", "b", 1),
+                obj("Service", "c", 1),
+                obj("Service", "a", 2),
+            ])
+            .unwrap();
+        source.delete(&["Service/ns/c".parse().unwrap()]).unwrap();
+        assert_eq!(
+            source.store().0,
+            [
+                "put Service/ns/a",
+                "put Service/ns/b",
+                "put Service/ns/c",
+                "put Service/ns/a",
+                "remove Service/ns/c"
+            ]
+        );
+        source.apply_state(&[obj("Service", "z", 1)]).unwrap();
+        assert_eq!(
+            source.store().0[5..],
+            [
+                "remove Service/ns/a",
+                "remove Service/ns/b",
+                "put Service/ns/z"
+            ]
+        );
+    }
+
     #[test]
     fn dir_source_tracks_state() {
         let dir = std::env::temp_dir().join(format!("dirsource-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        let mut source = DirSource::new(&dir).unwrap();
+        let mut source = DirSource::in_dir(&dir).unwrap();
         let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "ns"}});
         let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                            "metadata": {"name": "s-1", "namespace": "ns"}, "endpoints": []});

@@ -18,8 +18,8 @@ pub const LAST_QUEUED: &str = "kubeproxy_sync_proxy_rules_last_queued_timestamp_
 /// needed none (e.g. it did not touch anything the proxy uses).
 pub const NOTHING_QUEUED_GRACE: Duration = Duration::from_secs(3);
 
-/// The sync gauges, in seconds since the epoch; with several IP families, the oldest
-/// sync and the newest queueing.
+/// The sync gauges, in seconds since the epoch; with several IP families, the newest
+/// of each (a family without services may not sync at all).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SyncTimes {
     pub last_sync: Option<f64>,
@@ -44,7 +44,7 @@ pub fn parse_sync_times(text: &str) -> SyncTimes {
             continue;
         };
         if name == LAST_SYNC {
-            times.last_sync = Some(times.last_sync.map_or(value, |t| t.min(value)));
+            times.last_sync = Some(times.last_sync.map_or(value, |t| t.max(value)));
         } else if name == LAST_QUEUED {
             times.last_queued = Some(times.last_queued.map_or(value, |t| t.max(value)));
         }
@@ -156,7 +156,7 @@ mod tests {
              {LAST_SYNC}_other 5\n"
         );
         let times = parse_sync_times(&text);
-        assert_eq!(times.last_sync, Some(1.7500000012e9));
+        assert_eq!(times.last_sync, Some(1.7500000015e9));
         assert_eq!(times.last_queued, Some(1.75e9));
         assert_eq!(parse_sync_times("up 1\n"), SyncTimes::default());
     }

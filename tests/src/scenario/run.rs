@@ -232,7 +232,7 @@ pub async fn run_scenario(
 /// (and cleans up) before the namespaces go.
 struct Env<'a> {
     agent: Option<Agent>,
-    source: DirSource,
+    source: Box<dyn ClusterSource>,
     topology: Topology,
     state: Vec<Value>,
     udp_ports: UdpPorts,
@@ -245,7 +245,8 @@ impl<'a> Env<'a> {
         let placement = Placement::plan(scenario)?;
         let mut topology = Topology::build(&scenario.node, &placement, options.keep)?;
         topology.start_listeners(&options.runner_exe, sctp)?;
-        let mut source = DirSource::new(&topology.run_dir.join("objects"))?;
+        let mut source: Box<dyn ClusterSource> =
+            Box::new(DirSource::in_dir(&topology.run_dir.join("objects"))?);
         let initial = match &scenario.stages[0].change {
             Change::Replace(objects) => with_node(objects, &scenario.node),
             Change::Delete(_) => with_node(&[], &scenario.node),
