@@ -4,3 +4,4 @@
 
 pub mod apiserver;
 pub mod privileged;
+pub mod scenario;

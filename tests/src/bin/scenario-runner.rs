@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `scenario-runner`: replays behaviour scenarios through network namespaces
+//! (`run`), and the helpers it starts inside them (`echo`, `probe`, `http-get`).
+#![forbid(unsafe_code)]
+
+use std::{io::Write, path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use tests::scenario::{
+    Mode, Proto, Scenario, Status, Totals,
+    agent::AgentOptions,
+    echo::{self, ListenSpec},
+    http,
+    probe::{ProbeSpec, probe},
+    report::FlowReport,
+    run::{RunOptions, check_privileges, default_dirs, discover, run_scenario},
+    stale::cleanup_stale,
+};
+
+#[derive(Parser)]
+#[command(about = "Replays behaviour scenarios with real packets through network namespaces")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run scenario files against the agent in one dataplane mode.
+    Run {
+        #[arg(long, value_parser = parse_mode)]
+        mode: Mode,
+        /// Scenario directories (default: ../shared/scenarios and tests/scenarios).
+        #[arg(long = "dir")]
+        dirs: Vec<PathBuf>,
+        /// Only files whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        /// The agent binary (default: proxy-agent beside this binary).
+        #[arg(long, conflicts_with = "no_agent")]
+        agent: Option<PathBuf>,
+        /// Run without an agent: only flows that need no proxy can pass.
+        #[arg(long)]
+        no_agent: bool,
+        /// Extra argument for the agent (repeatable).
+        #[arg(long = "agent-arg", allow_hyphen_values = true)]
+        agent_args: Vec<String>,
+        /// Keep namespaces, cgroup, pins and files afterwards.
+        #[arg(long)]
+        keep: bool,
+        /// Connect and answer timeout per attempt.
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+        /// How long the agent may take to sync a change.
+        #[arg(long, default_value_t = 15)]
+        ready_timeout_s: u64,
+    },
+    /// Serve echo/plain listeners (`echo/tcp/10.0.0.1:80`, `plain/udp/[fd00::1]:53`);
+    /// prints READY once all are bound.
+    Echo { listeners: Vec<String> },
+    /// Probe one flow; prints one JSON object per attempt.
+    Probe {
+        #[arg(long)]
+        from: String,
+        #[arg(long, default_value_t = 0)]
+        from_port: u16,
+        #[arg(long)]
+        to: String,
+        #[arg(long, default_value = "tcp")]
+        proto: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+    },
+    /// GET a URL; prints {"status":..,"body":..}.
+    HttpGet {
+        url: String,
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+    },
+    /// Remove namespaces, cgroups, pins and run directories of crashed runs.
+    CleanupStale,
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    s.parse().map_err(|e: tests::scenario::Error| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Echo { listeners } => run_echo(&listeners),
+        Command::Probe {
+            from,
+            from_port,
+            to,
+            proto,
+            count,
+            timeout_ms,
+        } => run_probe(&from, from_port, &to, &proto, count, timeout_ms),
+        Command::HttpGet { url, timeout_ms } => run_http_get(&url, timeout_ms),
+        Command::CleanupStale => run_cleanup_stale(),
+        Command::Run {
+            mode,
+            dirs,
+            filter,
+            agent,
+            no_agent,
+            agent_args,
+            keep,
+            timeout_ms,
+            ready_timeout_s,
+        } => {
+            let agent = if no_agent {
+                Ok(None)
+            } else {
+                agent_binary(agent).map(|binary| {
+                    Some(AgentOptions {
+                        binary,
+                        mode,
+                        extra_args: agent_args,
+                        ready_timeout: Duration::from_secs(ready_timeout_s),
+                    })
+                })
+            };
+            agent.and_then(|agent| {
+                let options = RunOptions {
+                    mode,
+                    agent,
+                    runner_exe: std::env::current_exe().context("locating this binary")?,
+                    timeout: Duration::from_millis(timeout_ms),
+                    keep,
+                };
+                let dirs = if dirs.is_empty() {
+                    default_dirs()
+                } else {
+                    dirs
+                };
+                run_all(options, dirs, filter)
+            })
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("scenario-runner: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn agent_binary(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let path = match given {
+        Some(path) => path,
+        None => std::env::current_exe()?
+            .parent()
+            .map(|dir| dir.join("proxy-agent"))
+            .context("locating the agent")?,
+    };
+    if !path.is_file() {
+        bail!(
+            "no agent binary at {} (build it, pass --agent PATH, or --no-agent)",
+            path.display()
+        );
+    }
+    Ok(path.canonicalize()?)
+}
+
+fn run_echo(listeners: &[String]) -> anyhow::Result<ExitCode> {
+    let specs = listeners
+        .iter()
+        .map(|l| l.parse::<ListenSpec>())
+        .collect::<Result<Vec<_>, _>>()?;
+    echo::run(&specs, || {
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "READY");
+        let _ = out.flush();
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_probe(
+    from: &str,
+    from_port: u16,
+    to: &str,
+    proto: &str,
+    count: u32,
+    timeout_ms: u64,
+) -> anyhow::Result<ExitCode> {
+    let spec = ProbeSpec {
+        from: tests::scenario::addr::parse_ip(from)?,
+        from_port,
+        to: tests::scenario::addr::parse_socket_addr(to)?,
+        proto: proto.parse::<Proto>()?,
+        count,
+        timeout: Duration::from_millis(timeout_ms),
+    };
+    let mut out = std::io::stdout().lock();
+    for attempt in probe(&spec) {
+        writeln!(out, "{}", serde_json::to_string(&attempt)?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_http_get(url: &str, timeout_ms: u64) -> anyhow::Result<ExitCode> {
+    let response = http::get(url, Duration::from_millis(timeout_ms))?;
+    println!("{}", serde_json::to_string(&response)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_cleanup_stale() -> anyhow::Result<ExitCode> {
+    check_privileges()?;
+    for line in cleanup_stale()? {
+        println!("removed {line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_all(
+    options: RunOptions,
+    dirs: Vec<PathBuf>,
+    filter: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    check_privileges()?;
+    let files = discover(&dirs, filter.as_deref())?;
+    if files.is_empty() {
+        bail!("no scenario files in {dirs:?} matching {filter:?}");
+    }
+    let runtime = tokio::runtime::Runtime::new()?;
+    let totals = runtime.block_on(async move {
+        tokio::select! {
+            totals = replay(&options, &files) => Ok(totals),
+            signal = shutdown_signal() => Err(signal),
+        }
+    });
+    // The replay future is gone here, so every namespace and process was cleaned up.
+    match totals {
+        Ok(totals) => {
+            println!("{totals}");
+            Ok(if totals.failed > 0 {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Err(signal) => {
+            eprintln!("scenario-runner: interrupted by {signal}; cleaned up");
+            Ok(ExitCode::from(130))
+        }
+    }
+}
+
+async fn replay(options: &RunOptions, files: &[PathBuf]) -> Totals {
+    let mut totals = Totals::default();
+    for file in files {
+        let scenario = match Scenario::load(file) {
+            Ok(s) => s,
+            Err(err) => {
+                println!("FAIL {} #0: cannot load: {err}", file.display());
+                totals.add(Status::Fail);
+                continue;
+            }
+        };
+        let mut emit = |r: &FlowReport| {
+            println!("{r}");
+            let _ = std::io::stdout().flush();
+        };
+        for r in run_scenario(options, &scenario, &mut emit).await {
+            totals.add(r.status);
+        }
+    }
+    totals
+}
+
+async fn shutdown_signal() -> &'static str {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        () = term => "SIGTERM",
+    }
+}

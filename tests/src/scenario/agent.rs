@@ -1,0 +1,341 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Running the agent under test inside the node namespace and cgroup: its
+//! configuration, start, readiness (via /healthz `lastUpdated`), stop and cleanup.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    thread,
+    time::{Duration, Instant, SystemTime},
+};
+
+use serde_json::{Map, Value, json};
+
+use super::{
+    cluster::AgentConnection,
+    error::{Error, Result},
+    format::Mode,
+    http::HttpResponse,
+    netns::Place,
+    readiness::{Change, judge_healthz, judge_metrics, parse_sync_times},
+};
+
+pub const HEALTHZ_BIND: &str = "127.0.0.1:10256";
+pub const METRICS_BIND: &str = "127.0.0.1:10249";
+
+pub fn bpffs_root(run_id: &str) -> PathBuf {
+    Path::new("/sys/fs/bpf").join(run_id)
+}
+
+/// Everything the runner must set, merged over the scenario's `config:` fragment.
+#[derive(Debug, Clone)]
+pub struct ConfigInputs<'a> {
+    pub fragment: &'a Map<String, Value>,
+    pub mode: Mode,
+    pub node_name: &'a str,
+    pub connection: &'a AgentConnection,
+    pub bpffs_root: &'a Path,
+    pub cgroup_root: &'a Path,
+}
+
+/// Sets `entries` inside the object at `key`, keeping what else it holds.
+fn merge_into(map: &mut Map<String, Value>, key: &str, entries: Vec<(&str, Value)>) {
+    let mut inner = match map.remove(key) {
+        Some(Value::Object(inner)) => inner,
+        _ => Map::new(),
+    };
+    for (name, value) in entries {
+        inner.insert(name.to_string(), value);
+    }
+    map.insert(key.to_string(), Value::Object(inner));
+}
+
+/// The KubeProxyConfiguration YAML the agent is started with.
+pub fn render_config(inputs: &ConfigInputs<'_>) -> Result<String> {
+    let mut config = Map::new();
+    config.insert(
+        "apiVersion".into(),
+        json!("kubeproxy.config.k8s.io/v1alpha1"),
+    );
+    config.insert("kind".into(), json!("KubeProxyConfiguration"));
+    for (key, value) in inputs.fragment {
+        config.insert(key.clone(), value.clone());
+    }
+    config.insert("mode".into(), json!(inputs.mode.as_str()));
+    config.insert("hostnameOverride".into(), json!(inputs.node_name));
+    config.insert("healthzBindAddress".into(), json!(HEALTHZ_BIND));
+    config.insert("metricsBindAddress".into(), json!(METRICS_BIND));
+    if let AgentConnection::Kubeconfig(path) = inputs.connection {
+        merge_into(
+            &mut config,
+            "clientConnection",
+            vec![("kubeconfig", json!(path))],
+        );
+    }
+    merge_into(
+        &mut config,
+        "ebpf",
+        vec![
+            ("bpffsRoot", json!(inputs.bpffs_root)),
+            ("cgroupRoot", json!(inputs.cgroup_root)),
+        ],
+    );
+    Ok(serde_yaml::to_string(&Value::Object(config))?)
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub binary: PathBuf,
+    pub mode: Mode,
+    /// Appended to the agent's command line.
+    pub extra_args: Vec<String>,
+    pub ready_timeout: Duration,
+}
+
+/// The running agent. Dropping it stops it and removes what it left behind.
+#[derive(Debug)]
+pub struct Agent {
+    child: Option<Child>,
+    pub log: PathBuf,
+    pub config: PathBuf,
+    binary: PathBuf,
+    bpffs_root: PathBuf,
+    node: Place,
+    /// The node namespace, outside the node cgroup (for /healthz polling).
+    probe_place: Place,
+    runner_exe: PathBuf,
+    ready_timeout: Duration,
+    /// `--keep`: leave the agent's pins and rules for inspection.
+    keep: bool,
+}
+
+impl Agent {
+    /// Writes the configuration and starts the agent.
+    pub fn start(
+        options: &AgentOptions,
+        inputs: &ConfigInputs<'_>,
+        node: Place,
+        run_dir: &Path,
+        runner_exe: &Path,
+        keep: bool,
+    ) -> Result<Self> {
+        let config = run_dir.join(format!("agent-{}.yaml", options.mode));
+        fs::write(&config, render_config(inputs)?)
+            .map_err(Error::io(format!("writing {}", config.display())))?;
+        let log = run_dir.join(format!("agent-{}.log", options.mode));
+        let out =
+            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
+        let err = out.try_clone().map_err(Error::io("agent log"))?;
+        let mut args = vec!["--config".to_string(), config.display().to_string()];
+        if let AgentConnection::SourceDir(dir) = inputs.connection {
+            args.extend(["--source".to_string(), dir.display().to_string()]);
+        }
+        args.extend(options.extra_args.iter().cloned());
+        let child = node
+            .command(&options.binary, &args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(Error::io(format!("starting {}", options.binary.display())))?;
+        Ok(Agent {
+            child: Some(child),
+            log,
+            config,
+            binary: options.binary.clone(),
+            bpffs_root: inputs.bpffs_root.to_path_buf(),
+            probe_place: Place {
+                netns: node.netns.clone(),
+                cgroup: None,
+            },
+            node,
+            runner_exe: runner_exe.to_path_buf(),
+            ready_timeout: options.ready_timeout,
+            keep,
+        })
+    }
+
+    /// Waits until the agent has applied `change`: by its sync metrics, or failing
+    /// those, by /healthz (see [`readiness`](super::readiness)).
+    pub async fn wait_synced(&mut self, change: Change) -> Result<()> {
+        let deadline = Instant::now() + self.ready_timeout;
+        loop {
+            if let Some(child) = &mut self.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(self.failure(format!("exited ({status})")));
+            }
+            let verdict = match self.get(&format!("http://{METRICS_BIND}/metrics")).await {
+                Ok(metrics)
+                    if metrics.status == 200
+                        && parse_sync_times(&metrics.body).last_sync.is_some() =>
+                {
+                    judge_metrics(parse_sync_times(&metrics.body), change, SystemTime::now())
+                }
+                _ => match self.get(&format!("http://{HEALTHZ_BIND}/healthz")).await {
+                    Ok(healthz) => judge_healthz(&healthz, change),
+                    Err(err) => Err(err),
+                },
+            };
+            let last = match verdict {
+                Ok(()) => return Ok(()),
+                Err(why) => why,
+            };
+            if Instant::now() >= deadline {
+                return Err(self.failure(format!(
+                    "not synced {:?} after the change: {last}",
+                    self.ready_timeout
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// GET from inside the node namespace (127.0.0.1 there is not ours).
+    async fn get(&self, url: &str) -> Result<HttpResponse, String> {
+        let args = [
+            "http-get".to_string(),
+            url.to_string(),
+            "--timeout-ms".into(),
+            "300".into(),
+        ];
+        let command = self.probe_place.command(&self.runner_exe, &args);
+        let output = tokio::process::Command::from(command)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|err| format!("running http-get: {err}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "GET {url}: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        serde_json::from_slice(&output.stdout).map_err(|err| format!("bad http-get output: {err}"))
+    }
+
+    fn failure(&self, reason: String) -> Error {
+        Error::Agent {
+            reason: format!(
+                "{reason}\n--- last lines of {} ---\n{}",
+                self.log.display(),
+                self.log_tail(40)
+            ),
+        }
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// SIGTERM, then SIGKILL after 5 s; then (unless kept) `--cleanup` with the same
+    /// pin root, and the pin directory removed.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        if self.keep {
+            return;
+        }
+
+        let args = vec![
+            "--cleanup".to_string(),
+            "--bpffs-root".to_string(),
+            self.bpffs_root.display().to_string(),
+        ];
+        match self
+            .node
+            .command(&self.binary, &args)
+            .stdin(Stdio::null())
+            .output()
+        {
+            Ok(out) if !out.status.success() => eprintln!(
+                "cleanup: {} --cleanup failed: {}",
+                self.binary.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(err) => eprintln!(
+                "cleanup: running {} --cleanup: {err}",
+                self.binary.display()
+            ),
+            Ok(_) => {}
+        }
+        if self.bpffs_root.exists()
+            && let Err(err) = fs::remove_dir_all(&self.bpffs_root)
+        {
+            eprintln!("cleanup: removing {}: {err}", self.bpffs_root.display());
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs<'a>(
+        fragment: &'a Map<String, Value>,
+        connection: &'a AgentConnection,
+    ) -> ConfigInputs<'a> {
+        ConfigInputs {
+            fragment,
+            mode: Mode::Ipvs,
+            node_name: "test-node",
+            connection,
+            bpffs_root: Path::new("/sys/fs/bpf/kpt0001"),
+            cgroup_root: Path::new("/sys/fs/cgroup/unified/kpt0001-node"),
+        }
+    }
+
+    #[test]
+    fn config_merges_fragment_and_runner_settings() {
+        let fragment: Map<String, Value> = serde_yaml::from_str(
+            "clusterCIDR: 10.0.0.0/8\nmode: iptables\nclientConnection: {qps: 5}\nnodePortAddresses: [primary]\n",
+        )
+        .unwrap();
+        let connection = AgentConnection::Kubeconfig("/tmp/k/kubeconfig".into());
+        let text = render_config(&inputs(&fragment, &connection)).unwrap();
+        let back: Value = serde_yaml::from_str(&text).unwrap();
+        assert_eq!(back["apiVersion"], "kubeproxy.config.k8s.io/v1alpha1");
+        assert_eq!(back["kind"], "KubeProxyConfiguration");
+        assert_eq!(back["clusterCIDR"], "10.0.0.0/8");
+        assert_eq!(back["nodePortAddresses"][0], "primary");
+        assert_eq!(back["mode"], "ipvs");
+        assert_eq!(back["hostnameOverride"], "test-node");
+        assert_eq!(back["healthzBindAddress"], HEALTHZ_BIND);
+        assert_eq!(back["metricsBindAddress"], METRICS_BIND);
+        assert_eq!(back["clientConnection"]["qps"], 5);
+        assert_eq!(back["clientConnection"]["kubeconfig"], "/tmp/k/kubeconfig");
+        assert_eq!(back["ebpf"]["bpffsRoot"], "/sys/fs/bpf/kpt0001");
+        assert_eq!(
+            back["ebpf"]["cgroupRoot"],
+            "/sys/fs/cgroup/unified/kpt0001-node"
+        );
+
+        let dir = AgentConnection::SourceDir("/tmp/objects".into());
+        let back: Value =
+            serde_yaml::from_str(&render_config(&inputs(&Map::new(), &dir)).unwrap()).unwrap();
+        assert!(back.get("clientConnection").is_none());
+    }
+}

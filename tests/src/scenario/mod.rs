@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The behaviour-scenario runner (shared/scenarios/README.md): replays scenario files
+//! with real packets through network namespaces, once per dataplane mode, and
+//! reports every flow.
+//!
+//! Pure parts (parsing, placement, outcome classification, readiness, reports, agent
+//! configuration) are unit-tested without privileges; [`topology`], [`agent`] and
+//! [`run`] need root.
+//!
+//! ```text
+//! cargo build -p proxy-agent -p tests --bin scenario-runner --bin proxy-agent
+//! sudo target/debug/scenario-runner run --mode iptables [--filter a1-] [--dir DIR]...
+//! sudo target/debug/scenario-runner run --mode ebpf --no-agent      # no proxy at all
+//! sudo target/debug/scenario-runner cleanup-stale                   # after a crash
+//! ```
+//!
+//! Layout of one run (names carry a per-run id `kpt<4 hex>`): a node namespace whose
+//! `eth0` holds the node addresses and leads to an external namespace (`ext0`, the
+//! router, the external clients, plain listeners for untranslated destinations); one
+//! namespace per pod behind a routed veth (`kp<n>` on the node, gateway 169.254.1.1
+//! by proxy ARP); a cgroup holding the agent, node clients and pod processes.
+
+pub mod addr;
+pub mod agent;
+pub mod cluster;
+pub mod echo;
+pub mod error;
+pub mod format;
+pub mod http;
+pub mod netns;
+pub mod objects;
+pub mod outcome;
+pub mod placement;
+pub mod probe;
+pub mod readiness;
+pub mod report;
+pub mod run;
+pub mod stale;
+pub mod topology;
+
+pub use self::{
+    error::{Error, Result},
+    format::{Expectation, Flow, Mode, Proto, Scenario},
+    report::{FlowReport, Status, Totals},
+    run::{RunOptions, run_scenario},
+};

@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Where everything of a scenario lives (pure): which pods exist and what they listen
+//! on, where each client sits, which addresses the external namespace owns or routes
+//! to the node, and the external router's address.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+};
+
+use ipnet::IpNet;
+
+use super::{
+    error::{Error, Result},
+    format::{Expectation, NodeSpec, Proto, Scenario},
+    objects::{endpoint_ports, service_addresses},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientPlace {
+    /// A node address or loopback: runs in the node namespace and cgroup.
+    Node,
+    /// Runs in the pod namespace of this address, in the node cgroup.
+    Pod(IpAddr),
+    /// Runs in the external namespace, outside the node cgroup.
+    External,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodPlan {
+    pub address: IpAddr,
+    /// Ports with an echo server on every protocol.
+    pub echo_ports: BTreeSet<u16>,
+    /// Plain listeners for UNTOUCHED destinations at this address.
+    pub plain: BTreeSet<(Proto, u16)>,
+}
+
+impl PodPlan {
+    fn new(address: IpAddr) -> Self {
+        PodPlan {
+            address,
+            echo_ports: BTreeSet::new(),
+            plain: BTreeSet::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Ordered by address; a pod's position is its index in names (`p<idx>`, `kp<idx>`).
+    pub pods: Vec<PodPlan>,
+    /// Endpoints that are node addresses (host-network endpoints): echo ports on the node.
+    pub node_echo: BTreeMap<IpAddr, BTreeSet<u16>>,
+    /// Plain listeners for UNTOUCHED destinations that are node addresses.
+    pub node_plain: BTreeSet<(Proto, SocketAddr)>,
+    pub external_clients: BTreeSet<IpAddr>,
+    /// UNTOUCHED destinations the external namespace owns, with a plain listener each:
+    /// an untranslated packet is routed there and answered.
+    pub external_plain: BTreeSet<(Proto, SocketAddr)>,
+    /// Service addresses the external namespace routes to the node's primary address.
+    pub routed_to_node: BTreeSet<IpAddr>,
+    /// The external router's address, in the node's primary subnet.
+    pub router: IpNet,
+}
+
+impl Placement {
+    pub fn pod_index(&self, ip: IpAddr) -> Option<usize> {
+        self.pods.iter().position(|p| p.address == ip)
+    }
+
+    pub fn external_owned(&self) -> BTreeSet<IpAddr> {
+        self.external_plain.iter().map(|(_, a)| a.ip()).collect()
+    }
+
+    pub fn place_client(&self, node: &NodeSpec, ip: IpAddr) -> ClientPlace {
+        if node.owns(ip) || ip.is_loopback() {
+            ClientPlace::Node
+        } else if self.pod_index(ip).is_some() {
+            ClientPlace::Pod(ip)
+        } else {
+            ClientPlace::External
+        }
+    }
+
+    pub fn plan(scenario: &Scenario) -> Result<Self> {
+        let node = &scenario.node;
+        let endpoints = endpoint_ports(scenario.all_objects())?;
+        let mut pods: BTreeMap<IpAddr, PodPlan> = BTreeMap::new();
+        let mut node_echo: BTreeMap<IpAddr, BTreeSet<u16>> = BTreeMap::new();
+        let mut add_echo = |ip: IpAddr, ports: &BTreeSet<u16>| {
+            if node.owns(ip) {
+                node_echo.entry(ip).or_default().extend(ports);
+            } else if !ip.is_loopback() {
+                let pod = pods.entry(ip).or_insert_with(|| PodPlan::new(ip));
+                pod.echo_ports.extend(ports);
+            }
+        };
+        for (ip, ports) in &endpoints {
+            add_echo(*ip, ports);
+        }
+        for flow in scenario.flows() {
+            if let Expectation::Backends(set) = &flow.expect {
+                for backend in set {
+                    add_echo(backend.ip(), &BTreeSet::from([backend.port()]));
+                }
+            }
+        }
+        let in_pods =
+            |ip: IpAddr| !node.owns(ip) && !ip.is_loopback() && node.pod_cidr.contains(&ip);
+        for flow in scenario.flows() {
+            if in_pods(flow.from) {
+                pods.entry(flow.from)
+                    .or_insert_with(|| PodPlan::new(flow.from));
+            }
+        }
+
+        let is_client = |ip: IpAddr, pods: &BTreeMap<IpAddr, PodPlan>| {
+            !node.owns(ip) && !ip.is_loopback() && !pods.contains_key(&ip) && !in_pods(ip)
+        };
+        let external_clients: BTreeSet<IpAddr> = scenario
+            .flows()
+            .map(|f| f.from)
+            .filter(|ip| is_client(*ip, &pods))
+            .collect();
+        let external_targets: BTreeSet<IpAddr> = scenario
+            .flows()
+            .filter(|f| external_clients.contains(&f.from))
+            .map(|f| f.to.ip())
+            .collect();
+
+        let mut node_plain = BTreeSet::new();
+        let mut external_plain = BTreeSet::new();
+        for flow in scenario
+            .flows()
+            .filter(|f| f.expect == Expectation::Untouched)
+        {
+            let to = flow.to;
+            if to.ip().is_loopback() {
+                continue;
+            }
+            if node.owns(to.ip()) {
+                node_plain.insert((flow.proto, to));
+            } else if pods.contains_key(&to.ip()) || in_pods(to.ip()) {
+                let pod = pods.entry(to.ip()).or_insert_with(|| PodPlan::new(to.ip()));
+                // An echo server already answers there; it is the better witness.
+                if !pod.echo_ports.contains(&to.port()) {
+                    pod.plain.insert((flow.proto, to.port()));
+                }
+            } else if !external_targets.contains(&to.ip()) {
+                external_plain.insert((flow.proto, to));
+            }
+        }
+        let external_owned: BTreeSet<IpAddr> = external_plain.iter().map(|(_, a)| a.ip()).collect();
+
+        let services = service_addresses(scenario.all_objects());
+        let routed_to_node: BTreeSet<IpAddr> = services
+            .iter()
+            .copied()
+            .filter(|ip| {
+                !node.owns(*ip)
+                    && !pods.contains_key(ip)
+                    && !external_owned.contains(ip)
+                    && !ip.is_loopback()
+            })
+            .collect();
+
+        let mut used: BTreeSet<IpAddr> = node.addresses.iter().map(|a| a.addr()).collect();
+        used.extend(pods.keys());
+        used.extend(&external_clients);
+        used.extend(&external_owned);
+        used.extend(&services);
+        used.extend(scenario.flows().map(|f| f.to.ip()));
+        let primary = node.primary();
+        let router_ip = primary
+            .hosts()
+            .find(|ip| !used.contains(ip))
+            .ok_or_else(|| {
+                Error::Setup(format!(
+                    "no free address for the external router in the primary node subnet {}",
+                    primary.trunc()
+                ))
+            })?;
+        let router = IpNet::new(router_ip, primary.prefix_len())
+            .map_err(|e| Error::Setup(format!("router address: {e}")))?;
+
+        Ok(Placement {
+            pods: pods.into_values().collect(),
+            node_echo,
+            node_plain,
+            external_clients,
+            external_plain,
+            routed_to_node,
+            router,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::scenario::format::RawScenario;
+
+    fn scenario(yaml: &str) -> Scenario {
+        let raw: RawScenario = serde_yaml::from_str(yaml).unwrap();
+        Scenario::from_raw(raw, Path::new("t.yaml")).unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    const BASE: &str = r#"
+name: t
+node: {name: test-node, addresses: [192.168.0.2/24, 192.168.1.2/24, 1.2.3.4/32], podCIDR: 10.0.0.0/8}
+objects:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: s, namespace: ns}
+  spec: {clusterIP: 172.30.0.41, externalIPs: [192.168.0.1, 192.168.99.33]}
+  status: {loadBalancer: {ingress: [{ip: 5.6.7.8}]}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: s-1, namespace: ns}
+  addressType: IPv4
+  endpoints: [{addresses: [10.180.00.001], nodeName: other}, {addresses: [192.168.1.2]}]
+  ports: [{port: 80, protocol: TCP}]
+flows:
+- {from: 10.0.0.2, to: '10.0.0.3:80', expect: UNTOUCHED}
+- {from: 10.180.0.1, to: '172.30.0.41:80', expect: ['10.180.0.1:80', '10.180.0.9:8080']}
+- {from: 203.0.113.2, to: '5.6.7.8:80', expect: DROP}
+- {from: 192.168.0.2, to: '172.30.0.41:443', expect: UNTOUCHED}
+- {from: 1.2.3.4, to: '1.2.3.4:81', proto: udp, expect: UNTOUCHED}
+- {from: 10.0.0.2, to: '172.30.0.42:80', proto: udp, expect: UNTOUCHED}
+- {from: 10.0.0.2, to: '5.6.7.8:81', expect: UNTOUCHED}
+- {from: 127.0.0.1, to: '127.0.0.1:10256', expect: LOCAL}
+"#;
+
+    #[test]
+    fn pods_clients_and_listeners() {
+        let s = scenario(BASE);
+        let p = Placement::plan(&s).unwrap();
+        let addrs: Vec<String> = p.pods.iter().map(|p| p.address.to_string()).collect();
+        assert_eq!(addrs, ["10.0.0.2", "10.0.0.3", "10.180.0.1", "10.180.0.9"]);
+        let hairpin = &p.pods[p.pod_index(ip("10.180.0.1")).unwrap()];
+        assert_eq!(hairpin.echo_ports, BTreeSet::from([80]));
+        assert_eq!(
+            p.pods[p.pod_index(ip("10.180.0.9")).unwrap()].echo_ports,
+            BTreeSet::from([8080])
+        );
+        assert_eq!(p.pods[1].plain, BTreeSet::from([(Proto::Tcp, 80)]));
+        assert!(p.pods[0].echo_ports.is_empty() && p.pods[0].plain.is_empty());
+
+        // A host-network endpoint on a node address gets its echo server on the node.
+        assert_eq!(p.node_echo[&ip("192.168.1.2")], BTreeSet::from([80]));
+        assert_eq!(
+            p.node_plain,
+            BTreeSet::from([(Proto::Udp, "1.2.3.4:81".parse().unwrap())])
+        );
+
+        assert_eq!(p.external_clients, BTreeSet::from([ip("203.0.113.2")]));
+        // 5.6.7.8 is an external client's destination, so it stays routed to the node.
+        assert_eq!(
+            p.external_plain,
+            BTreeSet::from([
+                (Proto::Tcp, "172.30.0.41:443".parse().unwrap()),
+                (Proto::Udp, "172.30.0.42:80".parse().unwrap()),
+            ])
+        );
+        assert_eq!(
+            p.routed_to_node,
+            BTreeSet::from([ip("192.168.0.1"), ip("192.168.99.33"), ip("5.6.7.8")])
+        );
+        // .1 is an external IP of the service, so the router takes the next free one.
+        assert_eq!(p.router.to_string(), "192.168.0.3/24");
+
+        let node = &s.node;
+        assert_eq!(p.place_client(node, ip("1.2.3.4")), ClientPlace::Node);
+        assert_eq!(p.place_client(node, ip("127.0.0.1")), ClientPlace::Node);
+        assert_eq!(
+            p.place_client(node, ip("10.0.0.2")),
+            ClientPlace::Pod(ip("10.0.0.2"))
+        );
+        assert_eq!(
+            p.place_client(node, ip("203.0.113.2")),
+            ClientPlace::External
+        );
+    }
+
+    #[test]
+    fn shared_scenarios_place_every_client() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/scenarios");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+                continue;
+            }
+            let s = Scenario::load(&path).unwrap();
+            let p = Placement::plan(&s).unwrap();
+            for flow in s.flows() {
+                match p.place_client(&s.node, flow.from) {
+                    ClientPlace::Pod(ip) => assert!(p.pod_index(ip).is_some()),
+                    ClientPlace::External => assert!(p.external_clients.contains(&flow.from)),
+                    ClientPlace::Node => assert!(s.node.owns(flow.from) || flow.from.is_loopback()),
+                }
+                if let Expectation::Backends(set) = &flow.expect {
+                    for b in set {
+                        let pod = p.pod_index(b.ip()).map(|i| &p.pods[i]);
+                        assert!(
+                            pod.is_some_and(|pod| pod.echo_ports.contains(&b.port())),
+                            "{b}"
+                        );
+                    }
+                }
+            }
+            assert!(s.node.primary().contains(&p.router.addr()));
+        }
+    }
+}

@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Has the agent applied the last change? (pure)
+//!
+//! Upstream's /healthz cannot tell: when healthy it reports `lastUpdated` as the
+//! current time, and it stays healthy while a queued update is younger than the health
+//! timeout. The sync metrics can: `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`
+//! moves when a change is queued, `..._last_timestamp_seconds` when a sync finishes.
+//! /healthz is only the fallback for an agent without those metrics.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::http::{HttpResponse, parse_timestamp};
+
+pub const LAST_SYNC: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
+pub const LAST_QUEUED: &str = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds";
+
+/// How long a change may go without queueing a sync before the runner decides it
+/// needed none (e.g. it did not touch anything the proxy uses).
+pub const NOTHING_QUEUED_GRACE: Duration = Duration::from_secs(3);
+
+/// The sync gauges, in seconds since the epoch; with several IP families, the newest
+/// of each (a family without services may not sync at all).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SyncTimes {
+    pub last_sync: Option<f64>,
+    pub last_queued: Option<f64>,
+}
+
+/// Reads the two gauges from Prometheus text exposition.
+pub fn parse_sync_times(text: &str) -> SyncTimes {
+    let mut times = SyncTimes::default();
+    for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let name = &line[..name_end];
+        let rest = match line[name_end..].strip_prefix('{') {
+            Some(labelled) => labelled.split_once('}').map_or("", |(_, v)| v),
+            None => &line[name_end..],
+        };
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if name == LAST_SYNC {
+            times.last_sync = Some(times.last_sync.map_or(value, |t| t.max(value)));
+        } else if name == LAST_QUEUED {
+            times.last_queued = Some(times.last_queued.map_or(value, |t| t.max(value)));
+        }
+    }
+    times
+}
+
+fn epoch_secs(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// What the runner knows about one change.
+#[derive(Debug, Clone, Copy)]
+pub struct Change {
+    /// When the change was written (after it was, so any sync that starts later sees it).
+    pub at: SystemTime,
+    /// The agent's first sync after starting: nothing needs to be queued for it.
+    pub initial: bool,
+}
+
+/// `Ok` when the agent has applied the change; otherwise why not yet.
+pub fn judge_metrics(times: SyncTimes, change: Change, now: SystemTime) -> Result<(), String> {
+    let at = epoch_secs(change.at);
+    let Some(synced) = times.last_sync.filter(|t| *t > 0.0) else {
+        return Err("no sync yet".into());
+    };
+    let queued = times.last_queued.unwrap_or(0.0);
+    if queued > synced {
+        return Err(format!(
+            "a sync is queued ({:.3} s after the last one)",
+            queued - synced
+        ));
+    }
+    if synced < at {
+        return Err(format!("last sync {:.3} s before the change", at - synced));
+    }
+    let waited = now.duration_since(change.at).unwrap_or_default();
+    if change.initial || queued >= at || waited >= NOTHING_QUEUED_GRACE {
+        Ok(())
+    } else {
+        Err("the change has not been queued yet".into())
+    }
+}
+
+/// Upstream prints Go's `time.Time.String()` (`2025-01-02 03:04:05.5 +0000 UTC m=+1.2`);
+/// RFC 3339 is accepted too.
+pub fn parse_any_time(text: &str) -> Option<(SystemTime, bool)> {
+    if let Some(parsed) = parse_timestamp(text) {
+        return Some(parsed);
+    }
+    let mut words = text.split_whitespace();
+    let (date, time, offset) = (words.next()?, words.next()?, words.next()?);
+    let (sign, digits) = offset.split_at(1);
+    if !matches!(sign, "+" | "-") || digits.len() != 4 {
+        return None;
+    }
+    parse_timestamp(&format!(
+        "{date}T{time}{sign}{}:{}",
+        &digits[..2],
+        &digits[2..]
+    ))
+}
+
+/// The fallback: a 200 whose `lastUpdated` is after the change.
+pub fn judge_healthz(response: &HttpResponse, change: Change) -> Result<(), String> {
+    if response.status != 200 {
+        return Err(format!("/healthz answered {}", response.status));
+    }
+    let body: serde_json::Value = serde_json::from_str(&response.body)
+        .map_err(|_| format!("/healthz body is not JSON: {}", response.body))?;
+    let stamp = body
+        .get("lastUpdated")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    let (updated, fine) =
+        parse_any_time(stamp).ok_or_else(|| format!("/healthz lastUpdated {stamp:?}"))?;
+    // A whole-second stamp cannot be ordered within its second; accept that second.
+    let slack = if fine {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(1)
+    };
+    if updated + slack > change.at {
+        Ok(())
+    } else {
+        Err(format!("/healthz lastUpdated {stamp} is before the change"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: f64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs_f64(secs)
+    }
+
+    const T: f64 = 1_750_000_000.5;
+
+    #[test]
+    fn parses_gauges_with_and_without_labels() {
+        let text = format!(
+            "# HELP {LAST_SYNC} The last time proxy rules were successfully synced\n\
+             # TYPE {LAST_SYNC} gauge\n\
+             {LAST_SYNC}{{ip_family=\"IPv4\"}} 1.7500000015e+09\n\
+             {LAST_SYNC}{{ip_family=\"IPv6\"}} 1.7500000012e+09\n\
+             {LAST_QUEUED} 1.75e+09\n\
+             {LAST_SYNC}_other 5\n"
+        );
+        let times = parse_sync_times(&text);
+        assert_eq!(times.last_sync, Some(1.7500000015e9));
+        assert_eq!(times.last_queued, Some(1.75e9));
+        assert_eq!(parse_sync_times("up 1\n"), SyncTimes::default());
+    }
+
+    #[test]
+    fn metrics_decide_readiness() {
+        let change = Change {
+            at: at(T),
+            initial: false,
+        };
+        let times = |sync: f64, queued: f64| SyncTimes {
+            last_sync: Some(sync),
+            last_queued: Some(queued),
+        };
+        let soon = at(T + 0.5);
+        assert!(judge_metrics(times(T + 0.2, T + 0.1), change, soon).is_ok());
+        // Queued after the change, not synced yet.
+        assert!(judge_metrics(times(T - 5.0, T + 0.1), change, soon).is_err());
+        // A sync after the change, but the change itself not queued yet: wait a little.
+        assert!(judge_metrics(times(T + 0.2, T - 5.0), change, soon).is_err());
+        assert!(judge_metrics(times(T + 0.2, T - 5.0), change, at(T + 4.0)).is_ok());
+        // Nothing synced since the change.
+        assert!(judge_metrics(times(T - 1.0, T - 2.0), change, at(T + 9.0)).is_err());
+        assert!(judge_metrics(SyncTimes::default(), change, soon).is_err());
+
+        let start = Change {
+            at: at(T),
+            initial: true,
+        };
+        assert!(judge_metrics(times(T + 0.3, 0.0), start, soon).is_ok());
+        assert!(
+            judge_metrics(
+                SyncTimes {
+                    last_sync: Some(0.0),
+                    last_queued: None
+                },
+                start,
+                soon
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn go_time_strings() {
+        let (go, fine) = parse_any_time("2025-01-02 05:04:05.25 +0200 EET m=+12.5").unwrap();
+        let (rfc, _) = parse_timestamp("2025-01-02T03:04:05.25Z").unwrap();
+        assert!(fine);
+        assert_eq!(go, rfc);
+        assert!(parse_any_time("2025-01-02 03:04:05 UTC").is_none());
+    }
+
+    #[test]
+    fn healthz_fallback() {
+        let change = Change {
+            at: at(T),
+            initial: false,
+        };
+        let answer = |status, stamp: &str| HttpResponse {
+            status,
+            body: format!("{{\"lastUpdated\": \"{stamp}\",\"currentTime\": \"{stamp}\"}}"),
+        };
+        let after = "2025-06-15 15:06:40.7 +0000 UTC m=+3.0";
+        let before = "2025-06-15 15:06:40.3 +0000 UTC m=+3.0";
+        assert!(judge_healthz(&answer(200, after), change).is_ok());
+        assert!(judge_healthz(&answer(200, before), change).is_err());
+        assert!(judge_healthz(&answer(503, after), change).is_err());
+        assert!(judge_healthz(&answer(200, "2025-06-15T15:06:40Z"), change).is_ok());
+        assert!(judge_healthz(&answer(200, "0001-01-01 00:00:00 +0000 UTC"), change).is_err());
+    }
+}

@@ -1,0 +1,467 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Replaying one scenario file in one mode: topology, listeners, cluster state, agent,
+//! then every stage's flows in order.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, SystemTime},
+};
+
+use serde_json::Value;
+
+use super::{
+    agent::{Agent, AgentOptions, ConfigInputs, bpffs_root},
+    cluster::{ClusterSource, DirSource},
+    echo::sctp_supported,
+    error::{Error, Result},
+    format::{Change, Expectation, Flow, Mode, Proto, Scenario},
+    objects::{object_ref, with_node},
+    outcome::{Attempt, Judge},
+    placement::Placement,
+    readiness,
+    report::{FlowReport, Status},
+    topology::Topology,
+};
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub mode: Mode,
+    /// `None`: no agent (`--no-agent`); only flows needing no proxy can pass.
+    pub agent: Option<AgentOptions>,
+    /// This runner's own binary, for the `echo`, `probe` and `http-get` subcommands.
+    pub runner_exe: PathBuf,
+    /// Connect and answer timeout of one probe attempt.
+    pub timeout: Duration,
+    /// Leave namespaces, cgroup and files in place afterwards.
+    pub keep: bool,
+}
+
+/// `*.yaml` files of the directories, sorted by name, whose file name contains `filter`.
+pub fn discover(dirs: &[PathBuf], filter: Option<&str>) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for dir in dirs {
+        let entries =
+            std::fs::read_dir(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
+        for entry in entries {
+            let path = entry
+                .map_err(Error::io(format!("reading {}", dir.display())))?
+                .path();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.ends_with(".yaml") && filter.is_none_or(|f| name.contains(f)) {
+                files.push(path);
+            }
+        }
+    }
+    files.sort_by_key(|p| p.file_name().map(|n| n.to_os_string()));
+    Ok(files)
+}
+
+/// Attempts per flow: enough to see several backends chosen, ten for stickiness, one
+/// where the answer is silence.
+pub fn attempts_for(flow: &Flow) -> u32 {
+    match flow.expect {
+        _ if flow.sticky => 10,
+        Expectation::Backends(_) => 4,
+        Expectation::Reject => 2,
+        Expectation::Drop | Expectation::Local | Expectation::Untouched => 1,
+    }
+}
+
+/// Fixed UDP source ports, one per (from, to): a UDP flow keeps its port across steps
+/// so conntrack entries from earlier steps are hit again.
+#[derive(Debug)]
+pub struct UdpPorts {
+    taken: BTreeSet<u16>,
+    given: BTreeMap<(IpAddr, SocketAddr), u16>,
+    next: u16,
+}
+
+impl UdpPorts {
+    pub fn new(scenario: &Scenario, placement: &Placement) -> Self {
+        let mut taken: BTreeSet<u16> = scenario.flows().map(|f| f.to.port()).collect();
+        for pod in &placement.pods {
+            taken.extend(&pod.echo_ports);
+            taken.extend(pod.plain.iter().map(|(_, p)| *p));
+        }
+        UdpPorts {
+            taken,
+            given: BTreeMap::new(),
+            next: 20000,
+        }
+    }
+
+    pub fn port_for(&mut self, from: IpAddr, to: SocketAddr) -> u16 {
+        if let Some(port) = self.given.get(&(from, to)) {
+            return *port;
+        }
+        while self.taken.contains(&self.next) {
+            self.next += 1;
+        }
+        let port = self.next;
+        self.taken.insert(port);
+        self.given.insert((from, to), port);
+        port
+    }
+}
+
+fn report(scenario: &Scenario, flow: &Flow, status: Status, text: String) -> FlowReport {
+    FlowReport {
+        status,
+        scenario: scenario.name.clone(),
+        index: flow.index,
+        from: flow.from,
+        to: flow.to,
+        proto: flow.proto,
+        text,
+    }
+}
+
+/// Runs every flow of `scenario` that applies to the mode; `emit` sees each result
+/// as soon as it is known. Setup failures become FAILs of the flows they prevent.
+pub async fn run_scenario(
+    options: &RunOptions,
+    scenario: &Scenario,
+    emit: &mut dyn FnMut(&FlowReport),
+) -> Vec<FlowReport> {
+    let mut out = Vec::new();
+    let mut push = |r: FlowReport, out: &mut Vec<FlowReport>| {
+        emit(&r);
+        out.push(r);
+    };
+    let applicable = |stage: usize| -> Vec<&Flow> {
+        scenario.stages[stage]
+            .flows
+            .iter()
+            .filter(|f| f.applies_to(options.mode))
+            .collect()
+    };
+    if scenario.flows().all(|f| !f.applies_to(options.mode)) {
+        return out;
+    }
+    let sctp = sctp_supported();
+    let unsupported = |flow: &Flow| flow.proto == Proto::Sctp && !sctp;
+    let skip = |flow: &Flow| {
+        report(
+            scenario,
+            flow,
+            Status::Skip,
+            "kernel has no SCTP support".into(),
+        )
+    };
+    // The full error (with the agent's log) is printed once; flows get its first line.
+    let first_line = |err: &Error| {
+        err.to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut env = match Env::set_up(options, scenario, sctp).await {
+        Ok(env) => env,
+        Err(err) => {
+            eprintln!("{} ({}): setup failed: {err}", scenario.name, options.mode);
+            for stage in 0..scenario.stages.len() {
+                for flow in applicable(stage) {
+                    let r = if unsupported(flow) {
+                        skip(flow)
+                    } else {
+                        report(
+                            scenario,
+                            flow,
+                            Status::Fail,
+                            format!("setup failed: {}", first_line(&err)),
+                        )
+                    };
+                    push(r, &mut out);
+                }
+            }
+            return out;
+        }
+    };
+    for (n, stage) in scenario.stages.iter().enumerate() {
+        let ready = if n == 0 {
+            Ok(())
+        } else {
+            env.change(&stage.change).await
+        };
+        let node_addresses = ready.and_then(|()| env.topology.node_addresses());
+        if let Err(err) = &node_addresses {
+            eprintln!(
+                "{} ({}): step {n} not applied: {err}",
+                scenario.name, options.mode
+            );
+        }
+        for flow in applicable(n) {
+            let r = match &node_addresses {
+                _ if unsupported(flow) => skip(flow),
+                Err(err) => report(
+                    scenario,
+                    flow,
+                    Status::Fail,
+                    format!("step {n} not applied: {}", first_line(err)),
+                ),
+                Ok(addrs) => {
+                    let (status, text) = env.run_flow(flow, addrs).await;
+                    report(scenario, flow, status, text)
+                }
+            };
+            push(r, &mut out);
+        }
+    }
+    if out.iter().any(|r| r.status == Status::Fail)
+        && let Some(agent) = &env.agent
+    {
+        eprintln!(
+            "--- {} ({}): last lines of {} ---",
+            scenario.name,
+            options.mode,
+            agent.log.display()
+        );
+        eprintln!("{}", agent.log_tail(30));
+    }
+    out
+}
+
+/// Everything one scenario run holds. Field order is drop order: the agent stops
+/// (and cleans up) before the namespaces go.
+struct Env<'a> {
+    agent: Option<Agent>,
+    source: Box<dyn ClusterSource>,
+    topology: Topology,
+    state: Vec<Value>,
+    udp_ports: UdpPorts,
+    options: &'a RunOptions,
+    scenario: &'a Scenario,
+}
+
+impl<'a> Env<'a> {
+    async fn set_up(options: &'a RunOptions, scenario: &'a Scenario, sctp: bool) -> Result<Self> {
+        let placement = Placement::plan(scenario)?;
+        let mut topology = Topology::build(&scenario.node, &placement, options.keep)?;
+        topology.start_listeners(&options.runner_exe, sctp)?;
+        let mut source: Box<dyn ClusterSource> =
+            Box::new(DirSource::in_dir(&topology.run_dir.join("objects"))?);
+        let initial = match &scenario.stages[0].change {
+            Change::Replace(objects) => with_node(objects, &scenario.node),
+            Change::Delete(_) => with_node(&[], &scenario.node),
+        };
+        source.apply_state(&initial)?;
+        let change = readiness::Change {
+            at: SystemTime::now(),
+            initial: true,
+        };
+        let agent = match &options.agent {
+            Some(agent_options) => {
+                let connection = source.connection();
+                let bpffs = bpffs_root(&topology.id);
+                let inputs = ConfigInputs {
+                    fragment: &scenario.config,
+                    mode: options.mode,
+                    node_name: &scenario.node.name,
+                    connection: &connection,
+                    bpffs_root: &bpffs,
+                    cgroup_root: &topology.cgroup,
+                };
+                let mut agent = Agent::start(
+                    agent_options,
+                    &inputs,
+                    topology.node_place(),
+                    &topology.run_dir,
+                    &options.runner_exe,
+                    options.keep,
+                )?;
+                agent.wait_synced(change).await?;
+                Some(agent)
+            }
+            None => None,
+        };
+        Ok(Env {
+            agent,
+            source,
+            udp_ports: UdpPorts::new(scenario, &topology.placement),
+            topology,
+            state: initial,
+            options,
+            scenario,
+        })
+    }
+
+    async fn change(&mut self, change: &Change) -> Result<()> {
+        match change {
+            Change::Replace(objects) => {
+                self.state = with_node(objects, &self.scenario.node);
+                self.source.apply_state(&self.state)?;
+            }
+            Change::Delete(refs) => {
+                self.state
+                    .retain(|o| object_ref(o).map_or(true, |r| !refs.contains(&r)));
+                self.source.delete(refs)?;
+            }
+        }
+        let change = readiness::Change {
+            at: SystemTime::now(),
+            initial: false,
+        };
+        match &mut self.agent {
+            Some(agent) => agent.wait_synced(change).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn run_flow(
+        &mut self,
+        flow: &Flow,
+        node_addresses: &BTreeSet<IpAddr>,
+    ) -> (Status, String) {
+        match self.probe(flow).await {
+            Ok(attempts) => {
+                let verdict = Judge {
+                    flow,
+                    node_addresses,
+                }
+                .verdict(&attempts);
+                let status = if verdict.pass {
+                    Status::Pass
+                } else {
+                    Status::Fail
+                };
+                (status, verdict.text)
+            }
+            Err(err) => (Status::Fail, format!("probe failed: {err}")),
+        }
+    }
+
+    async fn probe(&mut self, flow: &Flow) -> Result<Vec<Attempt>> {
+        let mut args = vec![
+            "probe".to_string(),
+            "--from".into(),
+            flow.from.to_string(),
+            "--to".into(),
+            flow.to.to_string(),
+            "--proto".into(),
+            flow.proto.to_string(),
+            "--count".into(),
+            attempts_for(flow).to_string(),
+            "--timeout-ms".into(),
+            self.options.timeout.as_millis().to_string(),
+        ];
+        if flow.proto == Proto::Udp {
+            let port = self.udp_ports.port_for(flow.from, flow.to);
+            args.extend(["--from-port".to_string(), port.to_string()]);
+        }
+        let place = self.topology.client_place(flow.from);
+        let output = tokio::process::Command::from(place.command(&self.options.runner_exe, &args))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(Error::io("running probe"))?;
+        if !output.status.success() {
+            return Err(Error::Setup(format!(
+                "probe exited {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).map_err(Error::from))
+            .collect()
+    }
+}
+
+/// Whether the runner can build topologies here (root, and the tools it drives).
+pub fn check_privileges() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(Error::Setup(
+            "the scenario runner needs root (network namespaces, cgroups)".into(),
+        ));
+    }
+    for tool in ["ip", "nsenter", "sysctl", "sh"] {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(tool).is_file()));
+        if !found {
+            return Err(Error::Setup(format!("`{tool}` not found in PATH")));
+        }
+    }
+    Ok(())
+}
+
+/// The scenario directories used when none is given: the project's shared scenarios
+/// beside the workspace, and this crate's own.
+pub fn default_dirs() -> Vec<PathBuf> {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    [
+        crate_dir.join("../../shared/scenarios"),
+        crate_dir.join("scenarios"),
+    ]
+    .into_iter()
+    .filter(|d| d.is_dir())
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::format::RawScenario;
+
+    #[test]
+    fn udp_ports_are_stable_and_avoid_scenario_ports() {
+        let raw: RawScenario = serde_yaml::from_str(
+            r#"
+name: t
+node: {name: n, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}
+flows:
+- {from: 10.0.0.2, to: '172.30.0.1:20000', proto: udp, expect: ['10.0.1.1:20001']}
+"#,
+        )
+        .unwrap();
+        let s = Scenario::from_raw(raw, Path::new("t")).unwrap();
+        let p = Placement::plan(&s).unwrap();
+        let mut ports = UdpPorts::new(&s, &p);
+        let a: SocketAddr = "172.30.0.1:53".parse().unwrap();
+        let b: SocketAddr = "172.30.0.2:53".parse().unwrap();
+        let client: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = ports.port_for(client, a);
+        assert_eq!(first, 20002);
+        assert_eq!(ports.port_for(client, b), 20003);
+        assert_eq!(ports.port_for(client, a), first);
+    }
+
+    #[test]
+    fn attempt_counts() {
+        let raw: RawScenario = serde_yaml::from_str(
+            r#"
+name: t
+node: {name: n, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}
+flows:
+- {from: 10.0.0.2, to: '1.1.1.1:1', expect: ['10.0.1.1:1'], sticky: true}
+- {from: 10.0.0.2, to: '1.1.1.1:1', expect: ['10.0.1.1:1']}
+- {from: 10.0.0.2, to: '1.1.1.1:1', expect: DROP}
+"#,
+        )
+        .unwrap();
+        let s = Scenario::from_raw(raw, Path::new("t")).unwrap();
+        let counts: Vec<u32> = s.flows().map(attempts_for).collect();
+        assert_eq!(counts, [10, 4, 1]);
+    }
+
+    #[test]
+    fn discovers_and_filters() {
+        let dirs = default_dirs();
+        if dirs.is_empty() {
+            return;
+        }
+        let all = discover(&dirs, None).unwrap();
+        let some = discover(&dirs, Some("l1-")).unwrap();
+        assert!(all.len() > some.len());
+        assert!(some.iter().all(|p| p.to_string_lossy().contains("l1-")));
+    }
+}

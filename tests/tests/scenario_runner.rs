@@ -1,0 +1,303 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Privileged checks of the scenario runner: real namespaces, listeners and probes,
+//! without the agent (flows that need no proxy must pass) and with a stand-in agent
+//! (configuration, namespace, cgroup, readiness, cleanup). Skipped when not root.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::{Read, Write},
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use tests::scenario::{
+    Expectation, FlowReport, Mode, RunOptions, Scenario, Status,
+    agent::AgentOptions,
+    netns::{self, bind_tcp_listener_in, cgroup2_root},
+    placement::Placement,
+    run::{check_privileges, run_scenario},
+    topology::{Topology, run_id_of},
+};
+
+const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
+
+/// The tests compare leftovers before and after, so they must not overlap.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn privileged() -> bool {
+    match check_privileges() {
+        Ok(()) => true,
+        Err(err) => {
+            eprintln!("skipping privileged scenario-runner test: {err}");
+            false
+        }
+    }
+}
+
+fn shared(name: &str) -> Option<Scenario> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/scenarios")
+        .join(name);
+    if !path.exists() {
+        eprintln!("skipping: {} not present", path.display());
+        return None;
+    }
+    Some(Scenario::load(&path).unwrap())
+}
+
+/// Our namespaces, cgroups and pin directories that exist right now.
+fn leftovers() -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = netns::list_netns()
+        .unwrap()
+        .into_iter()
+        .filter(|n| run_id_of(n).is_some())
+        .map(|n| format!("netns {n}"))
+        .collect();
+    for (dir, what) in [
+        (cgroup2_root().unwrap(), "cgroup"),
+        (PathBuf::from("/sys/fs/bpf"), "pins"),
+    ] {
+        for entry in fs::read_dir(dir).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if run_id_of(&name).is_some() {
+                names.insert(format!("{what} {name}"));
+            }
+        }
+    }
+    names
+}
+
+fn options(agent: Option<AgentOptions>) -> RunOptions {
+    RunOptions {
+        mode: Mode::Iptables,
+        agent,
+        runner_exe: PathBuf::from(RUNNER),
+        timeout: Duration::from_millis(1000),
+        keep: false,
+    }
+}
+
+async fn replay(options: &RunOptions, scenario: &Scenario) -> Vec<FlowReport> {
+    let mut emit = |r: &FlowReport| println!("{r}");
+    run_scenario(options, scenario, &mut emit).await
+}
+
+fn assert_l1(reports: &[FlowReport]) {
+    assert_eq!(reports.len(), 2, "{reports:#?}");
+    let udp = &reports[0];
+    assert_eq!(udp.status, Status::Pass, "{udp}");
+    assert!(
+        udp.text.contains("echo 10.180.0.1:1234 saw 10.0.0.2"),
+        "{udp}"
+    );
+    let sctp = &reports[1];
+    if tests::scenario::echo::sctp_supported() {
+        assert_eq!(sctp.status, Status::Pass, "{sctp}");
+    } else {
+        assert_eq!(sctp.status, Status::Skip, "{sctp}");
+        assert_eq!(sctp.text, "kernel has no SCTP support");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn direct_pod_traffic_and_untouched_flows_pass_without_an_agent() {
+    if !privileged() {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let (Some(l1), Some(mut a1)) = (
+        shared("l1-headless-ignored.yaml"),
+        shared("a1-overall.yaml"),
+    ) else {
+        return;
+    };
+    let before = leftovers();
+    assert_l1(&replay(&options(None), &l1).await);
+
+    // a1 cut down to its UNTOUCHED flow: a plain listener in a pod outside any service.
+    for stage in &mut a1.stages {
+        stage.flows.retain(|f| f.expect == Expectation::Untouched);
+    }
+    let reports = replay(&options(None), &a1).await;
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].status, Status::Pass, "{}", reports[0]);
+    assert_eq!(reports[0].text, "1x plain listener 10.0.0.3:80");
+
+    assert_eq!(leftovers(), before, "the runs left something behind");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listener_bound_from_here_serves_inside_the_node_namespace() {
+    if !privileged() {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let Some(l1) = shared("l1-headless-ignored.yaml") else {
+        return;
+    };
+    let before = leftovers();
+    let placement = Placement::plan(&l1).unwrap();
+    let topology = Topology::build(&l1.node, &placement, false).unwrap();
+    assert!(
+        topology
+            .node_addresses()
+            .unwrap()
+            .contains(&"192.168.0.2".parse().unwrap())
+    );
+
+    let listener = bind_tcp_listener_in(&topology.node_ns, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 256];
+        let _ = stream.read(&mut buf).unwrap();
+        stream
+            .write_all(b"HTTP/1.0 200 OK\r\n\r\nfrom the node namespace")
+            .unwrap();
+    });
+    // 127.0.0.1 of the node namespace is not ours: only a client inside reaches it.
+    let url = format!("http://127.0.0.1:{port}/");
+    let out = topology
+        .node_place()
+        .command(Path::new(RUNNER), &["http-get".into(), url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(body["status"], 200);
+    assert_eq!(body["body"], "from the node namespace");
+    server.join().unwrap();
+
+    let namespaces = topology.namespaces().to_vec();
+    drop(topology);
+    let remaining = netns::list_netns().unwrap();
+    assert!(namespaces.iter().all(|n| !remaining.contains(n)));
+    assert_eq!(leftovers(), before);
+}
+
+/// A stand-in for proxy-agent: records how it was started and accepts `--cleanup`.
+/// With `metrics`, it reports syncs only through the sync gauges on 127.0.0.1:10249
+/// (its /healthz says 503); without, only through /healthz on 127.0.0.1:10256, with
+/// the timestamp written as upstream writes it (Go's time.String()).
+fn fake_agent(dir: &Path, metrics: bool) -> Option<PathBuf> {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .map(|s| !s.success())
+        .unwrap_or(true)
+    {
+        eprintln!("skipping the stand-in agent part: no python3");
+        return None;
+    }
+    let script = format!(
+        r#"#!/bin/sh
+echo "$@" >> {dir}/args
+case " $* " in *" --cleanup "*) exit 0;; esac
+cp "$2" {dir}/config.yaml
+cat /proc/self/cgroup > {dir}/cgroup
+exec python3 -c '
+import datetime, http.server, threading, time
+METRICS = {metrics}
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        now = datetime.datetime.now(datetime.timezone.utc)
+        if self.path == "/metrics":
+            t = now.timestamp()
+            body = "kubeproxy_sync_proxy_rules_last_timestamp_seconds %f\nkubeproxy_sync_proxy_rules_last_queued_timestamp_seconds %f\n" % (t, t - 1)
+            self.send_response(200)
+        else:
+            stamp = now.strftime("%Y-%m-%d %H:%M:%S.%f +0000 UTC m=+1.5")
+            body = "{{\"lastUpdated\": \"%s\",\"currentTime\": \"%s\"}}" % (stamp, stamp)
+            self.send_response(503 if METRICS else 200)
+        self.end_headers()
+        self.wfile.write(body.encode())
+    def log_message(self, *args):
+        pass
+if METRICS:
+    threading.Thread(target=http.server.HTTPServer(("127.0.0.1", 10249), H).serve_forever, daemon=True).start()
+http.server.HTTPServer(("127.0.0.1", 10256), H).serve_forever()
+'
+"#,
+        dir = dir.display(),
+        metrics = if metrics { "True" } else { "False" },
+    );
+    let path = dir.join("proxy-agent");
+    fs::write(&path, script).unwrap();
+    Command::new("chmod").arg("+x").arg(&path).status().unwrap();
+    Some(path)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_runs_in_the_node_namespace_and_cgroup_and_is_cleaned_up() {
+    if !privileged() {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    for metrics in [true, false] {
+        run_with_fake_agent(metrics).await;
+    }
+}
+
+async fn run_with_fake_agent(metrics: bool) {
+    let Some(l1) = shared("l1-headless-ignored.yaml") else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("fake-agent-{}-{metrics}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    let Some(binary) = fake_agent(&dir, metrics) else {
+        return;
+    };
+    let before = leftovers();
+    let agent = AgentOptions {
+        binary,
+        mode: Mode::Iptables,
+        extra_args: vec!["--v=2".into()],
+        ready_timeout: Duration::from_secs(10),
+    };
+    assert_l1(&replay(&options(Some(agent)), &l1).await);
+
+    let args = fs::read_to_string(dir.join("args")).unwrap();
+    let lines: Vec<&str> = args.lines().collect();
+    assert_eq!(lines.len(), 2, "{args}");
+    assert!(
+        lines[0].starts_with("--config ")
+            && lines[0].contains(" --source ")
+            && lines[0].ends_with(" --v=2")
+    );
+    assert!(
+        lines[1].starts_with("--cleanup --bpffs-root /sys/fs/bpf/kpt"),
+        "{}",
+        lines[1]
+    );
+
+    let config: serde_json::Value =
+        serde_yaml::from_str(&fs::read_to_string(dir.join("config.yaml")).unwrap()).unwrap();
+    assert_eq!(config["kind"], "KubeProxyConfiguration");
+    assert_eq!(config["mode"], "iptables");
+    assert_eq!(config["clusterCIDR"], "10.0.0.0/8");
+    assert_eq!(config["hostnameOverride"], "test-node");
+    let cgroup_root = config["ebpf"]["cgroupRoot"].as_str().unwrap().to_string();
+    let cgroup_name = Path::new(&cgroup_root)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let membership = fs::read_to_string(dir.join("cgroup")).unwrap();
+    assert!(
+        membership
+            .lines()
+            .any(|l| l.starts_with("0::") && l.ends_with(&format!("/{cgroup_name}"))),
+        "agent not in {cgroup_name}: {membership}"
+    );
+
+    assert_eq!(leftovers(), before, "the run left something behind");
+    fs::remove_dir_all(&dir).unwrap();
+}
