@@ -132,17 +132,19 @@ impl ProxyHealth {
     }
 }
 
-fn rfc3339(t: Option<SystemTime>) -> String {
+/// A timestamp as upstream prints it: `%q` of a Go time.Time, i.e. its String() form
+/// ("2006-01-02 15:04:05.999999999 -0700 MST") in UTC.
+fn go_time(t: Option<SystemTime>) -> String {
     // Go's zero time, which upstream prints before the first sync.
     t.map(|t| {
         let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-        format_rfc3339(d)
+        format_go_time(d)
     })
-    .unwrap_or_else(|| "0001-01-01T00:00:00Z".to_string())
+    .unwrap_or_else(|| "0001-01-01 00:00:00 +0000 UTC".to_string())
 }
 
-/// RFC 3339 with nanoseconds in UTC, like Go's time.Time in %q.
-fn format_rfc3339(since_epoch: Duration) -> String {
+/// UTC civil time with trailing zeros of the fraction trimmed, as Go prints it.
+fn format_go_time(since_epoch: Duration) -> String {
     let secs = since_epoch.as_secs() as i64;
     let nanos = since_epoch.subsec_nanos();
     let days = secs.div_euclid(86_400);
@@ -158,7 +160,15 @@ fn format_rfc3339(since_epoch: Duration) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let mo = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(mo <= 2);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}.{nanos:09}Z")
+    let mut frac = if nanos == 0 {
+        String::new()
+    } else {
+        format!(".{nanos:09}")
+    };
+    while frac.ends_with('0') {
+        frac.pop();
+    }
+    format!("{y:04}-{mo:02}-{d:02} {h:02}:{m:02}:{s:02}{frac} +0000 UTC")
 }
 
 #[derive(Clone)]
@@ -183,8 +193,8 @@ async fn healthz(State(app): State<AppState>) -> impl IntoResponse {
     }
     let body = format!(
         r#"{{"lastUpdated": "{}","currentTime": "{}", "nodeEligible": {eligible}}}"#,
-        rfc3339(last),
-        rfc3339(Some(now))
+        go_time(last),
+        go_time(Some(now))
     );
     respond(healthy, body)
 }
@@ -202,8 +212,8 @@ async fn livez(State(app): State<AppState>) -> impl IntoResponse {
     }
     let body = format!(
         r#"{{"lastUpdated": "{}","currentTime": "{}"}}"#,
-        rfc3339(last),
-        rfc3339(Some(now))
+        go_time(last),
+        go_time(Some(now))
     );
     respond(verdict.healthy, body)
 }
@@ -317,16 +327,16 @@ mod tests {
 
     #[test]
     fn timestamps_print_like_go() {
-        assert_eq!(rfc3339(None), "0001-01-01T00:00:00Z");
+        assert_eq!(go_time(None), "0001-01-01 00:00:00 +0000 UTC");
         let d = Duration::new(1_700_000_000, 123_456_789);
-        assert_eq!(format_rfc3339(d), "2023-11-14T22:13:20.123456789Z");
+        assert_eq!(format_go_time(d), "2023-11-14 22:13:20.123456789 +0000 UTC");
         assert_eq!(
-            format_rfc3339(Duration::ZERO),
-            "1970-01-01T00:00:00.000000000Z"
+            format_go_time(Duration::new(0, 500_000_000)),
+            "1970-01-01 00:00:00.5 +0000 UTC"
         );
         assert_eq!(
-            format_rfc3339(Duration::from_secs(951_782_400)),
-            "2000-02-29T00:00:00.000000000Z"
+            format_go_time(Duration::from_secs(951_782_400)),
+            "2000-02-29 00:00:00 +0000 UTC"
         );
     }
 }

@@ -7,6 +7,8 @@
 // Unsafe code is denied everywhere but in `sys`, the few system calls no safe wrapper covers.
 #![deny(unsafe_code)]
 
+pub mod agent;
+pub mod cleanup;
 pub mod config;
 pub mod ebpf_object;
 pub mod health;

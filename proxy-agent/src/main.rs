@@ -1,12 +1,77 @@
 // SPDX-License-Identifier: Apache-2.0
-fn main() -> anyhow::Result<()> {
-    proxy_agent::telemetry::init(0, false);
-    match proxy_agent::ebpf_object::unavailable_reason() {
-        Some(reason) => tracing::warn!(reason, "ebpf mode unavailable"),
-        None => tracing::info!(
-            bytes = proxy_agent::ebpf_object::bytes().len(),
-            "eBPF object embedded"
-        ),
+//! proxy-agent: the binary's edge (flags, logging, exit codes).
+
+use clap::{CommandFactory as _, FromArgMatches as _, Parser};
+use proxy_agent::config::{self, Flags};
+use tracing::{info, warn};
+
+/// A Kubernetes service proxy: kube-proxy's behaviour with an eBPF fast path.
+#[derive(Parser)]
+#[command(name = "proxy-agent", version, args_override_self = true)]
+struct Cli {
+    #[command(flatten)]
+    flags: Flags,
+}
+
+fn main() -> std::process::ExitCode {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let resolved = match config::resolve(&cli.flags, &matches) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    let verbosity = u8::try_from(resolved.options.verbosity).unwrap_or(u8::MAX);
+    proxy_agent::telemetry::init(verbosity, resolved.options.log_format == "json");
+    for flag in &resolved.ignored_flags {
+        warn!(flag = %flag, "flag ignored because --config is given (the file's value applies)");
     }
-    Ok(())
+    for w in &resolved.warnings {
+        warn!("{w}");
+    }
+
+    if let Some(path) = &resolved.options.write_config_to {
+        return match config::write_config(path, &resolved.config) {
+            Ok(()) => {
+                info!(path = %path.display(), "configuration written");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::ExitCode::from(1)
+            }
+        };
+    }
+    if resolved.options.cleanup {
+        let root = proxy_agent::agent::bpffs_root(&resolved);
+        return if proxy_agent::cleanup::cleanup_all(&root) {
+            std::process::ExitCode::SUCCESS
+        } else {
+            std::process::ExitCode::from(1)
+        };
+    }
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("starting the async runtime: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(proxy_agent::agent::run(resolved)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "exiting");
+            eprintln!("proxy-agent: {e}");
+            std::process::ExitCode::from(1)
+        }
+    }
 }

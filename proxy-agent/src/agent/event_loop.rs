@@ -1,0 +1,437 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The one task that owns the model and the proxier (linkerd's pattern): cluster events
+//! update the trackers and request a sync; the runner decides when; a sync applies the
+//! pending changes and programs the dataplane.
+
+use std::{
+    collections::HashSet,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use k8s_openapi::api::core::v1::Node;
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+use super::{AgentError, ModeChoice, Result, node_facts::NodeFacts};
+use crate::{
+    config::{ProxyMode, Resolved},
+    health::{Family as HealthFamily, ProxyHealth},
+    k8s::watch::{Change, ClusterEvent, ResourceKind},
+    metrics::Metrics,
+    model::{IpFamily, NamespacedName},
+    node::host_addresses,
+    proxier::{
+        NodeContext, Proxier, StaleConntrack, SyncRequest,
+        ebpf::{
+            EbpfProxier,
+            loader::{LoadOptions, MapSizes},
+        },
+    },
+    runner::SyncRunner,
+    state::ClusterState,
+};
+
+pub struct EventLoop {
+    rx: mpsc::Receiver<ClusterEvent>,
+    cluster: ClusterState,
+    families: Vec<IpFamily>,
+    health: ProxyHealth,
+    metrics: Metrics,
+    runner: SyncRunner,
+    node_name: String,
+    resolved: Resolved,
+    synced: HashSet<ResourceKind>,
+    /// Changes applied to the model but not yet to the dataplane (kept across failures).
+    pending_changed: HashSet<NamespacedName>,
+    pending_stale: StaleConntrack,
+    pending_trigger_times: Vec<SystemTime>,
+}
+
+impl EventLoop {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        resolved: &Resolved,
+        node_name: String,
+        families: &[IpFamily],
+        health: ProxyHealth,
+        metrics: Metrics,
+        rx: mpsc::Receiver<ClusterEvent>,
+        min_sync: Duration,
+        sync: Duration,
+    ) -> Self {
+        Self {
+            rx,
+            cluster: ClusterState::new(families, &node_name),
+            families: families.to_vec(),
+            health,
+            metrics,
+            runner: SyncRunner::new(min_sync, sync),
+            node_name,
+            resolved: resolved.clone(),
+            synced: HashSet::new(),
+            pending_changed: HashSet::new(),
+            pending_stale: StaleConntrack::default(),
+            pending_trigger_times: Vec::new(),
+        }
+    }
+
+    pub fn node_object(&self) -> Option<&Node> {
+        self.cluster.node_object().map(|n| n.as_ref())
+    }
+
+    /// Applies one event to the model. Returns whether a sync is needed.
+    fn handle(&mut self, event: ClusterEvent) -> bool {
+        match event {
+            ClusterEvent::Service(c) => match c {
+                Change::Upsert(s) => self.cluster.service(&s, false),
+                Change::Delete(s) => self.cluster.service(&s, true),
+            },
+            ClusterEvent::EndpointSlice(c) => match c {
+                Change::Upsert(s) => self.cluster.endpoint_slice(&s, false),
+                Change::Delete(s) => self.cluster.endpoint_slice(&s, true),
+            },
+            ClusterEvent::Node(c) => match c {
+                Change::Upsert(n) => {
+                    let taints: Vec<String> = n
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.taints.as_ref())
+                        .map(|t| t.iter().map(|t| t.key.clone()).collect())
+                        .unwrap_or_default();
+                    let taint_refs: Vec<&str> = taints.iter().map(String::as_str).collect();
+                    self.health
+                        .sync_node(n.metadata.deletion_timestamp.is_some(), &taint_refs);
+                    self.cluster.node(&n)
+                }
+                Change::Delete(_) => {
+                    self.health.sync_node(true, &[]);
+                    false
+                }
+            },
+            ClusterEvent::ServiceCidr(c) => match c {
+                Change::Upsert(s) => self.cluster.service_cidr(&s, false),
+                Change::Delete(s) => self.cluster.service_cidr(&s, true),
+            },
+            ClusterEvent::Synced(kind) => {
+                self.synced.insert(kind);
+                false
+            }
+            ClusterEvent::Unreachable { kind, error } => {
+                if kind == ResourceKind::ServiceCidr && !self.synced.contains(&kind) {
+                    // Older API servers have no ServiceCIDR API: run without service CIDRs
+                    // rather than wait forever.
+                    warn!(%error, "ServiceCIDRs cannot be listed; service CIDRs are not policed");
+                    self.synced.insert(kind);
+                }
+                false
+            }
+        }
+    }
+
+    async fn next_event(&mut self) -> Result<ClusterEvent> {
+        self.rx.recv().await.ok_or(AgentError::SourcesStopped)
+    }
+
+    /// Processes events until every initial list is in (kube-proxy's isInitialized).
+    pub async fn wait_for_initial_state(&mut self) -> Result<()> {
+        let all = [
+            ResourceKind::Service,
+            ResourceKind::EndpointSlice,
+            ResourceKind::Node,
+            ResourceKind::ServiceCidr,
+        ];
+        while !all.iter().all(|k| self.synced.contains(k)) {
+            let event = self.next_event().await?;
+            self.handle(event);
+        }
+        info!("initial state of the cluster received");
+        Ok(())
+    }
+
+    /// Processes events until this node's Node object satisfies `ready`.
+    pub async fn wait_for_node(&mut self, ready: impl Fn(&Node) -> bool) -> Result<Arc<Node>> {
+        loop {
+            if let Some(node) = self.cluster.node_object()
+                && ready(node)
+            {
+                return Ok(node.clone());
+            }
+            info!("waiting for this node's Node object (podCIDRs for detectLocalMode NodeCIDR)");
+            let event = self.next_event().await?;
+            self.handle(event);
+        }
+    }
+
+    pub fn record_fallback(&self, choice: &ModeChoice) {
+        self.metrics
+            .fallbacks_total
+            .with_label_values(&[choice.requested.as_str(), choice.mode.as_str()])
+            .inc();
+    }
+
+    fn start_proxier(
+        &self,
+        mode: ProxyMode,
+        facts: &NodeFacts,
+    ) -> std::result::Result<Box<dyn Proxier>, String> {
+        match mode {
+            ProxyMode::Ebpf => {
+                let config = &self.resolved.config;
+                let cgroup = if config.ebpf.cgroup_root.is_empty() {
+                    crate::proxier::ebpf::loader::detect_cgroup2_root()
+                        .map_err(|e| e.to_string())?
+                } else {
+                    config.ebpf.cgroup_root.clone().into()
+                };
+                let sizes = &config.ebpf.map_sizes;
+                let opts = LoadOptions {
+                    bpffs_root: super::bpffs_root(&self.resolved),
+                    cgroup,
+                    map_sizes: MapSizes {
+                        services: sizes.services,
+                        backends: sizes.backends,
+                        rev_nat: sizes.rev_nat,
+                        sock_rev_nat: sizes.sock_rev_nat,
+                        affinity: sizes.affinity,
+                        conntrack: sizes.conntrack,
+                        source_ranges: sizes.source_ranges,
+                    },
+                    devices: facts.devices.clone(),
+                };
+                let cookie =
+                    crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
+                let proxier = EbpfProxier::start(&opts, cookie).map_err(|e| e.to_string())?;
+                Ok(Box::new(proxier))
+            }
+            other => Err(format!(
+                "{} mode is not available in this build yet",
+                other.as_str()
+            )),
+        }
+    }
+
+    /// Creates the dataplane (falling back if it cannot start) and runs until a signal.
+    pub async fn start(mut self, choice: ModeChoice, facts: NodeFacts) -> Result<()> {
+        let mut choice = choice;
+        let mut proxier = match self.start_proxier(choice.mode, &facts) {
+            Ok(p) => p,
+            Err(reason) if choice.mode != ProxyMode::Iptables => {
+                choice =
+                    super::mode::fallback(choice.mode, reason, self.resolved.options.strict_mode)?;
+                self.record_fallback(&choice);
+                self.start_proxier(choice.mode, &facts)
+                    .map_err(|reason| AgentError::Dataplane {
+                        mode: choice.mode.as_str(),
+                        reason,
+                    })?
+            }
+            Err(reason) => {
+                return Err(AgentError::Dataplane {
+                    mode: choice.mode.as_str(),
+                    reason,
+                });
+            }
+        };
+        self.health.set_proxy_mode(proxier.mode());
+        info!(
+            mode = proxier.mode(),
+            requested = choice.requested.as_str(),
+            "proxier running"
+        );
+
+        let config = &self.resolved.config;
+        let mut node = NodeContext {
+            name: self.node_name.clone(),
+            labels: self.cluster.node_labels().clone(),
+            primary_ips: facts.primary_ips.clone(),
+            host_addresses: facts.host_addresses.clone(),
+            nodeport_addresses: facts.nodeport_addresses.clone(),
+            local_detector: facts.local_detector.clone(),
+            masquerade_all: self.resolved.effective.masquerade_all,
+            masquerade_bit: config
+                .iptables
+                .masquerade_bit
+                .and_then(|b| u32::try_from(b).ok())
+                .unwrap_or(14),
+            localhost_nodeports: config.iptables.localhost_node_ports.unwrap_or(true),
+        };
+
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| AgentError::Dataplane {
+                mode: "signals",
+                reason: e.to_string(),
+            })?;
+        self.runner.request_full(Instant::now());
+        let mut host_refresh = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            let deadline = self.runner.next_deadline();
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                event = self.rx.recv() => {
+                    let Some(event) = event else { return Err(AgentError::SourcesStopped) };
+                    let labels_changed = matches!(event, ClusterEvent::Node(_));
+                    if self.handle(event) {
+                        let now = Instant::now();
+                        if labels_changed {
+                            // Topology labels changed: every service's endpoint choice may.
+                            node.labels = self.cluster.node_labels().clone();
+                            self.runner.request_full(now);
+                        } else {
+                            self.runner.request(now);
+                        }
+                        self.queued(SystemTime::now());
+                    }
+                    // Drain what is already queued before deciding to sync.
+                    while let Ok(event) = self.rx.try_recv() {
+                        if self.handle(event) {
+                            self.runner.request(Instant::now());
+                        }
+                    }
+                    self.report_rejected();
+                }
+                _ = sleep => {
+                    let now = Instant::now();
+                    if let Some(run) = self.runner.due(now) {
+                        let ok = self.sync(proxier.as_mut(), &node, run.full);
+                        self.runner.completed(now, ok);
+                    }
+                }
+                _ = host_refresh.tick() => {
+                    let addrs = host_addresses();
+                    if addrs != node.host_addresses {
+                        info!(addresses = ?addrs, "host addresses changed");
+                        node.host_addresses = addrs;
+                        self.runner.request_full(Instant::now());
+                    }
+                }
+                _ = tokio::signal::ctrl_c() => {
+                    info!("interrupted; leaving the dataplane in place");
+                    return Ok(());
+                }
+                _ = sigterm.recv() => {
+                    info!("terminated; leaving the dataplane in place");
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn queued(&self, now: SystemTime) {
+        for f in &self.families {
+            self.health.queued_update(health_family(*f), now);
+        }
+        Metrics::set_timestamp(&self.metrics.last_queued_timestamp, now);
+        let (svc, eps) = self.cluster.pending_counts();
+        self.metrics.service_changes_pending.set(svc as i64);
+        self.metrics.endpoint_changes_pending.set(eps as i64);
+    }
+
+    fn report_rejected(&mut self) {
+        for rejected in self.cluster.take_rejected() {
+            warn!(
+                kind = ?rejected.kind,
+                namespace = %rejected.namespace,
+                name = %rejected.name,
+                reason = %rejected.reason,
+                "skipping invalid object"
+            );
+            self.metrics
+                .objects_rejected_total
+                .with_label_values(&[&format!("{:?}", rejected.kind)])
+                .inc();
+        }
+    }
+
+    /// One sync; returns whether it succeeded.
+    fn sync(&mut self, proxier: &mut dyn Proxier, node: &NodeContext, full: bool) -> bool {
+        let started = Instant::now();
+        let applied = self.cluster.apply_pending();
+        self.pending_changed.extend(applied.changed);
+        self.pending_stale
+            .deleted_udp_cluster_ips
+            .extend(applied.stale.deleted_udp_cluster_ips);
+        self.pending_stale
+            .deleted_udp_endpoints
+            .extend(applied.stale.deleted_udp_endpoints);
+        self.pending_stale
+            .new_services_with_endpoints
+            .extend(applied.stale.new_services_with_endpoints);
+        self.pending_trigger_times.extend(applied.trigger_times);
+        let (svc_total, ep_total) = self.cluster.changes_total();
+        self.metrics
+            .service_changes_total
+            .inc_by(svc_total.saturating_sub(self.metrics.service_changes_total.get()));
+        self.metrics
+            .endpoint_changes_total
+            .inc_by(ep_total.saturating_sub(self.metrics.endpoint_changes_total.get()));
+        self.metrics.service_changes_pending.set(0);
+        self.metrics.endpoint_changes_pending.set(0);
+
+        let request = SyncRequest {
+            families: self.cluster.families(),
+            node,
+            full,
+            changed: &self.pending_changed,
+            stale: &self.pending_stale,
+        };
+        let result = proxier.sync(&request);
+        let elapsed = started.elapsed().as_secs_f64();
+        match result {
+            Ok(stats) => {
+                let now = SystemTime::now();
+                self.metrics.sync_duration.observe(elapsed);
+                if full {
+                    self.metrics.sync_full_duration.observe(elapsed);
+                } else {
+                    self.metrics.sync_partial_duration.observe(elapsed);
+                }
+                Metrics::set_timestamp(&self.metrics.last_sync_timestamp, now);
+                self.metrics
+                    .no_local_endpoints
+                    .with_label_values(&["internal"])
+                    .set(stats.no_local_endpoints_internal as f64);
+                self.metrics
+                    .no_local_endpoints
+                    .with_label_values(&["external"])
+                    .set(stats.no_local_endpoints_external as f64);
+                for t in self.pending_trigger_times.drain(..) {
+                    if let Ok(d) = now.duration_since(t) {
+                        self.metrics.network_programming.observe(d.as_secs_f64());
+                    }
+                }
+                for f in &self.families {
+                    self.health.updated(health_family(*f), now);
+                }
+                debug!(
+                    full,
+                    changed = self.pending_changed.len(),
+                    written = stats.written,
+                    deleted = stats.deleted,
+                    seconds = elapsed,
+                    "synced"
+                );
+                self.pending_changed.clear();
+                self.pending_stale = StaleConntrack::default();
+                true
+            }
+            Err(e) => {
+                self.metrics.sync_failures_total.inc();
+                error!(error = %e, full, "sync failed; retrying with a full sync");
+                false
+            }
+        }
+    }
+}
+
+fn health_family(f: IpFamily) -> HealthFamily {
+    match f {
+        IpFamily::V4 => HealthFamily::V4,
+        IpFamily::V6 => HealthFamily::V6,
+    }
+}

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The running agent: start-up in upstream's order (node name, sources, node facts, mode
+//! with fallback, process settings, health and metrics), then one event loop that owns the
+//! model and the proxier.
+
+mod event_loop;
+mod mode;
+mod node_facts;
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+pub use self::mode::{ModeChoice, choose_mode};
+use crate::{
+    config::{ProxyMode, Resolved},
+    health::ProxyHealth,
+    k8s::{
+        client::{ConnectionSettings, make_client},
+        watch::{ClusterEvent, spawn_watchers},
+    },
+    metrics::Metrics,
+    model::IpFamily,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("determining the node name: {0}")]
+    NodeName(std::io::Error),
+    #[error(transparent)]
+    Client(#[from] crate::k8s::client::ClientError),
+    #[error("proxy mode {requested} cannot run on this node: {reason}")]
+    ModeUnavailable {
+        requested: &'static str,
+        reason: String,
+    },
+    #[error("starting the {mode} dataplane: {reason}")]
+    Dataplane { mode: &'static str, reason: String },
+    #[error("invalid {what} {value:?}: {reason}")]
+    Address {
+        what: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("binding {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the event sources stopped")]
+    SourcesStopped,
+    #[error("{0}")]
+    LocalDetector(#[from] crate::node::LocalDetectorError),
+}
+
+pub type Result<T, E = AgentError> = std::result::Result<T, E>;
+
+/// The IP families this node can serve (the kernel has IPv6 unless it is disabled).
+pub fn node_families() -> Vec<IpFamily> {
+    let mut out = vec![IpFamily::V4];
+    if std::path::Path::new("/proc/net/if_inet6").exists() {
+        out.push(IpFamily::V6);
+    }
+    out
+}
+
+fn parse_bind(what: &'static str, value: &str) -> Result<SocketAddr> {
+    value
+        .parse()
+        .map_err(|e: std::net::AddrParseError| AgentError::Address {
+            what,
+            value: value.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// Runs the agent until a termination signal.
+pub async fn run(resolved: Resolved) -> Result<()> {
+    let config = &resolved.config;
+    let node_name =
+        crate::node::node_name(&config.hostname_override).map_err(AgentError::NodeName)?;
+    info!(node = %node_name, "starting");
+    let families = node_families();
+    let periods = resolved.effective.sync_periods;
+
+    // Sources first: the Node object (addresses, podCIDRs) is needed to finish start-up.
+    let (tx, rx) = mpsc::channel::<ClusterEvent>(4096);
+    match &resolved.options.source_dir {
+        Some(dir) => {
+            info!(dir = %dir.display(), "reading cluster objects from a directory (--source)");
+            crate::source::dir::spawn(dir.clone(), node_name.clone(), tx);
+        }
+        None => {
+            let kubeconfig = (!config.client_connection.kubeconfig.is_empty())
+                .then(|| config.client_connection.kubeconfig.clone());
+            let client = make_client(&ConnectionSettings {
+                kubeconfig,
+                master: resolved.options.master.clone(),
+            })
+            .await?;
+            spawn_watchers(client, &node_name, tx);
+        }
+    }
+
+    let requested = resolved.effective.mode;
+    let health = ProxyHealth::new(2 * periods.sync.to_std(), requested.as_str());
+    let metrics = Metrics::new();
+    let healthz = parse_bind("healthzBindAddress", &config.healthz_bind_address)?;
+    let metrics_addr = parse_bind("metricsBindAddress", &config.metrics_bind_address)?;
+    spawn_server("healthz", healthz, config.bind_address_hard_fail, {
+        let (h, m) = (health.clone(), metrics.clone());
+        move |addr| crate::health::serve(addr, h, Some(m))
+    });
+    spawn_server("metrics", metrics_addr, config.bind_address_hard_fail, {
+        let (h, m) = (health.clone(), metrics.clone());
+        move |addr| crate::metrics::serve(addr, m, h)
+    });
+    if config.enable_profiling {
+        info!("enableProfiling is set; this agent has no /debug/pprof handlers");
+    }
+
+    let mut event_loop = event_loop::EventLoop::new(
+        &resolved,
+        node_name,
+        &families,
+        health,
+        metrics,
+        rx,
+        Duration::from(periods.min_sync.to_std()),
+        Duration::from(periods.sync.to_std()),
+    );
+    event_loop.wait_for_initial_state().await?;
+    let facts = node_facts::establish(&resolved, &mut event_loop).await?;
+    let choice = choose_mode(requested, &resolved, &facts)?;
+    if choice.fell_back() {
+        event_loop.record_fallback(&choice);
+    }
+    node_facts::apply_process_settings(&resolved, choice.mode);
+    if resolved.options.init_only {
+        info!("--init-only: initialisation done, exiting");
+        return Ok(());
+    }
+    event_loop.start(choice, facts).await
+}
+
+/// Serves `what` on `addr` in the background. A failure to bind is fatal with
+/// bindAddressHardFail, a warning otherwise (upstream's behaviour).
+fn spawn_server<F, Fut>(what: &'static str, addr: SocketAddr, hard_fail: bool, serve: F)
+where
+    F: FnOnce(SocketAddr) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) = serve(addr).await {
+            if hard_fail {
+                tracing::error!(server = what, %addr, error = %e, "cannot serve; bindAddressHardFail is set, exiting");
+                std::process::exit(1);
+            }
+            warn!(server = what, %addr, error = %e, "cannot serve");
+        }
+    });
+}
+
+/// The pin directory of the ebpf mode.
+pub fn bpffs_root(resolved: &Resolved) -> PathBuf {
+    let root = &resolved.config.ebpf.bpffs_root;
+    if root.is_empty() {
+        PathBuf::from(crate::config::DEFAULT_BPFFS_ROOT)
+    } else {
+        PathBuf::from(root)
+    }
+}
+
+/// Whether `mode` is ours to run (nftables is parsed but refused by validation).
+pub fn implemented(mode: ProxyMode) -> bool {
+    !matches!(mode, ProxyMode::Nftables)
+}
