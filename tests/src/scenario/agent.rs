@@ -173,10 +173,14 @@ impl Agent {
                 {
                     judge_metrics(parse_sync_times(&metrics.body), change, SystemTime::now())
                 }
-                _ => match self.get(&format!("http://{HEALTHZ_BIND}/healthz")).await {
+                // Only an agent that serves metrics without the sync gauges is judged by
+                // /healthz: one whose metrics server is not up yet is simply not ready
+                // (its /healthz says "healthy" while starting, as upstream's does).
+                Ok(_) => match self.get(&format!("http://{HEALTHZ_BIND}/healthz")).await {
                     Ok(healthz) => judge_healthz(&healthz, change),
                     Err(err) => Err(err),
                 },
+                Err(err) => Err(err),
             };
             let last = match verdict {
                 Ok(()) => return Ok(()),

@@ -116,7 +116,35 @@ impl Topology {
         };
         netns::create_cgroup(&topology.cgroup)?;
         topology.build_network()?;
+        topology.wait_links_up()?;
         Ok(topology)
+    }
+
+    /// Waits until every veth of every namespace reports operstate UP. Until the kernel's
+    /// link watcher has processed a new carrier (up to a second later) the device still has
+    /// the no-op qdisc, which silently drops what is sent: the first flow would lose its
+    /// SYN and time out.
+    fn wait_links_up(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        for ns in &self.namespaces {
+            loop {
+                let out = netns::ip_in(ns, &["-o", "link", "show"])?;
+                let pending = out
+                    .lines()
+                    .filter(|l| l.contains("veth") || l.contains("@"))
+                    .any(|l| !l.contains("state UP"));
+                if !pending {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(Error::Setup(format!(
+                        "links in {ns} did not come up: {out}"
+                    )));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        Ok(())
     }
 
     pub fn pod_ns(&self, index: usize) -> String {
