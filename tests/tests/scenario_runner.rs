@@ -76,6 +76,8 @@ fn options(agent: Option<AgentOptions>) -> RunOptions {
         runner_exe: PathBuf::from(RUNNER),
         timeout: Duration::from_millis(1000),
         keep: false,
+        // The stand-in agents below check the --source command line.
+        dir_source: true,
     }
 }
 

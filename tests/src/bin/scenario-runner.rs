@@ -49,6 +49,10 @@ enum Command {
         /// Keep namespaces, cgroup, pins and files afterwards.
         #[arg(long)]
         keep: bool,
+        /// Feed the agent from a manifest directory (--source) instead of the test API
+        /// server.
+        #[arg(long)]
+        dir_source: bool,
         /// Connect and answer timeout per attempt.
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
@@ -110,6 +114,7 @@ fn main() -> ExitCode {
             no_agent,
             agent_args,
             keep,
+            dir_source,
             timeout_ms,
             ready_timeout_s,
         } => {
@@ -132,6 +137,7 @@ fn main() -> ExitCode {
                     runner_exe: std::env::current_exe().context("locating this binary")?,
                     timeout: Duration::from_millis(timeout_ms),
                     keep,
+                    dir_source,
                 };
                 let dirs = if dirs.is_empty() {
                     default_dirs()

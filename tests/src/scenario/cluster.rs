@@ -156,6 +156,70 @@ impl ObjectStore for DirStore {
 /// The directory-backed cluster the runner uses until the API-server store lands.
 pub type DirSource = Tracked<DirStore>;
 
+/// Objects served by the test API server. The server's socket is bound inside the node's
+/// network namespace, so the agent there reaches it on its own 127.0.0.1.
+pub struct ApiServerStore {
+    server: crate::apiserver::TestApiServer,
+    kubeconfig: PathBuf,
+}
+
+impl std::fmt::Debug for ApiServerStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiServerStore")
+            .field("url", &self.server.url())
+            .finish()
+    }
+}
+
+fn api_error(context: &str, err: impl std::fmt::Display) -> Error {
+    Error::Setup(format!("{context}: {err}"))
+}
+
+impl ApiServerStore {
+    /// Starts a server inside `node_ns` (needs a tokio runtime).
+    pub fn start(node_ns: &str, run_dir: &Path) -> Result<Self> {
+        let listener = super::netns::bind_tcp_listener_in(node_ns, ([127, 0, 0, 1], 0).into())?;
+        let server = crate::apiserver::TestApiServer::start_on(
+            listener,
+            crate::apiserver::ServerConfig::default(),
+        )
+        .map_err(|e| api_error("starting the test API server", e))?;
+        let kubeconfig = run_dir.join("kubeconfig");
+        server
+            .write_kubeconfig(&kubeconfig)
+            .map_err(|e| api_error("writing the kubeconfig", e))?;
+        Ok(Self { server, kubeconfig })
+    }
+
+    pub fn server(&self) -> &crate::apiserver::TestApiServer {
+        &self.server
+    }
+}
+
+impl ObjectStore for ApiServerStore {
+    fn put(&mut self, r: &ObjectRef, object: &Value) -> Result<()> {
+        self.server
+            .apply_value(object.clone())
+            .map(drop)
+            .map_err(|e| api_error(&format!("storing {r}"), e))
+    }
+
+    fn remove(&mut self, r: &ObjectRef) -> Result<()> {
+        let api_version = super::objects::api_version_of(&r.kind)
+            .ok_or_else(|| Error::Invalid(format!("unknown kind in {r}")))?;
+        self.server
+            .delete_value(api_version, &r.kind, r.namespace.as_deref(), &r.name)
+            .map(drop)
+            .map_err(|e| api_error(&format!("deleting {r}"), e))
+    }
+
+    fn connection(&self) -> AgentConnection {
+        AgentConnection::Kubeconfig(self.kubeconfig.clone())
+    }
+}
+
+pub type ApiServerSource = Tracked<ApiServerStore>;
+
 impl DirSource {
     pub fn in_dir(dir: &Path) -> Result<Self> {
         Ok(Tracked::new(DirStore::new(dir)?))

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::{
     agent::{Agent, AgentOptions, ConfigInputs, bpffs_root},
-    cluster::{ClusterSource, DirSource},
+    cluster::{ApiServerStore, ClusterSource, DirSource, Tracked},
     echo::sctp_supported,
     error::{Error, Result},
     format::{Change, Expectation, Flow, Mode, Proto, Scenario},
@@ -37,6 +37,9 @@ pub struct RunOptions {
     pub timeout: Duration,
     /// Leave namespaces, cgroup and files in place afterwards.
     pub keep: bool,
+    /// Feed the agent from a manifest directory (`--source DIR`) instead of the test API
+    /// server.
+    pub dir_source: bool,
 }
 
 /// `*.yaml` files of the directories, sorted by name, whose file name contains `filter`.
@@ -245,8 +248,14 @@ impl<'a> Env<'a> {
         let placement = Placement::plan(scenario)?;
         let mut topology = Topology::build(&scenario.node, &placement, options.keep)?;
         topology.start_listeners(&options.runner_exe, sctp)?;
-        let mut source: Box<dyn ClusterSource> =
-            Box::new(DirSource::in_dir(&topology.run_dir.join("objects"))?);
+        let mut source: Box<dyn ClusterSource> = if options.dir_source {
+            Box::new(DirSource::in_dir(&topology.run_dir.join("objects"))?)
+        } else {
+            Box::new(Tracked::new(ApiServerStore::start(
+                &topology.node_ns,
+                &topology.run_dir,
+            )?))
+        };
         let initial = match &scenario.stages[0].change {
             Change::Replace(objects) => with_node(objects, &scenario.node),
             Change::Delete(_) => with_node(&[], &scenario.node),
