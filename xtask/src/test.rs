@@ -6,7 +6,7 @@ use clap::Args;
 
 use crate::{
     setup,
-    util::{cargo, run_cmd, step},
+    util::{cargo, step},
 };
 
 #[derive(Args, Default)]
@@ -27,7 +27,13 @@ pub fn run_tests(args: &TestArgs) -> anyhow::Result<()> {
         cmd.args(["test", "--no-fail-fast"]);
     }
     cmd.env("PROXY_REQUIRE_EBPF", "1").args(&args.rest);
-    run_cmd(&mut cmd)
+    // The test runner's own summary is the last thing printed: pass its exit status on
+    // without another word.
+    let status = crate::util::status(&mut cmd)?;
+    if !status.success() {
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    Ok(())
 }
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {

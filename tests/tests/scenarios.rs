@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Every behaviour scenario (../shared/scenarios and tests/scenarios) replayed with real
+//! packets by the scenario runner, once per dataplane mode this machine can run: one test
+//! per (mode, file), failing with the runner's FAIL lines. Needs root; without it each test
+//! is ignored with the reason.
+
+use std::{path::PathBuf, process::Command};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
+}
+
+fn scenario_dirs() -> Vec<PathBuf> {
+    let ws = workspace();
+    [ws.join("../shared/scenarios"), ws.join("tests/scenarios")]
+        .into_iter()
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+fn scenario_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = scenario_dirs()
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Modes replayed on this host. ipvs needs a kernel with IPVS: it runs in a VM elsewhere.
+const MODES: &[&str] = &["ebpf"];
+
+fn run(mode: &str, file: &PathBuf) -> Result<(), Failed> {
+    let dir = file.parent().unwrap_or(file);
+    let name = file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default()
+        .to_string();
+    let out = Command::new(RUNNER)
+        .args(["run", "--mode", mode, "--dir"])
+        .arg(dir)
+        .args(["--filter", &format!("{name}.yaml")])
+        .output()
+        .map_err(|e| Failed::from(format!("starting the runner: {e}")))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = stdout.lines().last().unwrap_or_default().to_string();
+    if out.status.success() {
+        let skips: Vec<&str> = stdout.lines().filter(|l| l.starts_with("SKIP")).collect();
+        if !skips.is_empty() {
+            eprintln!("{}", skips.join("\n"));
+        }
+        return Ok(());
+    }
+    let fails: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("FAIL") || l.starts_with("ERROR"))
+        .collect();
+    Err(Failed::from(format!(
+        "{summary}\n{}\n{}",
+        fails.join("\n"),
+        String::from_utf8_lossy(&out.stderr)
+    )))
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let root = nix::unistd::Uid::effective().is_root();
+    let mut trials = Vec::new();
+    for mode in MODES {
+        for file in scenario_files() {
+            let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+            let mode = mode.to_string();
+            let name = format!("{mode}::{stem}");
+            let trial = Trial::test(name, move || run(&mode, &file)).with_ignored_flag(!root);
+            trials.push(trial);
+        }
+    }
+    if !root {
+        eprintln!("scenario tests need root (run `cargo xtask test` as root): ignored");
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
