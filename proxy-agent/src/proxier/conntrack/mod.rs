@@ -102,7 +102,9 @@ impl Filter {
         entry.family == self.family
             && entry.orig.protocol == self.protocol
             && self.orig_dst.is_none_or(|ip| entry.orig.dst == ip)
-            && self.orig_dst_port.is_none_or(|port| entry.orig.dst_port == port)
+            && self
+                .orig_dst_port
+                .is_none_or(|port| entry.orig.dst_port == port)
             && self.reply_src.is_none_or(|ip| entry.reply.src == ip)
     }
 }
@@ -200,7 +202,11 @@ pub fn clean_stale_udp(
     }
     match cleaner.delete(&filters) {
         Ok(deleted) => {
-            tracing::debug!(filters = filters.len(), deleted, "deleted stale UDP conntrack entries")
+            tracing::debug!(
+                filters = filters.len(),
+                deleted,
+                "deleted stale UDP conntrack entries"
+            )
         }
         Err(err) => {
             tracing::error!(reason = %err, filters = filters.len(), "failed to delete stale UDP conntrack entries")

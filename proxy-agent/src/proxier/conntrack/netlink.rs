@@ -92,7 +92,8 @@ impl MessageBuilder {
     fn begin_nested(&mut self, attr_type: u16) {
         self.nests.push(self.buf.len());
         self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf.extend_from_slice(&(attr_type | NLA_F_NESTED).to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(attr_type | NLA_F_NESTED).to_ne_bytes());
     }
 
     fn end_nested(&mut self) {
@@ -111,7 +112,13 @@ impl MessageBuilder {
 
 /// A dump of every entry of every family.
 pub fn dump_request(seq: u32) -> Vec<u8> {
-    MessageBuilder::new(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, AF_UNSPEC).finish()
+    MessageBuilder::new(
+        IPCTNL_MSG_CT_GET,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+        AF_UNSPEC,
+    )
+    .finish()
 }
 
 /// Deletes `entry`, identified by its original tuple (and zone).
@@ -159,7 +166,10 @@ fn v6(ip: IpAddr) -> Ipv6Addr {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Reply<'a> {
     /// A conntrack entry (its nfgenmsg family and attributes).
-    Entry { family: u8, attrs: &'a [u8] },
+    Entry {
+        family: u8,
+        attrs: &'a [u8],
+    },
     /// An error (or, with 0, an ACK).
     Error(i32),
     Done,
@@ -438,7 +448,10 @@ mod tests {
     /// A dumped entry as the kernel sends it: both tuples, the zone.
     fn dumped(entry: &Entry) -> Vec<u8> {
         let mut msg = MessageBuilder::new(0, NLM_F_MULTI, 1, af(entry.family));
-        for (attr, t) in [(CTA_TUPLE_ORIG, &entry.orig), (CTA_TUPLE_REPLY, &entry.reply)] {
+        for (attr, t) in [
+            (CTA_TUPLE_ORIG, &entry.orig),
+            (CTA_TUPLE_REPLY, &entry.reply),
+        ] {
             msg.begin_nested(attr);
             msg.begin_nested(CTA_TUPLE_IP);
             match (t.src, t.dst) {
@@ -495,7 +508,10 @@ mod tests {
     fn delete_requests_carry_the_original_tuple_and_zone() {
         let e = entry();
         let request = delete_request(&e, 9);
-        assert_eq!(u32::from_ne_bytes(take4(&request, 0)) as usize, request.len());
+        assert_eq!(
+            u32::from_ne_bytes(take4(&request, 0)) as usize,
+            request.len()
+        );
         assert_eq!(
             u16::from_ne_bytes([request[4], request[5]]),
             (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
@@ -507,7 +523,14 @@ mod tests {
         assert_eq!(request[NLMSG_HDRLEN], AF_INET);
         let body = &request[NLMSG_HDRLEN + NFGENMSG_LEN..];
         let found: Vec<(u16, Option<Tuple>)> = attrs(body)
-            .map(|(t, payload)| (t, (t == CTA_TUPLE_ORIG).then(|| parse_tuple(payload)).flatten()))
+            .map(|(t, payload)| {
+                (
+                    t,
+                    (t == CTA_TUPLE_ORIG)
+                        .then(|| parse_tuple(payload))
+                        .flatten(),
+                )
+            })
             .collect();
         assert_eq!(found[0], (CTA_TUPLE_ORIG, Some(e.orig)));
         assert_eq!(found[1].0, CTA_ZONE);

@@ -317,7 +317,10 @@ mod tests {
     #[test]
     fn versions() {
         let v = Version::parse("iptables v1.8.9 (nf_tables)\n").unwrap();
-        assert_eq!((v.major, v.minor, v.patch, v.variant), (1, 8, 9, Variant::Nft));
+        assert_eq!(
+            (v.major, v.minor, v.patch, v.variant),
+            (1, 8, 9, Variant::Nft)
+        );
         assert!(v.has_random_fully() && v.restore_waits());
         assert_eq!(v.wait_args(), &["-w", "5", "-W", "100000"]);
         let old = Version::parse("iptables v1.4.21").unwrap();
@@ -335,9 +338,15 @@ mod tests {
             failed_line("iptables-restore v1.8.9 (nf_tables): line 12 failed"),
             Some(12)
         );
-        assert_eq!(failed_line("Another app is currently holding the xtables lock"), None);
+        assert_eq!(
+            failed_line("Another app is currently holding the xtables lock"),
+            None
+        );
         let text = "a\nb\nc\nd\ne\n";
         assert_eq!(lines_around(text, 1, 1), "     1: a\n     2: b\n");
-        assert_eq!(lines_around(text, 4, 1), "     3: c\n     4: d\n     5: e\n");
+        assert_eq!(
+            lines_around(text, 4, 1),
+            "     3: c\n     4: d\n     5: e\n"
+        );
     }
 }

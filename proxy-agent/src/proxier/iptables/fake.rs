@@ -102,12 +102,20 @@ impl FakeIptables {
                 continue;
             }
             if line == "COMMIT" {
-                staged.push(current.take().ok_or_else(|| fail("COMMIT outside a table"))?);
+                staged.push(
+                    current
+                        .take()
+                        .ok_or_else(|| fail("COMMIT outside a table"))?,
+                );
                 continue;
             }
             let (table, state) = current.as_mut().ok_or_else(|| fail("no table"))?;
             if let Some(decl) = line.strip_prefix(':') {
-                let chain = decl.split_whitespace().next().unwrap_or_default().to_string();
+                let chain = decl
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
                 let builtin = table.builtin_chains().contains(&chain.as_str());
                 if builtin {
                     return Err(fail("declaring a built-in chain flushes it; not expected"));
@@ -238,6 +246,35 @@ impl IptablesBackend for FakeIptables {
     }
 }
 
+/// A [`FakeIptables`] the test keeps a handle on while a proxier owns the backend.
+#[derive(Clone, Debug, Default)]
+pub struct SharedFake(pub std::sync::Arc<std::sync::Mutex<FakeIptables>>);
+
+impl SharedFake {
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, FakeIptables> {
+        self.0.lock().unwrap()
+    }
+}
+
+impl IptablesBackend for SharedFake {
+    fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        self.lock().restore(family, input)
+    }
+
+    fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
+        self.lock().save(family, table)
+    }
+
+    fn list_chain(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+    ) -> Result<Option<String>, ExecError> {
+        self.lock().list_chain(family, table, chain)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,7 +297,11 @@ mod tests {
         let flush_then_delete = "*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-X KUBE-B\nCOMMIT\n";
         fake.restore(IpFamily::V4, flush_then_delete).unwrap();
         assert!(fake.chain(IpFamily::V4, Table::Nat, "KUBE-B").is_none());
-        assert!(fake.save(IpFamily::V4, Table::Nat).unwrap().contains(":KUBE-A - [0:0]"));
+        assert!(
+            fake.save(IpFamily::V4, Table::Nat)
+                .unwrap()
+                .contains(":KUBE-A - [0:0]")
+        );
         assert_eq!(
             fake.list_chain(IpFamily::V4, Table::Nat, "PREROUTING")
                 .unwrap()

@@ -92,7 +92,11 @@ pub struct IptablesProxier {
 impl IptablesProxier {
     /// Finds the iptables binaries, applies the sysctls this mode needs (see [`setup`]) and
     /// returns a proxier whose first sync will be full.
-    pub fn new(config: IptablesConfig, node: &NodeContext, sysctl: &mut dyn Sysctl) -> Result<Self> {
+    pub fn new(
+        config: IptablesConfig,
+        node: &NodeContext,
+        sysctl: &mut dyn Sysctl,
+    ) -> Result<Self> {
         let backend = CommandBackend::detect().map_err(Error::Detect)?;
         let settings = setup::apply(sysctl, node)?;
         let options = RuleOptions {
@@ -205,4 +209,3 @@ pub fn cleanup_leftovers() -> Result<CleanupReport> {
     let mut backend = CommandBackend::detect().map_err(Error::Detect)?;
     cleanup_with(&mut backend, &[IpFamily::V4, IpFamily::V6])
 }
-

@@ -116,7 +116,11 @@ mod tests {
             nodeport_addresses: Some(vec!["192.168.0.2".parse().unwrap()]),
             ..Default::default()
         };
-        assert!(!apply(&mut untouched, &primary_only).unwrap().route_localnet_set);
+        assert!(
+            !apply(&mut untouched, &primary_only)
+                .unwrap()
+                .route_localnet_set
+        );
         assert!(!untouched.values.contains_key(ROUTE_LOCALNET));
 
         let mut read_only = FakeSysctl {
@@ -125,7 +129,10 @@ mod tests {
         };
         assert!(matches!(
             apply(&mut read_only, &node),
-            Err(Error::Sysctl { name: ROUTE_LOCALNET, .. })
+            Err(Error::Sysctl {
+                name: ROUTE_LOCALNET,
+                ..
+            })
         ));
     }
 
@@ -136,6 +143,10 @@ mod tests {
         let settings = apply(&mut sysctl, &NodeContext::default()).unwrap();
         assert!(settings.conntrack_tcp_be_liberal);
         sysctl.values.insert(TCP_BE_LIBERAL.into(), "0".into());
-        assert!(!apply(&mut sysctl, &NodeContext::default()).unwrap().conntrack_tcp_be_liberal);
+        assert!(
+            !apply(&mut sysctl, &NodeContext::default())
+                .unwrap()
+                .conntrack_tcp_be_liberal
+        );
     }
 }

@@ -50,7 +50,9 @@ impl LocalMatch {
                 .first()
                 .map_or(LocalMatch::None, |cidr| LocalMatch::Source(*cidr)),
             LocalDetector::BridgeInterface(name) => LocalMatch::Interface(name.clone()),
-            LocalDetector::InterfaceNamePrefix(prefix) => LocalMatch::Interface(format!("{prefix}+")),
+            LocalDetector::InterfaceNamePrefix(prefix) => {
+                LocalMatch::Interface(format!("{prefix}+"))
+            }
         }
     }
 

@@ -21,8 +21,8 @@ pub use cache::RuleCache;
 pub use context::{FamilyContext, LocalMatch, RuleOptions};
 
 use super::names::{
-    ChainName, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ,
-    KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
+    ChainName, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
+    KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
 use crate::model::{EndpointsMap, IpFamily, NamespacedName, ServicePortMap};
 
@@ -80,7 +80,10 @@ impl RestoreBuffers {
 
     /// Declares stale per-service chains (which flushes them) and deletes them, after
     /// every other rule so nothing refers to them any more.
-    pub fn delete_chains(&mut self, chains: impl IntoIterator<Item = impl std::fmt::Display>) -> usize {
+    pub fn delete_chains(
+        &mut self,
+        chains: impl IntoIterator<Item = impl std::fmt::Display>,
+    ) -> usize {
         let mut count = 0;
         for chain in chains {
             line!(self.nat_chains, ":{chain} - [0:0]");
@@ -243,8 +246,13 @@ fn reserve(out: &mut RestoreBuffers, generated: &Generated, scope: Scope<'_>) {
     let per_endpoint = if scope.is_full() { 400 } else { 0 };
     out.nat_rules
         .reserve(ports * 180 + generated.endpoints * per_endpoint + 2048);
-    out.nat_chains
-        .reserve(if scope.is_full() { (ports * 2 + generated.endpoints) * 36 } else { 0 } + 512);
+    out.nat_chains.reserve(
+        if scope.is_full() {
+            (ports * 2 + generated.endpoints) * 36
+        } else {
+            0
+        } + 512,
+    );
     out.filter_rules.reserve(1024);
 }
 
@@ -258,7 +266,12 @@ fn write_fixed_chains(ctx: &FamilyContext<'_>, out: &mut RestoreBuffers) {
     ] {
         line!(out.filter_chains, ":{chain} - [0:0]");
     }
-    for chain in [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ] {
+    for chain in [
+        KUBE_SERVICES,
+        KUBE_NODEPORTS,
+        KUBE_POSTROUTING,
+        KUBE_MARK_MASQ,
+    ] {
         line!(out.nat_chains, ":{chain} - [0:0]");
     }
     let mark = &ctx.mark;
@@ -268,7 +281,10 @@ fn write_fixed_chains(ctx: &FamilyContext<'_>, out: &mut RestoreBuffers) {
     );
     // Clearing the mark keeps a packet that traverses the stack again from being
     // masqueraded twice.
-    line!(out.nat_rules, "-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}");
+    line!(
+        out.nat_rules,
+        "-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}"
+    );
     line!(
         out.nat_rules,
         "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{}",
@@ -278,7 +294,10 @@ fn write_fixed_chains(ctx: &FamilyContext<'_>, out: &mut RestoreBuffers) {
             ""
         }
     );
-    line!(out.nat_rules, "-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}");
+    line!(
+        out.nat_rules,
+        "-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"
+    );
 
     if ctx.localhost_nodeports {
         // route_localnet opens 127.0.0.0/8 to the network (issue 90259); this is the
@@ -294,7 +313,8 @@ fn write_fixed_chains(ctx: &FamilyContext<'_>, out: &mut RestoreBuffers) {
 /// The tail of KUBE-SERVICES: hand packets for node addresses to KUBE-NODEPORTS. It must
 /// stay the last rule of the chain.
 fn write_nodeport_jumps(ctx: &FamilyContext<'_>, out: &mut RestoreBuffers) {
-    const COMMENT: &str = "\"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
+    const COMMENT: &str =
+        "\"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
     match &ctx.nodeport_addresses {
         None => {
             let localhost = match ctx.family {

@@ -340,7 +340,12 @@ impl ServiceWriter<'_, '_> {
 
     /// loadBalancerSourceRanges; it only works for load balancers that keep the client's
     /// address. Traffic falling off the end is dropped by KUBE-PROXY-FIREWALL.
-    fn write_firewall_chain(&mut self, name: &ServicePortName, svc: &ServicePort, routing: &Routing) {
+    fn write_firewall_chain(
+        &mut self,
+        name: &ServicePortName,
+        svc: &ServicePort,
+        routing: &Routing,
+    ) {
         let (fw, ext) = (routing.fw, routing.ext);
         let out = &mut *self.out;
         line!(out.nat_chains, ":{fw} - [0:0]");
