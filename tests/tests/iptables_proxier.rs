@@ -497,3 +497,188 @@ fn cleanup_leaves_no_kube_chains_and_can_run_twice() {
         assert_eq!(again.chains_deleted, 0);
     });
 }
+
+/// `cargo test --release -p tests --test iptables_proxier -- --ignored --nocapture bench`:
+/// full and one-service-change sync times at 1k and 10k services, against a plain
+/// `iptables-restore` of the same generated input into an equal namespace.
+#[test]
+#[ignore = "benchmark; run explicitly"]
+fn bench_sync_against_raw_restore() {
+    use proxy_agent::model::{
+        Protocol, ServicePort, ServicePortName, SliceEndpoint, SliceInfo, SlicePort,
+    };
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    require_root!();
+    // KPE_BENCH_SERVICES=1000,10000 (the default) picks the sizes.
+    let sizes: Vec<usize> = std::env::var("KPE_BENCH_SERVICES")
+        .unwrap_or_else(|_| "1000,10000".into())
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    for services in sizes {
+        let mut world = World::new();
+        let (svc_tracker, ep_tracker) = &mut world.trackers[0];
+        let slice = |i: usize, generation: u8| SliceInfo {
+            service: NamespacedName::new("bench", format!("svc{i}")),
+            slice_name: format!("svc{i}-1"),
+            address_family: IpFamily::V4,
+            ports: vec![SlicePort {
+                name: "p".into(),
+                port: 8080,
+                protocol: Protocol::Tcp,
+            }],
+            endpoints: (0..3u8)
+                .map(|e| SliceEndpoint {
+                    ip: std::net::IpAddr::from([10, 100 + e + generation, (i >> 8) as u8, i as u8]),
+                    ready: true,
+                    serving: true,
+                    terminating: false,
+                    node_name: None,
+                    zone: None,
+                    zone_hints: None,
+                    node_hints: None,
+                })
+                .collect(),
+            last_change_trigger_time: None,
+        };
+        for i in 0..services {
+            let name = NamespacedName::new("bench", format!("svc{i}"));
+            let port = ServicePort {
+                cluster_ip: std::net::IpAddr::from([172, 30, (i >> 8) as u8, i as u8]),
+                port: 80,
+                protocol: Protocol::Tcp,
+                node_port: None,
+                external_ips: vec![],
+                load_balancer_ingress: vec![],
+                load_balancer_source_ranges: vec![],
+                external_policy_local: false,
+                internal_policy_local: false,
+                health_check_node_port: None,
+                session_affinity: None,
+            };
+            let ports = [(
+                ServicePortName::new(name.clone(), "p", Protocol::Tcp),
+                Arc::new(port),
+            )]
+            .into_iter()
+            .collect();
+            svc_tracker.update_ports(name.clone(), || None, ports);
+            ep_tracker.update_slice(&name, &format!("svc{i}-1"), Some(slice(i, 0)));
+        }
+        let state = &mut world.families[0];
+        state.services.apply(svc_tracker);
+        state.endpoints.apply(ep_tracker);
+
+        let ours = TempNetns::new("kpe-bench-ours");
+        let raw = TempNetns::new("kpe-bench-raw");
+        let none = HashSet::new();
+        let stale = StaleConntrack::default();
+        // The same input, restored raw first (so that any warm-up favours ours).
+        let mut generated = proxy_agent::proxier::iptables::IptablesProxier::with_parts(
+            Box::new(DryRunBackend::default()),
+            Box::new(NetlinkConntrack::new()),
+            Default::default(),
+            IptablesConfig::default(),
+        );
+        world.sync(&mut generated, true, &none, &stale);
+        let dry_input = generated
+            .last_restore_input(IpFamily::V4)
+            .unwrap()
+            .to_string();
+        let full_raw = in_netns(&raw, || restore_timed(&dry_input));
+
+        let (full_ours, mut proxier, input) = in_netns(&ours, || {
+            let mut proxier = proxier();
+            let start = Instant::now();
+            world.sync(&mut proxier, true, &none, &stale);
+            let took = start.elapsed();
+            let input = proxier
+                .last_restore_input(IpFamily::V4)
+                .unwrap()
+                .to_string();
+            (took, proxier, input)
+        });
+        assert_eq!(input, dry_input, "same input both ways");
+
+        // One endpoint of one service changes.
+        let ep_tracker = &mut world.trackers[0].1;
+        ep_tracker.update_slice(
+            &NamespacedName::new("bench", "svc7"),
+            "svc7-1",
+            Some(slice(7, 1)),
+        );
+        let changed = world.families[0]
+            .endpoints
+            .apply(ep_tracker)
+            .updated_services;
+        let (partial_ours, partial_input) = in_netns(&ours, || {
+            let start = Instant::now();
+            world.sync(&mut proxier, false, &changed, &stale);
+            (
+                start.elapsed(),
+                proxier
+                    .last_restore_input(IpFamily::V4)
+                    .unwrap()
+                    .to_string(),
+            )
+        });
+        let partial_raw = in_netns(&raw, || restore_timed(&partial_input));
+        eprintln!(
+            "{services} services: full sync {:?} vs raw restore {:?} (x{:.2}); one-service sync {:?} vs raw {:?} (x{:.2})",
+            full_ours,
+            full_raw,
+            full_ours.as_secs_f64() / full_raw.as_secs_f64(),
+            partial_ours,
+            partial_raw,
+            partial_ours.as_secs_f64() / partial_raw.as_secs_f64(),
+        );
+    }
+}
+
+/// Accepts everything and shows an empty kernel: yields the input a fresh namespace gets.
+#[derive(Default)]
+struct DryRunBackend;
+
+impl proxy_agent::proxier::iptables::IptablesBackend for DryRunBackend {
+    fn restore(
+        &mut self,
+        _: IpFamily,
+        _: &str,
+    ) -> Result<(), proxy_agent::proxier::iptables::ExecError> {
+        Ok(())
+    }
+    fn save(
+        &mut self,
+        _: IpFamily,
+        _: proxy_agent::proxier::iptables::jumps::Table,
+    ) -> Result<String, proxy_agent::proxier::iptables::ExecError> {
+        Ok(String::new())
+    }
+    fn list_chain(
+        &mut self,
+        _: IpFamily,
+        _: proxy_agent::proxier::iptables::jumps::Table,
+        _: &str,
+    ) -> Result<Option<String>, proxy_agent::proxier::iptables::ExecError> {
+        Ok(Some(String::new()))
+    }
+}
+
+fn restore_timed(input: &str) -> Duration {
+    let start = std::time::Instant::now();
+    let mut child = Command::new("iptables-restore")
+        .args(["-w", "5", "--noflush", "--counters"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    start.elapsed()
+}

@@ -3,6 +3,7 @@
 //! completes the input with what only the kernel can tell (missing jump rules, stale
 //! chains), restores it, and watches for flushes.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 use std::time::{Duration, Instant};
@@ -196,18 +197,19 @@ impl FamilyProxier {
         let mut listed: HashMap<(Table, &str), String> = HashMap::new();
         let mut added = 0;
         for jump in jumps {
-            let key = (jump.table, jump.from);
-            if !listed.contains_key(&key) {
-                let rules = backend
-                    .list_chain(self.family, jump.table, jump.from)
-                    .map_err(|source| Error::List {
-                        family: self.family,
-                        source,
-                    })?
-                    .unwrap_or_default();
-                listed.insert(key, rules);
-            }
-            if listed[&key].lines().any(|line| jump.matches(line)) {
+            let listing = match listed.entry((jump.table, jump.from)) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => entry.insert(
+                    backend
+                        .list_chain(self.family, jump.table, jump.from)
+                        .map_err(|source| Error::List {
+                            family: self.family,
+                            source,
+                        })?
+                        .unwrap_or_default(),
+                ),
+            };
+            if listing.lines().any(|line| jump.matches(line)) {
                 continue;
             }
             let rules = match jump.table {
