@@ -577,7 +577,7 @@ fn bench_sync_against_raw_restore() {
         let stale = StaleConntrack::default();
         // The same input, restored raw first (so that any warm-up favours ours).
         let mut generated = proxy_agent::proxier::iptables::IptablesProxier::with_parts(
-            Box::new(DryRunBackend::default()),
+            Box::new(DryRunBackend),
             Box::new(NetlinkConntrack::new()),
             Default::default(),
             IptablesConfig::default(),
@@ -638,7 +638,6 @@ fn bench_sync_against_raw_restore() {
 }
 
 /// Accepts everything and shows an empty kernel: yields the input a fresh namespace gets.
-#[derive(Default)]
 struct DryRunBackend;
 
 impl proxy_agent::proxier::iptables::IptablesBackend for DryRunBackend {
