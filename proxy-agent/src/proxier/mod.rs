@@ -17,7 +17,9 @@ use crate::{
     node::{LocalDetector, NodeAddresses},
 };
 
+pub mod conntrack;
 pub mod ebpf;
+pub mod iptables;
 
 /// The model of one IP family, as the event loop keeps it.
 #[derive(Debug)]
@@ -166,6 +168,13 @@ pub trait Proxier: Send {
     /// Brings the kernel in line with the model. Must leave the dataplane consistent
     /// whatever happens: a failure part-way is repaired by the next (full) sync.
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError>;
+
+    /// Whether the kernel state was wiped by someone else since the last sync (a firewall
+    /// reload flushing iptables, say), so that the next sync must be full. The agent calls
+    /// it periodically; modes that cannot tell return false.
+    fn needs_full_resync(&mut self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,280 @@
+// SPDX-License-Identifier: Apache-2.0
+//! One family's proxier (upstream runs one per family behind a meta-proxier): generates,
+//! completes the input with what only the kernel can tell (missing jump rules, stale
+//! chains), restores it, and watches for flushes.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
+use std::time::{Duration, Instant};
+
+use super::Error;
+use super::exec::{ExecError, IptablesBackend, lines_around};
+use super::jumps::{FLUSH_WITNESSES, JUMPS, Jump, LOCALNET_JUMPS, Table};
+use super::names::{KUBE_PROXY_CANARY, is_service_chain};
+use super::rules::{
+    self, FamilyContext, Generated, Model, Probabilities, RestoreBuffers, RuleCache, RuleOptions,
+    Scope,
+};
+use crate::model::{IpFamily, NamespacedName};
+use crate::proxier::{FamilyState, NodeContext};
+
+/// What one family's sync did.
+#[derive(Debug, Default)]
+pub struct FamilySync {
+    pub full: bool,
+    pub generated: Generated,
+    /// Rule lines written (including jump rules inserted).
+    pub written: usize,
+    /// Stale chains deleted.
+    pub deleted: usize,
+}
+
+#[derive(Debug)]
+pub struct FamilyProxier {
+    pub family: IpFamily,
+    needs_full: bool,
+    synced: bool,
+    cache: RuleCache,
+    probabilities: Probabilities,
+    buffers: RestoreBuffers,
+    input: String,
+    last_stale_scan: Option<Instant>,
+}
+
+impl FamilyProxier {
+    pub fn new(family: IpFamily) -> Self {
+        Self {
+            family,
+            needs_full: true,
+            synced: false,
+            cache: RuleCache::default(),
+            probabilities: Probabilities::default(),
+            buffers: RestoreBuffers::default(),
+            input: String::new(),
+            last_stale_scan: None,
+        }
+    }
+
+    pub fn needs_full(&self) -> bool {
+        self.needs_full
+    }
+
+    pub fn mark_needs_full(&mut self) {
+        self.needs_full = true;
+    }
+
+    /// The restore input of the last sync.
+    pub fn last_input(&self) -> &str {
+        &self.input
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "the sync's inputs, all distinct")]
+    pub fn sync(
+        &mut self,
+        backend: &mut dyn IptablesBackend,
+        state: &FamilyState,
+        node: &NodeContext,
+        options: RuleOptions,
+        sync_period: Duration,
+        full: bool,
+        changed: &HashSet<NamespacedName>,
+    ) -> Result<FamilySync, Error> {
+        let full = full || self.needs_full;
+        // Stays set unless this sync succeeds: the cache is updated as rules are
+        // generated, so after a failure only a full sync is trustworthy.
+        self.needs_full = true;
+        let ctx = FamilyContext::new(node, self.family, options);
+        let scope = if full {
+            Scope::Full
+        } else {
+            Scope::Partial(changed)
+        };
+        let model = Model {
+            services: &state.services,
+            endpoints: &state.endpoints,
+        };
+        let generated = rules::generate(
+            model,
+            &ctx,
+            scope,
+            &mut self.cache,
+            &mut self.probabilities,
+            &mut self.buffers,
+        );
+        let mut outcome = FamilySync {
+            full,
+            ..Default::default()
+        };
+        self.input.clear();
+        if full {
+            outcome.deleted = self.delete_stale_kernel_chains(backend, &generated, sync_period);
+            self.add_missing_jumps(backend, &ctx)?;
+            // The canary tells a later check that nobody deleted our chains.
+            let _ = writeln!(self.buffers.filter_chains, ":{KUBE_PROXY_CANARY} - [0:0]");
+            let _ = writeln!(self.buffers.nat_chains, ":{KUBE_PROXY_CANARY} - [0:0]");
+            let _ = writeln!(self.input, "*mangle\n:{KUBE_PROXY_CANARY} - [0:0]\nCOMMIT");
+        } else {
+            outcome.deleted = self
+                .buffers
+                .delete_chains(generated.stale_chains.iter().map(ToString::to_string));
+        }
+        outcome.written = self.buffers.rule_lines() - outcome.deleted;
+        self.buffers.assemble(&mut self.input);
+
+        tracing::debug!(
+            family = %self.family,
+            full,
+            service_ports = generated.service_ports,
+            endpoints = generated.endpoints,
+            large_cluster = generated.large_cluster,
+            bytes = self.input.len(),
+            "restoring iptables rules"
+        );
+        if let Err(err) = backend.restore(self.family, &self.input) {
+            if let ExecError::Failed {
+                line: Some(line), ..
+            } = &err
+            {
+                tracing::error!(family = %self.family, reason = %err, input = %lines_around(&self.input, *line, 3), "iptables-restore failed");
+            } else {
+                tracing::error!(family = %self.family, reason = %err, "iptables-restore failed");
+            }
+            return Err(Error::Restore {
+                family: self.family,
+                source: err,
+            });
+        }
+        self.needs_full = false;
+        self.synced = true;
+        outcome.generated = generated;
+        Ok(outcome)
+    }
+
+    /// Per-service chains in the kernel that no service owns any more (from before a
+    /// restart, or left by a failed sync). Listing the nat table is slow on big hosts, so
+    /// in large clusters it happens at most once per sync period, as upstream does.
+    fn delete_stale_kernel_chains(
+        &mut self,
+        backend: &mut dyn IptablesBackend,
+        generated: &Generated,
+        sync_period: Duration,
+    ) -> usize {
+        let due = !generated.large_cluster
+            || self
+                .last_stale_scan
+                .is_none_or(|at| at.elapsed() > sync_period);
+        if !due {
+            return 0;
+        }
+        let saved = match backend.save(self.family, Table::Nat) {
+            Ok(saved) => saved,
+            Err(err) => {
+                tracing::error!(family = %self.family, reason = %err, "iptables-save failed: stale chains will not be deleted");
+                return 0;
+            }
+        };
+        self.last_stale_scan = Some(Instant::now());
+        let active: HashSet<String> = self.cache.all_chains().map(ToString::to_string).collect();
+        let stale: Vec<&str> = chains_in_save(&saved)
+            .filter(|chain| is_service_chain(chain) && !active.contains(*chain))
+            .collect();
+        self.buffers.delete_chains(stale)
+    }
+
+    /// Inserts, at the top of the built-in chains, the jumps to our chains that are not
+    /// there (first sync, or someone flushed). Returns how many.
+    fn add_missing_jumps(
+        &mut self,
+        backend: &mut dyn IptablesBackend,
+        ctx: &FamilyContext<'_>,
+    ) -> Result<usize, Error> {
+        let jumps: Vec<&Jump> = if ctx.localhost_nodeports {
+            JUMPS.iter().chain(LOCALNET_JUMPS).collect()
+        } else {
+            JUMPS.iter().collect()
+        };
+        let mut listed: HashMap<(Table, &str), String> = HashMap::new();
+        let mut added = 0;
+        for jump in jumps {
+            let listing = match listed.entry((jump.table, jump.from)) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => entry.insert(
+                    backend
+                        .list_chain(self.family, jump.table, jump.from)
+                        .map_err(|source| Error::List {
+                            family: self.family,
+                            source,
+                        })?
+                        .unwrap_or_default(),
+                ),
+            };
+            if listing.lines().any(|line| jump.matches(line)) {
+                continue;
+            }
+            let rules = match jump.table {
+                Table::Nat => &mut self.buffers.nat_rules,
+                _ => &mut self.buffers.filter_rules,
+            };
+            let _ = write!(rules, "-I {} ", jump.from);
+            jump.write_spec(rules);
+            rules.push('\n');
+            added += 1;
+        }
+        Ok(added)
+    }
+
+    /// Whether someone removed our rules since the last sync: the canary chain is gone
+    /// from a table (chains deleted, as a firewall reload does) or a jump from a built-in
+    /// chain is (rules flushed). A family never synced has nothing to lose.
+    pub fn check_flushed(&mut self, backend: &mut dyn IptablesBackend) -> bool {
+        if !self.synced {
+            return false;
+        }
+        let flushed = self.probe_flushed(backend);
+        match flushed {
+            Ok(None) => false,
+            Ok(Some(what)) => {
+                tracing::info!(family = %self.family, what, "iptables rules were flushed; a full sync will restore them");
+                self.needs_full = true;
+                true
+            }
+            Err(err) => {
+                // Not knowing is not a flush: the next check may succeed.
+                tracing::warn!(family = %self.family, reason = %err, "could not check the iptables canary");
+                false
+            }
+        }
+    }
+
+    fn probe_flushed(
+        &self,
+        backend: &mut dyn IptablesBackend,
+    ) -> Result<Option<&'static str>, ExecError> {
+        for table in [Table::Mangle, Table::Nat, Table::Filter] {
+            if backend
+                .list_chain(self.family, table, KUBE_PROXY_CANARY)?
+                .is_none()
+            {
+                return Ok(Some("canary chain deleted"));
+            }
+        }
+        for jump in FLUSH_WITNESSES {
+            let rules = backend
+                .list_chain(self.family, jump.table, jump.from)?
+                .unwrap_or_default();
+            if !rules.lines().any(|line| jump.matches(line)) {
+                return Ok(Some("jump rule missing"));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Chain names declared in `iptables-save` output (":NAME POLICY [p:b]").
+pub fn chains_in_save(saved: &str) -> impl Iterator<Item = &str> {
+    saved
+        .lines()
+        .filter_map(|line| line.strip_prefix(':'))
+        .filter_map(|decl| decl.split_ascii_whitespace().next())
+}
