@@ -20,13 +20,14 @@ use crate::{
     k8s::watch::{Change, ClusterEvent, ResourceKind},
     metrics::Metrics,
     model::{IpFamily, NamespacedName},
-    node::host_addresses,
+    node::{ProcSysctl, host_addresses},
     proxier::{
         NodeContext, Proxier, StaleConntrack, SyncRequest,
         ebpf::{
             EbpfProxier,
             loader::{LoadOptions, MapSizes},
         },
+        iptables::{IptablesConfig, IptablesProxier},
     },
     runner::SyncRunner,
     state::ClusterState,
@@ -46,6 +47,7 @@ pub struct EventLoop {
     pending_changed: HashSet<NamespacedName>,
     pending_stale: StaleConntrack,
     pending_trigger_times: Vec<SystemTime>,
+    runner_sync_period: Duration,
 }
 
 impl EventLoop {
@@ -67,6 +69,7 @@ impl EventLoop {
             health,
             metrics,
             runner: SyncRunner::new(min_sync, sync),
+            runner_sync_period: sync,
             node_name,
             resolved: resolved.clone(),
             synced: HashSet::new(),
@@ -174,8 +177,17 @@ impl EventLoop {
         &self,
         mode: ProxyMode,
         facts: &NodeFacts,
+        node: &NodeContext,
     ) -> std::result::Result<Box<dyn Proxier>, String> {
         match mode {
+            ProxyMode::Iptables => {
+                let config = IptablesConfig {
+                    sync_period: self.runner_sync_period,
+                };
+                let proxier = IptablesProxier::new(config, node, &mut ProcSysctl::default())
+                    .map_err(|e| e.to_string())?;
+                Ok(Box::new(proxier))
+            }
             ProxyMode::Ebpf => {
                 let config = &self.resolved.config;
                 let cgroup = if config.ebpf.cgroup_root.is_empty() {
@@ -213,14 +225,31 @@ impl EventLoop {
 
     /// Creates the dataplane (falling back if it cannot start) and runs until a signal.
     pub async fn start(mut self, choice: ModeChoice, facts: NodeFacts) -> Result<()> {
+        let config = &self.resolved.config;
+        let mut node = NodeContext {
+            name: self.node_name.clone(),
+            labels: self.cluster.node_labels().clone(),
+            primary_ips: facts.primary_ips.clone(),
+            host_addresses: facts.host_addresses.clone(),
+            nodeport_addresses: facts.nodeport_addresses.clone(),
+            local_detector: facts.local_detector.clone(),
+            masquerade_all: self.resolved.effective.masquerade_all,
+            masquerade_bit: config
+                .iptables
+                .masquerade_bit
+                .and_then(|b| u32::try_from(b).ok())
+                .unwrap_or(14),
+            localhost_nodeports: config.iptables.localhost_node_ports.unwrap_or(true),
+        };
+
         let mut choice = choice;
-        let mut proxier = match self.start_proxier(choice.mode, &facts) {
+        let mut proxier = match self.start_proxier(choice.mode, &facts, &node) {
             Ok(p) => p,
             Err(reason) if choice.mode != ProxyMode::Iptables => {
                 choice =
                     super::mode::fallback(choice.mode, reason, self.resolved.options.strict_mode)?;
                 self.record_fallback(&choice);
-                self.start_proxier(choice.mode, &facts)
+                self.start_proxier(choice.mode, &facts, &node)
                     .map_err(|reason| AgentError::Dataplane {
                         mode: choice.mode.as_str(),
                         reason,
@@ -239,23 +268,10 @@ impl EventLoop {
             requested = choice.requested.as_str(),
             "proxier running"
         );
-
-        let config = &self.resolved.config;
-        let mut node = NodeContext {
-            name: self.node_name.clone(),
-            labels: self.cluster.node_labels().clone(),
-            primary_ips: facts.primary_ips.clone(),
-            host_addresses: facts.host_addresses.clone(),
-            nodeport_addresses: facts.nodeport_addresses.clone(),
-            local_detector: facts.local_detector.clone(),
-            masquerade_all: self.resolved.effective.masquerade_all,
-            masquerade_bit: config
-                .iptables
-                .masquerade_bit
-                .and_then(|b| u32::try_from(b).ok())
-                .unwrap_or(14),
-            localhost_nodeports: config.iptables.localhost_node_ports.unwrap_or(true),
-        };
+        crate::cleanup::cleanup_other_modes(choice.mode, &super::bpffs_root(&self.resolved));
+        self.health.set_proxy_mode(proxier.mode());
+        info!(mode = proxier.mode(), requested = choice.requested.as_str(), "proxier running");
+        crate::cleanup::cleanup_other_modes(choice.mode, &super::bpffs_root(&self.resolved));
 
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| AgentError::Dataplane {
@@ -303,6 +319,10 @@ impl EventLoop {
                     }
                 }
                 _ = host_refresh.tick() => {
+                    if proxier.needs_full_resync() {
+                        warn!("the dataplane was changed behind our back (e.g. flushed); resyncing");
+                        self.runner.request_full(Instant::now());
+                    }
                     let addrs = host_addresses();
                     if addrs != node.host_addresses {
                         info!(addresses = ?addrs, "host addresses changed");

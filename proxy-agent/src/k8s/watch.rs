@@ -161,28 +161,28 @@ pub fn spawn_watchers(client: kube::Client, node_name: &str, tx: mpsc::Sender<Cl
         proxyable.clone(),
         ResourceKind::Service,
         tx.clone(),
-        |c| ClusterEvent::Service(c),
+        ClusterEvent::Service,
     );
     spawn_one(
         Api::<EndpointSlice>::all(client.clone()),
         proxyable,
         ResourceKind::EndpointSlice,
         tx.clone(),
-        |c| ClusterEvent::EndpointSlice(c),
+        ClusterEvent::EndpointSlice,
     );
     spawn_one(
         Api::<Node>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
         ResourceKind::Node,
         tx.clone(),
-        |c| ClusterEvent::Node(c),
+        ClusterEvent::Node,
     );
     spawn_one(
         Api::<ServiceCIDR>::all(client),
         watcher::Config::default(),
         ResourceKind::ServiceCidr,
         tx,
-        |c| ClusterEvent::ServiceCidr(c),
+        ClusterEvent::ServiceCidr,
     );
 }
 

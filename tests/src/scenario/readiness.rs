@@ -60,15 +60,25 @@ fn epoch_secs(t: SystemTime) -> f64 {
 /// What the runner knows about one change.
 #[derive(Debug, Clone, Copy)]
 pub struct Change {
-    /// When the change was written (after it was, so any sync that starts later sees it).
+    /// When the runner started writing the change's objects.
+    pub started: SystemTime,
+    /// When the last write returned. Also the point by which a healthz stamp must be new.
     pub at: SystemTime,
     /// The agent's first sync after starting: nothing needs to be queued for it.
     pub initial: bool,
 }
 
+/// How long after its last write the runner gives the agent to hear of a change. Until
+/// then a sync may have covered only part of it (the agent can sync between two writes).
+pub const SETTLE: Duration = Duration::from_millis(250);
+
 /// `Ok` when the agent has applied the change; otherwise why not yet.
+///
+/// The agent queues a sync whenever it hears of a change and stamps the queue time; once
+/// the change has settled, it is applied when something was queued since the change began
+/// and a sync finished after the last queueing. A change the agent needs no sync for
+/// queues nothing: after a grace period the last sync counts.
 pub fn judge_metrics(times: SyncTimes, change: Change, now: SystemTime) -> Result<(), String> {
-    let at = epoch_secs(change.at);
     let Some(synced) = times.last_sync.filter(|t| *t > 0.0) else {
         return Err("no sync yet".into());
     };
@@ -79,11 +89,17 @@ pub fn judge_metrics(times: SyncTimes, change: Change, now: SystemTime) -> Resul
             queued - synced
         ));
     }
-    if synced < at {
-        return Err(format!("last sync {:.3} s before the change", at - synced));
+    if change.initial {
+        return Ok(());
     }
-    let waited = now.duration_since(change.at).unwrap_or_default();
-    if change.initial || queued >= at || waited >= NOTHING_QUEUED_GRACE {
+    let since_write = now.duration_since(change.at).unwrap_or_default();
+    if since_write < SETTLE {
+        return Err("the change is settling".into());
+    }
+    let started = epoch_secs(change.started);
+    if queued >= started {
+        Ok(())
+    } else if since_write >= NOTHING_QUEUED_GRACE {
         Ok(())
     } else {
         Err("the change has not been queued yet".into())
@@ -164,6 +180,7 @@ mod tests {
     #[test]
     fn metrics_decide_readiness() {
         let change = Change {
+            started: at(T - 0.1),
             at: at(T),
             initial: false,
         };
@@ -173,16 +190,20 @@ mod tests {
         };
         let soon = at(T + 0.5);
         assert!(judge_metrics(times(T + 0.2, T + 0.1), change, soon).is_ok());
+        // The agent heard of the change while it was being written and synced before the
+        // last write returned: that sync counts.
+        assert!(judge_metrics(times(T - 0.01, T - 0.05), change, soon).is_ok());
+        // Too early to tell: the change has not settled.
+        assert!(judge_metrics(times(T + 0.01, T + 0.005), change, at(T + 0.1)).is_err());
         // Queued after the change, not synced yet.
         assert!(judge_metrics(times(T - 5.0, T + 0.1), change, soon).is_err());
-        // A sync after the change, but the change itself not queued yet: wait a little.
+        // A sync, but the change itself not queued yet: wait a little.
         assert!(judge_metrics(times(T + 0.2, T - 5.0), change, soon).is_err());
         assert!(judge_metrics(times(T + 0.2, T - 5.0), change, at(T + 4.0)).is_ok());
-        // Nothing synced since the change.
-        assert!(judge_metrics(times(T - 1.0, T - 2.0), change, at(T + 9.0)).is_err());
         assert!(judge_metrics(SyncTimes::default(), change, soon).is_err());
 
         let start = Change {
+            started: at(T),
             at: at(T),
             initial: true,
         };
@@ -212,6 +233,7 @@ mod tests {
     #[test]
     fn healthz_fallback() {
         let change = Change {
+            started: at(T),
             at: at(T),
             initial: false,
         };

@@ -260,8 +260,10 @@ impl<'a> Env<'a> {
             Change::Replace(objects) => with_node(objects, &scenario.node),
             Change::Delete(_) => with_node(&[], &scenario.node),
         };
+        let started = SystemTime::now();
         source.apply_state(&initial)?;
         let change = readiness::Change {
+            started,
             at: SystemTime::now(),
             initial: true,
         };
@@ -302,6 +304,7 @@ impl<'a> Env<'a> {
     }
 
     async fn change(&mut self, change: &Change) -> Result<()> {
+        let started = SystemTime::now();
         match change {
             Change::Replace(objects) => {
                 self.state = with_node(objects, &self.scenario.node);
@@ -314,6 +317,7 @@ impl<'a> Env<'a> {
             }
         }
         let change = readiness::Change {
+            started,
             at: SystemTime::now(),
             initial: false,
         };
