@@ -18,6 +18,7 @@ pub mod model;
 pub mod node;
 pub mod proxier;
 pub mod runner;
+pub mod service_health;
 pub mod source;
 pub mod state;
 pub mod sys;

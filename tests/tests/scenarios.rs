@@ -37,7 +37,7 @@ fn scenario_files() -> Vec<PathBuf> {
 }
 
 /// Modes replayed on this host. ipvs needs a kernel with IPVS: it runs in a VM elsewhere.
-const MODES: &[&str] = &["ebpf"];
+const MODES: &[&str] = &["ebpf", "iptables"];
 
 fn run(mode: &str, file: &PathBuf) -> Result<(), Failed> {
     let dir = file.parent().unwrap_or(file);
@@ -78,7 +78,11 @@ fn main() {
     let mut trials = Vec::new();
     for mode in MODES {
         for file in scenario_files() {
-            let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+            let stem = file
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default()
+                .to_string();
             let mode = mode.to_string();
             let name = format!("{mode}::{stem}");
             let trial = Trial::test(name, move || run(&mode, &file)).with_ignored_flag(!root);

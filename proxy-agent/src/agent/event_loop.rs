@@ -30,6 +30,7 @@ use crate::{
         iptables::{IptablesConfig, IptablesProxier},
     },
     runner::SyncRunner,
+    service_health::ServiceHealthServers,
     state::ClusterState,
 };
 
@@ -269,9 +270,8 @@ impl EventLoop {
             "proxier running"
         );
         crate::cleanup::cleanup_other_modes(choice.mode, &super::bpffs_root(&self.resolved));
-        self.health.set_proxy_mode(proxier.mode());
-        info!(mode = proxier.mode(), requested = choice.requested.as_str(), "proxier running");
-        crate::cleanup::cleanup_other_modes(choice.mode, &super::bpffs_root(&self.resolved));
+        let mut service_health =
+            ServiceHealthServers::new(self.health.clone(), node.nodeport_addresses.clone());
 
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| AgentError::Dataplane {
@@ -314,7 +314,7 @@ impl EventLoop {
                 _ = sleep => {
                     let now = Instant::now();
                     if let Some(run) = self.runner.due(now) {
-                        let ok = self.sync(proxier.as_mut(), &node, run.full);
+                        let ok = self.sync(proxier.as_mut(), &node, run.full, &mut service_health);
                         self.runner.completed(now, ok);
                     }
                 }
@@ -369,7 +369,13 @@ impl EventLoop {
     }
 
     /// One sync; returns whether it succeeded.
-    fn sync(&mut self, proxier: &mut dyn Proxier, node: &NodeContext, full: bool) -> bool {
+    fn sync(
+        &mut self,
+        proxier: &mut dyn Proxier,
+        node: &NodeContext,
+        full: bool,
+        service_health: &mut ServiceHealthServers,
+    ) -> bool {
         let started = Instant::now();
         let applied = self.cluster.apply_pending();
         self.pending_changed.extend(applied.changed);
@@ -436,6 +442,7 @@ impl EventLoop {
                     seconds = elapsed,
                     "synced"
                 );
+                service_health.sync(self.cluster.families(), &self.pending_changed, full);
                 self.pending_changed.clear();
                 self.pending_stale = StaleConntrack::default();
                 true

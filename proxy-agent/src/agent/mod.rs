@@ -7,7 +7,7 @@ mod event_loop;
 mod mode;
 mod node_facts;
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf};
 
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -128,8 +128,8 @@ pub async fn run(resolved: Resolved) -> Result<()> {
         health,
         metrics,
         rx,
-        Duration::from(periods.min_sync.to_std()),
-        Duration::from(periods.sync.to_std()),
+        periods.min_sync.to_std(),
+        periods.sync.to_std(),
     );
     event_loop.wait_for_initial_state().await?;
     let facts = node_facts::establish(&resolved, &mut event_loop).await?;

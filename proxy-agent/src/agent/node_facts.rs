@@ -50,7 +50,7 @@ pub async fn establish(resolved: &Resolved, event_loop: &mut EventLoop) -> Resul
     let bind: Option<IpAddr> = config.bind_address.parse().ok();
     let node_ips = event_loop
         .node_object()
-        .map(|n| node_ips_from_node(n))
+        .map(node_ips_from_node)
         .unwrap_or_default();
     if event_loop.node_object().is_none() {
         warn!(

@@ -97,9 +97,7 @@ pub fn judge_metrics(times: SyncTimes, change: Change, now: SystemTime) -> Resul
         return Err("the change is settling".into());
     }
     let started = epoch_secs(change.started);
-    if queued >= started {
-        Ok(())
-    } else if since_write >= NOTHING_QUEUED_GRACE {
+    if queued >= started || since_write >= NOTHING_QUEUED_GRACE {
         Ok(())
     } else {
         Err("the change has not been queued yet".into())
