@@ -39,7 +39,7 @@ fn scenario_files() -> Vec<PathBuf> {
 /// Modes replayed on this host. ipvs needs a kernel with IPVS: it runs in a VM elsewhere.
 const MODES: &[&str] = &["ebpf", "iptables"];
 
-fn run(mode: &str, file: &PathBuf) -> Result<(), Failed> {
+fn run(mode: &str, file: &std::path::Path) -> Result<(), Failed> {
     let dir = file.parent().unwrap_or(file);
     let name = file
         .file_stem()
