@@ -47,13 +47,21 @@ pub struct LbConfig {
     /// Cookie of the node's own network namespace: socket programs tell node processes from
     /// pods with it.
     pub host_netns_cookie: u64,
-    /// Node address used as masquerade source for north-south traffic.
+    /// Node address used as masquerade (SNAT) source for north-south traffic.
     pub masq4: u32,
     pub masq6: [u8; 16],
     /// Bit set of `LB_CFG_*`.
     pub flags: u32,
+    /// Connection-tracking lifetimes in seconds: established TCP, UDP/SCTP, and a closing
+    /// TCP flow (after FIN or RST).
+    pub ct_tcp_lifetime: u32,
+    pub ct_udp_lifetime: u32,
+    pub ct_closing_lifetime: u32,
+    /// Ports SNAT falls back to when the client's own port is taken.
+    pub snat_port_min: u16,
+    pub snat_port_max: u16,
 }
-const _: () = assert!(core::mem::size_of::<LbConfig>() == 32);
+const _: () = assert!(core::mem::size_of::<LbConfig>() == 48);
 
 /// The configuration slot has been written.
 pub const LB_CFG_READY: u32 = 1 << 0;

@@ -15,7 +15,7 @@ use crate::maps::*;
 /// An address family: its key and value types and the maps that hold them.
 pub trait Family {
     /// Address in network byte order.
-    type Addr: Copy + PartialEq;
+    type Addr: Copy + PartialEq + 'static;
     type SvcKey: Copy;
     type Backend: Copy;
 
@@ -255,7 +255,7 @@ pub enum Client<A> {
 
 /// Picks a backend for the frontend (`svc` is its slot 0 under `key`), honouring affinity.
 /// Returns the backend id and the backend.
-#[inline(always)]
+#[inline(never)]
 pub fn select_backend<F: Family>(
     svc: &SvcValue,
     key: &F::SvcKey,

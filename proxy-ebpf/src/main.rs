@@ -57,8 +57,18 @@ pub fn sock_getpeername6(ctx: SockAddrContext) -> i32 {
 }
 
 #[classifier]
+pub fn tc_uplink_ingress(ctx: TcContext) -> i32 {
+    tc::ingress::handle(&ctx)
+}
+
+#[classifier]
 pub fn tc_uplink_egress(ctx: TcContext) -> i32 {
     tc::egress::handle(&ctx)
+}
+
+#[classifier]
+pub fn tc_pod_ingress(ctx: TcContext) -> i32 {
+    tc::pod::handle(&ctx)
 }
 
 #[cfg(not(test))]

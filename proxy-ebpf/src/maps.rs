@@ -3,8 +3,10 @@
 //! the agent pins them and overrides `max_entries` from its configuration at load time.
 //! The static names are the pinned names (see `proxy_common::maps`).
 
+use crate::parse::Packet;
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap},
+    bindings::bpf_fib_lookup,
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use proxy_common::{
@@ -70,3 +72,23 @@ pub static CT6_V1: LruHashMap<Ct6Key, CtValue, DEFAULT_CT_ENTRIES> = LruHashMap:
 
 #[btf_map]
 pub static LB_CONFIG_V1: Array<LbConfig, 1> = Array::new();
+
+/// Per-CPU scratch space for FIB lookups: the parameters are too big for the BPF stack of
+/// the longest call chain. Not pinned (nothing persists in it).
+#[btf_map]
+pub static FIB_SCRATCH: PerCpuArray<bpf_fib_lookup, 1> = PerCpuArray::new();
+
+/// Per-CPU scratch space for a new CT entry being built (too big for the stack).
+#[btf_map]
+pub static CT_SCRATCH: PerCpuArray<CtValue, 1> = PerCpuArray::new();
+
+/// Per-CPU scratch space for the headers of a generated TCP RST (up to IPv6 + TCP).
+#[btf_map]
+pub static RST_SCRATCH: PerCpuArray<[u8; 64], 1> = PerCpuArray::new();
+
+/// Per-CPU scratch space for the parsed packet of the tc programs, so that it does not sit
+/// on the stack under every call of the chain.
+#[btf_map]
+pub static PKT4_SCRATCH: PerCpuArray<Packet<u32>, 1> = PerCpuArray::new();
+#[btf_map]
+pub static PKT6_SCRATCH: PerCpuArray<Packet<[u8; 16]>, 1> = PerCpuArray::new();

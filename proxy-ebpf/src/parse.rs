@@ -12,6 +12,7 @@ pub const ETH_P_IPV6: u16 = 0x86dd;
 const IPV6_HLEN: usize = 40;
 
 /// One parsed packet, addresses and ports in network byte order.
+#[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Packet<A> {
     pub saddr: A,
@@ -26,6 +27,24 @@ pub struct Packet<A> {
     pub l4_off: usize,
     /// A non-first fragment: no L4 header.
     pub later_fragment: bool,
+    /// TCP flags (0 for other protocols).
+    pub tcp_flags: u8,
+    /// Length of the L3 packet (header and payload), host order.
+    pub l3_len: u16,
+}
+
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
+
+#[inline(always)]
+fn tcp_flags(ctx: &TcContext, p: u8, l4: usize, later_fragment: bool) -> u8 {
+    if p == proto::TCP && !later_fragment {
+        ctx.load::<u8>(l4 + 13).unwrap_or(0)
+    } else {
+        0
+    }
 }
 
 #[inline(always)]
@@ -49,6 +68,7 @@ pub fn ipv4(ctx: &TcContext) -> Option<Packet<u32>> {
     if ihl < 20 {
         return None;
     }
+    let total: u16 = u16::from_be(ctx.load(l3 + 2).ok()?);
     let frag: u16 = u16::from_be(ctx.load(l3 + 6).ok()?);
     let later_fragment = frag & 0x1fff != 0;
     let p: u8 = ctx.load(l3 + 9).ok()?;
@@ -69,6 +89,8 @@ pub fn ipv4(ctx: &TcContext) -> Option<Packet<u32>> {
         l3_off: l3,
         l4_off: l4,
         later_fragment,
+        tcp_flags: tcp_flags(ctx, p, l4, later_fragment),
+        l3_len: total,
     })
 }
 
@@ -79,6 +101,7 @@ pub fn ipv6(ctx: &TcContext) -> Option<Packet<[u8; 16]>> {
     if first >> 4 != 6 {
         return None;
     }
+    let payload: u16 = u16::from_be(ctx.load(l3 + 4).ok()?);
     let next: u8 = ctx.load(l3 + 6).ok()?;
     let saddr: [u8; 16] = ctx.load(l3 + 8).ok()?;
     let daddr: [u8; 16] = ctx.load(l3 + 24).ok()?;
@@ -97,5 +120,7 @@ pub fn ipv6(ctx: &TcContext) -> Option<Packet<[u8; 16]>> {
         l3_off: l3,
         l4_off: l4,
         later_fragment: false,
+        tcp_flags: tcp_flags(ctx, next, l4, false),
+        l3_len: payload.saturating_add(IPV6_HLEN as u16),
     })
 }

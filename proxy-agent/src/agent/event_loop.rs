@@ -214,7 +214,8 @@ impl EventLoop {
                 };
                 let cookie =
                     crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
-                let proxier = EbpfProxier::start(&opts, cookie).map_err(|e| e.to_string())?;
+                let proxier = EbpfProxier::start(&opts, lb_config(cookie, node))
+                    .map_err(|e| e.to_string())?;
                 Ok(Box::new(proxier))
             }
             other => Err(format!(
@@ -319,6 +320,7 @@ impl EventLoop {
                     }
                 }
                 _ = host_refresh.tick() => {
+                    proxier.maintain();
                     if proxier.needs_full_resync() {
                         warn!("the dataplane was changed behind our back (e.g. flushed); resyncing");
                         self.runner.request_full(Instant::now());
@@ -454,6 +456,21 @@ impl EventLoop {
             }
         }
     }
+}
+
+/// The dataplane's runtime configuration: the node's namespace, its masquerade addresses.
+fn lb_config(host_netns_cookie: u64, node: &NodeContext) -> proxy_common::LbConfig {
+    let mut cfg = proxy_common::LbConfig {
+        host_netns_cookie,
+        ..Default::default()
+    };
+    for ip in node.primary_ips.iter() {
+        match ip {
+            std::net::IpAddr::V4(a) => cfg.masq4 = u32::from_ne_bytes(a.octets()),
+            std::net::IpAddr::V6(a) => cfg.masq6 = a.octets(),
+        }
+    }
+    cfg
 }
 
 fn health_family(f: IpFamily) -> HealthFamily {

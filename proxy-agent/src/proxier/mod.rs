@@ -169,6 +169,9 @@ pub trait Proxier: Send {
     /// whatever happens: a failure part-way is repaired by the next (full) sync.
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError>;
 
+    /// Periodic housekeeping between syncs (new devices, expired state).
+    fn maintain(&mut self) {}
+
     /// Whether the kernel state was wiped by someone else since the last sync (a firewall
     /// reload flushing iptables, say), so that the next sync must be full. The agent calls
     /// it periodically; modes that cannot tell return false.

@@ -1,35 +1,52 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
-//! Egress on the node's uplink devices. Connections from this node and its pods are
-//! translated at the socket layer; what the socket programs deliberately left alone because
-//! upstream drops it (traffic-policy Local with endpoints elsewhere only, a source outside
-//! loadBalancerSourceRanges, an address inside a service CIDR that no service holds) leaves
-//! through here, and is dropped.
+//! Egress on the node's uplink devices.
+//!
+//! - Answers of local backends that reached the uplink without passing a pod-side program
+//!   (e.g. a pod device created after the agent looked) are translated back here.
+//! - Connections from this node and its pods are translated at the socket layer; what the
+//!   socket programs deliberately left alone because upstream drops it (traffic-policy
+//!   Local with endpoints elsewhere only, a source outside loadBalancerSourceRanges, an
+//!   address inside a service CIDR that no service holds) leaves through here, and is
+//!   dropped.
 
 use aya_ebpf::{bindings::TC_ACT_OK, bindings::TC_ACT_SHOT, programs::TcContext};
 use proxy_common::svc_flags;
 
+use super::{TcFamily, nat::AddrRewrite, reply};
 use crate::{
-    lb::{Family, Frontend, V4, V6, lookup_frontend},
+    lb::{Frontend, V4, V6, lookup_frontend},
     parse::{self, ETH_P_IP, ETH_P_IPV6, Packet},
 };
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> i32 {
     match parse::ethertype(ctx) {
-        Some(ETH_P_IP) => match parse::ipv4(ctx) {
-            Some(p) => verdict::<V4>(&p),
-            None => TC_ACT_OK,
-        },
-        Some(ETH_P_IPV6) => match parse::ipv6(ctx) {
-            Some(p) => verdict::<V6>(&p),
-            None => TC_ACT_OK,
-        },
+        Some(ETH_P_IP) => run::<V4>(ctx),
+        Some(ETH_P_IPV6) => run::<V6>(ctx),
         _ => TC_ACT_OK,
     }
 }
 
+// One frame per family: inlining both into the program would add their stacks up.
+#[inline(never)]
+fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
+    let Some(p) = super::parse_into::<F>(ctx) else {
+        return TC_ACT_OK;
+    };
+    if !p.later_fragment
+        && let Some(v) = reply::lookup::<F>(p)
+    {
+        // Already on its way out of the right device: rewrite and let it go.
+        return match reply::rewrite::<F>(ctx, p, v) {
+            Some(_) => TC_ACT_OK,
+            None => TC_ACT_SHOT,
+        };
+    }
+    verdict::<F>(p)
+}
+
 #[inline(always)]
-fn verdict<F: Family>(p: &Packet<F::Addr>) -> i32 {
+fn verdict<F: TcFamily>(p: &Packet<F::Addr>) -> i32 {
     if p.later_fragment {
         return TC_ACT_OK;
     }

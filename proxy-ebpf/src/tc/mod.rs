@@ -1,5 +1,175 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
-//! tc programs on the node's devices. tc fails closed: traffic to a service frontend that
-//! upstream would DROP is dropped here.
+//! tc programs on the node's devices: north-south load balancing with BPF conntrack.
+//!
+//! - uplink ingress: new flows to a NodePort / externalIP / LB IP from outside are
+//!   translated (backend chosen, DNAT, SNAT to the node for eTP=Cluster), recorded in CT,
+//!   and redirected straight to the backend's device; replies from remote backends to the
+//!   node's SNAT address are translated back.
+//! - pod ingress (every other device of the node): replies of local backends are
+//!   translated back and redirected to the client.
+//! - uplink egress: the same reply translation as a safety net, and the drops the socket
+//!   programs leave to tc.
+//!
+//! tc fails closed: what upstream DROPs is dropped here.
 
+pub mod ct;
 pub mod egress;
+pub mod ingress;
+pub mod nat;
+pub mod pod;
+pub mod reject;
+pub mod reply;
+pub mod route;
+
+use aya_ebpf::programs::TcContext;
+use proxy_common::{Ct4Key, Ct6Key, CtValue};
+
+use crate::{
+    lb::{Family, V4, V6},
+    maps::{CT4_V1, CT6_V1, PKT4_SCRATCH, PKT6_SCRATCH},
+    parse::{self, Packet},
+};
+
+/// The packet-level side of an address family.
+pub trait TcFamily: Family {
+    type CtKey: Copy;
+    const AF: u8;
+
+    fn parse(ctx: &TcContext) -> Option<Packet<Self::Addr>>;
+    /// The per-CPU slot parsed packets of this family live in.
+    fn packet_slot() -> Option<*mut Packet<Self::Addr>>;
+    fn to16(a: Self::Addr) -> [u8; 16];
+    fn from16(b: &[u8; 16]) -> Self::Addr;
+    fn ct_key(
+        s: Self::Addr,
+        d: Self::Addr,
+        sport: u16,
+        dport: u16,
+        proto: u8,
+        dir: u8,
+    ) -> Self::CtKey;
+    fn ct_get(key: &Self::CtKey) -> Option<*mut CtValue>;
+    fn ct_put(key: &Self::CtKey, value: &CtValue) -> bool;
+    fn ct_del(key: &Self::CtKey);
+    /// Offsets of the source and destination address in the L3 header.
+    const SADDR_OFF: usize;
+    const DADDR_OFF: usize;
+    /// Offset of the L3 checksum, if the family has one.
+    const L3_CSUM_OFF: Option<usize>;
+}
+
+impl TcFamily for V4 {
+    type CtKey = Ct4Key;
+    const AF: u8 = 2;
+    const SADDR_OFF: usize = 12;
+    const DADDR_OFF: usize = 16;
+    const L3_CSUM_OFF: Option<usize> = Some(10);
+
+    #[inline(always)]
+    fn parse(ctx: &TcContext) -> Option<Packet<u32>> {
+        parse::ipv4(ctx)
+    }
+    #[inline(always)]
+    fn packet_slot() -> Option<*mut Packet<u32>> {
+        PKT4_SCRATCH.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn to16(a: u32) -> [u8; 16] {
+        let b = a.to_ne_bytes();
+        let mut out = [0u8; 16];
+        out[0] = b[0];
+        out[1] = b[1];
+        out[2] = b[2];
+        out[3] = b[3];
+        out
+    }
+    #[inline(always)]
+    fn from16(b: &[u8; 16]) -> u32 {
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+    }
+    #[inline(always)]
+    fn ct_key(s: u32, d: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> Ct4Key {
+        Ct4Key {
+            saddr: s,
+            daddr: d,
+            sport,
+            dport,
+            proto,
+            dir,
+            _pad: [0; 2],
+        }
+    }
+    #[inline(always)]
+    fn ct_get(key: &Ct4Key) -> Option<*mut CtValue> {
+        CT4_V1.get_ptr_mut(key)
+    }
+    #[inline(always)]
+    fn ct_put(key: &Ct4Key, value: &CtValue) -> bool {
+        CT4_V1.insert(key, value, 0).is_ok()
+    }
+    #[inline(always)]
+    fn ct_del(key: &Ct4Key) {
+        let _ = CT4_V1.remove(key);
+    }
+}
+
+impl TcFamily for V6 {
+    type CtKey = Ct6Key;
+    const AF: u8 = 10;
+    const SADDR_OFF: usize = 8;
+    const DADDR_OFF: usize = 24;
+    const L3_CSUM_OFF: Option<usize> = None;
+
+    #[inline(always)]
+    fn parse(ctx: &TcContext) -> Option<Packet<[u8; 16]>> {
+        parse::ipv6(ctx)
+    }
+    #[inline(always)]
+    fn packet_slot() -> Option<*mut Packet<[u8; 16]>> {
+        PKT6_SCRATCH.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn to16(a: [u8; 16]) -> [u8; 16] {
+        a
+    }
+    #[inline(always)]
+    fn from16(b: &[u8; 16]) -> [u8; 16] {
+        *b
+    }
+    #[inline(always)]
+    fn ct_key(s: [u8; 16], d: [u8; 16], sport: u16, dport: u16, proto: u8, dir: u8) -> Ct6Key {
+        Ct6Key {
+            saddr: s,
+            daddr: d,
+            sport,
+            dport,
+            proto,
+            dir,
+            _pad: [0; 2],
+        }
+    }
+    #[inline(always)]
+    fn ct_get(key: &Ct6Key) -> Option<*mut CtValue> {
+        CT6_V1.get_ptr_mut(key)
+    }
+    #[inline(always)]
+    fn ct_put(key: &Ct6Key, value: &CtValue) -> bool {
+        CT6_V1.insert(key, value, 0).is_ok()
+    }
+    #[inline(always)]
+    fn ct_del(key: &Ct6Key) {
+        let _ = CT6_V1.remove(key);
+    }
+}
+
+/// Parses the packet into the family's per-CPU slot (its own frame, released on return).
+#[inline(never)]
+pub fn parse_into<F: TcFamily>(ctx: &TcContext) -> Option<&'static Packet<F::Addr>> {
+    let slot = F::packet_slot()?;
+    let p = F::parse(ctx)?;
+    // SAFETY: a per-CPU slot; tc programs do not preempt each other on one CPU.
+    unsafe {
+        *slot = p;
+        Some(&*slot)
+    }
+}

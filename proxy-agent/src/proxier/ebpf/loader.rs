@@ -127,12 +127,38 @@ const SOCK_PROGRAMS: &[&str] = &[
     "sock_getpeername6",
 ];
 
+const UPLINK_INGRESS: &str = "tc_uplink_ingress";
+const UPLINK_EGRESS: &str = "tc_uplink_egress";
+const POD_INGRESS: &str = "tc_pod_ingress";
+
+/// The node's other devices (pods, bridges): every interface but loopback and the
+/// uplinks. Reads the agent's own network namespace (unlike /sys/class/net, which shows
+/// the namespace /sys was mounted in).
+pub fn pod_devices(uplinks: &[String]) -> Vec<String> {
+    let Ok(interfaces) = nix::net::if_::if_nameindex() else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = interfaces
+        .iter()
+        .map(|i| i.name().to_string_lossy().into_owned())
+        .filter(|name| name != "lo" && !uplinks.contains(name))
+        .collect();
+    out.sort();
+    out
+}
+
 /// A loaded and attached dataplane.
 pub struct Loaded {
     /// Keeps the programs' fds; the links live on in their pins.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
     pub maps: LbMaps,
     config: Array<MapData, LbConfig>,
+    pub ct4: AyaHash<MapData, proxy_common::Ct4Key, proxy_common::CtValue>,
+    pub ct6: AyaHash<MapData, proxy_common::Ct6Key, proxy_common::CtValue>,
+    links_dir: PathBuf,
+    uplinks: Vec<String>,
+    /// Devices the pod-side program is attached to.
+    pod_devices: Vec<String>,
 }
 
 impl Loaded {
@@ -251,19 +277,68 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
     info!(cgroup = %opts.cgroup.display(), "socket programs attached");
     attach_tc(
         &mut ebpf,
-        "tc_uplink_egress",
+        UPLINK_INGRESS,
+        TcAttachType::Ingress,
+        &opts.devices,
+        &links_dir,
+    )?;
+    attach_tc(
+        &mut ebpf,
+        UPLINK_EGRESS,
         TcAttachType::Egress,
         &opts.devices,
+        &links_dir,
+    )?;
+    let pods = pod_devices(&opts.devices);
+    attach_tc(
+        &mut ebpf,
+        POD_INGRESS,
+        TcAttachType::Ingress,
+        &pods,
         &links_dir,
     )?;
 
     let maps = take_maps(&mut ebpf)?;
     let config = take_array(&mut ebpf, names::LB_CONFIG)?;
+    let ct4 = take_raw_hash(&mut ebpf, names::CT4)?;
+    let ct6 = take_raw_hash(&mut ebpf, names::CT6)?;
     Ok(Loaded {
-        _ebpf: ebpf,
+        ebpf,
         maps,
         config,
+        ct4,
+        ct6,
+        links_dir,
+        uplinks: opts.devices.clone(),
+        pod_devices: pods,
     })
+}
+
+impl Loaded {
+    /// Attaches the pod-side program to devices that appeared since the last look and drops
+    /// the links of devices that went away. Returns the devices added.
+    pub fn refresh_pod_devices(&mut self) -> Result<Vec<String>> {
+        let now = pod_devices(&self.uplinks);
+        let added: Vec<String> = now
+            .iter()
+            .filter(|d| !self.pod_devices.contains(d))
+            .cloned()
+            .collect();
+        for gone in self.pod_devices.iter().filter(|d| !now.contains(d)) {
+            let _ = fs::remove_file(self.links_dir.join(format!("{POD_INGRESS}_{gone}")));
+        }
+        if !added.is_empty() {
+            attach_tc(
+                &mut self.ebpf,
+                POD_INGRESS,
+                TcAttachType::Ingress,
+                &added,
+                &self.links_dir,
+            )?;
+        }
+        self.pod_devices = now;
+        Ok(added)
+    }
 }
 
 /// Attaches a tc program to every device. On kernels with TCX (6.6+) the links are pinned
@@ -281,9 +356,11 @@ fn attach_tc(
         .ok_or(LoadError::MissingProgram { name })?
         .try_into()
         .map_err(|source| LoadError::Program { name, source })?;
-    program
-        .load()
-        .map_err(|source| LoadError::Program { name, source })?;
+    if program.fd().is_err() {
+        program
+            .load()
+            .map_err(|source| LoadError::Program { name, source })?;
+    }
     for device in devices {
         // Needed only by the netlink fallback; harmless (EEXIST) otherwise.
         let _ = qdisc_add_clsact(device);
@@ -364,6 +441,14 @@ fn take_hash<K: aya::Pod + Send, V: aya::Pod + Send>(
     let map: AyaHash<MapData, K, V> =
         AyaHash::try_from(map).map_err(|source| LoadError::Map { name, source })?;
     Ok(Box::new(KernelHash::new(name, map)))
+}
+
+fn take_raw_hash<K: aya::Pod, V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<AyaHash<MapData, K, V>> {
+    let map = ebpf.take_map(name).ok_or(LoadError::MissingMap { name })?;
+    AyaHash::try_from(map).map_err(|source| LoadError::Map { name, source })
 }
 
 fn take_lpm<D: aya::Pod + Send>(ebpf: &mut Ebpf, name: &'static str) -> Result<Box<KernelLpm<D>>> {

@@ -14,7 +14,7 @@ pub mod loader;
 pub mod maps;
 
 use proxy_common::LbConfig;
-use tracing::info;
+use tracing::{debug, info, warn};
 
 use self::{
     apply::ApplyState,
@@ -31,12 +31,9 @@ pub struct EbpfProxier {
 impl EbpfProxier {
     /// Loads and attaches the programs (reusing pinned maps and replacing pinned links of a
     /// previous agent) and writes the runtime configuration.
-    pub fn start(opts: &LoadOptions, host_netns_cookie: u64) -> Result<Self, LoadError> {
+    pub fn start(opts: &LoadOptions, config: LbConfig) -> Result<Self, LoadError> {
         let mut loaded = loader::load_and_attach(opts)?;
-        loaded.write_config(LbConfig {
-            host_netns_cookie,
-            ..Default::default()
-        })?;
+        loaded.write_config(config)?;
         info!(
             bpffs_root = %opts.bpffs_root.display(),
             cgroup = %opts.cgroup.display(),
@@ -50,9 +47,60 @@ impl EbpfProxier {
     }
 }
 
+/// Seconds of CLOCK_MONOTONIC_COARSE, the clock of `bpf_ktime_get_coarse_ns`.
+fn monotonic_coarse_secs() -> u32 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+        .map(|t| t.tv_sec() as u32)
+        .unwrap_or(0)
+}
+
+impl EbpfProxier {
+    /// Deletes connection-tracking entries whose lifetime is over (the LRU maps would
+    /// evict them only under pressure). Returns how many went.
+    pub fn collect_conntrack(&mut self) -> usize {
+        let now = monotonic_coarse_secs();
+        let mut removed = 0;
+        let expired4: Vec<_> = self
+            .loaded
+            .ct4
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, v)| v.expires < now)
+            .map(|(k, _)| k)
+            .collect();
+        for k in expired4 {
+            removed += usize::from(self.loaded.ct4.remove(&k).is_ok());
+        }
+        let expired6: Vec<_> = self
+            .loaded
+            .ct6
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, v)| v.expires < now)
+            .map(|(k, _)| k)
+            .collect();
+        for k in expired6 {
+            removed += usize::from(self.loaded.ct6.remove(&k).is_ok());
+        }
+        removed
+    }
+}
+
 impl Proxier for EbpfProxier {
     fn mode(&self) -> &'static str {
         "ebpf"
+    }
+
+    fn maintain(&mut self) {
+        match self.loaded.refresh_pod_devices() {
+            Ok(added) if !added.is_empty() => info!(devices = ?added, "pod-side program attached"),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "attaching the pod-side program"),
+        }
+        let removed = self.collect_conntrack();
+        if removed > 0 {
+            debug!(removed, "expired conntrack entries deleted");
+        }
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError> {

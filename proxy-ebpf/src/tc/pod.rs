@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+//! Ingress on the node's other devices (pods): answers of local backends to translated
+//! north-south flows are translated back and sent to the client. Everything else passes.
+
+use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+use proxy_common::proto;
+
+use super::{nat::AddrRewrite, reply};
+use crate::{
+    lb::{V4, V6},
+    parse::{self, ETH_P_IP, ETH_P_IPV6},
+};
+
+#[inline(always)]
+pub fn handle(ctx: &TcContext) -> i32 {
+    match parse::ethertype(ctx) {
+        Some(ETH_P_IP) => run::<V4>(ctx),
+        Some(ETH_P_IPV6) => run::<V6>(ctx),
+        _ => TC_ACT_OK,
+    }
+}
+
+// One frame per family: inlining both into the program would add their stacks up.
+#[inline(never)]
+fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
+    let Some(p) = super::parse_into::<F>(ctx) else {
+        return TC_ACT_OK;
+    };
+    if p.later_fragment
+        || (p.proto != proto::TCP && p.proto != proto::UDP && p.proto != proto::SCTP)
+    {
+        return TC_ACT_OK;
+    }
+    match reply::lookup::<F>(p) {
+        Some(v) => reply::translate::<F>(ctx, p, v),
+        None => TC_ACT_OK,
+    }
+}
