@@ -45,7 +45,34 @@ pub struct RawNode {
     pub name: String,
     pub addresses: Vec<String>,
     #[serde(rename = "podCIDR")]
-    pub pod_cidr: String,
+    pub pod_cidr: RawCidrs,
+}
+
+/// `podCIDR: 10.0.0.0/8`, `podCIDR: 10.0.0.0/8,fd00:10::/64` (as `clusterCIDR` is
+/// written) or `podCIDR: [10.0.0.0/8, fd00:10::/64]`: one CIDR per family on a
+/// dual-stack node.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawCidrs {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl RawCidrs {
+    fn parse(&self) -> Result<Vec<IpNet>> {
+        let texts: Vec<&str> = match self {
+            RawCidrs::One(text) => text.split(',').collect(),
+            RawCidrs::Many(list) => list.iter().map(String::as_str).collect(),
+        };
+        let cidrs = texts
+            .into_iter()
+            .map(|t| parse_cidr(t).map(|c| c.trunc()))
+            .collect::<Result<Vec<_>>>()?;
+        if cidrs.is_empty() {
+            return Err(Error::Invalid("node.podCIDR is empty".into()));
+        }
+        Ok(cidrs)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -270,13 +297,41 @@ pub struct NodeSpec {
     pub name: String,
     /// Canonical, in file order; the first is the primary address.
     pub addresses: Vec<IpNet>,
-    pub pod_cidr: IpNet,
+    /// At least one; one per family on a dual-stack node.
+    pub pod_cidrs: Vec<IpNet>,
 }
 
 impl NodeSpec {
     pub fn primary(&self) -> IpNet {
         // `Scenario::from_raw` rejects a node without addresses.
         self.addresses[0]
+    }
+
+    /// The first address of `ip`'s family: where that family's uplink subnet, router
+    /// and default route come from.
+    pub fn primary_for(&self, ip: IpAddr) -> Option<IpNet> {
+        self.addresses
+            .iter()
+            .copied()
+            .find(|a| a.addr().is_ipv4() == ip.is_ipv4())
+    }
+
+    /// The first address of each family the node has, primary family first.
+    pub fn family_primaries(&self) -> Vec<IpNet> {
+        let mut out: Vec<IpNet> = Vec::new();
+        for address in &self.addresses {
+            if !out
+                .iter()
+                .any(|a| a.addr().is_ipv4() == address.addr().is_ipv4())
+            {
+                out.push(*address);
+            }
+        }
+        out
+    }
+
+    pub fn in_pod_cidrs(&self, ip: IpAddr) -> bool {
+        self.pod_cidrs.iter().any(|c| c.contains(&ip))
     }
 
     pub fn owns(&self, ip: IpAddr) -> bool {
@@ -321,7 +376,7 @@ impl Scenario {
                 .iter()
                 .map(|a| parse_cidr(a))
                 .collect::<Result<_>>()?,
-            pod_cidr: parse_cidr(&raw.node.pod_cidr)?.trunc(),
+            pod_cidrs: raw.node.pod_cidr.parse()?,
             name: raw.node.name,
         };
         if node.addresses.is_empty() {
@@ -437,16 +492,21 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/scenarios")
     }
 
+    /// The shared scenarios and this crate's own, together: names must be unique
+    /// across both, as the runner takes both directories by default.
     #[test]
-    fn every_shared_scenario_parses() {
+    fn every_scenario_parses() {
         let dir = shared_dir();
         let Ok(entries) = std::fs::read_dir(&dir) else {
             eprintln!("skipping: {} not present", dir.display());
             return;
         };
+        let own = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios"))
+            .into_iter()
+            .flatten();
         let mut names = BTreeSet::new();
         let mut count = 0;
-        for entry in entries {
+        for entry in entries.chain(own) {
             let path = entry.unwrap().path();
             if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
                 continue;
@@ -466,7 +526,7 @@ mod tests {
             assert_eq!(indices, (1..=indices.len()).collect::<Vec<_>>());
             count += 1;
         }
-        assert!(count >= 20, "only {count} scenario files found");
+        assert!(count >= 40, "only {count} scenario files found");
     }
 
     #[test]
@@ -478,7 +538,7 @@ mod tests {
         let s = Scenario::load(&path).unwrap();
         assert_eq!(s.name, "a1-overall");
         assert_eq!(s.node.primary().to_string(), "192.168.0.2/24");
-        assert_eq!(s.node.pod_cidr.to_string(), "10.0.0.0/8");
+        assert_eq!(s.node.pod_cidrs, [parse_cidr("10.0.0.0/8").unwrap()]);
         assert_eq!(
             s.config.get("clusterCIDR"),
             Some(&Value::String("10.0.0.0/8".into()))
@@ -525,6 +585,49 @@ steps:
         assert_eq!((flow.index, flow.step, flow.proto), (2, 1, Proto::Udp));
         assert!(flow.applies_to(Mode::Ebpf) && !flow.applies_to(Mode::Ipvs));
         assert_eq!(flow.to.port(), 53);
+    }
+
+    #[test]
+    fn pod_cidrs_one_per_family() {
+        let node = |pod_cidr: &str| {
+            let text = format!(
+                "name: x\nnode: {{name: n, addresses: [192.168.0.2/24, 'fd00:168::2/64'], podCIDR: {pod_cidr}}}\n"
+            );
+            let raw: RawScenario = serde_yaml::from_str(&text).unwrap();
+            Scenario::from_raw(raw, Path::new("x")).map(|s| s.node)
+        };
+        let want = [
+            parse_cidr("10.0.0.0/8").unwrap(),
+            parse_cidr("fd00:10::/64").unwrap(),
+        ];
+        for form in [
+            "'10.0.0.0/8,fd00:10::/64'",
+            "['10.0.0.0/8', 'fd00:10::/64']",
+            "[10.0.0.9/8, 'fd00:10::1/64']",
+        ] {
+            let n = node(form).unwrap();
+            assert_eq!(n.pod_cidrs, want, "{form}");
+            assert!(n.in_pod_cidrs("fd00:10::180:0:1".parse().unwrap()));
+            assert!(n.in_pod_cidrs("10.180.0.1".parse().unwrap()));
+            assert!(!n.in_pod_cidrs("fd00:11::1".parse().unwrap()));
+        }
+        assert!(node("[]").is_err());
+        assert!(node("'10.0.0.0/8,'").is_err());
+
+        let n = node("10.0.0.0/8").unwrap();
+        assert_eq!(n.pod_cidrs, want[..1]);
+        assert_eq!(
+            n.primary_for("fd00::1".parse().unwrap())
+                .map(|a| a.to_string()),
+            Some("fd00:168::2/64".to_string())
+        );
+        assert_eq!(
+            n.primary_for("1.1.1.1".parse().unwrap())
+                .map(|a| a.to_string()),
+            Some("192.168.0.2/24".to_string())
+        );
+        let families: Vec<String> = n.family_primaries().iter().map(|a| a.to_string()).collect();
+        assert_eq!(families, ["192.168.0.2/24", "fd00:168::2/64"]);
     }
 
     #[test]

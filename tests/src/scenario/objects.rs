@@ -125,7 +125,7 @@ pub fn has_node(objects: &[Value], name: &str) -> bool {
 }
 
 /// The Node object a scenario without one gets: its addresses as InternalIPs and the
-/// pod CIDR.
+/// pod CIDRs (the first also as `podCIDR`, as the API serves a dual-stack node).
 pub fn synthesized_node(node: &NodeSpec) -> Value {
     let mut addresses: Vec<Value> = node
         .addresses
@@ -133,7 +133,7 @@ pub fn synthesized_node(node: &NodeSpec) -> Value {
         .map(|a| json!({"type": "InternalIP", "address": a.addr().to_string()}))
         .collect();
     addresses.push(json!({"type": "Hostname", "address": node.name}));
-    let cidr = node.pod_cidr.to_string();
+    let cidrs: Vec<String> = node.pod_cidrs.iter().map(ToString::to_string).collect();
     json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -141,7 +141,7 @@ pub fn synthesized_node(node: &NodeSpec) -> Value {
             "name": node.name,
             "labels": {"kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux"},
         },
-        "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
+        "spec": {"podCIDR": cidrs.first(), "podCIDRs": cidrs},
         "status": {"addresses": addresses},
     })
 }
@@ -168,7 +168,7 @@ mod tests {
                 parse_cidr("192.168.0.2/24").unwrap(),
                 parse_cidr("1.2.3.4/32").unwrap(),
             ],
-            pod_cidr: parse_cidr("10.0.0.0/8").unwrap(),
+            pod_cidrs: vec![parse_cidr("10.0.0.0/8").unwrap()],
         }
     }
 
@@ -234,7 +234,22 @@ mod tests {
         let objects = with_node(std::slice::from_ref(&svc), &node());
         assert_eq!(objects.len(), 2);
         assert_eq!(objects[1]["status"]["addresses"][1]["address"], "1.2.3.4");
-        assert_eq!(objects[1]["spec"]["podCIDRs"][0], "10.0.0.0/8");
+        assert_eq!(objects[1]["spec"]["podCIDR"], "10.0.0.0/8");
+        assert_eq!(objects[1]["spec"]["podCIDRs"], json!(["10.0.0.0/8"]));
         assert_eq!(with_node(&objects, &node()).len(), 2);
+
+        let mut dual = node();
+        dual.addresses.push(parse_cidr("fd00:168::2/64").unwrap());
+        dual.pod_cidrs.push(parse_cidr("fd00:10::/64").unwrap());
+        let node_object = synthesized_node(&dual);
+        assert_eq!(node_object["spec"]["podCIDR"], "10.0.0.0/8");
+        assert_eq!(
+            node_object["spec"]["podCIDRs"],
+            json!(["10.0.0.0/8", "fd00:10::/64"])
+        );
+        assert_eq!(
+            node_object["status"]["addresses"][2]["address"],
+            "fd00:168::2"
+        );
     }
 }

@@ -437,4 +437,46 @@ mod tests {
         assert!(!judge(&f, &[echo("172.30.0.41:80", "10.0.0.2")]).pass);
         assert!(!judge(&f, &[Attempt::new(Outcome::Refused, 1)]).pass);
     }
+
+    #[test]
+    fn ipv6_backends_and_masquerade() {
+        let mut f = flow(
+            backends(&["[fd00:10::180:0:1]:80", "[fd00:10::180:2:1]:80"]),
+            Some(false),
+            false,
+        );
+        f.from = "fd00:10::2".parse().unwrap();
+        f.to = "[fd00:30::41]:80".parse().unwrap();
+        let node: BTreeSet<IpAddr> = ["fd00:168::2", "fe80::1", "192.168.0.2"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let judge6 = |f: &Flow, attempts: &[Attempt]| {
+            Judge {
+                flow: f,
+                node_addresses: &node,
+            }
+            .verdict(attempts)
+        };
+        let seen_pod = Attempt::answered("ECHO [fd00:10::180:2:1]:80 FROM [fd00:10::2]:41000\n", 1);
+        let seen_node =
+            Attempt::answered("ECHO [fd00:10::180:0:1]:80 FROM [fd00:168::2]:41000\n", 1);
+        // The echo server prints canonical text; the flow may spell the same address
+        // differently and still match.
+        let other_spelling =
+            Attempt::answered("ECHO [FD00:10:0:0:0:180:0:1]:80 FROM [fd00:10:0::2]:1\n", 1);
+        let v = judge6(&f, &[seen_pod.clone(), other_spelling]);
+        assert!(v.pass, "{}", v.text);
+        assert!(!judge6(&f, std::slice::from_ref(&seen_node)).pass);
+
+        f.masq = Some(true);
+        assert!(judge6(&f, std::slice::from_ref(&seen_node)).pass);
+        assert!(!judge6(&f, std::slice::from_ref(&seen_pod)).pass);
+        // An IPv4 node address does not make an IPv6 backend's view of the pod masquerade.
+        let v4_mapped = Attempt::answered(
+            "ECHO [fd00:10::180:0:1]:80 FROM [::ffff:192.168.0.2]:1\n",
+            1,
+        );
+        assert!(!judge6(&f, &[v4_mapped]).pass);
+    }
 }

@@ -57,10 +57,18 @@ pub struct Placement {
     /// UNTOUCHED destinations the external namespace owns, with a plain listener each:
     /// an untranslated packet is routed there and answered.
     pub external_plain: BTreeSet<(Proto, SocketAddr)>,
-    /// Service addresses the external namespace routes to the node's primary address.
+    /// Service addresses the external namespace routes to the node (to its first address
+    /// of the same family).
     pub routed_to_node: BTreeSet<IpAddr>,
-    /// The external router's address, in the node's primary subnet.
-    pub router: IpNet,
+    /// Of those, the ones the external namespace answers itself (TCP reset, ICMP port
+    /// unreachable) when the node sends it traffic for them: the node forwards there only
+    /// what the proxy left untranslated, and a DROP must not pass because such a packet
+    /// vanished on the way. Not the destinations of UNTOUCHED flows, which may see silence
+    /// but not a refusal.
+    pub answered_outside: BTreeSet<IpAddr>,
+    /// The external router's address in the subnet of the node's first address of each
+    /// family the node has (primary family first).
+    pub routers: Vec<IpNet>,
 }
 
 impl Placement {
@@ -105,8 +113,7 @@ impl Placement {
                 }
             }
         }
-        let in_pods =
-            |ip: IpAddr| !node.owns(ip) && !ip.is_loopback() && node.pod_cidr.contains(&ip);
+        let in_pods = |ip: IpAddr| !node.owns(ip) && !ip.is_loopback() && node.in_pod_cidrs(ip);
         for flow in scenario.flows() {
             if in_pods(flow.from) {
                 pods.entry(flow.from)
@@ -163,6 +170,15 @@ impl Placement {
                     && !ip.is_loopback()
             })
             .collect();
+        let untouched_targets: BTreeSet<IpAddr> = scenario
+            .flows()
+            .filter(|f| f.expect == Expectation::Untouched)
+            .map(|f| f.to.ip())
+            .collect();
+        let answered_outside = routed_to_node
+            .difference(&untouched_targets)
+            .copied()
+            .collect();
 
         let mut used: BTreeSet<IpAddr> = node.addresses.iter().map(|a| a.addr()).collect();
         used.extend(pods.keys());
@@ -170,18 +186,11 @@ impl Placement {
         used.extend(&external_owned);
         used.extend(&services);
         used.extend(scenario.flows().map(|f| f.to.ip()));
-        let primary = node.primary();
-        let router_ip = primary
-            .hosts()
-            .find(|ip| !used.contains(ip))
-            .ok_or_else(|| {
-                Error::Setup(format!(
-                    "no free address for the external router in the primary node subnet {}",
-                    primary.trunc()
-                ))
-            })?;
-        let router = IpNet::new(router_ip, primary.prefix_len())
-            .map_err(|e| Error::Setup(format!("router address: {e}")))?;
+        let routers = node
+            .family_primaries()
+            .into_iter()
+            .map(|subnet| router_in(subnet, &used))
+            .collect::<Result<Vec<_>>>()?;
 
         Ok(Placement {
             pods: pods.into_values().collect(),
@@ -190,9 +199,38 @@ impl Placement {
             external_clients,
             external_plain,
             routed_to_node,
-            router,
+            answered_outside,
+            routers,
         })
     }
+
+    /// The external router of `ip`'s family, if the node has an address of that family.
+    pub fn router_for(&self, ip: IpAddr) -> Option<IpNet> {
+        self.routers
+            .iter()
+            .copied()
+            .find(|r| r.addr().is_ipv4() == ip.is_ipv4())
+    }
+}
+
+/// The first address of the node's subnet that nothing in the scenario uses. IPv6's
+/// first address (all host bits zero) is the Subnet-Router anycast address, which the
+/// node joins as soon as it forwards: as the router's address it would point the
+/// node's default route at itself.
+fn router_in(subnet: IpNet, used: &BTreeSet<IpAddr>) -> Result<IpNet> {
+    let network = subnet.network();
+    let router_ip = subnet
+        .hosts()
+        .filter(|ip| ip.is_ipv4() || *ip != network || subnet.prefix_len() >= 127)
+        .find(|ip| !used.contains(ip))
+        .ok_or_else(|| {
+            Error::Setup(format!(
+                "no free address for the external router in the node subnet {}",
+                subnet.trunc()
+            ))
+        })?;
+    IpNet::new(router_ip, subnet.prefix_len())
+        .map_err(|e| Error::Setup(format!("router address: {e}")))
 }
 
 #[cfg(test)]
@@ -272,8 +310,13 @@ flows:
             p.routed_to_node,
             BTreeSet::from([ip("192.168.0.1"), ip("192.168.99.33"), ip("5.6.7.8")])
         );
+        // 5.6.7.8:81 is an UNTOUCHED destination: silence is fine there, a refusal is not.
+        assert_eq!(
+            p.answered_outside,
+            BTreeSet::from([ip("192.168.0.1"), ip("192.168.99.33")])
+        );
         // .1 is an external IP of the service, so the router takes the next free one.
-        assert_eq!(p.router.to_string(), "192.168.0.3/24");
+        assert_eq!(p.routers, ["192.168.0.3/24".parse::<IpNet>().unwrap()]);
 
         let node = &s.node;
         assert_eq!(p.place_client(node, ip("1.2.3.4")), ClientPlace::Node);
@@ -288,17 +331,96 @@ flows:
         );
     }
 
+    const DUAL: &str = r#"
+name: t
+node:
+  name: test-node
+  addresses: [192.168.0.2/24, 'fd00:168::2/64', 'fd00:168:1::2/64']
+  podCIDR: [10.0.0.0/8, 'fd00:10::/64']
+objects:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: s, namespace: ns}
+  spec: {clusterIP: 172.30.0.41, clusterIPs: [172.30.0.41, 'fd00:30::41'], externalIPs: ['fd00:168::1']}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: s-6, namespace: ns}
+  addressType: IPv6
+  endpoints: [{addresses: ['fd00:10::180:0:1']}]
+  ports: [{port: 80, protocol: TCP}]
+flows:
+- {from: 'fd00:10::2', to: '[fd00:30::41]:80', expect: ['[fd00:10::180:0:1]:80']}
+- {from: 10.0.0.2, to: '172.30.0.41:80', expect: REJECT}
+- {from: 'fd00:168::2', to: '[fd00:168::1]:80', expect: ['[fd00:10::180:0:1]:80']}
+"#;
+
     #[test]
-    fn shared_scenarios_place_every_client() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/scenarios");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return;
-        };
-        for entry in entries {
-            let path = entry.unwrap().path();
-            if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
-                continue;
-            }
+    fn one_router_per_family_never_the_subnet_router_anycast() {
+        let s = scenario(DUAL);
+        let p = Placement::plan(&s).unwrap();
+        let routers: Vec<String> = p.routers.iter().map(ToString::to_string).collect();
+        // fd00:168:: is the Subnet-Router anycast address and fd00:168::1 a service's.
+        assert_eq!(routers, ["192.168.0.1/24", "fd00:168::3/64"]);
+        assert_eq!(
+            p.router_for(ip("fd00:30::41")).map(|r| r.addr()),
+            Some(ip("fd00:168::3"))
+        );
+        assert_eq!(
+            p.router_for(ip("10.1.2.3")).map(|r| r.addr()),
+            Some(ip("192.168.0.1"))
+        );
+        let addrs: Vec<String> = p.pods.iter().map(|p| p.address.to_string()).collect();
+        assert_eq!(addrs, ["10.0.0.2", "fd00:10::2", "fd00:10::180:0:1"]);
+        assert!(p.external_clients.is_empty());
+        assert_eq!(
+            p.routed_to_node,
+            BTreeSet::from([ip("172.30.0.41"), ip("fd00:30::41"), ip("fd00:168::1")])
+        );
+        assert_eq!(
+            p.place_client(&s.node, ip("fd00:10::2")),
+            ClientPlace::Pod(ip("fd00:10::2"))
+        );
+        assert_eq!(p.place_client(&s.node, ip("::1")), ClientPlace::Node);
+
+        let v6_only = DUAL
+            .replace("192.168.0.2/24, ", "")
+            .replace("10.0.0.0/8, ", "");
+        let p = Placement::plan(&scenario(&v6_only)).unwrap();
+        assert_eq!(p.routers, ["fd00:168::3/64".parse::<IpNet>().unwrap()]);
+        assert_eq!(p.router_for(ip("10.1.2.3")), None);
+        // 10.0.0.2 is outside every pod CIDR now: an external client.
+        assert_eq!(p.external_clients, BTreeSet::from([ip("10.0.0.2")]));
+    }
+
+    #[test]
+    fn a_host_route_subnet_may_use_its_only_address() {
+        let used = BTreeSet::new();
+        let only: IpNet = "fd00::5/128".parse().unwrap();
+        assert_eq!(router_in(only, &used).unwrap().to_string(), "fd00::5/128");
+        let pair: IpNet = "fd00::4/127".parse().unwrap();
+        assert_eq!(router_in(pair, &used).unwrap().to_string(), "fd00::4/127");
+        let full = BTreeSet::from([ip("fd00::4"), ip("fd00::5")]);
+        assert!(router_in(pair, &full).is_err());
+    }
+
+    /// The shared scenarios and this crate's own (the IPv6 and dual-stack ones).
+    fn scenario_files() -> Vec<std::path::PathBuf> {
+        let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+        [
+            crate_dir.join("../../shared/scenarios"),
+            crate_dir.join("scenarios"),
+        ]
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().and_then(|e| e.to_str()) == Some("yaml"))
+        .collect()
+    }
+
+    #[test]
+    fn every_scenario_places_every_client() {
+        for path in scenario_files() {
             let s = Scenario::load(&path).unwrap();
             let p = Placement::plan(&s).unwrap();
             for flow in s.flows() {
@@ -317,7 +439,13 @@ flows:
                     }
                 }
             }
-            assert!(s.node.primary().contains(&p.router.addr()));
+            let subnets = s.node.family_primaries();
+            assert_eq!(p.routers.len(), subnets.len(), "{}", path.display());
+            for (router, subnet) in p.routers.iter().zip(subnets) {
+                assert!(subnet.contains(&router.addr()));
+                assert!(!s.node.owns(router.addr()));
+                assert!(router.addr() != subnet.network() || subnet.addr().is_ipv4());
+            }
         }
     }
 }

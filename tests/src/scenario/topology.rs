@@ -4,6 +4,7 @@
 //! the listeners. Everything is named after a per-run id and removed on drop.
 
 use std::{
+    collections::BTreeSet,
     fs,
     io::{BufRead, BufReader},
     net::IpAddr,
@@ -30,6 +31,18 @@ pub const PREFIX: &str = "kpt";
 /// The pods' gateway, answered by proxy ARP on the host side of their veth.
 pub const POD_GATEWAY_V4: &str = "169.254.1.1";
 pub const POD_GATEWAY_V6: &str = "fe80::1";
+
+/// Set in every namespace before its interfaces are made. Duplicate address detection
+/// off: an IPv6 address stays "tentative" (unusable as a source, not answered for) for
+/// a second or more after it is added, which would lose a flow's first packets; and
+/// unlimited ICMP errors, so that back-to-back rejected attempts (a UDP REJECT is an
+/// ICMP port unreachable) are never silenced by the per-destination rate limit.
+pub const NAMESPACE_SYSCTLS: [(&str, &str); 4] = [
+    ("net.ipv6.conf.all.accept_dad", "0"),
+    ("net.ipv6.conf.default.accept_dad", "0"),
+    ("net.ipv6.icmp.ratelimit", "0"),
+    ("net.ipv4.icmp_ratelimit", "0"),
+];
 
 pub fn runs_dir() -> PathBuf {
     std::env::temp_dir().join("scenario-runner")
@@ -120,25 +133,34 @@ impl Topology {
         Ok(topology)
     }
 
-    /// Waits until every veth of every namespace reports operstate UP. Until the kernel's
-    /// link watcher has processed a new carrier (up to a second later) the device still has
-    /// the no-op qdisc, which silently drops what is sent: the first flow would lose its
-    /// SYN and time out.
+    /// Waits until every veth of every namespace reports operstate UP and no IPv6 address
+    /// is still tentative. Until the kernel's link watcher has processed a new carrier (up
+    /// to a second later) the device still has the no-op qdisc, which silently drops what
+    /// is sent: the first flow would lose its SYN and time out.
     fn wait_links_up(&self) -> Result<()> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         for ns in &self.namespaces {
             loop {
                 let out = netns::ip_in(ns, &["-o", "link", "show"])?;
-                let pending = out
+                let links_pending = out
                     .lines()
                     .filter(|l| l.contains("veth") || l.contains("@"))
                     .any(|l| !l.contains("state UP"));
-                if !pending {
+                // With DAD off nothing should stay tentative; if the kernel ignored that
+                // setting, wait the detection out rather than lose the first packets.
+                let tentative = netns::ip_in(ns, &["-6", "-o", "addr", "show", "tentative"])?;
+                let failed = netns::ip_in(ns, &["-6", "-o", "addr", "show", "dadfailed"])?;
+                if !failed.trim().is_empty() {
+                    return Err(Error::Setup(format!(
+                        "duplicate IPv6 address in {ns}: {failed}"
+                    )));
+                }
+                if !links_pending && tentative.trim().is_empty() {
                     break;
                 }
                 if std::time::Instant::now() > deadline {
                     return Err(Error::Setup(format!(
-                        "links in {ns} did not come up: {out}"
+                        "links in {ns} did not come up: {out}{tentative}"
                     )));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(20));
@@ -157,25 +179,26 @@ impl Topology {
             add_netns(ns)?;
             self.namespaces.push(ns.clone());
         }
+        let node_settings = [
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv6.conf.all.forwarding", "1"),
+            ("net.ipv6.conf.default.forwarding", "1"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.default.rp_filter", "0"),
+        ];
         sysctl_in(
             &node,
-            &[
-                ("net.ipv4.ip_forward", "1"),
-                ("net.ipv6.conf.all.forwarding", "1"),
-                ("net.ipv4.conf.all.rp_filter", "0"),
-                ("net.ipv4.conf.default.rp_filter", "0"),
-            ],
+            &[&node_settings[..], &NAMESPACE_SYSCTLS[..]].concat(),
         )?;
         // The external side only sends and answers; it must not bounce untranslated
         // packets back to the node.
-        sysctl_in(
-            &ext,
-            &[
-                ("net.ipv4.ip_forward", "0"),
-                ("net.ipv4.conf.all.rp_filter", "0"),
-                ("net.ipv4.conf.default.rp_filter", "0"),
-            ],
-        )?;
+        let ext_settings = [
+            ("net.ipv4.ip_forward", "0"),
+            ("net.ipv6.conf.all.forwarding", "0"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.default.rp_filter", "0"),
+        ];
+        sysctl_in(&ext, &[&ext_settings[..], &NAMESPACE_SYSCTLS[..]].concat())?;
         self.build_uplink()?;
         let mut host_sysctls = Vec::new();
         for (index, pod) in self.placement.pods.clone().iter().enumerate() {
@@ -208,26 +231,35 @@ impl Topology {
         for address in &self.node.addresses {
             add_address(node, *address, "eth0")?;
         }
-        add_address(ext, self.placement.router, "ext0")?;
+        for router in &self.placement.routers {
+            add_address(ext, *router, "ext0")?;
+        }
         ip_in(node, &["link", "set", "eth0", "up"])?;
         ip_in(ext, &["link", "set", "ext0", "up"])?;
-        let router = self.placement.router.addr().to_string();
-        let primary = self.node.primary().addr().to_string();
-        ip_in(
-            node,
-            &["route", "add", "default", "via", &router, "dev", "eth0"],
-        )?;
-        ip_in(
-            ext,
-            &["route", "add", "default", "via", &primary, "dev", "ext0"],
-        )?;
-        // Service addresses inside the uplink subnet would otherwise be ARPed for.
+        // One router and one pair of default routes per family the node has an address of.
+        for router in &self.placement.routers {
+            let Some(node_side) = self.node.primary_for(router.addr()) else {
+                continue;
+            };
+            let (router, node_side) = (router.addr().to_string(), node_side.addr().to_string());
+            ip_in(
+                node,
+                &["route", "add", "default", "via", &router, "dev", "eth0"],
+            )?;
+            ip_in(
+                ext,
+                &["route", "add", "default", "via", &node_side, "dev", "ext0"],
+            )?;
+        }
+        // Service addresses inside the uplink subnet would otherwise be resolved on the
+        // link (ARP / neighbour discovery) instead of being sent to the node.
         for ip in &self.placement.routed_to_node {
-            if ip.is_ipv4() == self.node.primary().addr().is_ipv4() {
+            if let Some(node_side) = self.node.primary_for(*ip) {
                 let dest = format!("{ip}/{}", host_prefix(*ip));
+                let via = node_side.addr().to_string();
                 ip_in(
                     ext,
-                    &["route", "replace", &dest, "via", &primary, "dev", "ext0"],
+                    &["route", "replace", &dest, "via", &via, "dev", "ext0"],
                 )?;
             }
         }
@@ -239,6 +271,68 @@ impl Topology {
         {
             add_address(ext, host_net(*ip), "lo")?;
         }
+        self.answer_untranslated()
+    }
+
+    /// What the node sends out for a service address it routes here was left untranslated
+    /// by the proxy. Without this it would vanish (this namespace does not forward), so a
+    /// proxy that failed to drop it would still pass a DROP flow. This namespace owns those
+    /// addresses, so the kernel refuses such packets (TCP reset, ICMP port unreachable) and
+    /// answers ARP / neighbour solicitations for the ones inside the uplink subnet; its
+    /// own packets to them (the external clients') still go to the node, by a policy rule
+    /// consulted before the local table, which is moved behind it.
+    fn answer_untranslated(&self) -> Result<()> {
+        let ext = self.ext_ns.as_str();
+        let mut families = BTreeSet::new();
+        for ip in &self.placement.answered_outside {
+            if self.node.primary_for(*ip).is_none() {
+                continue;
+            }
+            let family = family_flag(*ip);
+            if families.insert(family) {
+                ip_in(
+                    ext,
+                    &[
+                        family,
+                        "rule",
+                        "add",
+                        "pref",
+                        LOCAL_RULE_PREF,
+                        "lookup",
+                        "local",
+                    ],
+                )?;
+                ip_in(
+                    ext,
+                    &[family, "rule", "del", "pref", "0", "lookup", "local"],
+                )?;
+            }
+            let dest = format!("{ip}/{}", host_prefix(*ip));
+            ip_in(
+                ext,
+                &[
+                    family,
+                    "rule",
+                    "add",
+                    "pref",
+                    OWN_TRAFFIC_RULE_PREF,
+                    "iif",
+                    "lo",
+                    "to",
+                    &dest,
+                    "lookup",
+                    "main",
+                ],
+            )?;
+            // Without a prefix route of its own: the main table keeps sending the
+            // namespace's own traffic for it to the node.
+            let own = host_net(*ip).to_string();
+            let mut args = vec![family, "addr", "add", own.as_str(), "dev", "ext0"];
+            if ip.is_ipv6() {
+                args.extend(["nodad", "noprefixroute"]);
+            }
+            ip_in(ext, &args)?;
+        }
         Ok(())
     }
 
@@ -246,6 +340,8 @@ impl Topology {
         let ns = self.pod_ns(index);
         add_netns(&ns)?;
         self.namespaces.push(ns.clone());
+        // Before the veth exists: its end here takes the namespace's defaults.
+        sysctl_in(&ns, &NAMESPACE_SYSCTLS)?;
         let node = self.node_ns.as_str();
         let host_if = format!("kp{index}");
         ip_in(
@@ -516,6 +612,16 @@ impl Drop for Topology {
 fn host_net(ip: IpAddr) -> IpNet {
     // A host prefix is always valid for its own family.
     IpNet::new(ip, host_prefix(ip)).unwrap_or_else(|_| IpNet::from(ip))
+}
+
+/// Rule preferences in the external namespace (see [`Topology::answer_untranslated`]):
+/// its own traffic to the addresses it answers for goes by the main table (to the node),
+/// before the local table is consulted.
+const OWN_TRAFFIC_RULE_PREF: &str = "10";
+const LOCAL_RULE_PREF: &str = "1000";
+
+fn family_flag(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() { "-4" } else { "-6" }
 }
 
 fn add_address(ns: &str, address: IpNet, dev: &str) -> Result<()> {
