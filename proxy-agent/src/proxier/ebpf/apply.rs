@@ -511,7 +511,12 @@ impl ApplyState {
             Some(actual) => self.reconcile(&actual),
             None => diff_ops,
         };
-        let (written, deleted) = execute(maps, &ops)?;
+        let executed = execute(maps, &ops);
+        // Ids freed by this sync are safe to hand out once their entries are gone (or, if a
+        // write failed, at the next sync, which is then full and rewrites what it needs).
+        self.backend_ids.recycle();
+        self.rev_nat_ids.recycle();
+        let (written, deleted) = executed?;
         let affinity_removed = clean_affinity(maps, &dead_frontends, &dead_pairs)?;
         Ok(SyncStats {
             services: self.services.len(),

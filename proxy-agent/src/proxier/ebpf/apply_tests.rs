@@ -573,3 +573,43 @@ fn ids_are_stable_and_shared_backends_survive_one_service_going() {
     );
     let _ = NamespacedName::new("ns1", "web");
 }
+
+#[test]
+fn an_id_freed_and_needed_in_the_same_sync_is_not_deleted_under_the_new_owner() {
+    // One service loses its backend while another gains a new one in the same sync: the
+    // freed id must not be reused by the newcomer, or the delete that follows would wipe
+    // the newcomer's backend entry.
+    let mut h = Harness::new();
+    h.service(web_service());
+    h.slice(web(&["10.0.1.1"]));
+    let db = mk_service("ns2", "db")
+        .cluster_ip("172.30.0.20")
+        .port("sql", 5432, "TCP")
+        .build();
+    h.service(db.clone());
+    h.slice(
+        mk_endpointslice("ns2", "db-1", "db", "IPv4")
+            .port("sql", 5432, "TCP")
+            .endpoint(mk_endpoint("10.0.2.1").build())
+            .build(),
+    );
+    h.sync(false);
+    for round in 0..20 {
+        // Alternate which service loses and which gains, so both HashSet orders occur.
+        h.delete_service(db.clone());
+        h.slice(web(&[&format!("10.0.1.{}", round + 2)]));
+        h.sync(false);
+        assert_eq!(
+            h.backends_of("172.30.0.10", 80, SCOPE_EXTERNAL),
+            vec![format!("10.0.1.{}:8080", round + 2)],
+            "round {round}"
+        );
+        h.service(db.clone());
+        h.slice(web(&["10.0.1.1"]));
+        h.sync(false);
+        assert!(
+            h.sync(true).is_empty(),
+            "a full sync finds nothing to repair (round {round})"
+        );
+    }
+}

@@ -20,6 +20,9 @@ pub struct IdAllocator<K> {
     max: u64,
     by_key: HashMap<K, (u64, usize)>,
     free: Vec<u64>,
+    /// Ids released since the last [`IdAllocator::recycle`]: not handed out again until
+    /// then, so that one sync never deletes the entry of an id it also gave away anew.
+    released: Vec<u64>,
     next: u64,
 }
 
@@ -30,6 +33,7 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
             max,
             by_key: HashMap::new(),
             free: Vec::new(),
+            released: Vec::new(),
             next: 1,
         }
     }
@@ -57,7 +61,8 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
         Ok(id)
     }
 
-    /// Drops one reference; returns the id when it became free.
+    /// Drops one reference; returns the id when it became unused. It becomes available
+    /// again at the next [`IdAllocator::recycle`].
     pub fn release(&mut self, key: &K) -> Option<u64> {
         let (id, refs) = self.by_key.get_mut(key)?;
         *refs -= 1;
@@ -66,8 +71,13 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
         }
         let id = *id;
         self.by_key.remove(key);
-        self.free.push(id);
+        self.released.push(id);
         Some(id)
+    }
+
+    /// Makes the ids released so far available again (after their map entries are gone).
+    pub fn recycle(&mut self) {
+        self.free.append(&mut self.released);
     }
 
     pub fn get(&self, key: &K) -> Option<u64> {
@@ -101,7 +111,7 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
             .collect();
         for (key, id) in &stale {
             self.by_key.remove(key);
-            self.free.push(*id);
+            self.released.push(*id);
         }
         stale
     }
@@ -130,13 +140,17 @@ mod tests {
     }
 
     #[test]
-    fn freed_ids_are_reused_and_zero_is_never_used() {
+    fn freed_ids_are_reused_only_after_recycling_and_zero_is_never_used() {
         let mut ids = IdAllocator::new("backend", 10);
         let a = ids.acquire(&"a").unwrap();
         let b = ids.acquire(&"b").unwrap();
         assert!(a >= 1 && b >= 1 && a != b);
         ids.release(&"a");
-        assert_eq!(ids.acquire(&"c").unwrap(), a);
+        // Within the same sync the released id stays out of reach.
+        let c = ids.acquire(&"c").unwrap();
+        assert_ne!(c, a);
+        ids.recycle();
+        assert_eq!(ids.acquire(&"d").unwrap(), a);
     }
 
     #[test]
@@ -162,6 +176,7 @@ mod tests {
         assert_eq!(ids.acquire(&"kept").unwrap(), 7);
         let stale = ids.drop_unreferenced();
         assert_eq!(stale, vec![("gone", 3)]);
+        ids.recycle();
         // Ids below the highest adopted one are handed out again, never 7.
         let mut handed = Vec::new();
         for k in ["x", "y", "z", "w", "v", "u", "t"] {
