@@ -99,13 +99,12 @@ impl ServiceHealthServers {
     fn bind_addrs(&self, port: u16) -> Vec<SocketAddr> {
         match &self.addresses {
             Some(list) => list.iter().map(|ip| SocketAddr::new(*ip, port)).collect(),
-            None => {
-                let mut v = vec![SocketAddr::from(([0, 0, 0, 0], port))];
-                if std::path::Path::new("/proc/net/if_inet6").exists() {
-                    v.push(SocketAddr::from(([0u16; 8], port)));
-                }
-                v
+            // Every address: one dual-stack socket where the kernel has IPv6 (it takes
+            // IPv4 too, as Go's ":port" does), else the IPv4 wildcard.
+            None if std::path::Path::new("/proc/net/if_inet6").exists() => {
+                vec![SocketAddr::from(([0u16; 8], port))]
             }
+            None => vec![SocketAddr::from(([0, 0, 0, 0], port))],
         }
     }
 
