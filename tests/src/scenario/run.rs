@@ -362,7 +362,9 @@ impl<'a> Env<'a> {
             "--count".into(),
             attempts_for(flow).to_string(),
             "--timeout-ms".into(),
-            self.options.timeout.as_millis().to_string(),
+            timeout_for(flow, self.options.timeout)
+                .as_millis()
+                .to_string(),
         ];
         if flow.proto == Proto::Udp {
             let port = self.udp_ports.port_for(flow.from, flow.to);
@@ -476,5 +478,18 @@ flows:
         let some = discover(&dirs, Some("l1-")).unwrap();
         assert!(all.len() > some.len());
         assert!(some.iter().all(|p| p.to_string_lossy().contains("l1-")));
+    }
+}
+
+/// How long one attempt may wait. DROP means silence for the runner's timeout; a REJECT may
+/// take longer to surface without being a DROP: when the ICMPv6 error of a rejected SYN
+/// comes back while connect() still holds the socket, Linux keeps it as a soft error and
+/// reports the refusal with the next retransmission, one second later. Waiting longer for a
+/// REJECT cannot turn a DROP into a pass (a DROP never answers).
+pub fn timeout_for(flow: &Flow, base: Duration) -> Duration {
+    if matches!(flow.expect, Expectation::Reject) {
+        base.max(Duration::from_secs(3))
+    } else {
+        base
     }
 }
