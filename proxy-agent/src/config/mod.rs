@@ -68,8 +68,9 @@ pub use net::PortRange;
 pub use typed::{LocalMode, NodePortAddress, NodePortAddresses, ProxyMode, SyncPeriods, XdpMode};
 pub use types::{
     API_VERSION, ClientConnectionConfiguration, ConntrackConfiguration, DetectLocalConfiguration,
-    EbpfConfiguration, IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration,
-    LoggingConfiguration, MapSizes, NftablesConfiguration, VModuleItem, WinkernelConfiguration,
+    EbpfConfiguration, EbpfConntrack, IptablesConfiguration, IpvsConfiguration, KIND,
+    KubeProxyConfiguration, LoggingConfiguration, MapSizes, NftablesConfiguration, VModuleItem,
+    WinkernelConfiguration,
 };
 pub use validate::{IPVS_SCHEDULERS, MAX_MAP_ENTRIES, validate};
 

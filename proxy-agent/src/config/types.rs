@@ -255,6 +255,33 @@ pub struct EbpfConfiguration {
     pub xdp_mode: String,
     #[serde(deserialize_with = "nullable")]
     pub map_sizes: MapSizes,
+    /// Lifetimes of the BPF connection tracking of north-south flows.
+    #[serde(deserialize_with = "nullable")]
+    pub conntrack: EbpfConntrack,
+}
+
+/// How long a translated north-south flow is remembered after its last packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EbpfConntrack {
+    /// An established TCP flow.
+    pub tcp_timeout: Duration,
+    /// A TCP flow after FIN or RST.
+    pub tcp_closing_timeout: Duration,
+    /// UDP and SCTP flows.
+    pub udp_timeout: Duration,
+}
+
+impl Default for EbpfConntrack {
+    fn default() -> Self {
+        let secs =
+            |s: u64| Duration::from_std(std::time::Duration::from_secs(s)).unwrap_or_default();
+        Self {
+            tcp_timeout: secs(6 * 3600),
+            tcp_closing_timeout: secs(10),
+            udp_timeout: secs(60),
+        }
+    }
 }
 
 /// max_entries of the BPF maps.

@@ -442,6 +442,23 @@ fn validate_ebpf(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) 
     if XdpMode::parse(&ebpf.xdp_mode).is_none() {
         errors.push(unsupported_xdp_mode(&ebpf.xdp_mode));
     }
+    for (field, value) in [
+        ("ebpf.conntrack.tcpTimeout", ebpf.conntrack.tcp_timeout),
+        (
+            "ebpf.conntrack.tcpClosingTimeout",
+            ebpf.conntrack.tcp_closing_timeout,
+        ),
+        ("ebpf.conntrack.udpTimeout", ebpf.conntrack.udp_timeout),
+    ] {
+        let secs = value.to_std().as_secs();
+        if value.to_std() < std::time::Duration::from_secs(1) || secs > u64::from(u32::MAX) {
+            errors.push(FieldError::invalid(
+                field,
+                value.to_string(),
+                "must be at least 1s (whole seconds count)",
+            ));
+        }
+    }
     let MapSizes {
         services,
         backends,
