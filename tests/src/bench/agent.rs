@@ -75,7 +75,8 @@ impl BenchAgent {
         fs::write(&config_path, config)
             .map_err(Error::io(format!("writing {}", config_path.display())))?;
         let log = run_dir.join("agent.log");
-        let out = fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
+        let out =
+            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
         let err = out.try_clone().map_err(Error::io("agent log"))?;
         let args = [
             "--config".to_string(),
@@ -176,7 +177,10 @@ impl BenchAgent {
                 self.binary.display(),
                 String::from_utf8_lossy(&out.stderr).trim()
             ),
-            Err(err) => eprintln!("cleanup: running {} --cleanup: {err}", self.binary.display()),
+            Err(err) => eprintln!(
+                "cleanup: running {} --cleanup: {err}",
+                self.binary.display()
+            ),
             Ok(_) => {}
         }
         if self.bpffs_root.exists()
@@ -200,10 +204,10 @@ pub fn get_in(ns: &str, url: &str) -> Result<HttpResponse> {
     let url = url.to_string();
     let name = ns.to_string();
     thread::spawn(move || {
-        let file = fs::File::open(&path).map_err(Error::io(format!("opening {}", path.display())))?;
-        setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| {
-            Error::Scenario(crate::scenario::Error::Setns { name, source })
-        })?;
+        let file =
+            fs::File::open(&path).map_err(Error::io(format!("opening {}", path.display())))?;
+        setns(&file, CloneFlags::CLONE_NEWNET)
+            .map_err(|source| Error::Scenario(crate::scenario::Error::Setns { name, source }))?;
         Ok(http::get(&url, Duration::from_millis(500))?)
     })
     .join()

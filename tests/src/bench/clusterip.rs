@@ -19,6 +19,7 @@ use crate::scenario::readiness::Change;
 
 use super::{
     agent::BenchAgent,
+    cpustat,
     error::{Error, Result},
     load::{ClientReport, allowed_cpus},
     manifests::{self, BACKEND_PORT, SERVICE_IP, SERVICE_PORT},
@@ -107,7 +108,9 @@ fn write_atomically(path: &Path, text: &str) -> Result<()> {
 /// Runs the benchmark and returns its samples and ratios. Needs root.
 pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
     if !nix::unistd::Uid::effective().is_root() {
-        return Err(Error::Setup("the benchmark needs root (namespaces, cgroups, eBPF)".into()));
+        return Err(Error::Setup(
+            "the benchmark needs root (namespaces, cgroups, eBPF)".into(),
+        ));
     }
     for binary in [&opts.agent_binary, &opts.loadgen_binary] {
         if !binary.is_file() {
@@ -118,7 +121,9 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
     counts.sort_unstable();
     counts.dedup();
     if counts.first().is_none_or(|n| *n == 0) || opts.reps == 0 {
-        return Err(Error::Setup("need at least one rep and service counts >= 1".into()));
+        return Err(Error::Setup(
+            "need at least one rep and service counts >= 1".into(),
+        ));
     }
     for line in net::cleanup_stale()? {
         progress(opts, &format!("removed stale {line}"));
@@ -168,6 +173,7 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
         opts,
         net: &bench_net,
         client_cpu,
+        watched_cpus: client_cpu.into_iter().chain(server_cpu).collect(),
     };
     let mut samples = Vec::new();
     let mut order_index = 0u32;
@@ -202,7 +208,7 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
         );
         for rep in 0..opts.reps {
             for route in Route::order(order_index) {
-                let report = runner.client(route)?;
+                let (report, steal_percent) = runner.client(route)?;
                 progress(
                     opts,
                     &format!(
@@ -218,6 +224,7 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
                     services,
                     rep,
                     report,
+                    steal_percent,
                 });
             }
             order_index += 1;
@@ -237,7 +244,12 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
 }
 
 /// Polls the pinned service map until it holds exactly `expected` frontends.
-fn wait_frontends(agent: &BenchAgent, bpffs: &Path, expected: u32, timeout: Duration) -> Result<()> {
+fn wait_frontends(
+    agent: &BenchAgent,
+    bpffs: &Path,
+    expected: u32,
+    timeout: Duration,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         signals::check()?;
@@ -262,11 +274,14 @@ struct Runner<'a> {
     opts: &'a BenchOptions,
     net: &'a BenchNet,
     client_cpu: Option<usize>,
+    /// Whose steal time is recorded (empty: all CPUs).
+    watched_cpus: Vec<usize>,
 }
 
 impl Runner<'_> {
-    /// One client run in the client pod, to the backend or to the ClusterIP.
-    fn client(&self, route: Route) -> Result<ClientReport> {
+    /// One client run in the client pod, to the backend or to the ClusterIP, and the CPU
+    /// steal while it ran.
+    fn client(&self, route: Route) -> Result<(ClientReport, Option<f64>)> {
         signals::check()?;
         let target = match route {
             Route::Direct => SocketAddr::from((SERVER_IP, BACKEND_PORT)),
@@ -284,6 +299,7 @@ impl Runner<'_> {
         if let Some(cpu) = self.client_cpu {
             args.extend(["--cpu".into(), cpu.to_string()]);
         }
+        let cpu_before = cpustat::read(&self.watched_cpus);
         let mut child = self
             .net
             .client_place()
@@ -296,7 +312,10 @@ impl Runner<'_> {
         let deadline =
             Instant::now() + self.opts.rep_duration + self.opts.warmup + Duration::from_secs(20);
         let status = loop {
-            if let Some(status) = child.try_wait().map_err(Error::io("waiting for the client"))? {
+            if let Some(status) = child
+                .try_wait()
+                .map_err(Error::io("waiting for the client"))?
+            {
                 break status;
             }
             if let Err(err) = signals::check() {
@@ -307,9 +326,15 @@ impl Runner<'_> {
             if Instant::now() >= deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(Error::Load(format!("the client to {target} did not finish in time")));
+                return Err(Error::Load(format!(
+                    "the client to {target} did not finish in time"
+                )));
             }
             thread::sleep(Duration::from_millis(20));
+        };
+        let steal = match (cpu_before, cpustat::read(&self.watched_cpus)) {
+            (Some(before), Some(after)) => cpustat::steal_percent(before, after),
+            _ => None,
         };
         let mut stdout = String::new();
         let mut stderr = String::new();
@@ -328,9 +353,7 @@ impl Runner<'_> {
         }
         let report: ClientReport = serde_json::from_str(stdout.trim())?;
         let attempts = report.connections + report.errors;
-        if report.connections == 0
-            || report.errors as f64 > MAX_ERROR_SHARE * attempts as f64
-        {
+        if report.connections == 0 || report.errors as f64 > MAX_ERROR_SHARE * attempts as f64 {
             return Err(Error::Load(format!(
                 "{route} to {target}: {} of {attempts} connections failed (first: {})",
                 report.errors,
@@ -338,7 +361,7 @@ impl Runner<'_> {
                 route = route.as_str(),
             )));
         }
-        Ok(report)
+        Ok((report, steal))
     }
 }
 
@@ -403,7 +426,12 @@ mod tests {
         let phases: Vec<u32> = results.summary.phases.iter().map(|p| p.services).collect();
         assert_eq!(phases, [1, 100]);
         assert!(results.summary.scaling.is_some());
-        assert_eq!(results.csv_rows().len(), 4 * 4 + 2 * 6 + 3);
+        let steal_rows = results
+            .samples
+            .iter()
+            .filter(|s| s.steal_percent.is_some())
+            .count();
+        assert_eq!(results.csv_rows().len(), 4 * 4 + steal_rows + 2 * 6 + 3);
         assert_eq!(net::owner_pid(&results.run_id), Some(std::process::id()));
         let left = net::leftovers(&results.run_id).unwrap();
         assert!(left.is_empty(), "left behind: {left:?}");

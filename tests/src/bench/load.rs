@@ -152,9 +152,7 @@ pub fn summarize(
     let mean_us = if latencies_ns.is_empty() {
         0.0
     } else {
-        latencies_ns.iter().map(|&n| f64::from(n)).sum::<f64>()
-            / latencies_ns.len() as f64
-            / 1000.0
+        latencies_ns.iter().map(|&n| f64::from(n)).sum::<f64>() / latencies_ns.len() as f64 / 1000.0
     };
     ClientReport {
         target,

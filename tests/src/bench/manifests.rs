@@ -32,7 +32,9 @@ pub fn filler_backend(index: u32) -> Ipv4Addr {
     nth_after(FILLER_BACKEND_BASE, index)
 }
 
-/// A ClusterIP Service with one TCP port and its EndpointSlice with one ready endpoint.
+/// A ClusterIP Service with one TCP port and its EndpointSlice with one ready endpoint. The
+/// slice's port carries its (empty) name explicitly, as the API server's defaulting does:
+/// kube-proxy ignores slice ports without a name.
 fn service_with_backend(out: &mut String, name: &str, ip: Ipv4Addr, backend: Ipv4Addr) {
     // Writing to a String cannot fail.
     let _ = write!(
@@ -56,7 +58,7 @@ fn service_with_backend(out: &mut String, name: &str, ip: Ipv4Addr, backend: Ipv
            labels: {{kubernetes.io/service-name: {name}}}\n\
          addressType: IPv4\n\
          endpoints: [{{addresses: [{backend}], conditions: {{ready: true}}}}]\n\
-         ports: [{{port: {BACKEND_PORT}, protocol: TCP}}]\n"
+         ports: [{{name: \"\", port: {BACKEND_PORT}, protocol: TCP}}]\n"
     );
 }
 
@@ -106,13 +108,20 @@ mod tests {
                 ClusterObject::Service(svc) => {
                     let spec = svc.spec.as_ref().unwrap();
                     assert!(ips.insert(spec.cluster_ip.clone().unwrap()));
-                    assert_eq!(spec.ports.as_ref().unwrap()[0].port, i32::from(SERVICE_PORT));
+                    assert_eq!(
+                        spec.ports.as_ref().unwrap()[0].port,
+                        i32::from(SERVICE_PORT)
+                    );
                 }
                 ClusterObject::EndpointSlice(slice) => {
                     slices += 1;
-                    let owner = &slice.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"];
+                    let owner =
+                        &slice.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"];
                     assert_eq!(slice.metadata.name.as_deref(), Some(&*format!("{owner}-1")));
                     assert_eq!(slice.endpoints.as_ref().map(Vec::len), Some(1));
+                    let port = &slice.ports.as_ref().unwrap()[0];
+                    assert_eq!(port.name.as_deref(), Some(""));
+                    assert_eq!(port.port, Some(i32::from(BACKEND_PORT)));
                 }
                 other => panic!("unexpected object {other:?}"),
             }
@@ -128,7 +137,12 @@ mod tests {
         assert_eq!(filler_ip(0), Ipv4Addr::new(10, 100, 0, 1));
         assert_eq!(filler_ip(last), Ipv4Addr::new(10, 116, 0, 0));
         assert_eq!(filler_backend(last), Ipv4Addr::new(10, 216, 0, 0));
-        for ip in [filler_ip(0), filler_ip(last), filler_backend(0), filler_backend(last)] {
+        for ip in [
+            filler_ip(0),
+            filler_ip(last),
+            filler_backend(0),
+            filler_backend(last),
+        ] {
             assert_ne!(ip, SERVICE_IP);
             assert_ne!(ip.octets()[..2], [10, 244]);
         }

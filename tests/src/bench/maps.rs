@@ -14,25 +14,32 @@ pub fn service_map_pin(bpffs_root: &Path) -> std::path::PathBuf {
     proxy_agent::proxier::ebpf::loader::maps_dir(bpffs_root).join(proxy_common::maps::SVC4)
 }
 
-/// Counts frontends in bpftool's JSON dump of the service map: entries of slot 0 with a
-/// port (slot 0 holds a frontend's count and flags; the VIP-wide entries have port 0).
-/// bpftool prints BTF-formatted entries either directly or under `formatted`.
+/// Counts frontends with at least one backend in bpftool's JSON dump of the service map:
+/// entries of slot 0 (which holds a frontend's backend count and flags) with a port (the
+/// VIP-wide entries have port 0) and a non-zero count. bpftool prints BTF-formatted
+/// entries under `formatted` (next to the raw bytes), or directly.
 pub fn count_frontends(dump: &str) -> Result<usize> {
     let entries: Vec<Value> = serde_json::from_str(dump)?;
     let mut frontends = 0;
     for entry in &entries {
-        let key = entry
-            .get("formatted")
-            .and_then(|f| f.get("key"))
-            .or_else(|| entry.get("key"))
-            .filter(|k| k.is_object())
-            .ok_or_else(|| {
-                Error::Setup(format!(
-                    "the service map dump has no field names (no BTF?): {entry}"
-                ))
-            })?;
-        let field = |name: &str| key.get(name).and_then(Value::as_u64);
-        if field("slot") == Some(0) && field("dport").is_some_and(|p| p != 0) {
+        let named = |part: &str| {
+            entry
+                .get("formatted")
+                .and_then(|f| f.get(part))
+                .or_else(|| entry.get(part))
+                .filter(|v| v.is_object())
+                .ok_or_else(|| {
+                    Error::Setup(format!(
+                        "the service map dump has no field names (no BTF?): {entry}"
+                    ))
+                })
+        };
+        let (key, value) = (named("key")?, named("value")?);
+        let field = |v: &Value, name: &str| v.get(name).and_then(Value::as_u64);
+        if field(key, "slot") == Some(0)
+            && field(key, "dport").is_some_and(|p| p != 0)
+            && field(value, "count").is_some_and(|c| c > 0)
+        {
             frontends += 1;
         }
     }
@@ -62,23 +69,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counts_slot_zero_entries_with_a_port() {
+    fn counts_slot_zero_entries_with_a_port_and_backends() {
+        // As bpftool prints with BTF: raw bytes, then the named fields under `formatted`.
         let formatted = r#"[
           {"key": ["0x0a"], "value": ["0x01"],
            "formatted": {"key": {"addr": 167772170, "dport": 20480, "slot": 0, "proto": 6, "scope": 0, "_pad": [0, 0]},
-                         "value": {"count": 1}}},
+                         "value": {"backend_id": 0, "count": 1, "rev_nat_id": 1, "flags": 1, "_pad": 0}}},
           {"key": ["0x0a"], "value": ["0x01"],
            "formatted": {"key": {"addr": 167772170, "dport": 20480, "slot": 1, "proto": 6, "scope": 0},
-                         "value": {"backend_id": 1}}},
+                         "value": {"backend_id": 1, "count": 0}}},
           {"key": ["0x0a"], "value": ["0x01"],
            "formatted": {"key": {"addr": 167772170, "dport": 0, "slot": 0, "proto": 0, "scope": 0},
-                         "value": {"flags": 4}}}
+                         "value": {"count": 0, "flags": 2}}},
+          {"key": ["0x0a"], "value": ["0x01"],
+           "formatted": {"key": {"addr": 167772171, "dport": 20480, "slot": 0, "proto": 6, "scope": 0},
+                         "value": {"count": 0, "flags": 1}}}
         ]"#;
         assert_eq!(count_frontends(formatted).unwrap(), 1);
         let direct = r#"[
-          {"key": {"addr": 1, "dport": 80, "slot": 0}, "value": {}},
-          {"key": {"addr": 2, "dport": 80, "slot": 0}, "value": {}},
-          {"key": {"addr": 2, "dport": 80, "slot": 1}, "value": {}}
+          {"key": {"addr": 1, "dport": 80, "slot": 0}, "value": {"count": 2}},
+          {"key": {"addr": 2, "dport": 80, "slot": 0}, "value": {"count": 1}},
+          {"key": {"addr": 2, "dport": 80, "slot": 1}, "value": {"count": 0}}
         ]"#;
         assert_eq!(count_frontends(direct).unwrap(), 2);
         assert_eq!(count_frontends("[]").unwrap(), 0);

@@ -13,6 +13,7 @@
 
 pub mod agent;
 pub mod clusterip;
+pub mod cpustat;
 pub mod error;
 pub mod load;
 pub mod manifests;

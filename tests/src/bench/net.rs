@@ -196,13 +196,24 @@ impl BenchNet {
                     "link", "add", node_if, "type", "veth", "peer", "name", "eth0", "netns", &ns,
                 ],
             )?;
-            ip_in(&node, &["addr", "add", &format!("{gateway}/24"), "dev", node_if])?;
+            ip_in(
+                &node,
+                &["addr", "add", &format!("{gateway}/24"), "dev", node_if],
+            )?;
             ip_in(&ns, &["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
             ip_in(&node, &["link", "set", node_if, "up"])?;
             ip_in(&ns, &["link", "set", "eth0", "up"])?;
             ip_in(
                 &ns,
-                &["route", "add", "default", "via", &gateway.to_string(), "dev", "eth0"],
+                &[
+                    "route",
+                    "add",
+                    "default",
+                    "via",
+                    &gateway.to_string(),
+                    "dev",
+                    "eth0",
+                ],
             )?;
         }
         Ok(())
@@ -223,7 +234,9 @@ impl BenchNet {
                     break;
                 }
                 if Instant::now() > deadline {
-                    return Err(Error::Setup(format!("links in {ns} did not come up: {out}")));
+                    return Err(Error::Setup(format!(
+                        "links in {ns} did not come up: {out}"
+                    )));
                 }
                 thread::sleep(Duration::from_millis(20));
             }
@@ -263,7 +276,8 @@ impl BenchNet {
         args: &[String],
     ) -> Result<()> {
         let log = self.run_dir.join(format!("{name}.log"));
-        let stderr = fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
+        let stderr =
+            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
         let mut child = place
             .command(exe, args)
             .stdin(Stdio::null())

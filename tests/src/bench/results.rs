@@ -96,6 +96,8 @@ pub struct Sample {
     pub services: u32,
     pub rep: u32,
     pub report: ClientReport,
+    /// Share of the client's and server's CPU time the hypervisor took while it ran.
+    pub steal_percent: Option<f64>,
 }
 
 /// Medians and paired ratios of one metric in one phase.
@@ -273,15 +275,25 @@ impl BenchResults {
     /// ratios (`rep` = `median`), then the scaling rows.
     pub fn csv_rows(&self) -> Vec<String> {
         let env = &self.env;
-        let tail = format!("{},{},{}", field(&env.kernel), field(&env.cpu), field(&env.run));
-        let row = |mode: &str, n: u32, rep: &str, metric: &str, value: f64, unit: &str, ratio: &str| {
-            format!("{BENCH},{mode},{n},{rep},{metric},{},{unit},{ratio},{tail}", num(value))
-        };
+        let tail = format!(
+            "{},{},{}",
+            field(&env.kernel),
+            field(&env.cpu),
+            field(&env.run)
+        );
+        let row =
+            |mode: &str, n: u32, rep: &str, metric: &str, value: f64, unit: &str, ratio: &str| {
+                format!(
+                    "{BENCH},{mode},{n},{rep},{metric},{},{unit},{ratio},{tail}",
+                    num(value)
+                )
+            };
         let mut rows = Vec::new();
         for s in &self.samples {
-            let partner = self.samples.iter().find(|o| {
-                o.services == s.services && o.rep == s.rep && o.route == Route::Direct
-            });
+            let partner = self
+                .samples
+                .iter()
+                .find(|o| o.services == s.services && o.rep == s.rep && o.route == Route::Direct);
             for metric in Metric::ALL {
                 let ratio = match (s.route, partner) {
                     (Route::Direct, _) => "1".to_string(),
@@ -309,11 +321,30 @@ impl BenchResults {
                 "count",
                 "",
             ));
+            if let Some(steal) = s.steal_percent {
+                rows.push(row(
+                    s.route.as_str(),
+                    s.services,
+                    &s.rep.to_string(),
+                    "cpu_steal",
+                    steal,
+                    "%",
+                    "",
+                ));
+            }
         }
         for phase in &self.summary.phases {
             for metric in Metric::ALL {
                 let m = phase.metric(metric);
-                rows.push(row("direct", phase.services, "median", metric.name(), m.direct, metric.unit(), "1"));
+                rows.push(row(
+                    "direct",
+                    phase.services,
+                    "median",
+                    metric.name(),
+                    m.direct,
+                    metric.unit(),
+                    "1",
+                ));
                 rows.push(row(
                     "clusterip",
                     phase.services,
@@ -405,6 +436,17 @@ impl BenchResults {
                 );
             }
         }
+        let steal: Vec<f64> = self
+            .samples
+            .iter()
+            .filter_map(|s| s.steal_percent)
+            .collect();
+        if let (Some(med), Some((_, max))) = (median(&steal), min_max(&steal)) {
+            let _ = writeln!(
+                out,
+                "CPU time taken by the hypervisor (steal) on the client and server CPUs: median {med:.1} %, worst rep {max:.1} %"
+            );
+        }
         let _ = writeln!(out, "ratios measured in this run (medians over reps):");
         for line in self.verdicts() {
             let _ = writeln!(out, "  {line}");
@@ -439,7 +481,10 @@ impl BenchResults {
                 sc.p99_normalized,
                 holds(sc.p99 <= TARGET_MAX_P99_SCALING)
             ));
-            lines.push(format!("p50(N={})/p50(N={}) = {:.3}", sc.to, sc.from, sc.p50));
+            lines.push(format!(
+                "p50(N={})/p50(N={}) = {:.3}",
+                sc.to, sc.from, sc.p50
+            ));
         }
         lines
     }
@@ -469,6 +514,7 @@ mod tests {
             services,
             rep,
             report: r,
+            steal_percent: (rep == 0).then_some(12.5),
         }
     }
 
@@ -529,18 +575,25 @@ mod tests {
     fn csv_rows_carry_every_rep_and_the_summary() {
         let r = results();
         let rows = r.csv_rows();
-        // 8 samples x (3 metrics + errors), 2 phases x 3 metrics x 2 routes, 3 scaling rows.
-        assert_eq!(rows.len(), 8 * 4 + 12 + 3);
+        // 8 samples x (3 metrics + errors), steal for the 4 of rep 0, 2 phases x 3 metrics
+        // x 2 routes, 3 scaling rows.
+        assert_eq!(rows.len(), 8 * 4 + 4 + 12 + 3);
         let columns = CSV_HEADER.split(',').count();
-        assert!(rows.iter().all(|r| r.split(',').count() == columns), "{rows:#?}");
+        assert!(
+            rows.iter().all(|r| r.split(',').count() == columns),
+            "{rows:#?}"
+        );
         assert_eq!(
-            rows[4],
+            rows[5],
             "clusterip,clusterip,1,0,conn_rate,950.0000,conn/s,0.9500,6.1.0,Some CPU; 2 GHz x2,2025-01-02T03:04:05Z"
         );
         assert!(rows.contains(
             &"clusterip,clusterip,100,median,connect_p99_scaling,2.0000,x,,6.1.0,Some CPU; 2 GHz x2,2025-01-02T03:04:05Z".to_string()
         ));
-        assert!(rows.iter().any(|r| r.starts_with("clusterip,direct,1,0,conn_rate,1000.0000,conn/s,1,")));
+        assert!(
+            rows.iter()
+                .any(|r| r.starts_with("clusterip,direct,1,0,conn_rate,1000.0000,conn/s,1,"))
+        );
     }
 
     #[test]
@@ -560,12 +613,15 @@ mod tests {
     fn verdicts_say_whether_targets_hold() {
         let r = results();
         let v = r.verdicts();
-        assert!(v[0].starts_with("rate(ClusterIP, N=1)/rate(direct) = 0.950"), "{v:?}");
+        assert!(
+            v[0].starts_with("rate(ClusterIP, N=1)/rate(direct) = 0.950"),
+            "{v:?}"
+        );
         assert!(v[0].ends_with(": holds"));
         assert!(v[2].starts_with("rate(ClusterIP, N=100)/rate(direct) = 0.900"));
         assert!(v[2].ends_with("does NOT hold"));
         assert!(v[4].starts_with("p99(N=100)/p99(N=1) = 2.000"));
         assert!(v[4].ends_with("does NOT hold"));
-        assert!(r.table().contains("clusterip"));
+        assert!(r.table().contains("median 12.5 %, worst rep 12.5 %"));
     }
 }

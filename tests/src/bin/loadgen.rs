@@ -21,9 +21,9 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tests::bench::{
-    BenchOptions, Error, net,
+    BenchOptions, Error,
     load::{ClientOptions, pin_to_cpu, run_client, serve},
-    run_clusterip, signals,
+    net, run_clusterip, signals,
 };
 
 #[derive(Parser)]
@@ -103,7 +103,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             if let Some(cpu) = cpu {
                 pin_to_cpu(cpu)?;
             }
-            let listener = TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
+            let listener =
+                TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
             println!("READY");
             std::io::stdout().flush()?;
             serve(&listener, Duration::from_secs(2)).context("serving")?;
@@ -172,13 +173,14 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 Err(err) => return Err(err.into()),
             };
             print!("{}", results.table());
-            println!(
-                "took {:.0} s in all",
-                started.elapsed().as_secs_f64()
-            );
+            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
             if let Some(csv) = csv {
                 results.append_csv(&csv)?;
-                println!("appended {} rows to {}", results.csv_rows().len(), csv.display());
+                println!(
+                    "appended {} rows to {}",
+                    results.csv_rows().len(),
+                    csv.display()
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

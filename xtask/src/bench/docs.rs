@@ -30,7 +30,11 @@ pub struct Row {
 /// Parses the CSV by its header, so added columns do not break old readers.
 pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Row>> {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<&str> = lines.next().context("the CSV is empty")?.split(',').collect();
+    let header: Vec<&str> = lines
+        .next()
+        .context("the CSV is empty")?
+        .split(',')
+        .collect();
     let col = |name: &str| {
         header
             .iter()
@@ -53,7 +57,12 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Row>> {
     for (number, line) in lines.enumerate() {
         let fields: Vec<&str> = line.split(',').collect();
         if fields.len() != header.len() {
-            bail!("CSV line {}: {} fields, expected {}", number + 2, fields.len(), header.len());
+            bail!(
+                "CSV line {}: {} fields, expected {}",
+                number + 2,
+                fields.len(),
+                header.len()
+            );
         }
         let text = |i: usize| fields[idx[i]].to_string();
         let float = |i: usize| fields[idx[i]].parse::<f64>().ok();
@@ -121,6 +130,24 @@ impl<'a> RunView<'a> {
         find(&self.rows, "clusterip", top, metric).and_then(|r| r.value)
     }
 
+    /// Median and largest CPU steal over the run's reps, in percent.
+    fn steal(&self) -> Option<(f64, f64)> {
+        let mut values: Vec<f64> = self
+            .rows
+            .iter()
+            .filter(|r| r.metric == "cpu_steal" && r.rep != "median")
+            .filter_map(|r| r.value)
+            .collect();
+        values.sort_by(f64::total_cmp);
+        let mid = values.len() / 2;
+        let median = match values.len() {
+            0 => return None,
+            n if n % 2 == 1 => values[mid],
+            _ => (values[mid - 1] + values[mid]) / 2.0,
+        };
+        Some((median, values[values.len() - 1]))
+    }
+
     fn reps(&self, n: u32) -> usize {
         self.rows
             .iter()
@@ -145,7 +172,9 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
         (Some(l), Some(h)) => (*l, *h),
         _ => bail!("the latest run has no service counts"),
     };
-    let file = csv.file_name().map_or("the CSV".into(), |f| f.to_string_lossy().into_owned());
+    let file = csv
+        .file_name()
+        .map_or("the CSV".into(), |f| f.to_string_lossy().into_owned());
 
     let mut out = String::new();
     let _ = writeln!(out, "{BEGIN}");
@@ -162,6 +191,13 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
         first.cpu,
         view.reps(low)
     );
+    if let Some((median, worst)) = view.steal() {
+        let _ = writeln!(
+            out,
+            "CPU time taken by the hypervisor (steal) on the client's and server's CPUs during the\n\
+             reps: median {median:.1} %, worst rep {worst:.1} %. Treat the ratios as noisy when steal is high.\n"
+        );
+    }
     out.push_str(
         "| services | route | conn/s | connect p50 (µs) | connect p99 (µs) | rate ratio | p50 ratio | p99 ratio |\n\
          |---:|---|---:|---:|---:|---:|---:|---:|\n",
@@ -219,8 +255,8 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
 
     out.push_str(
         "\n### All runs\n\n\
-         | run | kernel | CPU | services | rate ratio (fewest) | rate ratio (most) | p99 scaling |\n\
-         |---|---|---|---|---:|---:|---:|\n",
+         | run | kernel | CPU | services | rate ratio (fewest) | rate ratio (most) | p99 scaling | steal (median) |\n\
+         |---|---|---|---|---:|---:|---:|---:|\n",
     );
     for run in runs.iter().rev() {
         let v = RunView::new(rows, run);
@@ -229,12 +265,14 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
         };
         let _ = writeln!(
             out,
-            "| {run} | {} | {} | {l}, {h} | {} | {} | {} |",
+            "| {run} | {} | {} | {l}, {h} | {} | {} | {} | {} |",
             v.rows[0].kernel,
             v.rows[0].cpu,
             fmt(v.rate_ratio(*l), 3),
             fmt(v.rate_ratio(*h), 3),
             fmt(v.scaling("connect_p99_scaling"), 3),
+            v.steal()
+                .map_or("–".to_string(), |(m, _)| format!("{m:.1} %")),
         );
     }
     let _ = writeln!(out, "{END}");
@@ -270,16 +308,34 @@ mod tests {
         let mut rows = Vec::new();
         for n in [1, 10000] {
             for rep in 0..2 {
-                rows.push(format!("clusterip,direct,{n},{rep},conn_rate,1000.0,conn/s,1,{tail}"));
-                rows.push(format!("clusterip,clusterip,{n},{rep},conn_rate,980.0,conn/s,0.98,{tail}"));
+                rows.push(format!(
+                    "clusterip,direct,{n},{rep},conn_rate,1000.0,conn/s,1,{tail}"
+                ));
+                rows.push(format!(
+                    "clusterip,clusterip,{n},{rep},conn_rate,980.0,conn/s,0.98,{tail}"
+                ));
+                let steal = 10 * (rep + 1);
+                rows.push(format!(
+                    "clusterip,direct,{n},{rep},cpu_steal,{steal}.0,%,,{tail}"
+                ));
             }
             let ratio = if n == 1 { rate_ratio_low } else { "0.9000" };
-            rows.push(format!("clusterip,direct,{n},median,conn_rate,1000.0,conn/s,1,{tail}"));
-            rows.push(format!("clusterip,clusterip,{n},median,conn_rate,980.0,conn/s,{ratio},{tail}"));
-            rows.push(format!("clusterip,direct,{n},median,connect_p99,40.0,us,1,{tail}"));
-            rows.push(format!("clusterip,clusterip,{n},median,connect_p99,41.0,us,1.025,{tail}"));
+            rows.push(format!(
+                "clusterip,direct,{n},median,conn_rate,1000.0,conn/s,1,{tail}"
+            ));
+            rows.push(format!(
+                "clusterip,clusterip,{n},median,conn_rate,980.0,conn/s,{ratio},{tail}"
+            ));
+            rows.push(format!(
+                "clusterip,direct,{n},median,connect_p99,40.0,us,1,{tail}"
+            ));
+            rows.push(format!(
+                "clusterip,clusterip,{n},median,connect_p99,41.0,us,1.025,{tail}"
+            ));
         }
-        rows.push(format!("clusterip,clusterip,10000,median,connect_p99_scaling,{p99_scaling},x,,{tail}"));
+        rows.push(format!(
+            "clusterip,clusterip,10000,median,connect_p99_scaling,{p99_scaling},x,,{tail}"
+        ));
         rows.join("\n")
     }
 
@@ -291,20 +347,27 @@ mod tests {
             run_rows("2025-02-01T00:00:00Z", "0.9600", "1.2000")
         );
         let rows = parse_csv(&csv).unwrap();
-        assert_eq!(rows.len(), 2 * 17);
+        assert_eq!(rows.len(), 2 * 21);
         let section = render_section(&rows, Path::new("/x/target/bench/clusterip.csv")).unwrap();
         assert!(section.starts_with(BEGIN) && section.trim_end().ends_with(END));
         assert!(section.contains("### Latest run: 2025-02-01T00:00:00Z"));
         assert!(section.contains("2 reps per route"));
-        assert!(section.contains("| 1 | clusterip | 980 | – | 41.0 | 0.960 | – | 1.025 |"), "{section}");
+        assert!(
+            section.contains("| 1 | clusterip | 980 | – | 41.0 | 0.960 | – | 1.025 |"),
+            "{section}"
+        );
         assert!(section.contains("| rate(ClusterIP, N=1) / rate(direct) ≥ 0.95 | 0.960 | yes |"));
-        assert!(section.contains("| rate(ClusterIP, N=10000) / rate(direct) ≥ 0.95 | 0.900 | **no** |"));
+        assert!(
+            section.contains("| rate(ClusterIP, N=10000) / rate(direct) ≥ 0.95 | 0.900 | **no** |")
+        );
         assert!(section.contains("p99(N=10000) / p99(N=1) ≤ 1.05 | 1.200"));
         // History: newest first, both runs.
         let feb = section.find("| 2025-02-01T00:00:00Z |").unwrap();
         let jan = section.find("| 2025-01-01T00:00:00Z |").unwrap();
         assert!(feb < jan);
-        assert!(section.contains("| 2025-01-01T00:00:00Z | 6.1.0 | Xeon x2 | 1, 10000 | 0.970 | 0.900 | 1.010 |"));
+        assert!(section.contains(
+            "| 2025-01-01T00:00:00Z | 6.1.0 | Xeon x2 | 1, 10000 | 0.970 | 0.900 | 1.010 |"
+        ));
     }
 
     #[test]
@@ -324,7 +387,10 @@ mod tests {
             splice(&doc, &section),
             format!("# Title\n\nintro\n\n{BEGIN}\nnew\n{END}\n\n## After\n")
         );
-        assert_eq!(splice("# Title\n", &section), format!("# Title\n\n{section}"));
+        assert_eq!(
+            splice("# Title\n", &section),
+            format!("# Title\n\n{section}")
+        );
         assert_eq!(splice("", &section), section);
         // Splicing twice changes nothing more.
         let once = splice(&doc, &section);
