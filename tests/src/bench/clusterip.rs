@@ -2,8 +2,9 @@
 //! The ClusterIP benchmark: builds the namespaces ([`net`](super::net)), starts the
 //! echo server and the agent, then for each service count (ascending) loads the maps,
 //! waits until the agent has synced them and the service map holds exactly that many
-//! frontends, and runs the client in alternating order straight to the backend and
-//! through the ClusterIP. Everything is removed afterwards, also on error or signal.
+//! frontends, and runs reps of the client, each alternating in short slices between
+//! connecting straight to the backend and through the ClusterIP. Everything is removed
+//! afterwards, also on error or signal.
 
 use std::{
     fs,
@@ -53,6 +54,7 @@ pub struct BenchOptions {
 
 impl BenchOptions {
     /// The full benchmark: 5 reps of 3 s per route, with 1 and 10,000 services.
+    /// (A rep measures both routes, alternating, so it lasts twice `rep_duration`.)
     pub fn full(agent_binary: PathBuf, loadgen_binary: PathBuf) -> Self {
         BenchOptions {
             agent_binary,
@@ -207,8 +209,10 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
             ),
         );
         for rep in 0..opts.reps {
-            for route in Route::order(order_index) {
-                let (report, steal_percent) = runner.client(route)?;
+            let order = Route::order(order_index);
+            order_index += 1;
+            let (reports, steal_percent) = runner.client(order)?;
+            for (route, report) in order.into_iter().zip(reports) {
                 progress(
                     opts,
                     &format!(
@@ -227,7 +231,6 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
                     steal_percent,
                 });
             }
-            order_index += 1;
         }
     }
     drop(agent);
@@ -279,23 +282,27 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
-    /// One client run in the client pod, to the backend or to the ClusterIP, and the CPU
-    /// steal while it ran.
-    fn client(&self, route: Route) -> Result<(ClientReport, Option<f64>)> {
-        signals::check()?;
-        let target = match route {
+    fn target(route: Route) -> SocketAddr {
+        match route {
             Route::Direct => SocketAddr::from((SERVER_IP, BACKEND_PORT)),
             Route::ClusterIp => SocketAddr::from((SERVICE_IP, SERVICE_PORT)),
-        };
-        let mut args = vec![
-            "client".to_string(),
-            "--target".into(),
-            target.to_string(),
+        }
+    }
+
+    /// One client run in the client pod, alternating between the routes in `order`, and
+    /// the CPU steal while it ran. One report per route, in `order`.
+    fn client(&self, order: [Route; 2]) -> Result<(Vec<ClientReport>, Option<f64>)> {
+        signals::check()?;
+        let mut args = vec!["client".to_string()];
+        for route in order {
+            args.extend(["--target".into(), Self::target(route).to_string()]);
+        }
+        args.extend([
             "--seconds".into(),
             format!("{}", self.opts.rep_duration.as_secs_f64()),
             "--warmup-ms".into(),
             self.opts.warmup.as_millis().to_string(),
-        ];
+        ]);
         if let Some(cpu) = self.client_cpu {
             args.extend(["--cpu".into(), cpu.to_string()]);
         }
@@ -309,8 +316,10 @@ impl Runner<'_> {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(Error::io("starting the client"))?;
-        let deadline =
-            Instant::now() + self.opts.rep_duration + self.opts.warmup + Duration::from_secs(20);
+        let deadline = Instant::now()
+            + 2 * self.opts.rep_duration
+            + self.opts.warmup
+            + Duration::from_secs(20);
         let status = loop {
             if let Some(status) = child
                 .try_wait()
@@ -326,9 +335,7 @@ impl Runner<'_> {
             if Instant::now() >= deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(Error::Load(format!(
-                    "the client to {target} did not finish in time"
-                )));
+                return Err(Error::Load("the client did not finish in time".into()));
             }
             thread::sleep(Duration::from_millis(20));
         };
@@ -347,21 +354,31 @@ impl Runner<'_> {
         signals::check()?;
         if !status.success() {
             return Err(Error::Load(format!(
-                "the client to {target} failed ({status}): {}",
+                "the client failed ({status}): {}",
                 stderr.trim()
             )));
         }
-        let report: ClientReport = serde_json::from_str(stdout.trim())?;
-        let attempts = report.connections + report.errors;
-        if report.connections == 0 || report.errors as f64 > MAX_ERROR_SHARE * attempts as f64 {
+        let reports: Vec<ClientReport> = serde_json::from_str(stdout.trim())?;
+        if reports.len() != order.len() {
             return Err(Error::Load(format!(
-                "{route} to {target}: {} of {attempts} connections failed (first: {})",
-                report.errors,
-                report.first_error.as_deref().unwrap_or("none"),
-                route = route.as_str(),
+                "the client reported {} targets, not {}",
+                reports.len(),
+                order.len()
             )));
         }
-        Ok((report, steal))
+        for (route, report) in order.iter().zip(&reports) {
+            let attempts = report.connections + report.errors;
+            if report.connections == 0 || report.errors as f64 > MAX_ERROR_SHARE * attempts as f64 {
+                return Err(Error::Load(format!(
+                    "{} to {}: {} of {attempts} connections failed (first: {})",
+                    route.as_str(),
+                    report.target,
+                    report.errors,
+                    report.first_error.as_deref().unwrap_or("none"),
+                )));
+            }
+        }
+        Ok((reports, steal))
     }
 }
 
@@ -416,11 +433,7 @@ mod tests {
                     .expect("a sample per route and count");
                 assert!(s.report.connections > 0, "{s:?}");
                 assert_eq!(s.report.errors, 0, "{s:?}");
-                let expected = match route {
-                    Route::Direct => SocketAddr::from((SERVER_IP, BACKEND_PORT)),
-                    Route::ClusterIp => SocketAddr::from((SERVICE_IP, SERVICE_PORT)),
-                };
-                assert_eq!(s.report.target, expected);
+                assert_eq!(s.report.target, Runner::target(route));
             }
         }
         let phases: Vec<u32> = results.summary.phases.iter().map(|p| p.services).collect();

@@ -4,6 +4,11 @@
 //! server that answers it. Both are single-threaded and can be pinned to a CPU, so a
 //! run measures the path's latency and per-connection cost rather than scheduling.
 //!
+//! With several targets, one client process alternates between them in short slices, in
+//! ABBA order (A B B A A B ...): every target sees the same machine, and a drift of the
+//! machine within the run (another tenant, frequency, a busy neighbour) falls on all of them
+//! alike instead of on whichever ran last.
+//!
 //! The client closes abortively (SO_LINGER 0): neither side keeps a TIME_WAIT socket, so
 //! the client's ephemeral ports never run out at tens of thousands of connections per
 //! second and no port search grows with the run. The close is the same on every path
@@ -26,24 +31,29 @@ use super::{
 /// What one client run does.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    pub target: SocketAddr,
-    /// The measured time.
+    /// Measured one after another in slices, each for `duration` in all.
+    pub targets: Vec<SocketAddr>,
+    /// The measured time per target.
     pub duration: Duration,
-    /// Connections made (and not recorded) before the measured time starts.
+    /// Length of one slice of the alternation.
+    pub slice: Duration,
+    /// Connections made (and not recorded) before the measured time starts, spread over
+    /// the targets.
     pub warmup: Duration,
-    /// The measured time also ends after this many connections.
+    /// A target's measured time also ends after this many connections.
     pub max_connections: u64,
-    /// The run stops after this many failed connections.
+    /// The run stops after this many failed connections to one target.
     pub max_errors: u64,
     /// Read and write timeout of each connection.
     pub io_timeout: Duration,
 }
 
 impl ClientOptions {
-    pub fn new(target: SocketAddr, duration: Duration) -> Self {
+    pub fn new(targets: Vec<SocketAddr>, duration: Duration) -> Self {
         ClientOptions {
-            target,
+            targets,
             duration,
+            slice: Duration::from_millis(100),
             warmup: Duration::from_millis(300),
             max_connections: 20_000_000,
             max_errors: 1000,
@@ -52,7 +62,18 @@ impl ClientOptions {
     }
 }
 
-/// The result of one client run, printed as one JSON line by `loadgen client`.
+/// The target of slice `index` among `targets` targets: forward in even rounds, backward
+/// in odd ones (A B | B A | A B ... for two).
+pub fn slice_target(index: usize, targets: usize) -> usize {
+    let (round, pos) = (index / targets, index % targets);
+    if round.is_multiple_of(2) {
+        pos
+    } else {
+        targets - 1 - pos
+    }
+}
+
+/// The result for one target of a client run; `loadgen client` prints a JSON array of them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClientReport {
     pub target: SocketAddr,
@@ -60,7 +81,7 @@ pub struct ClientReport {
     pub connections: u64,
     pub errors: u64,
     pub first_error: Option<String>,
-    /// Length of the measured time.
+    /// Length of the target's measured time (the sum of its slices).
     pub seconds: f64,
     /// Completed connections per second.
     pub rate: f64,
@@ -97,45 +118,105 @@ fn one_connection(target: &SockAddr, io_timeout: Duration, byte: u8) -> io::Resu
     Ok(connect_time)
 }
 
-/// Runs the client: a warm-up, then connections one after another until the measured
-/// time is over.
-pub fn run_client(opts: &ClientOptions) -> ClientReport {
-    let target = SockAddr::from(opts.target);
+/// What one target has seen so far.
+struct Tally {
+    latencies_ns: Vec<u32>,
+    errors: u64,
+    first_error: Option<String>,
+    measured: Duration,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Tally {
+            // Room for a long run up front: no reallocation inside the measured loop.
+            latencies_ns: Vec::with_capacity(1 << 20),
+            errors: 0,
+            first_error: None,
+            measured: Duration::ZERO,
+        }
+    }
+
+    fn note_error(&mut self, err: io::Error) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(err.to_string());
+        }
+    }
+}
+
+/// Runs the client: a warm-up, then slices alternating between the targets until each
+/// has had its measured time. One report per target, in the order given.
+pub fn run_client(opts: &ClientOptions) -> Vec<ClientReport> {
+    let targets: Vec<SockAddr> = opts.targets.iter().copied().map(SockAddr::from).collect();
+    let n = targets.len();
+    if n == 0 {
+        return Vec::new();
+    }
     let mut byte = 0u8;
-    let mut errors = 0u64;
-    let mut first_error: Option<String> = None;
-    let mut note = |err: io::Error, errors: &mut u64| {
-        *errors += 1;
-        if first_error.is_none() {
-            first_error = Some(err.to_string());
-        }
-    };
 
-    let warm_end = Instant::now() + opts.warmup;
-    let mut warm_errors = 0u64;
-    while Instant::now() < warm_end && warm_errors < opts.max_errors {
-        byte = byte.wrapping_add(1);
-        if let Err(err) = one_connection(&target, opts.io_timeout, byte) {
-            note(err, &mut warm_errors);
+    let per_target = opts.warmup / u32::try_from(n).unwrap_or(u32::MAX);
+    for target in &targets {
+        let end = Instant::now() + per_target;
+        let mut errors = 0;
+        while Instant::now() < end && errors < opts.max_errors {
+            byte = byte.wrapping_add(1);
+            if one_connection(target, opts.io_timeout, byte).is_err() {
+                errors += 1;
+            }
         }
     }
 
-    // Enough room for the whole run up front: no reallocation inside the measured loop.
-    let mut latencies_ns: Vec<u32> = Vec::with_capacity(1 << 20);
-    let started = Instant::now();
-    let end = started + opts.duration;
-    while Instant::now() < end
-        && (latencies_ns.len() as u64) < opts.max_connections
-        && errors < opts.max_errors
-    {
-        byte = byte.wrapping_add(1);
-        match one_connection(&target, opts.io_timeout, byte) {
-            Ok(took) => latencies_ns.push(u32::try_from(took.as_nanos()).unwrap_or(u32::MAX)),
-            Err(err) => note(err, &mut errors),
+    let mut tallies: Vec<Tally> = (0..n).map(|_| Tally::new()).collect();
+    let slice = opts.slice.max(Duration::from_millis(1));
+    let mut index = 0usize;
+    loop {
+        let which = slice_target(index, n);
+        index += 1;
+        let tally = &mut tallies[which];
+        let remaining = opts.duration.saturating_sub(tally.measured);
+        let open = remaining > Duration::ZERO
+            && (tally.latencies_ns.len() as u64) < opts.max_connections
+            && tally.errors < opts.max_errors;
+        if open {
+            let started = Instant::now();
+            let end = started + remaining.min(slice);
+            while Instant::now() < end
+                && (tally.latencies_ns.len() as u64) < opts.max_connections
+                && tally.errors < opts.max_errors
+            {
+                byte = byte.wrapping_add(1);
+                match one_connection(&targets[which], opts.io_timeout, byte) {
+                    Ok(took) => tally
+                        .latencies_ns
+                        .push(u32::try_from(took.as_nanos()).unwrap_or(u32::MAX)),
+                    Err(err) => tally.note_error(err),
+                }
+            }
+            tally.measured += started.elapsed();
+        }
+        let all_done = tallies.iter().all(|t| {
+            t.measured >= opts.duration
+                || (t.latencies_ns.len() as u64) >= opts.max_connections
+                || t.errors >= opts.max_errors
+        });
+        if all_done {
+            break;
         }
     }
-    let seconds = started.elapsed().as_secs_f64();
-    summarize(opts.target, latencies_ns, errors, first_error, seconds)
+    opts.targets
+        .iter()
+        .zip(tallies)
+        .map(|(target, t)| {
+            summarize(
+                *target,
+                t.latencies_ns,
+                t.errors,
+                t.first_error,
+                t.measured.as_secs_f64(),
+            )
+        })
+        .collect()
 }
 
 /// The report of a run from its connect() times.
@@ -219,14 +300,34 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         std::thread::spawn(move || serve(&listener, Duration::from_secs(2)));
-        let mut opts = ClientOptions::new(addr, Duration::from_millis(200));
+        // The same server under two names: both targets get their own report and time.
+        let other = SocketAddr::from(([127, 0, 0, 2], addr.port()));
+        let listener_v2 = TcpListener::bind(other).unwrap();
+        std::thread::spawn(move || serve(&listener_v2, Duration::from_secs(2)));
+        let mut opts = ClientOptions::new(vec![addr, other], Duration::from_millis(200));
         opts.warmup = Duration::from_millis(20);
-        let report = run_client(&opts);
-        assert_eq!(report.errors, 0, "{:?}", report.first_error);
-        assert!(report.connections > 10, "{report:?}");
-        assert!(report.connect_p50_us > 0.0);
-        assert!(report.connect_p50_us <= report.connect_p99_us);
-        assert!((report.rate - report.connections as f64 / report.seconds).abs() < 1e-6);
+        opts.slice = Duration::from_millis(20);
+        let reports = run_client(&opts);
+        assert_eq!(reports.len(), 2);
+        for (report, target) in reports.iter().zip([addr, other]) {
+            assert_eq!(report.target, target);
+            assert_eq!(report.errors, 0, "{:?}", report.first_error);
+            assert!(report.connections > 10, "{report:?}");
+            assert!(report.connect_p50_us > 0.0);
+            assert!(report.connect_p50_us <= report.connect_p99_us);
+            assert!((report.rate - report.connections as f64 / report.seconds).abs() < 1e-6);
+            // Measured for its share, not for the whole run.
+            assert!(report.seconds >= 0.2 && report.seconds < 0.3, "{report:?}");
+        }
+    }
+
+    #[test]
+    fn slices_alternate_abba() {
+        let order: Vec<usize> = (0..8).map(|i| slice_target(i, 2)).collect();
+        assert_eq!(order, [0, 1, 1, 0, 0, 1, 1, 0]);
+        let three: Vec<usize> = (0..6).map(|i| slice_target(i, 3)).collect();
+        assert_eq!(three, [0, 1, 2, 2, 1, 0]);
+        assert_eq!(slice_target(5, 1), 0);
     }
 
     #[test]
@@ -236,10 +337,10 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let mut opts = ClientOptions::new(addr, Duration::from_secs(5));
+        let mut opts = ClientOptions::new(vec![addr], Duration::from_secs(5));
         opts.warmup = Duration::ZERO;
         opts.max_errors = 5;
-        let report = run_client(&opts);
+        let report = run_client(&opts).remove(0);
         assert_eq!(report.connections, 0);
         assert_eq!(report.errors, 5);
         assert!(report.seconds < 5.0);

@@ -2,10 +2,11 @@
 //! Samples of a ClusterIP benchmark run, the ratios computed from them, the CSV rows and
 //! the printed table (pure).
 //!
-//! Ratios compare measurements of the same run only. A ClusterIP rep is paired with the
-//! direct rep made right before or after it (the order alternates), and a phase's ratio is
-//! the median of its reps' paired ratios, which cancels slow drift of the machine. The
-//! scaling ratios compare the ClusterIP medians of the largest and smallest service counts.
+//! Ratios compare measurements of the same run only. Both routes of a rep come from one
+//! client process that alternated between them in short slices, so a rep's ClusterIP value
+//! is paired with its direct value, and a phase's ratio is the median of its reps' paired
+//! ratios. The scaling ratios compare the ClusterIP medians of the largest and smallest
+//! service counts (phases run one after the other).
 
 use std::{
     fmt::Write as _,
@@ -44,7 +45,7 @@ impl Route {
     }
 
     /// The order of rep `index` (counted over the whole run): alternating, so neither
-    /// route always runs first.
+    /// route always opens a rep.
     pub fn order(index: u32) -> [Route; 2] {
         if index.is_multiple_of(2) {
             [Route::Direct, Route::ClusterIp]

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! loadgen serve --listen 10.244.1.2:8080 [--cpu 1]        # prints READY, answers forever
-//! loadgen client --target 10.96.0.10:80 --seconds 3 [--cpu 0]   # one JSON line
+//! loadgen client --target 10.244.1.2:8080 --target 10.96.0.10:80 --seconds 3 [--cpu 0]
 //! sudo loadgen bench-clusterip [--quick] [--csv FILE]     # see `cargo xtask bench clusterip`
 //! sudo loadgen cleanup-stale                              # after a run was SIGKILLed
 //! ```
@@ -44,13 +44,17 @@ enum Command {
         cpu: Option<usize>,
     },
     /// Open connections one after another (connect, 1-byte request, 1-byte reply, close)
-    /// and print the rate and connect() latency as JSON.
+    /// and print the rate and connect() latency per target as one JSON array.
     Client {
-        #[arg(long)]
-        target: SocketAddr,
-        /// The measured time.
+        /// Repeatable: several targets are measured in alternating slices (ABBA).
+        #[arg(long = "target", required = true)]
+        targets: Vec<SocketAddr>,
+        /// The measured time per target.
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
+        /// Length of one slice of the alternation.
+        #[arg(long, default_value_t = 100)]
+        slice_ms: u64,
         /// Connections made before the measured time, not recorded.
         #[arg(long, default_value_t = 300)]
         warmup_ms: u64,
@@ -111,8 +115,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Client {
-            target,
+            targets,
             seconds,
+            slice_ms,
             warmup_ms,
             cpu,
         } => {
@@ -120,12 +125,13 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 pin_to_cpu(cpu)?;
             }
             let mut opts = ClientOptions::new(
-                target,
+                targets,
                 Duration::try_from_secs_f64(seconds).context("--seconds")?,
             );
+            opts.slice = Duration::from_millis(slice_ms);
             opts.warmup = Duration::from_millis(warmup_ms);
-            let report = run_client(&opts);
-            println!("{}", serde_json::to_string(&report)?);
+            let reports = run_client(&opts);
+            println!("{}", serde_json::to_string(&reports)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::BenchClusterip {
