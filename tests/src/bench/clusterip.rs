@@ -32,6 +32,17 @@ use super::{
 
 /// A run stops rather than report numbers when more than this share of connections fail.
 pub const MAX_ERROR_SHARE: f64 = 0.001;
+/// The longest the reverse-NAT fill may take (it ends early once it made its connections).
+const FILL_TIME_LIMIT: Duration = Duration::from_secs(120);
+
+/// How long one client run measures, and how many connections it makes at most.
+struct ClientLimits {
+    /// Measured time per route.
+    duration: Duration,
+    warmup: Duration,
+    /// Per route.
+    max_connections: Option<u64>,
+}
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -48,6 +59,12 @@ pub struct BenchOptions {
     pub server_cpu: Option<usize>,
     /// How long the agent may take for one sync (10,000 services included).
     pub sync_timeout: Duration,
+    /// Before the first phase, make enough ClusterIP connections to fill the socket
+    /// reverse-NAT LRU map, so that every phase runs with it full, as on a node in steady
+    /// state. (Every translated connect() writes an entry; once the map is full each write
+    /// evicts, which shows in the connect() p99. Without the fill, the first phase would run
+    /// with an empty map and later phases with a full one.)
+    pub fill_sock_rev_nat: bool,
     /// Progress lines go to stderr.
     pub verbose: bool,
 }
@@ -66,6 +83,7 @@ impl BenchOptions {
             client_cpu: None,
             server_cpu: None,
             sync_timeout: Duration::from_secs(180),
+            fill_sock_rev_nat: true,
             verbose: true,
         }
     }
@@ -78,6 +96,7 @@ impl BenchOptions {
             warmup: Duration::from_millis(200),
             service_counts: vec![1, 100],
             sync_timeout: Duration::from_secs(60),
+            fill_sock_rev_nat: false,
             ..Self::full(agent_binary, loadgen_binary)
         }
     }
@@ -179,6 +198,7 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
     };
     let mut samples = Vec::new();
     let mut order_index = 0u32;
+    let mut fill: Option<u64> = None;
     for &services in &counts {
         signals::check()?;
         let fillers = services - 1;
@@ -208,10 +228,38 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
                 sync_started.elapsed().as_secs_f64()
             ),
         );
+        if opts.fill_sock_rev_nat && fill.is_none() {
+            let entries = u64::from(proxy_agent::config::MapSizes::default().sock_rev_nat);
+            let wanted = entries + entries / 10;
+            progress(
+                opts,
+                &format!(
+                    "filling the socket reverse-NAT map: {wanted} connections through the ClusterIP"
+                ),
+            );
+            let (reports, _) = runner.run(
+                &[Route::ClusterIp],
+                &ClientLimits {
+                    duration: FILL_TIME_LIMIT,
+                    warmup: Duration::ZERO,
+                    max_connections: Some(wanted),
+                },
+            )?;
+            let made = reports.first().map_or(0, |r| r.connections);
+            progress(opts, &format!("made {made} connections"));
+            fill = Some(made);
+        }
         for rep in 0..opts.reps {
             let order = Route::order(order_index);
             order_index += 1;
-            let (reports, steal_percent) = runner.client(order)?;
+            let (reports, steal_percent) = runner.run(
+                &order,
+                &ClientLimits {
+                    duration: opts.rep_duration,
+                    warmup: opts.warmup,
+                    max_connections: None,
+                },
+            )?;
             for (route, report) in order.into_iter().zip(reports) {
                 progress(
                     opts,
@@ -236,6 +284,7 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
     drop(agent);
     bench_net.cleanup();
     Ok(BenchResults {
+        sock_rev_nat_fill: fill,
         run_id: id,
         env,
         rep_seconds: opts.rep_duration.as_secs_f64(),
@@ -291,18 +340,25 @@ impl Runner<'_> {
 
     /// One client run in the client pod, alternating between the routes in `order`, and
     /// the CPU steal while it ran. One report per route, in `order`.
-    fn client(&self, order: [Route; 2]) -> Result<(Vec<ClientReport>, Option<f64>)> {
+    fn run(
+        &self,
+        order: &[Route],
+        limits: &ClientLimits,
+    ) -> Result<(Vec<ClientReport>, Option<f64>)> {
         signals::check()?;
         let mut args = vec!["client".to_string()];
         for route in order {
-            args.extend(["--target".into(), Self::target(route).to_string()]);
+            args.extend(["--target".into(), Self::target(*route).to_string()]);
         }
         args.extend([
             "--seconds".into(),
-            format!("{}", self.opts.rep_duration.as_secs_f64()),
+            format!("{}", limits.duration.as_secs_f64()),
             "--warmup-ms".into(),
-            self.opts.warmup.as_millis().to_string(),
+            limits.warmup.as_millis().to_string(),
         ]);
+        if let Some(max) = limits.max_connections {
+            args.extend(["--max-connections".into(), max.to_string()]);
+        }
         if let Some(cpu) = self.client_cpu {
             args.extend(["--cpu".into(), cpu.to_string()]);
         }
@@ -316,10 +372,9 @@ impl Runner<'_> {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(Error::io("starting the client"))?;
-        let deadline = Instant::now()
-            + 2 * self.opts.rep_duration
-            + self.opts.warmup
-            + Duration::from_secs(20);
+        let routes = u32::try_from(order.len()).unwrap_or(u32::MAX);
+        let deadline =
+            Instant::now() + routes * limits.duration + limits.warmup + Duration::from_secs(20);
         let status = loop {
             if let Some(status) = child
                 .try_wait()

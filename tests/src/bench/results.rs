@@ -251,6 +251,8 @@ pub struct BenchResults {
     /// The `kpb<pid>n<seq>` id that named the run's namespaces, cgroup and pins.
     pub run_id: String,
     pub env: Environment,
+    /// Connections made to fill the socket reverse-NAT map before the first phase.
+    pub sock_rev_nat_fill: Option<u64>,
     pub rep_seconds: f64,
     pub client_cpu: Option<usize>,
     pub server_cpu: Option<usize>,
@@ -290,6 +292,17 @@ impl BenchResults {
                 )
             };
         let mut rows = Vec::new();
+        if let (Some(made), Some(first)) = (self.sock_rev_nat_fill, self.summary.phases.first()) {
+            rows.push(row(
+                "clusterip",
+                first.services,
+                "setup",
+                "sock_rev_nat_fill",
+                made as f64,
+                "connections",
+                "",
+            ));
+        }
         for s in &self.samples {
             let partner = self
                 .samples
@@ -532,6 +545,7 @@ mod tests {
         ];
         BenchResults {
             run_id: "kpb1n0".into(),
+            sock_rev_nat_fill: Some(144_179),
             env: Environment {
                 kernel: "6.1.0".into(),
                 cpu: "Some CPU, 2 GHz x2".into(),
@@ -576,16 +590,19 @@ mod tests {
     fn csv_rows_carry_every_rep_and_the_summary() {
         let r = results();
         let rows = r.csv_rows();
-        // 8 samples x (3 metrics + errors), steal for the 4 of rep 0, 2 phases x 3 metrics
-        // x 2 routes, 3 scaling rows.
-        assert_eq!(rows.len(), 8 * 4 + 4 + 12 + 3);
+        // The fill, 8 samples x (3 metrics + errors), steal for the 4 of rep 0, 2 phases x 3
+        // metrics x 2 routes, 3 scaling rows.
+        assert_eq!(rows.len(), 1 + 8 * 4 + 4 + 12 + 3);
+        assert!(rows[0].starts_with(
+            "clusterip,clusterip,1,setup,sock_rev_nat_fill,144179.0000,connections,,"
+        ));
         let columns = CSV_HEADER.split(',').count();
         assert!(
             rows.iter().all(|r| r.split(',').count() == columns),
             "{rows:#?}"
         );
         assert_eq!(
-            rows[5],
+            rows[6],
             "clusterip,clusterip,1,0,conn_rate,950.0000,conn/s,0.9500,6.1.0,Some CPU; 2 GHz x2,2025-01-02T03:04:05Z"
         );
         assert!(rows.contains(

@@ -55,6 +55,9 @@ enum Command {
         /// Length of one slice of the alternation.
         #[arg(long, default_value_t = 100)]
         slice_ms: u64,
+        /// A target's measured time also ends after this many connections.
+        #[arg(long)]
+        max_connections: Option<u64>,
         /// Connections made before the measured time, not recorded.
         #[arg(long, default_value_t = 300)]
         warmup_ms: u64,
@@ -118,6 +121,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             targets,
             seconds,
             slice_ms,
+            max_connections,
             warmup_ms,
             cpu,
         } => {
@@ -129,6 +133,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 Duration::try_from_secs_f64(seconds).context("--seconds")?,
             );
             opts.slice = Duration::from_millis(slice_ms);
+            if let Some(max) = max_connections {
+                opts.max_connections = max;
+            }
             opts.warmup = Duration::from_millis(warmup_ms);
             let reports = run_client(&opts);
             println!("{}", serde_json::to_string(&reports)?);
