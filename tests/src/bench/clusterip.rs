@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The ClusterIP benchmark: builds the namespaces ([`net`](super::net)), starts the
-//! echo server and the agent, then for each service count (ascending) loads the maps,
-//! waits until the agent has synced them and the service map holds exactly that many
-//! frontends, and runs reps of the client, each alternating in short slices between
-//! connecting straight to the backend and through the ClusterIP. Everything is removed
-//! afterwards, also on error or signal.
+//! echo server and the agent, then, rep after rep, for each service count (ascending in
+//! even reps, descending in odd ones) loads the maps, waits until the agent has synced them
+//! and the service map holds exactly that many frontends, and runs the client, which
+//! alternates in short slices between connecting straight to the backend and through the
+//! ClusterIP. Everything is removed afterwards, also on error or signal.
 
 use std::{
     fs,
@@ -197,61 +197,21 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
         watched_cpus: client_cpu.into_iter().chain(server_cpu).collect(),
     };
     let mut samples = Vec::new();
-    let mut order_index = 0u32;
+    let mut loaded = 1u32;
     let mut fill: Option<u64> = None;
-    for &services in &counts {
-        signals::check()?;
-        let fillers = services - 1;
-        let changed_at = SystemTime::now();
-        if fillers > 0 {
-            progress(opts, &format!("loading {services} services into the maps"));
-            write_atomically(
-                &manifests_dir.join("fillers.yaml"),
-                &manifests::filler_services(fillers),
-            )?;
-        }
-        let sync_started = Instant::now();
-        if fillers > 0 {
-            agent.wait_synced(
-                Change {
-                    at: changed_at,
-                    initial: false,
-                },
-                opts.sync_timeout,
-            )?;
-        }
-        wait_frontends(&agent, &bpffs, services, opts.sync_timeout)?;
-        progress(
-            opts,
-            &format!(
-                "{services} services in the service map (synced in {:.1} s)",
-                sync_started.elapsed().as_secs_f64()
-            ),
-        );
-        if opts.fill_sock_rev_nat && fill.is_none() {
-            let entries = u64::from(proxy_agent::config::MapSizes::default().sock_rev_nat);
-            let wanted = entries + entries / 10;
-            progress(
-                opts,
-                &format!(
-                    "filling the socket reverse-NAT map: {wanted} connections through the ClusterIP"
-                ),
-            );
-            let (reports, _) = runner.run(
-                &[Route::ClusterIp],
-                &ClientLimits {
-                    duration: FILL_TIME_LIMIT,
-                    warmup: Duration::ZERO,
-                    max_connections: Some(wanted),
-                },
-            )?;
-            let made = reports.first().map_or(0, |r| r.connections);
-            progress(opts, &format!("made {made} connections"));
-            fill = Some(made);
-        }
-        for rep in 0..opts.reps {
-            let order = Route::order(order_index);
-            order_index += 1;
+    let mut client_runs = 0u32;
+    for rep in 0..opts.reps {
+        for (slot, services) in phase_order(&counts, rep).into_iter().enumerate() {
+            signals::check()?;
+            if services != loaded || rep == 0 && slot == 0 {
+                load_services(opts, &mut agent, &manifests_dir, &bpffs, services)?;
+                loaded = services;
+            }
+            if opts.fill_sock_rev_nat && fill.is_none() {
+                fill = Some(fill_sock_rev_nat(opts, &runner)?);
+            }
+            let order = Route::order(client_runs);
+            client_runs += 1;
             let (reports, steal_percent) = runner.run(
                 &order,
                 &ClientLimits {
@@ -293,6 +253,81 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
         summary: summarize(&samples),
         samples,
     })
+}
+
+/// The service counts of rep `rep`: ascending in even reps, descending in odd ones, so the
+/// counts are measured next to each other in time (ABBA) and a drift of the machine
+/// between the start and the end of the run falls on all of them alike.
+pub fn phase_order(counts: &[u32], rep: u32) -> Vec<u32> {
+    let mut order = counts.to_vec();
+    order.sort_unstable();
+    if !rep.is_multiple_of(2) {
+        order.reverse();
+    }
+    order
+}
+
+/// Makes the maps hold `services` services (the measured one and `services - 1` fillers)
+/// and waits until the agent has synced them and the service map shows exactly that many.
+fn load_services(
+    opts: &BenchOptions,
+    agent: &mut BenchAgent,
+    manifests_dir: &Path,
+    bpffs: &Path,
+    services: u32,
+) -> Result<()> {
+    let fillers = manifests_dir.join("fillers.yaml");
+    let changed_at = SystemTime::now();
+    let started = Instant::now();
+    let changed = if services > 1 {
+        write_atomically(&fillers, &manifests::filler_services(services - 1))?;
+        true
+    } else if fillers.exists() {
+        fs::remove_file(&fillers).map_err(Error::io(format!("removing {}", fillers.display())))?;
+        true
+    } else {
+        false
+    };
+    if changed {
+        agent.wait_synced(
+            Change {
+                at: changed_at,
+                initial: false,
+            },
+            opts.sync_timeout,
+        )?;
+    }
+    wait_frontends(agent, bpffs, services, opts.sync_timeout)?;
+    progress(
+        opts,
+        &format!(
+            "{services} services in the service map (synced in {:.1} s)",
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    Ok(())
+}
+
+/// Makes enough ClusterIP connections to fill the socket reverse-NAT map; returns how
+/// many were made.
+fn fill_sock_rev_nat(opts: &BenchOptions, runner: &Runner<'_>) -> Result<u64> {
+    let entries = u64::from(proxy_agent::config::MapSizes::default().sock_rev_nat);
+    let wanted = entries + entries / 10;
+    progress(
+        opts,
+        &format!("filling the socket reverse-NAT map: {wanted} connections through the ClusterIP"),
+    );
+    let (reports, _) = runner.run(
+        &[Route::ClusterIp],
+        &ClientLimits {
+            duration: FILL_TIME_LIMIT,
+            warmup: Duration::ZERO,
+            max_connections: Some(wanted),
+        },
+    )?;
+    let made = reports.first().map_or(0, |r| r.connections);
+    progress(opts, &format!("made {made} connections"));
+    Ok(made)
 }
 
 /// Polls the pinned service map until it holds exactly `expected` frontends.
@@ -440,6 +475,13 @@ impl Runner<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_counts_alternate_abba() {
+        assert_eq!(phase_order(&[10_000, 1], 0), [1, 10_000]);
+        assert_eq!(phase_order(&[1, 10_000], 1), [10_000, 1]);
+        assert_eq!(phase_order(&[1, 100, 10_000], 2), [1, 100, 10_000]);
+    }
 
     /// `target/<profile>/<name>` beside the test binary (`target/<profile>/deps/...`).
     fn built(name: &str) -> Option<PathBuf> {
