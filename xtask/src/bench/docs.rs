@@ -130,6 +130,14 @@ impl<'a> RunView<'a> {
         find(&self.rows, "clusterip", top, metric).and_then(|r| r.value)
     }
 
+    /// Connections made to fill the socket reverse-NAT map before measuring.
+    fn fill(&self) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| r.metric == "sock_rev_nat_fill")
+            .and_then(|r| r.value)
+    }
+
     /// Median and largest CPU steal over the run's reps, in percent.
     fn steal(&self) -> Option<(f64, f64)> {
         let mut values: Vec<f64> = self
@@ -185,12 +193,25 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
     let _ = writeln!(out, "### Latest run: {latest}\n");
     let _ = writeln!(
         out,
-        "Kernel `{}`, CPU `{}`, {} reps per route and service count; medians over reps, ratios\n\
-         are medians of each rep's ClusterIP value over the direct value measured beside it.\n",
+        "Kernel `{}`, CPU `{}`, {} reps per route and service count. Values are medians over\n\
+         reps; route ratios are medians of each client run's ClusterIP value over its direct value.\n",
         first.kernel,
         first.cpu,
         view.reps(low)
     );
+    match view.fill() {
+        Some(made) => {
+            let _ = writeln!(
+                out,
+                "The socket reverse-NAT map was filled first ({made:.0} ClusterIP connections), so every\n\
+                 measurement ran with it full, as on a node in steady state.\n"
+            );
+        }
+        None => out.push_str(
+            "The socket reverse-NAT map was not filled first: the first measurements ran with it\n\
+             emptier than later ones.\n\n",
+        ),
+    }
     if let Some((median, worst)) = view.steal() {
         let _ = writeln!(
             out,
@@ -336,6 +357,11 @@ mod tests {
         rows.push(format!(
             "clusterip,clusterip,10000,median,connect_p99_scaling,{p99_scaling},x,,{tail}"
         ));
+        if run.starts_with("2025-02") {
+            rows.push(format!(
+                "clusterip,clusterip,1,setup,sock_rev_nat_fill,144179.0000,connections,,{tail}"
+            ));
+        }
         rows.join("\n")
     }
 
@@ -347,11 +373,12 @@ mod tests {
             run_rows("2025-02-01T00:00:00Z", "0.9600", "1.2000")
         );
         let rows = parse_csv(&csv).unwrap();
-        assert_eq!(rows.len(), 2 * 21);
+        assert_eq!(rows.len(), 2 * 21 + 1);
         let section = render_section(&rows, Path::new("/x/target/bench/clusterip.csv")).unwrap();
         assert!(section.starts_with(BEGIN) && section.trim_end().ends_with(END));
         assert!(section.contains("### Latest run: 2025-02-01T00:00:00Z"));
         assert!(section.contains("2 reps per route"));
+        assert!(section.contains("filled first (144179 ClusterIP connections)"));
         assert!(
             section.contains("| 1 | clusterip | 980 | – | 41.0 | 0.960 | – | 1.025 |"),
             "{section}"
