@@ -3,5 +3,6 @@
 #![forbid(unsafe_code)]
 
 pub mod apiserver;
+pub mod bench;
 pub mod privileged;
 pub mod scenario;

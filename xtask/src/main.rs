@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Project tasks. `cargo xtask <task>`; see `cargo xtask --help`.
 
+mod bench;
 mod setup;
 mod test;
 mod util;
@@ -30,6 +31,8 @@ enum Task {
     },
     /// The README's test command: setup when needed, build everything, run every test.
     Test(test::TestArgs),
+    /// Benchmarks (root): `bench clusterip [--quick]`.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,5 +44,6 @@ fn main() -> anyhow::Result<()> {
             util::build_workspace(release)
         }
         Task::Test(args) => test::run(&args),
+        Task::Bench(args) => bench::run(&args),
     }
 }

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The agent under benchmark: ebpf mode (strict: no fallback), fed from a manifest
+//! directory, in the node namespace and cgroup, with its own bpffs root. Readiness comes
+//! from its sync metrics, read from inside the node namespace.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::sched::{CloneFlags, setns};
+use serde_json::{Map, Value, json};
+
+use crate::scenario::{
+    Mode,
+    agent::{ConfigInputs, METRICS_BIND, render_config},
+    cluster::AgentConnection,
+    http::{self, HttpResponse},
+    netns::{Place, netns_path},
+    readiness::{Change, judge_metrics, parse_sync_times},
+};
+
+use super::{
+    error::{Error, Result},
+    signals,
+};
+
+pub const NODE_NAME: &str = "bench-node";
+
+/// Settings the benchmark adds to the agent's configuration. The periodic full resync is
+/// pushed out of the measurement (it would diff every map entry in the middle of a rep at
+/// 10,000 services): the benchmark measures the dataplane, not the control plane.
+pub fn config_fragment() -> Map<String, Value> {
+    let mut fragment = Map::new();
+    fragment.insert("iptables".into(), json!({ "syncPeriod": "1h" }));
+    fragment
+}
+
+#[derive(Debug)]
+pub struct BenchAgent {
+    child: Option<Child>,
+    binary: PathBuf,
+    bpffs_root: PathBuf,
+    node: Place,
+    pub log: PathBuf,
+}
+
+impl BenchAgent {
+    /// Writes the configuration and starts the agent in `node`.
+    pub fn start(
+        binary: &Path,
+        node: Place,
+        run_dir: &Path,
+        manifests: &Path,
+        bpffs_root: &Path,
+    ) -> Result<Self> {
+        let cgroup = node
+            .cgroup
+            .clone()
+            .ok_or_else(|| Error::Setup("the node has no cgroup".into()))?;
+        let fragment = config_fragment();
+        let connection = AgentConnection::SourceDir(manifests.to_path_buf());
+        let config = render_config(&ConfigInputs {
+            fragment: &fragment,
+            mode: Mode::Ebpf,
+            node_name: NODE_NAME,
+            connection: &connection,
+            bpffs_root,
+            cgroup_root: &cgroup,
+        })?;
+        let config_path = run_dir.join("agent.yaml");
+        fs::write(&config_path, config)
+            .map_err(Error::io(format!("writing {}", config_path.display())))?;
+        let log = run_dir.join("agent.log");
+        let out =
+            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
+        let err = out.try_clone().map_err(Error::io("agent log"))?;
+        let args = [
+            "--config".to_string(),
+            config_path.display().to_string(),
+            "--source".to_string(),
+            manifests.display().to_string(),
+            "--strict-mode".to_string(),
+        ];
+        let child = node
+            .command(binary, &args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(Error::io(format!("starting {}", binary.display())))?;
+        Ok(BenchAgent {
+            child: Some(child),
+            binary: binary.to_path_buf(),
+            bpffs_root: bpffs_root.to_path_buf(),
+            node,
+            log,
+        })
+    }
+
+    /// Waits until the agent's sync metrics show `change` applied.
+    pub fn wait_synced(&mut self, change: Change, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let url = format!("http://{METRICS_BIND}/metrics");
+        loop {
+            signals::check()?;
+            if let Some(child) = &mut self.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(self.failure(format!("exited ({status})")));
+            }
+            let last = match get_in(&self.node.netns, &url) {
+                Ok(metrics) if metrics.status == 200 => {
+                    match judge_metrics(
+                        parse_sync_times(&metrics.body),
+                        change,
+                        std::time::SystemTime::now(),
+                    ) {
+                        Ok(()) => return Ok(()),
+                        Err(why) => why,
+                    }
+                }
+                Ok(other) => format!("/metrics answered {}", other.status),
+                Err(err) => err.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(self.failure(format!("not synced after {timeout:?}: {last}")));
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn failure(&self, reason: String) -> Error {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+        Error::Agent(format!(
+            "{reason}\n--- last lines of {} ---\n{tail}",
+            self.log.display()
+        ))
+    }
+
+    /// SIGTERM, SIGKILL after 5 s, then `--cleanup` on its pins and the pin directory
+    /// removed.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let args = [
+            "--cleanup".to_string(),
+            "--bpffs-root".to_string(),
+            self.bpffs_root.display().to_string(),
+        ];
+        match self
+            .node
+            .command(&self.binary, &args)
+            .stdin(Stdio::null())
+            .output()
+        {
+            Ok(out) if !out.status.success() => eprintln!(
+                "cleanup: {} --cleanup failed: {}",
+                self.binary.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(err) => eprintln!(
+                "cleanup: running {} --cleanup: {err}",
+                self.binary.display()
+            ),
+            Ok(_) => {}
+        }
+        if self.bpffs_root.exists()
+            && let Err(err) = fs::remove_dir_all(&self.bpffs_root)
+        {
+            eprintln!("cleanup: removing {}: {err}", self.bpffs_root.display());
+        }
+    }
+}
+
+impl Drop for BenchAgent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// An HTTP GET from inside network namespace `ns` (the agent's 127.0.0.1 is the node's):
+/// a short-lived thread enters the namespace and makes the request.
+pub fn get_in(ns: &str, url: &str) -> Result<HttpResponse> {
+    let path = netns_path(ns);
+    let url = url.to_string();
+    let name = ns.to_string();
+    thread::spawn(move || {
+        let file =
+            fs::File::open(&path).map_err(Error::io(format!("opening {}", path.display())))?;
+        setns(&file, CloneFlags::CLONE_NEWNET)
+            .map_err(|source| Error::Scenario(crate::scenario::Error::Setns { name, source }))?;
+        Ok(http::get(&url, Duration::from_millis(500))?)
+    })
+    .join()
+    .map_err(|_| Error::Setup("the namespace GET thread panicked".into()))?
+}

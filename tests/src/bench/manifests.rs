@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The Services and EndpointSlices of the benchmark, as manifest text for the agent's
+//! `--source` directory (pure). The measured service has the one real backend; the filler
+//! services only occupy the maps (their addresses and backends are never contacted).
+
+use std::{fmt::Write as _, net::Ipv4Addr};
+
+pub const NAMESPACE: &str = "bench";
+pub const MEASURED_NAME: &str = "measured";
+/// The measured ClusterIP and its port.
+pub const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+pub const SERVICE_PORT: u16 = 80;
+/// The backend's port (the server listens there).
+pub const BACKEND_PORT: u16 = 8080;
+/// Filler ClusterIPs count up from here, their backends from [`FILLER_BACKEND_BASE`].
+const FILLER_IP_BASE: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 0);
+const FILLER_BACKEND_BASE: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 0);
+/// How many filler services the address ranges above hold without overlapping.
+pub const MAX_FILLER: u32 = 1 << 20;
+
+fn nth_after(base: Ipv4Addr, index: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(base) + 1 + index)
+}
+
+/// The ClusterIP of filler service `index`.
+pub fn filler_ip(index: u32) -> Ipv4Addr {
+    nth_after(FILLER_IP_BASE, index)
+}
+
+/// The one backend of filler service `index`.
+pub fn filler_backend(index: u32) -> Ipv4Addr {
+    nth_after(FILLER_BACKEND_BASE, index)
+}
+
+/// A ClusterIP Service with one TCP port and its EndpointSlice with one ready endpoint. The
+/// slice's port carries its (empty) name explicitly, as the API server's defaulting does:
+/// kube-proxy ignores slice ports without a name.
+fn service_with_backend(out: &mut String, name: &str, ip: Ipv4Addr, backend: Ipv4Addr) {
+    // Writing to a String cannot fail.
+    let _ = write!(
+        out,
+        "---\n\
+         apiVersion: v1\n\
+         kind: Service\n\
+         metadata: {{name: {name}, namespace: {NAMESPACE}}}\n\
+         spec:\n  \
+           type: ClusterIP\n  \
+           clusterIP: {ip}\n  \
+           clusterIPs: [{ip}]\n  \
+           ipFamilies: [IPv4]\n  \
+           ports: [{{port: {SERVICE_PORT}, targetPort: {BACKEND_PORT}, protocol: TCP}}]\n\
+         ---\n\
+         apiVersion: discovery.k8s.io/v1\n\
+         kind: EndpointSlice\n\
+         metadata:\n  \
+           name: {name}-1\n  \
+           namespace: {NAMESPACE}\n  \
+           labels: {{kubernetes.io/service-name: {name}}}\n\
+         addressType: IPv4\n\
+         endpoints: [{{addresses: [{backend}], conditions: {{ready: true}}}}]\n\
+         ports: [{{name: \"\", port: {BACKEND_PORT}, protocol: TCP}}]\n"
+    );
+}
+
+/// The measured service, whose one endpoint is `backend`.
+pub fn measured_service(backend: Ipv4Addr) -> String {
+    let mut out = String::new();
+    service_with_backend(&mut out, MEASURED_NAME, SERVICE_IP, backend);
+    out
+}
+
+/// `count` filler services (at most [`MAX_FILLER`]) in one multi-document manifest: one
+/// file keeps the agent's directory polling cheap while the benchmark runs.
+pub fn filler_services(count: u32) -> String {
+    let count = count.min(MAX_FILLER);
+    let mut out = String::with_capacity(count as usize * 520);
+    for index in 0..count {
+        service_with_backend(
+            &mut out,
+            &format!("filler-{index}"),
+            filler_ip(index),
+            filler_backend(index),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use proxy_agent::k8s::convert::objects::{ClusterObject, parse_objects};
+
+    use super::*;
+
+    #[test]
+    fn the_agent_parses_every_service_and_slice() {
+        let text = format!(
+            "{}{}",
+            measured_service(Ipv4Addr::new(10, 244, 1, 2)),
+            filler_services(300)
+        );
+        let objects = parse_objects(&text).unwrap();
+        let mut ips = BTreeSet::new();
+        let mut slices = 0;
+        for object in &objects {
+            match object {
+                ClusterObject::Service(svc) => {
+                    let spec = svc.spec.as_ref().unwrap();
+                    assert!(ips.insert(spec.cluster_ip.clone().unwrap()));
+                    assert_eq!(
+                        spec.ports.as_ref().unwrap()[0].port,
+                        i32::from(SERVICE_PORT)
+                    );
+                }
+                ClusterObject::EndpointSlice(slice) => {
+                    slices += 1;
+                    let owner =
+                        &slice.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"];
+                    assert_eq!(slice.metadata.name.as_deref(), Some(&*format!("{owner}-1")));
+                    assert_eq!(slice.endpoints.as_ref().map(Vec::len), Some(1));
+                    let port = &slice.ports.as_ref().unwrap()[0];
+                    assert_eq!(port.name.as_deref(), Some(""));
+                    assert_eq!(port.port, Some(i32::from(BACKEND_PORT)));
+                }
+                other => panic!("unexpected object {other:?}"),
+            }
+        }
+        assert_eq!(ips.len(), 301);
+        assert_eq!(slices, 301);
+        assert!(ips.contains(&SERVICE_IP.to_string()));
+    }
+
+    #[test]
+    fn filler_addresses_stay_clear_of_the_measured_ones() {
+        let last = MAX_FILLER - 1;
+        assert_eq!(filler_ip(0), Ipv4Addr::new(10, 100, 0, 1));
+        assert_eq!(filler_ip(last), Ipv4Addr::new(10, 116, 0, 0));
+        assert_eq!(filler_backend(last), Ipv4Addr::new(10, 216, 0, 0));
+        for ip in [
+            filler_ip(0),
+            filler_ip(last),
+            filler_backend(0),
+            filler_backend(last),
+        ] {
+            assert_ne!(ip, SERVICE_IP);
+            assert_ne!(ip.octets()[..2], [10, 244]);
+        }
+        assert_eq!(filler_services(0), "");
+    }
+}

@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Benchmarks of the dataplane, run in network namespaces like the scenario runner.
+//!
+//! `clusterip`: connections per second (connect, 1-byte request, 1-byte reply, close) and
+//! connect() latency through a ClusterIP translated by the socket programs, against the same
+//! client connecting straight to the backend, with 1 and many services in the maps. The
+//! load generator ([`load`]) runs as the `loadgen` binary inside the namespaces; the
+//! orchestration ([`clusterip`]) needs root and a release build of the agent with its eBPF
+//! object (`cargo xtask bench clusterip` builds both).
+//!
+//! Pure parts (statistics, manifests, results, CSV, the bpftool parser, names) are
+//! unit-tested without privileges; [`net`], [`agent`] and [`clusterip`] need root.
+
+pub mod agent;
+pub mod clusterip;
+pub mod cpustat;
+pub mod error;
+pub mod load;
+pub mod manifests;
+pub mod maps;
+pub mod net;
+pub mod results;
+pub mod signals;
+pub mod stats;
+
+pub use self::{
+    clusterip::{BenchOptions, run_clusterip},
+    error::{Error, Result},
+    results::BenchResults,
+};
