@@ -57,6 +57,7 @@ impl_pod!(
     SockRevNat4Value,
     SockRevNat6Key,
     SockRevNat6Value,
+    SockFrontend,
     AffinityKey,
     AffinityValue,
     Ct4Key,

@@ -11,7 +11,9 @@ pub const BACKENDS6: &str = "BACKENDS6_V1";
 /// rev_nat_id -> the service frontend, used to undo a translation.
 pub const REV_NAT4: &str = "REV_NAT4_V1";
 pub const REV_NAT6: &str = "REV_NAT6_V1";
-/// (socket cookie, backend) -> frontend, for recvmsg/getpeername (LRU).
+/// Socket-local storage of connected sockets' translations (connect()).
+pub const SOCK_FRONTEND: &str = "SOCK_FRONTEND_V1";
+/// (socket cookie, backend) -> frontend for unconnected UDP (sendmsg()), LRU.
 pub const SOCK_REV_NAT4: &str = "SOCK_REV_NAT4_V1";
 pub const SOCK_REV_NAT6: &str = "SOCK_REV_NAT6_V1";
 /// (client, rev_nat_id) -> backend id and last use, for sessionAffinity ClientIP (LRU).
@@ -41,6 +43,7 @@ pub const ALL: &[&str] = &[
     REV_NAT6,
     SOCK_REV_NAT4,
     SOCK_REV_NAT6,
+    SOCK_FRONTEND,
     AFFINITY,
     SVC_CIDRS4,
     SVC_CIDRS6,

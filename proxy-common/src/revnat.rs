@@ -61,3 +61,19 @@ pub struct SockRevNat6Value {
     pub rev_nat_id: u16,
 }
 const _: () = assert!(core::mem::size_of::<SockRevNat6Value>() == 20);
+
+/// Per-socket record of a connected socket's translation (socket-local storage: it lives
+/// and dies with the socket, so nothing fills up or needs collecting).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockFrontend {
+    /// The frontend the application asked for (IPv4 in the first four bytes).
+    pub frontend_addr: [u8; 16],
+    /// The backend the socket was connected to.
+    pub backend_addr: [u8; 16],
+    pub frontend_port: u16,
+    pub backend_port: u16,
+    pub rev_nat_id: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<SockFrontend>() == 40);

@@ -31,6 +31,10 @@ pub trait Family {
     fn in_service_cidr(addr: Self::Addr) -> bool;
     fn source_allowed(rev_nat_id: u16, src: Self::Addr) -> bool;
     fn zero() -> Self::Addr;
+    /// The address in 16 bytes (IPv4 in the first four), as map values that serve both
+    /// families hold it.
+    fn to16(a: Self::Addr) -> [u8; 16];
+    fn from16(b: &[u8; 16]) -> Self::Addr;
     /// Affinity key bytes for a client address.
     fn affinity_client(addr: Self::Addr) -> ([u8; 16], u8);
 }
@@ -103,6 +107,20 @@ impl Family for V4 {
     #[inline(always)]
     fn zero() -> u32 {
         0
+    }
+    #[inline(always)]
+    fn to16(a: u32) -> [u8; 16] {
+        let b = a.to_ne_bytes();
+        let mut out = [0u8; 16];
+        out[0] = b[0];
+        out[1] = b[1];
+        out[2] = b[2];
+        out[3] = b[3];
+        out
+    }
+    #[inline(always)]
+    fn from16(b: &[u8; 16]) -> u32 {
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
     }
     #[inline(always)]
     fn affinity_client(addr: u32) -> ([u8; 16], u8) {
@@ -178,6 +196,14 @@ impl Family for V6 {
     #[inline(always)]
     fn zero() -> [u8; 16] {
         [0; 16]
+    }
+    #[inline(always)]
+    fn to16(a: [u8; 16]) -> [u8; 16] {
+        a
+    }
+    #[inline(always)]
+    fn from16(b: &[u8; 16]) -> [u8; 16] {
+        *b
     }
     #[inline(always)]
     fn affinity_client(addr: [u8; 16]) -> ([u8; 16], u8) {

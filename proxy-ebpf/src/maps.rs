@@ -6,14 +6,14 @@
 use crate::parse::Packet;
 use aya_ebpf::{
     bindings::bpf_fib_lookup,
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, SkStorage},
     macros::btf_map,
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend4Value, Backend6Value, Ct4Key, Ct6Key, CtValue, LbConfig,
-    NodeAddr4Key, NodeAddr6Key, RevNat4Value, RevNat6Value, SockRevNat4Key, SockRevNat4Value,
-    SockRevNat6Key, SockRevNat6Value, SourceRange4, SourceRange6, Svc4Key, Svc6Key, SvcValue,
-    maps::*,
+    NodeAddr4Key, NodeAddr6Key, RevNat4Value, RevNat6Value, SockFrontend, SockRevNat4Key,
+    SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SourceRange4, SourceRange6, Svc4Key,
+    Svc6Key, SvcValue, maps::*,
 };
 
 #[btf_map]
@@ -43,6 +43,9 @@ pub static SOCK_REV_NAT6_V1: LruHashMap<
     SockRevNat6Value,
     DEFAULT_SOCK_REV_NAT_ENTRIES,
 > = LruHashMap::new();
+
+#[btf_map]
+pub static SOCK_FRONTEND_V1: SkStorage<SockFrontend> = SkStorage::new();
 
 #[btf_map]
 pub static AFFINITY_V1: LruHashMap<AffinityKey, AffinityValue, DEFAULT_AFFINITY_ENTRIES> =

@@ -19,12 +19,13 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use proxy_common::{
-    SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue, proto, svc_flags,
+    SockFrontend, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue,
+    proto, svc_flags,
 };
 
 use crate::{
     lb::{Client, Family, Frontend, V4, V6, lookup_frontend, select_backend},
-    maps::{LB_CONFIG_V1, SOCK_REV_NAT4_V1, SOCK_REV_NAT6_V1},
+    maps::{LB_CONFIG_V1, SOCK_FRONTEND_V1, SOCK_REV_NAT4_V1, SOCK_REV_NAT6_V1},
 };
 
 const ECONNREFUSED: i32 = 111;
@@ -298,8 +299,29 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
         return 1;
     };
     let target = F::backend_target(&backend);
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    F::save_rev(cookie, target, (addr, port), svc.rev_nat_id);
+    if SENDMSG {
+        // Unconnected UDP: one socket may talk to many backends.
+        let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+        F::save_rev(cookie, target, (addr, port), svc.rev_nat_id);
+    } else {
+        // A connected socket has one peer: its translation lives in the socket itself and
+        // goes with it.
+        // SAFETY: the context's socket is valid for the duration of the program.
+        let slot = unsafe { SOCK_FRONTEND_V1.get_or_insert_ptr_mut(ctx, None) };
+        if !slot.is_null() {
+            // SAFETY: a non-null pointer from sk_storage_get is the socket's own value.
+            unsafe {
+                *slot = SockFrontend {
+                    frontend_addr: F::to16(addr),
+                    backend_addr: F::to16(target.0),
+                    frontend_port: port,
+                    backend_port: target.1,
+                    rev_nat_id: svc.rev_nat_id,
+                    _pad: 0,
+                };
+            }
+        }
+    }
     F::set_dst(sa, target.0, target.1);
     1
 }
@@ -310,6 +332,19 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
 pub fn restore<F: SockFamily>(ctx: &SockAddrContext) -> i32 {
     let sa = ctx.sock_addr;
     let peer = F::dst(sa);
+    // SAFETY: the context's socket is valid for the duration of the program.
+    let own = unsafe { SOCK_FRONTEND_V1.get_ptr_mut(ctx) };
+    if !own.is_null() {
+        // SAFETY: a non-null pointer from sk_storage_get is the socket's own value.
+        let f = unsafe { &*own };
+        if F::from16(&f.backend_addr) == peer.0 && f.backend_port == peer.1 {
+            let frontend = (F::from16(&f.frontend_addr), f.frontend_port);
+            if F::rev_nat(f.rev_nat_id) == Some(frontend) {
+                F::set_dst(sa, frontend.0, frontend.1);
+            }
+            return 1;
+        }
+    }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some((addr, port, id)) = F::load_rev(cookie, peer) {
         match F::rev_nat(id) {

@@ -38,8 +38,6 @@ pub trait TcFamily: Family {
     fn parse(ctx: &TcContext) -> Option<Packet<Self::Addr>>;
     /// The per-CPU slot parsed packets of this family live in.
     fn packet_slot() -> Option<*mut Packet<Self::Addr>>;
-    fn to16(a: Self::Addr) -> [u8; 16];
-    fn from16(b: &[u8; 16]) -> Self::Addr;
     fn ct_key(
         s: Self::Addr,
         d: Self::Addr,
@@ -72,20 +70,6 @@ impl TcFamily for V4 {
     #[inline(always)]
     fn packet_slot() -> Option<*mut Packet<u32>> {
         PKT4_SCRATCH.get_ptr_mut(0)
-    }
-    #[inline(always)]
-    fn to16(a: u32) -> [u8; 16] {
-        let b = a.to_ne_bytes();
-        let mut out = [0u8; 16];
-        out[0] = b[0];
-        out[1] = b[1];
-        out[2] = b[2];
-        out[3] = b[3];
-        out
-    }
-    #[inline(always)]
-    fn from16(b: &[u8; 16]) -> u32 {
-        u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
     }
     #[inline(always)]
     fn ct_key(s: u32, d: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> Ct4Key {
@@ -127,14 +111,6 @@ impl TcFamily for V6 {
     #[inline(always)]
     fn packet_slot() -> Option<*mut Packet<[u8; 16]>> {
         PKT6_SCRATCH.get_ptr_mut(0)
-    }
-    #[inline(always)]
-    fn to16(a: [u8; 16]) -> [u8; 16] {
-        a
-    }
-    #[inline(always)]
-    fn from16(b: &[u8; 16]) -> [u8; 16] {
-        *b
     }
     #[inline(always)]
     fn ct_key(s: [u8; 16], d: [u8; 16], sport: u16, dport: u16, proto: u8, dir: u8) -> Ct6Key {

@@ -184,6 +184,7 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
     )?;
     agent.wait_synced(
         Change {
+            started,
             at: started,
             initial: true,
         },
@@ -291,7 +292,8 @@ fn load_services(
     if changed {
         agent.wait_synced(
             Change {
-                at: changed_at,
+                started: changed_at,
+                at: SystemTime::now(),
                 initial: false,
             },
             opts.sync_timeout,
