@@ -236,6 +236,15 @@ impl Agent {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// SIGKILL, nothing else: the dataplane stays as the agent left it (a crash or an
+    /// upgrade's hard stop). A later `stop` (or drop) of this handle does nothing.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// SIGTERM, then SIGKILL after 5 s; then (unless kept) `--cleanup` with the same
     /// pin root, and the pin directory removed.
     pub fn stop(&mut self) {
