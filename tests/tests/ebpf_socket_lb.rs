@@ -164,4 +164,44 @@ fn connect_is_translated_rejected_or_left_alone() {
     assert_eq!(client(&ns, Some(&cg), 82), "err ECONNREFUSED");
     // Outside the cgroup nothing is translated: the namespace has no route to the VIP.
     assert_eq!(client(&ns, None, 80), "err ENETUNREACH");
+
+    assert_service_map_dump_has_named_fields(&bpffs.path);
+}
+
+/// `bpftool -j map dump pinned` on the services map prints every entry with its fields
+/// named (the maps carry BTF), so an operator can read them without our tools.
+fn assert_service_map_dump_has_named_fields(bpffs_root: &std::path::Path) {
+    let pin = tests::bench::maps::service_map_pin(bpffs_root);
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(&pin)
+        .output()
+        .expect("bpftool runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
+    let entries = dump.as_array().expect("a list of entries");
+    assert_eq!(entries.len(), 4, "{dump:#}");
+    let formatted: Vec<&serde_json::Value> = entries
+        .iter()
+        .map(|e| e.get("formatted").unwrap_or(e))
+        .collect();
+    let slot0 = formatted
+        .iter()
+        .find(|e| e["key"]["dport"] == 80u16.to_be() && e["key"]["slot"] == 0)
+        .unwrap_or_else(|| panic!("no named slot 0 of port 80 in {dump:#}"));
+    assert_eq!(slot0["key"]["addr"], u32::from(VIP).to_be(), "{dump:#}");
+    assert_eq!(slot0["key"]["proto"], proto::TCP, "{dump:#}");
+    assert_eq!(slot0["key"]["scope"], 0, "{dump:#}");
+    assert_eq!(slot0["value"]["count"], 1, "{dump:#}");
+    assert_eq!(slot0["value"]["rev_nat_id"], 3, "{dump:#}");
+    assert_eq!(slot0["value"]["flags"], svc_flags::CLUSTER_IP, "{dump:#}");
+    let slot1 = formatted
+        .iter()
+        .find(|e| e["key"]["dport"] == 80u16.to_be() && e["key"]["slot"] == 1)
+        .unwrap_or_else(|| panic!("no named slot 1 of port 80 in {dump:#}"));
+    assert_eq!(slot1["value"]["backend_id"], 7, "{dump:#}");
 }
