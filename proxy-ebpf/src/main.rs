@@ -5,13 +5,12 @@
 
 mod lb;
 mod maps;
-mod parse;
 mod sock;
-mod tc;
+mod nodeport;
 
 use aya_ebpf::{
-    macros::{cgroup_sock_addr, classifier},
-    programs::{SockAddrContext, TcContext},
+    macros::{cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, TcContext, XdpContext},
 };
 
 use crate::lb::{V4, V6};
@@ -58,17 +57,23 @@ pub fn sock_getpeername6(ctx: SockAddrContext) -> i32 {
 
 #[classifier]
 pub fn tc_uplink_ingress(ctx: TcContext) -> i32 {
-    tc::ingress::handle(&ctx)
+    nodeport::ingress::handle(&ctx)
+}
+
+/// The uplink ingress translation, earlier: what it does not finish goes on to tc.
+#[xdp]
+pub fn xdp_uplink(ctx: XdpContext) -> u32 {
+    nodeport::ingress::handle(&ctx) as u32
 }
 
 #[classifier]
 pub fn tc_uplink_egress(ctx: TcContext) -> i32 {
-    tc::egress::handle(&ctx)
+    nodeport::egress::handle(&ctx)
 }
 
 #[classifier]
 pub fn tc_pod_ingress(ctx: TcContext) -> i32 {
-    tc::pod::handle(&ctx)
+    nodeport::pod::handle(&ctx)
 }
 
 #[cfg(not(test))]

@@ -78,6 +78,7 @@ fn connect_is_translated_rejected_or_left_alone() {
         cgroup: cg.path.clone(),
         map_sizes: MapSizes::default(),
         devices: Vec::new(),
+        xdp: proxy_agent::config::XdpMode::Off,
     })
     .expect("load and attach");
     loaded

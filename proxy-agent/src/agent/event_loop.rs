@@ -211,10 +211,11 @@ impl EventLoop {
                         source_ranges: sizes.source_ranges,
                     },
                     devices: facts.devices.clone(),
+                    xdp: self.resolved.effective.xdp_mode,
                 };
                 let cookie =
                     crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
-                let proxier = EbpfProxier::start(&opts, lb_config(cookie, node))
+                let proxier = EbpfProxier::start(&opts, lb_config(cookie, node, &config.ebpf.conntrack))
                     .map_err(|e| e.to_string())?;
                 Ok(Box::new(proxier))
             }
@@ -458,10 +459,20 @@ impl EventLoop {
     }
 }
 
-/// The dataplane's runtime configuration: the node's namespace, its masquerade addresses.
-fn lb_config(host_netns_cookie: u64, node: &NodeContext) -> proxy_common::LbConfig {
+/// The dataplane's runtime configuration: the node's namespace, its masquerade addresses,
+/// how long idle north-south flows are remembered.
+fn lb_config(
+    host_netns_cookie: u64,
+    node: &NodeContext,
+    conntrack: &crate::config::EbpfConntrack,
+) -> proxy_common::LbConfig {
+    // Validation keeps these within u32 seconds; saturate rather than wrap regardless.
+    let secs = |d: crate::config::Duration| u32::try_from(d.to_std().as_secs()).unwrap_or(u32::MAX);
     let mut cfg = proxy_common::LbConfig {
         host_netns_cookie,
+        ct_tcp_lifetime: secs(conntrack.tcp_timeout),
+        ct_closing_lifetime: secs(conntrack.tcp_closing_timeout),
+        ct_udp_lifetime: secs(conntrack.udp_timeout),
         ..Default::default()
     };
     for ip in node.primary_ips.iter() {
@@ -477,5 +488,38 @@ fn health_family(f: IpFamily) -> HealthFamily {
     match f {
         IpFamily::V4 => HealthFamily::V4,
         IpFamily::V6 => HealthFamily::V6,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{config::EbpfConntrack, node::NodeAddresses};
+
+    #[test]
+    fn lb_config_carries_the_masquerade_addresses_and_the_conntrack_lifetimes() {
+        let node = NodeContext {
+            primary_ips: NodeAddresses {
+                v4: Some("192.168.0.2".parse().unwrap()),
+                v6: Some("fd00::2".parse().unwrap()),
+            },
+            ..Default::default()
+        };
+        let conntrack = EbpfConntrack {
+            tcp_timeout: crate::config::Duration::from_hours(2),
+            tcp_closing_timeout: crate::config::Duration::from_secs(7),
+            udp_timeout: crate::config::Duration::from_secs(45),
+        };
+        let cfg = lb_config(42, &node, &conntrack);
+        assert_eq!(cfg.host_netns_cookie, 42);
+        assert_eq!(cfg.masq4, u32::from_ne_bytes([192, 168, 0, 2]));
+        assert_eq!(
+            cfg.masq6,
+            "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
+        assert_eq!(
+            (cfg.ct_tcp_lifetime, cfg.ct_closing_lifetime, cfg.ct_udp_lifetime),
+            (7200, 7, 45)
+        );
     }
 }

@@ -113,6 +113,8 @@ pub struct LoadOptions {
     pub map_sizes: MapSizes,
     /// The node's uplink devices: tc programs attach there.
     pub devices: Vec<String>,
+    /// XDP acceleration on the uplinks.
+    pub xdp: crate::config::XdpMode,
 }
 
 /// The socket programs and where they attach.
@@ -159,6 +161,8 @@ pub struct Loaded {
     uplinks: Vec<String>,
     /// Devices the pod-side program is attached to.
     pod_devices: Vec<String>,
+    /// Uplinks XDP runs on.
+    pub xdp_devices: Vec<String>,
 }
 
 impl Loaded {
@@ -297,6 +301,8 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         &pods,
         &links_dir,
     )?;
+    // After tc: what XDP passes on must find tc in place.
+    let xdp_devices = super::xdp::attach(&mut ebpf, opts.xdp, &opts.devices, &links_dir);
 
     let maps = take_maps(&mut ebpf)?;
     let config = take_array(&mut ebpf, names::LB_CONFIG)?;
@@ -311,6 +317,7 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         links_dir,
         uplinks: opts.devices.clone(),
         pod_devices: pods,
+        xdp_devices,
     })
 }
 

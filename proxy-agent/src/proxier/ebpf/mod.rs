@@ -12,6 +12,7 @@ pub mod entries;
 pub mod ids;
 pub mod loader;
 pub mod maps;
+pub mod xdp;
 
 use proxy_common::LbConfig;
 use tracing::{debug, info, warn};
@@ -38,6 +39,7 @@ impl EbpfProxier {
             bpffs_root = %opts.bpffs_root.display(),
             cgroup = %opts.cgroup.display(),
             devices = ?opts.devices,
+            xdp_devices = ?loaded.xdp_devices,
             "ebpf dataplane ready"
         );
         Ok(Self {

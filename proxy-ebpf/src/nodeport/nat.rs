@@ -5,18 +5,13 @@
 //! no fix-up; its ports are never rewritten (see the callers).
 
 use aya_ebpf::{
-    EbpfContext as _,
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
-    helpers::{bpf_csum_diff, bpf_l3_csum_replace, bpf_l4_csum_replace},
-    programs::TcContext,
+    helpers::bpf_csum_diff,
 };
 use proxy_common::proto;
 
-use super::TcFamily;
-use crate::{
-    lb::{V4, V6},
-    parse::Packet,
-};
+use super::{PacketFamily, io::PacketIo, parse::Packet};
+use crate::lb::{V4, V6};
 
 /// Offset of the L4 checksum and extra flags for `bpf_l4_csum_replace`, when the protocol
 /// has a ones'-complement checksum over a pseudo header.
@@ -37,37 +32,44 @@ pub enum Side {
 
 /// Rewrites one address of the packet.
 pub trait AddrRewrite: super::route::FibAddrs {
-    fn rewrite_addr(ctx: &TcContext, p: &Packet<Self::Addr>, side: Side, new: Self::Addr) -> bool;
+    fn rewrite_addr<C: PacketIo>(
+        ctx: &C,
+        p: &Packet<Self::Addr>,
+        side: Side,
+        new: Self::Addr,
+    ) -> bool;
 }
 
 impl AddrRewrite for V4 {
     #[inline(always)]
-    fn rewrite_addr(ctx: &TcContext, p: &Packet<u32>, side: Side, new: u32) -> bool {
+    fn rewrite_addr<C: PacketIo>(ctx: &C, p: &Packet<u32>, side: Side, new: u32) -> bool {
         let (off, old) = match side {
             Side::Source => (p.l3_off + V4::SADDR_OFF, p.saddr),
             Side::Destination => (p.l3_off + V4::DADDR_OFF, p.daddr),
         };
-        let skb = ctx.as_ptr().cast();
-        let l3 = p.l3_off + 10;
-        if unsafe { bpf_l3_csum_replace(skb, l3 as u32, old as u64, new as u64, 4) } != 0 {
+        if !ctx.l3_csum_replace(p.l3_off + 10, old, new, 4) {
             return false;
         }
         if !p.later_fragment
             && let Some((csum_off, extra)) = l4_csum(p.proto)
         {
             let flags = BPF_F_PSEUDO_HDR as u64 | 4 | extra;
-            let off = (p.l4_off + csum_off) as u32;
-            if unsafe { bpf_l4_csum_replace(skb, off, old as u64, new as u64, flags) } != 0 {
+            if !ctx.l4_csum_replace(p.l4_off + csum_off, old, new, flags) {
                 return false;
             }
         }
-        ctx.store(off, &new, 0).is_ok()
+        ctx.store(off, &new)
     }
 }
 
 impl AddrRewrite for V6 {
     #[inline(always)]
-    fn rewrite_addr(ctx: &TcContext, p: &Packet<[u8; 16]>, side: Side, new: [u8; 16]) -> bool {
+    fn rewrite_addr<C: PacketIo>(
+        ctx: &C,
+        p: &Packet<[u8; 16]>,
+        side: Side,
+        new: [u8; 16],
+    ) -> bool {
         let (off, mut old) = match side {
             Side::Source => (p.l3_off + V6::SADDR_OFF, p.saddr),
             Side::Destination => (p.l3_off + V6::DADDR_OFF, p.daddr),
@@ -87,19 +89,17 @@ impl AddrRewrite for V6 {
                 return false;
             }
             let flags = BPF_F_PSEUDO_HDR as u64 | extra;
-            let csum = (p.l4_off + csum_off) as u32;
-            let skb = ctx.as_ptr().cast();
-            if unsafe { bpf_l4_csum_replace(skb, csum, 0, diff as u64, flags) } != 0 {
+            if !ctx.l4_csum_replace(p.l4_off + csum_off, 0, diff as u32, flags) {
                 return false;
             }
         }
-        ctx.store(off, &new, 0).is_ok()
+        ctx.store(off, &new)
     }
 }
 
 /// Rewrites the source or destination port (network order values).
 #[inline(always)]
-pub fn rewrite_port<A>(ctx: &TcContext, p: &Packet<A>, side: Side, new: u16) -> bool {
+pub fn rewrite_port<C: PacketIo, A>(ctx: &C, p: &Packet<A>, side: Side, new: u16) -> bool {
     let (off, old) = match side {
         Side::Source => (p.l4_off, p.sport),
         Side::Destination => (p.l4_off + 2, p.dport),
@@ -107,12 +107,10 @@ pub fn rewrite_port<A>(ctx: &TcContext, p: &Packet<A>, side: Side, new: u16) -> 
     if old == new {
         return true;
     }
-    if let Some((csum_off, extra)) = l4_csum(p.proto) {
-        let csum = (p.l4_off + csum_off) as u32;
-        let skb = ctx.as_ptr().cast();
-        if unsafe { bpf_l4_csum_replace(skb, csum, old as u64, new as u64, 2 | extra) } != 0 {
-            return false;
-        }
+    if let Some((csum_off, extra)) = l4_csum(p.proto)
+        && !ctx.l4_csum_replace(p.l4_off + csum_off, u32::from(old), u32::from(new), 2 | extra)
+    {
+        return false;
     }
-    ctx.store(off, &new, 0).is_ok()
+    ctx.store(off, &new)
 }

@@ -5,11 +5,12 @@
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::proto;
 
-use super::{nat::AddrRewrite, reply};
-use crate::{
-    lb::{V4, V6},
+use super::{
+    nat::AddrRewrite,
     parse::{self, ETH_P_IP, ETH_P_IPV6},
+    reply,
 };
+use crate::lb::{V4, V6};
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> i32 {
@@ -23,7 +24,7 @@ pub fn handle(ctx: &TcContext) -> i32 {
 // One frame per family: inlining both into the program would add their stacks up.
 #[inline(never)]
 fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
-    let Some(p) = super::parse_into::<F>(ctx) else {
+    let Some(p) = super::parse_into::<TcContext, F>(ctx) else {
         return TC_ACT_OK;
     };
     if p.later_fragment
@@ -32,7 +33,7 @@ fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
         return TC_ACT_OK;
     }
     match reply::lookup::<F>(p) {
-        Some(v) => reply::translate::<F>(ctx, p, v),
+        Some(v) => reply::translate::<TcContext, F>(ctx, p, v),
         None => TC_ACT_OK,
     }
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
-//! tc programs on the node's devices: north-south load balancing with BPF conntrack.
+//! North-south load balancing with BPF conntrack: tc programs on the node's devices, and
+//! the same translation in XDP on the uplinks as an accelerator (see [`io`]).
 //!
-//! - uplink ingress: new flows to a NodePort / externalIP / LB IP from outside are
+//! - uplink ingress (XDP, then tc): new flows to a NodePort / externalIP / LB IP from outside are
 //!   translated (backend chosen, DNAT, SNAT to the node for eTP=Cluster), recorded in CT,
 //!   and redirected straight to the backend's device; replies from remote backends to the
 //!   node's SNAT address are translated back.
@@ -15,27 +16,29 @@
 pub mod ct;
 pub mod egress;
 pub mod ingress;
+pub mod io;
 pub mod nat;
+pub mod parse;
 pub mod pod;
 pub mod reject;
 pub mod reply;
 pub mod route;
 
-use aya_ebpf::programs::TcContext;
 use proxy_common::{Ct4Key, Ct6Key, CtValue};
 
 use crate::{
     lb::{Family, V4, V6},
     maps::{CT4_V1, CT6_V1, PKT4_SCRATCH, PKT6_SCRATCH},
-    parse::{self, Packet},
 };
+use io::PacketIo;
+use parse::Packet;
 
 /// The packet-level side of an address family.
-pub trait TcFamily: Family {
+pub trait PacketFamily: Family {
     type CtKey: Copy;
     const AF: u8;
 
-    fn parse(ctx: &TcContext) -> Option<Packet<Self::Addr>>;
+    fn parse<C: PacketIo>(ctx: &C) -> Option<Packet<Self::Addr>>;
     /// The per-CPU slot parsed packets of this family live in.
     fn packet_slot() -> Option<*mut Packet<Self::Addr>>;
     fn ct_key(
@@ -52,19 +55,16 @@ pub trait TcFamily: Family {
     /// Offsets of the source and destination address in the L3 header.
     const SADDR_OFF: usize;
     const DADDR_OFF: usize;
-    /// Offset of the L3 checksum, if the family has one.
-    const L3_CSUM_OFF: Option<usize>;
 }
 
-impl TcFamily for V4 {
+impl PacketFamily for V4 {
     type CtKey = Ct4Key;
     const AF: u8 = 2;
     const SADDR_OFF: usize = 12;
     const DADDR_OFF: usize = 16;
-    const L3_CSUM_OFF: Option<usize> = Some(10);
 
     #[inline(always)]
-    fn parse(ctx: &TcContext) -> Option<Packet<u32>> {
+    fn parse<C: PacketIo>(ctx: &C) -> Option<Packet<u32>> {
         parse::ipv4(ctx)
     }
     #[inline(always)]
@@ -97,15 +97,14 @@ impl TcFamily for V4 {
     }
 }
 
-impl TcFamily for V6 {
+impl PacketFamily for V6 {
     type CtKey = Ct6Key;
     const AF: u8 = 10;
     const SADDR_OFF: usize = 8;
     const DADDR_OFF: usize = 24;
-    const L3_CSUM_OFF: Option<usize> = None;
 
     #[inline(always)]
-    fn parse(ctx: &TcContext) -> Option<Packet<[u8; 16]>> {
+    fn parse<C: PacketIo>(ctx: &C) -> Option<Packet<[u8; 16]>> {
         parse::ipv6(ctx)
     }
     #[inline(always)]
@@ -140,10 +139,10 @@ impl TcFamily for V6 {
 
 /// Parses the packet into the family's per-CPU slot (its own frame, released on return).
 #[inline(never)]
-pub fn parse_into<F: TcFamily>(ctx: &TcContext) -> Option<&'static Packet<F::Addr>> {
+pub fn parse_into<C: PacketIo, F: PacketFamily>(ctx: &C) -> Option<&'static Packet<F::Addr>> {
     let slot = F::packet_slot()?;
     let p = F::parse(ctx)?;
-    // SAFETY: a per-CPU slot; tc programs do not preempt each other on one CPU.
+    // SAFETY: a per-CPU slot; networking programs do not preempt each other on one CPU.
     unsafe {
         *slot = p;
         Some(&*slot)

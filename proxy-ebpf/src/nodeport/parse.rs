@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
-//! Bounds-checked header parsing for tc programs (Ethernet, IPv4 with options, IPv6 without
-//! extension-header walking, TCP/UDP/SCTP ports). Loads go through `bpf_skb_load_bytes`, so
-//! every read is checked by the kernel and works on non-linear skbs.
+//! Bounds-checked header parsing for the tc and XDP programs (Ethernet, IPv4 with options,
+//! IPv6 without extension-header walking, TCP/UDP/SCTP ports). Loads go through the
+//! load-bytes helpers, so every read is checked by the kernel and works on non-linear
+//! packets.
 
-use aya_ebpf::programs::TcContext;
 use proxy_common::proto;
+
+use super::io::PacketIo;
 
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP: u16 = 0x0800;
@@ -39,7 +41,7 @@ pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
 
 #[inline(always)]
-fn tcp_flags(ctx: &TcContext, p: u8, l4: usize, later_fragment: bool) -> u8 {
+fn tcp_flags<C: PacketIo>(ctx: &C, p: u8, l4: usize, later_fragment: bool) -> u8 {
     if p == proto::TCP && !later_fragment {
         ctx.load::<u8>(l4 + 13).unwrap_or(0)
     } else {
@@ -48,8 +50,8 @@ fn tcp_flags(ctx: &TcContext, p: u8, l4: usize, later_fragment: bool) -> u8 {
 }
 
 #[inline(always)]
-pub fn ethertype(ctx: &TcContext) -> Option<u16> {
-    ctx.load::<u16>(12).ok().map(u16::from_be)
+pub fn ethertype<C: PacketIo>(ctx: &C) -> Option<u16> {
+    ctx.load::<u16>(12).map(u16::from_be)
 }
 
 #[inline(always)]
@@ -58,9 +60,9 @@ fn has_ports(p: u8) -> bool {
 }
 
 #[inline(always)]
-pub fn ipv4(ctx: &TcContext) -> Option<Packet<u32>> {
+pub fn ipv4<C: PacketIo>(ctx: &C) -> Option<Packet<u32>> {
     let l3 = ETH_HLEN;
-    let ver_ihl: u8 = ctx.load(l3).ok()?;
+    let ver_ihl: u8 = ctx.load(l3)?;
     if ver_ihl >> 4 != 4 {
         return None;
     }
@@ -68,15 +70,15 @@ pub fn ipv4(ctx: &TcContext) -> Option<Packet<u32>> {
     if ihl < 20 {
         return None;
     }
-    let total: u16 = u16::from_be(ctx.load(l3 + 2).ok()?);
-    let frag: u16 = u16::from_be(ctx.load(l3 + 6).ok()?);
+    let total: u16 = u16::from_be(ctx.load(l3 + 2)?);
+    let frag: u16 = u16::from_be(ctx.load(l3 + 6)?);
     let later_fragment = frag & 0x1fff != 0;
-    let p: u8 = ctx.load(l3 + 9).ok()?;
-    let saddr: u32 = ctx.load(l3 + 12).ok()?;
-    let daddr: u32 = ctx.load(l3 + 16).ok()?;
+    let p: u8 = ctx.load(l3 + 9)?;
+    let saddr: u32 = ctx.load(l3 + 12)?;
+    let daddr: u32 = ctx.load(l3 + 16)?;
     let l4 = l3 + ihl;
     let (sport, dport) = if has_ports(p) && !later_fragment {
-        (ctx.load::<u16>(l4).ok()?, ctx.load::<u16>(l4 + 2).ok()?)
+        (ctx.load::<u16>(l4)?, ctx.load::<u16>(l4 + 2)?)
     } else {
         (0, 0)
     };
@@ -95,19 +97,19 @@ pub fn ipv4(ctx: &TcContext) -> Option<Packet<u32>> {
 }
 
 #[inline(always)]
-pub fn ipv6(ctx: &TcContext) -> Option<Packet<[u8; 16]>> {
+pub fn ipv6<C: PacketIo>(ctx: &C) -> Option<Packet<[u8; 16]>> {
     let l3 = ETH_HLEN;
-    let first: u8 = ctx.load(l3).ok()?;
+    let first: u8 = ctx.load(l3)?;
     if first >> 4 != 6 {
         return None;
     }
-    let payload: u16 = u16::from_be(ctx.load(l3 + 4).ok()?);
-    let next: u8 = ctx.load(l3 + 6).ok()?;
-    let saddr: [u8; 16] = ctx.load(l3 + 8).ok()?;
-    let daddr: [u8; 16] = ctx.load(l3 + 24).ok()?;
+    let payload: u16 = u16::from_be(ctx.load(l3 + 4)?);
+    let next: u8 = ctx.load(l3 + 6)?;
+    let saddr: [u8; 16] = ctx.load(l3 + 8)?;
+    let daddr: [u8; 16] = ctx.load(l3 + 24)?;
     let l4 = l3 + IPV6_HLEN;
     let (sport, dport) = if has_ports(next) {
-        (ctx.load::<u16>(l4).ok()?, ctx.load::<u16>(l4 + 2).ok()?)
+        (ctx.load::<u16>(l4)?, ctx.load::<u16>(l4 + 2)?)
     } else {
         (0, 0)
     };

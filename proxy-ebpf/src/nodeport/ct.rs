@@ -10,11 +10,11 @@ use proxy_common::{
     CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_F_SNAT, CtValue, LbConfig, proto,
 };
 
-use super::TcFamily;
-use crate::{
-    maps::LB_CONFIG_V1,
+use super::{
+    PacketFamily,
     parse::{Packet, TCP_FIN, TCP_RST},
 };
+use crate::maps::LB_CONFIG_V1;
 
 const DEFAULT_TCP_LIFETIME: u32 = 21_600;
 const DEFAULT_UDP_LIFETIME: u32 = 60;
@@ -85,7 +85,7 @@ pub fn touch<A>(
 
 /// The reply key of a flow: what the backend's answer looks like.
 #[inline(always)]
-pub fn reply_key<F: TcFamily>(v: &CtValue, p: u8) -> F::CtKey {
+pub fn reply_key<F: PacketFamily>(v: &CtValue, p: u8) -> F::CtKey {
     let (daddr, dport) = if v.flags & CT_F_SNAT != 0 {
         (F::from16(&v.snat_addr), v.snat_port)
     } else {
@@ -102,7 +102,7 @@ pub fn reply_key<F: TcFamily>(v: &CtValue, p: u8) -> F::CtKey {
 }
 
 #[inline(always)]
-pub fn forward_key<F: TcFamily>(v: &CtValue, p: u8) -> F::CtKey {
+pub fn forward_key<F: PacketFamily>(v: &CtValue, p: u8) -> F::CtKey {
     F::ct_key(
         F::from16(&v.client_addr),
         F::from16(&v.frontend_addr),
@@ -116,7 +116,7 @@ pub fn forward_key<F: TcFamily>(v: &CtValue, p: u8) -> F::CtKey {
 /// Picks the SNAT port: the client's own when no flow to the same backend uses it, else a
 /// random one from the configured range. `None` when every try collides.
 #[inline(never)]
-pub fn snat_port<F: TcFamily>(cfg: &LbConfig, flow: &CtValue, snat: F::Addr, p: u8) -> Option<u16> {
+pub fn snat_port<F: PacketFamily>(cfg: &LbConfig, flow: &CtValue, snat: F::Addr, p: u8) -> Option<u16> {
     let backend = F::from16(&flow.backend_addr);
     let (backend_port, client_port) = (flow.backend_port, flow.client_port);
     let free = |port: u16| {
@@ -146,13 +146,13 @@ pub fn snat_port<F: TcFamily>(cfg: &LbConfig, flow: &CtValue, snat: F::Addr, p: 
 
 /// Records a new flow (reply entry first, so an answer can never outrun it).
 #[inline(never)]
-pub fn create<F: TcFamily>(v: &CtValue, p: u8) -> bool {
+pub fn create<F: PacketFamily>(v: &CtValue, p: u8) -> bool {
     F::ct_put(&reply_key::<F>(v, p), v) && F::ct_put(&forward_key::<F>(v, p), v)
 }
 
 /// Forgets a flow (both entries).
 #[inline(always)]
-pub fn forget<F: TcFamily>(v: &CtValue, p: u8) {
+pub fn forget<F: PacketFamily>(v: &CtValue, p: u8) {
     F::ct_del(&forward_key::<F>(v, p));
     F::ct_del(&reply_key::<F>(v, p));
 }

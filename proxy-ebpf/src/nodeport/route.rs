@@ -1,20 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
-//! Sending a translated packet on: a FIB lookup for its new destination and a redirect to
-//! that device with the neighbour filled in. Bypassing the stack matters after SNAT to a
-//! node address: a forwarded packet whose source is local would be dropped as martian.
+//! Where a translated packet goes: a FIB lookup for its new addresses. tc then redirects to
+//! that device with the neighbour filled in (bypassing the stack matters after SNAT to a
+//! node address: a forwarded packet whose source is local would be dropped as martian);
+//! XDP transmits when the answer is the device the packet came in by.
 
 use aya_ebpf::{
-    EbpfContext as _,
-    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, bpf_fib_lookup},
-    helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh},
-    programs::TcContext,
+    bindings::bpf_fib_lookup, helpers::generated::bpf_fib_lookup as fib_lookup,
 };
 
-use super::TcFamily;
+use super::{PacketFamily, io::PacketIo};
 use crate::{
     lb::{V4, V6},
     maps::FIB_SCRATCH,
-    parse::Packet,
+    nodeport::parse::Packet,
 };
 
 /// Where a rewritten packet goes: its new addresses and ports.
@@ -26,14 +24,18 @@ pub struct Next<A> {
     pub dport: u16,
 }
 
-/// Redirects to the device the route to `next.daddr` leaves by; TC_ACT_OK (the stack
-/// decides) when the lookup cannot tell.
+/// Returned when the lookup could not even be made.
+pub const NO_LOOKUP: i64 = -1;
+
+/// Looks up the route of the translated packet and returns the helper's code (a plain
+/// integer: BPF calls return one register). The answer — output device, MAC addresses —
+/// stays in the per-CPU scratch for this run ([`out_ifindex`]).
 #[inline(never)]
-pub fn redirect<F: FibAddrs>(ctx: &TcContext, p: &Packet<F::Addr>, next: &Next<F::Addr>) -> i32 {
+pub fn lookup<C: PacketIo, F: FibAddrs>(ctx: &C, p: &Packet<F::Addr>, next: &Next<F::Addr>) -> i64 {
     let Some(params) = FIB_SCRATCH.get_ptr_mut(0) else {
-        return TC_ACT_OK;
+        return NO_LOOKUP;
     };
-    // SAFETY: a per-CPU slot; tc programs do not preempt each other on one CPU.
+    // SAFETY: a per-CPU slot; networking programs do not preempt each other on one CPU.
     let params = unsafe { &mut *params };
     // SAFETY: the struct is plain data; all-zero is its neutral value.
     *params = unsafe { core::mem::zeroed() };
@@ -42,24 +44,29 @@ pub fn redirect<F: FibAddrs>(ctx: &TcContext, p: &Packet<F::Addr>, next: &Next<F
     params.sport = next.sport;
     params.dport = next.dport;
     params.__bindgen_anon_1.tot_len = p.l3_len;
-    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    params.ifindex = ctx.ifindex();
     F::fib_addrs(params, &next.saddr, &next.daddr);
+    // SAFETY: the parameters live in a map value of the right size.
     let rc = unsafe {
         fib_lookup(
-            ctx.as_ptr(),
+            ctx.raw(),
             params,
             core::mem::size_of::<bpf_fib_lookup>() as i32,
             0,
         )
     };
-    if rc == BPF_FIB_LKUP_RET_SUCCESS as i64 || rc == BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
-        return unsafe { bpf_redirect_neigh(params.ifindex, core::ptr::null_mut(), 0, 0) } as i32;
-    }
-    TC_ACT_OK
+    rc
+}
+
+/// The output device of this run's last lookup.
+#[inline(always)]
+pub fn out_ifindex() -> u32 {
+    // SAFETY: per-CPU scratch; read right after this run's lookup.
+    FIB_SCRATCH.get_ptr(0).map_or(0, |p| unsafe { (*p).ifindex })
 }
 
 /// Writes a family's addresses into the FIB lookup parameters.
-pub trait FibAddrs: TcFamily {
+pub trait FibAddrs: PacketFamily {
     fn fib_addrs(params: &mut bpf_fib_lookup, saddr: &Self::Addr, daddr: &Self::Addr);
 }
 

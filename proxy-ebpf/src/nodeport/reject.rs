@@ -15,11 +15,11 @@ use aya_ebpf::{
 };
 use proxy_common::proto;
 
-use super::TcFamily;
-use crate::{
-    maps::RST_SCRATCH,
+use super::{
+    PacketFamily,
     parse::{ETH_HLEN, Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
+use crate::maps::RST_SCRATCH;
 
 /// Ones'-complement sum of the 16-bit words of `buf[from..to]` (even bounds), added to `sum`.
 #[inline(always)]
@@ -40,7 +40,7 @@ fn fold(mut sum: u32) -> [u8; 2] {
 }
 
 #[inline(never)]
-pub fn reject<F: TcFamily>(ctx: &TcContext, p: &Packet<F::Addr>) -> i32 {
+pub fn reject<F: PacketFamily>(ctx: &TcContext, p: &Packet<F::Addr>) -> i32 {
     if p.proto != proto::TCP || p.tcp_flags & TCP_RST != 0 {
         return TC_ACT_SHOT;
     }

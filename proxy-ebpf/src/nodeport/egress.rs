@@ -12,11 +12,13 @@
 use aya_ebpf::{bindings::TC_ACT_OK, bindings::TC_ACT_SHOT, programs::TcContext};
 use proxy_common::svc_flags;
 
-use super::{TcFamily, nat::AddrRewrite, reply};
-use crate::{
-    lb::{Frontend, V4, V6, lookup_frontend},
+use super::{
+    PacketFamily,
+    nat::AddrRewrite,
     parse::{self, ETH_P_IP, ETH_P_IPV6, Packet},
+    reply,
 };
+use crate::lb::{Frontend, V4, V6, lookup_frontend};
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> i32 {
@@ -30,23 +32,25 @@ pub fn handle(ctx: &TcContext) -> i32 {
 // One frame per family: inlining both into the program would add their stacks up.
 #[inline(never)]
 fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
-    let Some(p) = super::parse_into::<F>(ctx) else {
+    let Some(p) = super::parse_into::<TcContext, F>(ctx) else {
         return TC_ACT_OK;
     };
     if !p.later_fragment
         && let Some(v) = reply::lookup::<F>(p)
     {
         // Already on its way out of the right device: rewrite and let it go.
-        return match reply::rewrite::<F>(ctx, p, v) {
-            Some(_) => TC_ACT_OK,
-            None => TC_ACT_SHOT,
+        let next = reply::next::<F>(p, v);
+        return if reply::rewrite::<TcContext, F>(ctx, p, &next) {
+            TC_ACT_OK
+        } else {
+            TC_ACT_SHOT
         };
     }
     verdict::<F>(p)
 }
 
 #[inline(always)]
-fn verdict<F: TcFamily>(p: &Packet<F::Addr>) -> i32 {
+fn verdict<F: PacketFamily>(p: &Packet<F::Addr>) -> i32 {
     if p.later_fragment {
         return TC_ACT_OK;
     }

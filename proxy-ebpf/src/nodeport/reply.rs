@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+//! Translating a backend's answer back: its source becomes the frontend the client spoke
+//! to, and for SNATed flows its destination becomes the client again.
+
+use proxy_common::{CT_DIR_REPLY, CT_F_SNAT, CtValue};
+
+use super::{
+    PacketFamily, ct,
+    io::PacketIo,
+    nat::{AddrRewrite, Side, rewrite_port},
+    parse::Packet,
+    route::Next,
+};
+
+/// The flow `p` answers, if it answers one (refreshing its lifetime).
+#[inline(always)]
+pub fn lookup<F: PacketFamily>(p: &Packet<F::Addr>) -> Option<&'static CtValue> {
+    let key = F::ct_key(p.saddr, p.daddr, p.sport, p.dport, p.proto, CT_DIR_REPLY);
+    ct::touch(F::ct_get(&key), p, ct::config())
+}
+
+/// Where the answer goes once translated.
+#[inline(always)]
+pub fn next<F: PacketFamily>(p: &Packet<F::Addr>, v: &CtValue) -> Next<F::Addr> {
+    let mut next = Next {
+        saddr: F::from16(&v.frontend_addr),
+        daddr: p.daddr,
+        sport: v.frontend_port,
+        dport: p.dport,
+    };
+    if v.flags & CT_F_SNAT != 0 {
+        next.daddr = F::from16(&v.client_addr);
+        next.dport = v.client_port;
+    }
+    next
+}
+
+/// Rewrites `p` as the frontend's answer, to `next`. False when a rewrite failed (the
+/// caller drops). A frame of its own: inlined, the IPv6 rewrite's buffers would sit under
+/// every call of the caller's chain.
+#[inline(never)]
+pub fn rewrite<C: PacketIo, F: AddrRewrite>(
+    ctx: &C,
+    p: &Packet<F::Addr>,
+    next: &Next<F::Addr>,
+) -> bool {
+    if !F::rewrite_addr(ctx, p, Side::Source, next.saddr)
+        || !rewrite_port(ctx, p, Side::Source, next.sport)
+    {
+        return false;
+    }
+    if (next.daddr != p.daddr || next.dport != p.dport)
+        && (!F::rewrite_addr(ctx, p, Side::Destination, next.daddr)
+            || !rewrite_port(ctx, p, Side::Destination, next.dport))
+    {
+        return false;
+    }
+    true
+}
+
+/// Rewrites and sends the answer towards the client; passes it up untouched when this
+/// layer does not handle where it goes.
+#[inline(never)]
+pub fn translate<C: PacketIo, F: AddrRewrite>(ctx: &C, p: &Packet<F::Addr>, v: &CtValue) -> i32 {
+    let next = next::<F>(p, v);
+    // The new source is the frontend, often a node address: never handed to the stack.
+    let Some(plan) = ctx.plan::<F>(p, &next, false) else {
+        return C::PASS;
+    };
+    if !rewrite::<C, F>(ctx, p, &next) {
+        return C::DROP;
+    }
+    ctx.send(plan)
+}
