@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Project tasks. `cargo xtask <task>`; see `cargo xtask --help`.
 
+mod demo;
 mod setup;
 mod test;
 mod util;
@@ -30,6 +31,13 @@ enum Task {
     },
     /// The README's test command: setup when needed, build everything, run every test.
     Test(test::TestArgs),
+    /// The README's first command: setup when needed, build, then the agent in ebpf mode on
+    /// a sandbox node (network namespaces and a cgroup of its own) with a few pods, requests
+    /// to the ClusterIPs spread over them, the services map; then everything removed.
+    Demo(demo::DemoArgs),
+    /// The demo's pod: an HTTP server answering with its name (run by `demo`).
+    #[command(hide = true)]
+    DemoBackend(demo::BackendArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,5 +49,7 @@ fn main() -> anyhow::Result<()> {
             util::build_workspace(release)
         }
         Task::Test(args) => test::run(&args),
+        Task::Demo(args) => demo::run(&args),
+        Task::DemoBackend(args) => demo::run_backend(&args),
     }
 }
