@@ -14,7 +14,9 @@ use k8s_openapi::{
     Resource,
     api::{
         apps::v1::DaemonSet,
-        core::v1::{ConfigMap, Container, Event, Node, Service, ServiceAccount, VolumeMount},
+        core::v1::{
+            ConfigMap, Container, Event, Node, PodSpec, Service, ServiceAccount, VolumeMount,
+        },
         discovery::v1::EndpointSlice,
         networking::v1::ServiceCIDR,
         rbac::v1::{ClusterRole, ClusterRoleBinding},
@@ -115,14 +117,18 @@ fn load_manifests() -> Manifests {
     all
 }
 
-fn only<T>(items: &[T], what: &str) -> &T {
+fn only<'a, T>(items: &'a [T], what: &str) -> &'a T {
     assert_eq!(items.len(), 1, "expected exactly one {what}");
     &items[0]
 }
 
+fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+    ds.spec.template.spec.as_ref().expect("a pod template spec")
+}
+
 fn agent_container(ds: &DaemonSet) -> &Container {
-    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    pod.containers
+    pod_spec(ds)
+        .containers
         .iter()
         .find(|c| c.name == "proxy-agent")
         .expect("a proxy-agent container")
@@ -130,8 +136,8 @@ fn agent_container(ds: &DaemonSet) -> &Container {
 
 /// The hostPath behind a container's mount.
 fn host_path_of<'a>(ds: &'a DaemonSet, mount: &VolumeMount) -> Option<&'a str> {
-    let pod = ds.spec.as_ref()?.template.spec.as_ref()?;
-    pod.volumes
+    pod_spec(ds)
+        .volumes
         .as_ref()?
         .iter()
         .find(|v| v.name == mount.name)?
@@ -152,7 +158,11 @@ fn mount_holding<'a>(container: &'a Container, path: &Path) -> Option<&'a Volume
 
 /// The `--config` file the agent container is started with.
 fn config_flag(container: &Container) -> PathBuf {
-    let args = container.command.iter().flatten().chain(container.args.iter().flatten());
+    let args = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten());
     args.filter_map(|a| a.strip_prefix("--config="))
         .map(PathBuf::from)
         .next()
@@ -162,7 +172,7 @@ fn config_flag(container: &Container) -> PathBuf {
 /// The file at `path` in the container, when a ConfigMap volume provides it.
 fn config_map_file(ds: &DaemonSet, cm: &ConfigMap, container: &Container, path: &Path) -> String {
     let mount = mount_holding(container, path).expect("a mount holding the file");
-    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let pod = pod_spec(ds);
     let volume = pod
         .volumes
         .iter()
@@ -171,7 +181,11 @@ fn config_map_file(ds: &DaemonSet, cm: &ConfigMap, container: &Container, path: 
         .unwrap();
     let source = volume.config_map.as_ref().expect("a ConfigMap volume");
     assert_eq!(Some(&source.name), cm.metadata.name.as_ref());
-    let key = path.strip_prefix(&mount.mount_path).unwrap().to_str().unwrap();
+    let key = path
+        .strip_prefix(&mount.mount_path)
+        .unwrap()
+        .to_str()
+        .unwrap();
     cm.data
         .as_ref()
         .and_then(|d| d.get(key))
@@ -186,7 +200,10 @@ fn validated_config(text: &str) -> config::KubeProxyConfiguration {
     config::apply_defaults(&mut cfg);
     config::apply_platform_defaults(&mut cfg);
     let errors = config::validate(&cfg);
-    assert!(errors.is_empty(), "the agent refuses the configuration: {errors:?}");
+    assert!(
+        errors.is_empty(),
+        "the agent refuses the configuration: {errors:?}"
+    );
     cfg
 }
 
@@ -242,7 +259,11 @@ fn kustomization_lists_every_manifest_and_the_image() {
     assert_eq!(k.kind, "Kustomization");
 
     let listed: BTreeSet<String> = k.resources.iter().cloned().collect();
-    assert_eq!(listed.len(), k.resources.len(), "a resource is listed twice");
+    assert_eq!(
+        listed.len(),
+        k.resources.len(),
+        "a resource is listed twice"
+    );
     let present: BTreeSet<String> = yaml_files(&dir)
         .iter()
         .filter(|f| !is_kustomization(f))
@@ -252,8 +273,12 @@ fn kustomization_lists_every_manifest_and_the_image() {
 
     let all = load_manifests();
     let ds = only(&all.daemon_sets, "DaemonSet");
-    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    for container in pod.containers.iter().chain(pod.init_containers.iter().flatten()) {
+    let pod = pod_spec(ds);
+    for container in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
         let image = container.image.as_deref().unwrap();
         let rewritten = k.images.iter().find(|i| i.name == image);
         assert!(
@@ -265,8 +290,14 @@ fn kustomization_lists_every_manifest_and_the_image() {
     // Everything namespaced lands where the kustomization puts it.
     let namespaces: BTreeSet<Option<&str>> = [
         ds.metadata.namespace.as_deref(),
-        only(&all.service_accounts, "ServiceAccount").metadata.namespace.as_deref(),
-        only(&all.config_maps, "ConfigMap").metadata.namespace.as_deref(),
+        only(&all.service_accounts, "ServiceAccount")
+            .metadata
+            .namespace
+            .as_deref(),
+        only(&all.config_maps, "ConfigMap")
+            .metadata
+            .namespace
+            .as_deref(),
     ]
     .into_iter()
     .collect();
@@ -291,16 +322,24 @@ fn configmap_configuration_passes_the_agents_validation() {
     let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap();
     let sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
     let user = kubeconfig.auth_infos[0].auth_info.as_ref().unwrap();
-    assert_eq!(user.token_file.as_deref(), Some(&*format!("{sa_dir}/token")));
+    assert_eq!(
+        user.token_file.as_deref(),
+        Some(&*format!("{sa_dir}/token"))
+    );
     let cluster = kubeconfig.clusters[0].cluster.as_ref().unwrap();
     assert_eq!(
         cluster.certificate_authority.as_deref(),
         Some(&*format!("{sa_dir}/ca.crt"))
     );
-    assert!(cluster.server.as_deref().is_some_and(|s| s.starts_with("https://")));
+    assert!(
+        cluster
+            .server
+            .as_deref()
+            .is_some_and(|s| s.starts_with("https://"))
+    );
 
     // The init container reads the same file.
-    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let pod = pod_spec(ds);
     let init = pod.init_containers.as_ref().unwrap();
     let init_script = init[0].command.as_ref().unwrap().join(" ");
     assert!(init_script.contains(&format!("--config={}", config_path.display())));
@@ -355,15 +394,22 @@ fn daemonset_runs_on_every_node_with_least_privilege() {
     let all = load_manifests();
     let ds = only(&all.daemon_sets, "DaemonSet");
     let sa = only(&all.service_accounts, "ServiceAccount");
-    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let pod = pod_spec(ds);
     assert_eq!(pod.host_network, Some(true));
-    assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"));
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
     assert_eq!(pod.service_account_name, sa.metadata.name);
     assert_eq!(ds.metadata.namespace, sa.metadata.namespace);
-    let tolerates_everything = pod.tolerations.iter().flatten().any(|t| {
-        t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none()
-    });
-    assert!(tolerates_everything, "the agent must run on tainted nodes too");
+    let tolerates_everything =
+        pod.tolerations.iter().flatten().any(|t| {
+            t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none()
+        });
+    assert!(
+        tolerates_everything,
+        "the agent must run on tainted nodes too"
+    );
 
     // The long-running container: not privileged, only added capabilities.
     let agent = agent_container(ds);
@@ -386,7 +432,11 @@ fn daemonset_runs_on_every_node_with_least_privilege() {
             .iter()
             .flatten()
             .any(|m| m.mount_propagation.as_deref() == Some("Bidirectional"));
-        assert!(!bidirectional || privileged, "{}: Bidirectional needs privileged", init.name);
+        assert!(
+            !bidirectional || privileged,
+            "{}: Bidirectional needs privileged",
+            init.name
+        );
     }
     for container in &pod.containers {
         for mount in container.volume_mounts.iter().flatten() {
@@ -487,8 +537,11 @@ fn demo_examples_are_what_the_agent_reads_from_a_directory() {
                 labels["kubernetes.io/service-name"].clone(),
             );
             assert!(services.contains(&service), "no Service {service:?}");
-            for endpoint in &slice.endpoints {
-                assert_eq!(endpoint.node_name, node_name, "endpoints live on the demo node");
+            for endpoint in slice.endpoints.iter().flatten() {
+                assert_eq!(
+                    endpoint.node_name, node_name,
+                    "endpoints live on the demo node"
+                );
             }
         }
     }

@@ -114,7 +114,10 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<()> {
     }
     catch_signals()?;
 
-    step(1, "toolchain (cargo xtask setup runs only when something is missing)");
+    step(
+        1,
+        "toolchain (cargo xtask setup runs only when something is missing)",
+    );
     crate::setup::ensure_ready()?;
     println!("    ready");
     check_interrupted()?;
@@ -149,7 +152,10 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<()> {
 
 /// Steps 4 to 7, on a sandbox that exists.
 fn show(sandbox: &mut Sandbox, examples: &Examples, agent: &Path) -> anyhow::Result<()> {
-    step(4, "pods: one network namespace each, a backend answering with the pod's name");
+    step(
+        4,
+        "pods: one network namespace each, a backend answering with the pod's name",
+    );
     for (index, pod) in examples.pods.iter().enumerate() {
         check_interrupted()?;
         sandbox.add_pod(index, pod)?;
@@ -157,11 +163,17 @@ fn show(sandbox: &mut Sandbox, examples: &Examples, agent: &Path) -> anyhow::Res
     }
     wait_for_backends(sandbox, examples)?;
 
-    step(5, "the agent: ebpf mode, --source deploy/examples/, in the node namespace and cgroup");
+    step(
+        5,
+        "the agent: ebpf mode, --source deploy/examples/, in the node namespace and cgroup",
+    );
     start_agent(sandbox, examples, agent)?;
     wait_for_sync(sandbox)?;
 
-    step(6, "requests to the ClusterIPs, from the node namespace and cgroup");
+    step(
+        6,
+        "requests to the ClusterIPs, from the node namespace and cgroup",
+    );
     for frontend in &examples.frontends {
         check_interrupted()?;
         request_spread(sandbox, examples, frontend)?;
@@ -354,11 +366,8 @@ fn request_spread(
 ) -> anyhow::Result<()> {
     let url = format!("http://{}:{}/", frontend.cluster_ip, frontend.port);
     println!("    {} -> {url}", frontend.service);
-    let mut answers: BTreeMap<String, usize> = frontend
-        .pods
-        .iter()
-        .map(|pod| (pod.clone(), 0))
-        .collect();
+    let mut answers: BTreeMap<String, usize> =
+        frontend.pods.iter().map(|pod| (pod.clone(), 0)).collect();
     let mut line = Vec::new();
     for _ in 0..REQUESTS {
         check_interrupted()?;
@@ -385,7 +394,9 @@ fn request_spread(
         .count();
     let answered = answers.values().filter(|count| **count > 0).count();
     if ready > 1 && answered == 1 {
-        println!("      (every request went to the same pod this time: the choice is random per connection)");
+        println!(
+            "      (every request went to the same pod this time: the choice is random per connection)"
+        );
     }
     Ok(())
 }

@@ -131,8 +131,12 @@ fn parse(dir: &Path, objects: &[Value]) -> anyhow::Result<Examples> {
         let service = format!(
             "{}/{}",
             str_at(slice, &["metadata", "namespace"]).unwrap_or("default"),
-            str_at(slice, &["metadata", "labels", "kubernetes.io/service-name"])
-                .with_context(|| format!("EndpointSlice {} has no service-name label", namespaced(slice)))?
+            str_at(slice, &["metadata", "labels", "kubernetes.io/service-name"]).with_context(
+                || format!(
+                    "EndpointSlice {} has no service-name label",
+                    namespaced(slice)
+                )
+            )?
         );
         let ports: Vec<u16> = seq_at(slice, &["ports"])
             .iter()
@@ -144,7 +148,12 @@ fn parse(dir: &Path, objects: &[Value]) -> anyhow::Result<Examples> {
                 let address: Ipv4Addr = address
                     .as_str()
                     .and_then(|a| a.parse().ok())
-                    .with_context(|| format!("EndpointSlice {}: not an IPv4 address: {address:?}", namespaced(slice)))?;
+                    .with_context(|| {
+                        format!(
+                            "EndpointSlice {}: not an IPv4 address: {address:?}",
+                            namespaced(slice)
+                        )
+                    })?;
                 let name = str_at(endpoint, &["targetRef", "name"])
                     .map_or_else(|| format!("pod-{address}"), str::to_string);
                 // Upstream treats a missing ready condition as ready.

@@ -54,6 +54,9 @@ fn entries(json: &str, what: &str) -> anyhow::Result<Vec<Value>> {
     Ok(entries)
 }
 
+/// Sorts the lines: address, port, protocol, scope, slot.
+type EntryOrder = (Ipv4Addr, u16, u64, u64, u64);
+
 /// One line per services-map entry, ordered by frontend and slot. `pod_of` names the pod
 /// behind a backend address.
 pub fn describe(
@@ -66,10 +69,13 @@ pub fn describe(
         .filter_map(|e| {
             let id = e.get("formatted")?.get("key")?.as_u64()?;
             let addr = ipv4(field(e, "value", "addr")?);
-            Some((id, SocketAddrV4::new(addr, port(field(e, "value", "port")?))))
+            Some((
+                id,
+                SocketAddrV4::new(addr, port(field(e, "value", "port")?)),
+            ))
         })
         .collect();
-    let mut rows: Vec<((Ipv4Addr, u16, u64, u64, u64), String)> = Vec::new();
+    let mut rows: Vec<(EntryOrder, String)> = Vec::new();
     for entry in entries(services_json, "the services map")? {
         let key = |name| field(&entry, "key", name).unwrap_or_default();
         let value = |name| field(&entry, "value", name).unwrap_or_default();
@@ -85,7 +91,11 @@ pub fn describe(
         } else {
             format!("{addr}:{dport}/{}", proto_name(proto))
         };
-        let scope_note = if scope == 0 { "" } else { " (node-local scope)" };
+        let scope_note = if scope == 0 {
+            ""
+        } else {
+            " (node-local scope)"
+        };
         let text = if slot != 0 {
             let id = value("backend_id");
             let target = backends

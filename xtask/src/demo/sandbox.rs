@@ -198,7 +198,10 @@ impl Sandbox {
         let pid_file = work_dir().join("demo.pid");
         if let Ok(pid) = fs::read_to_string(&pid_file) {
             let pid = pid.trim();
-            if Path::new("/proc").join(pid).exists() && pid != std::process::id().to_string() {
+            // A live process of that pid that is a demo too (pids get reused).
+            let running = fs::read(Path::new("/proc").join(pid).join("cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains("demo"));
+            if running && pid != std::process::id().to_string() {
                 bail!("another demo (pid {pid}) is running; it removes its sandbox when it ends");
             }
         }
@@ -265,13 +268,27 @@ impl Sandbox {
                 "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", &outside,
             ],
         )?;
-        ip_in(&node, &["addr", "add", &format!("{node_address}/24"), "dev", "eth0"])?;
-        ip_in(&outside, &["addr", "add", &format!("{ROUTER}/24"), "dev", "eth0"])?;
+        ip_in(
+            &node,
+            &["addr", "add", &format!("{node_address}/24"), "dev", "eth0"],
+        )?;
+        ip_in(
+            &outside,
+            &["addr", "add", &format!("{ROUTER}/24"), "dev", "eth0"],
+        )?;
         ip_in(&node, &["link", "set", "eth0", "up"])?;
         ip_in(&outside, &["link", "set", "eth0", "up"])?;
         ip_in(
             &node,
-            &["route", "add", "default", "via", &ROUTER.to_string(), "dev", "eth0"],
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                &ROUTER.to_string(),
+                "dev",
+                "eth0",
+            ],
         )?;
         Ok(sandbox)
     }
@@ -284,16 +301,33 @@ impl Sandbox {
         let host_if = format!("{PREFIX}{index}");
         ip_in(
             &node,
-            &["link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &ns],
+            &[
+                "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ],
         )?;
-        ip_in(&ns, &["addr", "add", &format!("{}/32", pod.address), "dev", "eth0"])?;
+        ip_in(
+            &ns,
+            &["addr", "add", &format!("{}/32", pod.address), "dev", "eth0"],
+        )?;
         ip_in(&ns, &["link", "set", "eth0", "up"])?;
-        ip_in(&ns, &["route", "add", POD_GATEWAY, "dev", "eth0", "scope", "link"])?;
-        ip_in(&ns, &["route", "add", "default", "via", POD_GATEWAY, "dev", "eth0"])?;
+        ip_in(
+            &ns,
+            &["route", "add", POD_GATEWAY, "dev", "eth0", "scope", "link"],
+        )?;
+        ip_in(
+            &ns,
+            &["route", "add", "default", "via", POD_GATEWAY, "dev", "eth0"],
+        )?;
         ip_in(&node, &["link", "set", &host_if, "up"])?;
         ip_in(
             &node,
-            &["route", "add", &format!("{}/32", pod.address), "dev", &host_if],
+            &[
+                "route",
+                "add",
+                &format!("{}/32", pod.address),
+                "dev",
+                &host_if,
+            ],
         )?;
         // proxy_delay defaults to a random wait of up to 0.8 s per proxied ARP reply.
         sysctl_in(
