@@ -2,6 +2,7 @@
 //! Project tasks. `cargo xtask <task>`; see `cargo xtask --help`.
 
 mod bench;
+mod demo;
 mod setup;
 mod test;
 mod util;
@@ -33,6 +34,13 @@ enum Task {
     Test(test::TestArgs),
     /// Benchmarks (root): `bench clusterip [--quick]`.
     Bench(bench::BenchArgs),
+    /// The README's first command: setup when needed, build, then the agent in ebpf mode on
+    /// a sandbox node (network namespaces and a cgroup of its own) with a few pods, requests
+    /// to the ClusterIPs spread over them, the services map; then everything removed.
+    Demo(demo::DemoArgs),
+    /// The demo's pod: an HTTP server answering with its name (run by `demo`).
+    #[command(hide = true)]
+    DemoBackend(demo::BackendArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,5 +53,7 @@ fn main() -> anyhow::Result<()> {
         }
         Task::Test(args) => test::run(&args),
         Task::Bench(args) => bench::run(&args),
+        Task::Demo(args) => demo::run(&args),
+        Task::DemoBackend(args) => demo::run_backend(&args),
     }
 }

@@ -1,0 +1,549 @@
+// SPDX-License-Identifier: Apache-2.0
+//! deploy/: every manifest parses into its k8s-openapi type without losing a field, the
+//! kustomization lists exactly the manifests, the pieces refer to each other correctly
+//! (service account, ConfigMap keys, mounts, probe port), the RBAC grants exactly what the
+//! agent's watchers and events use, the ConfigMap's KubeProxyConfiguration passes the
+//! agent's own validation, and the demo's example manifests are what `--source` reads.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
+
+use k8s_openapi::{
+    Resource,
+    api::{
+        apps::v1::DaemonSet,
+        core::v1::{
+            ConfigMap, Container, Event, Node, PodSpec, Service, ServiceAccount, VolumeMount,
+        },
+        discovery::v1::EndpointSlice,
+        networking::v1::ServiceCIDR,
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+    },
+};
+use proxy_agent::{
+    config::{self, ProxyMode},
+    k8s::convert::{ClusterObject, parse_objects},
+};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| {
+            let yaml: serde_yaml::Value = serde::Deserialize::deserialize(document)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            serde_json::to_value(yaml).unwrap()
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Decodes `document` as `T` and checks that encoding it again gives the document back:
+/// k8s-openapi skips unknown fields, so a misspelt or misplaced field would otherwise
+/// vanish without a word.
+fn typed<T: Resource + DeserializeOwned + Serialize>(document: &Value, origin: &Path) -> T {
+    let object: T = serde_json::from_value(document.clone())
+        .unwrap_or_else(|e| panic!("{}: not a valid {}: {e}", origin.display(), T::KIND));
+    let back = serde_json::to_value(&object).unwrap();
+    assert_eq!(
+        &back,
+        document,
+        "{}: the {} loses fields when decoded (unknown or misplaced)",
+        origin.display(),
+        T::KIND
+    );
+    object
+}
+
+#[derive(Default)]
+struct Manifests {
+    daemon_sets: Vec<DaemonSet>,
+    service_accounts: Vec<ServiceAccount>,
+    cluster_roles: Vec<ClusterRole>,
+    bindings: Vec<ClusterRoleBinding>,
+    config_maps: Vec<ConfigMap>,
+}
+
+fn is_kustomization(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == "kustomization.yaml")
+}
+
+fn load_manifests() -> Manifests {
+    let mut all = Manifests::default();
+    for file in yaml_files(&deploy_dir())
+        .iter()
+        .filter(|f| !is_kustomization(f))
+    {
+        for document in documents(file) {
+            let api_version = document["apiVersion"].as_str().unwrap_or_default();
+            let kind = document["kind"].as_str().unwrap_or_default();
+            match (api_version, kind) {
+                (DaemonSet::API_VERSION, DaemonSet::KIND) => {
+                    all.daemon_sets.push(typed(&document, file))
+                }
+                (ServiceAccount::API_VERSION, ServiceAccount::KIND) => {
+                    all.service_accounts.push(typed(&document, file))
+                }
+                (ClusterRole::API_VERSION, ClusterRole::KIND) => {
+                    all.cluster_roles.push(typed(&document, file))
+                }
+                (ClusterRoleBinding::API_VERSION, ClusterRoleBinding::KIND) => {
+                    all.bindings.push(typed(&document, file))
+                }
+                (ConfigMap::API_VERSION, ConfigMap::KIND) => {
+                    all.config_maps.push(typed(&document, file))
+                }
+                other => panic!("{}: unexpected object {other:?}", file.display()),
+            }
+        }
+    }
+    all
+}
+
+fn only<'a, T>(items: &'a [T], what: &str) -> &'a T {
+    assert_eq!(items.len(), 1, "expected exactly one {what}");
+    &items[0]
+}
+
+fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+    ds.spec.template.spec.as_ref().expect("a pod template spec")
+}
+
+fn agent_container(ds: &DaemonSet) -> &Container {
+    pod_spec(ds)
+        .containers
+        .iter()
+        .find(|c| c.name == "proxy-agent")
+        .expect("a proxy-agent container")
+}
+
+/// The hostPath behind a container's mount.
+fn host_path_of<'a>(ds: &'a DaemonSet, mount: &VolumeMount) -> Option<&'a str> {
+    pod_spec(ds)
+        .volumes
+        .as_ref()?
+        .iter()
+        .find(|v| v.name == mount.name)?
+        .host_path
+        .as_ref()
+        .map(|h| h.path.as_str())
+}
+
+/// The container's mount whose mountPath contains `path` (the deepest one).
+fn mount_holding<'a>(container: &'a Container, path: &Path) -> Option<&'a VolumeMount> {
+    container
+        .volume_mounts
+        .as_ref()?
+        .iter()
+        .filter(|m| path.starts_with(&m.mount_path))
+        .max_by_key(|m| m.mount_path.len())
+}
+
+/// The `--config` file the agent container is started with.
+fn config_flag(container: &Container) -> PathBuf {
+    let args = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten());
+    args.filter_map(|a| a.strip_prefix("--config="))
+        .map(PathBuf::from)
+        .next()
+        .expect("the agent is started with --config=FILE")
+}
+
+/// The file at `path` in the container, when a ConfigMap volume provides it.
+fn config_map_file(ds: &DaemonSet, cm: &ConfigMap, container: &Container, path: &Path) -> String {
+    let mount = mount_holding(container, path).expect("a mount holding the file");
+    let pod = pod_spec(ds);
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    let source = volume.config_map.as_ref().expect("a ConfigMap volume");
+    assert_eq!(Some(&source.name), cm.metadata.name.as_ref());
+    let key = path
+        .strip_prefix(&mount.mount_path)
+        .unwrap()
+        .to_str()
+        .unwrap();
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .unwrap_or_else(|| panic!("the ConfigMap has no key {key}"))
+        .clone()
+}
+
+fn validated_config(text: &str) -> config::KubeProxyConfiguration {
+    let origin = deploy_dir().join("configmap.yaml");
+    let mut cfg = config::parse_str(text, &origin).unwrap_or_else(|e| panic!("{e}"));
+    // The order `--config` follows: file defaults, platform defaults, validation.
+    config::apply_defaults(&mut cfg);
+    config::apply_platform_defaults(&mut cfg);
+    let errors = config::validate(&cfg);
+    assert!(
+        errors.is_empty(),
+        "the agent refuses the configuration: {errors:?}"
+    );
+    cfg
+}
+
+#[test]
+fn every_manifest_parses_into_its_type_without_losing_a_field() {
+    let all = load_manifests();
+    only(&all.daemon_sets, "DaemonSet");
+    only(&all.service_accounts, "ServiceAccount");
+    only(&all.cluster_roles, "ClusterRole");
+    only(&all.bindings, "ClusterRoleBinding");
+    only(&all.config_maps, "ConfigMap");
+}
+
+#[test]
+fn the_round_trip_check_catches_a_misspelt_field() {
+    let document = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "x"},
+        "automountServiceAccountTokens": false,
+    });
+    let caught = std::panic::catch_unwind(|| {
+        typed::<ServiceAccount>(&document, Path::new("inline"));
+    });
+    assert!(caught.is_err());
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Kustomization {
+    api_version: String,
+    kind: String,
+    namespace: String,
+    resources: Vec<String>,
+    #[serde(default)]
+    images: Vec<KustomizeImage>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct KustomizeImage {
+    name: String,
+    new_name: Option<String>,
+    new_tag: Option<String>,
+}
+
+#[test]
+fn kustomization_lists_every_manifest_and_the_image() {
+    let dir = deploy_dir();
+    let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    let k: Kustomization = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(k.api_version, "kustomize.config.k8s.io/v1beta1");
+    assert_eq!(k.kind, "Kustomization");
+
+    let listed: BTreeSet<String> = k.resources.iter().cloned().collect();
+    assert_eq!(
+        listed.len(),
+        k.resources.len(),
+        "a resource is listed twice"
+    );
+    let present: BTreeSet<String> = yaml_files(&dir)
+        .iter()
+        .filter(|f| !is_kustomization(f))
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(listed, present);
+
+    let all = load_manifests();
+    let ds = only(&all.daemon_sets, "DaemonSet");
+    let pod = pod_spec(ds);
+    for container in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
+        let image = container.image.as_deref().unwrap();
+        let rewritten = k.images.iter().find(|i| i.name == image);
+        assert!(
+            rewritten.is_some_and(|i| i.new_name.is_some() && i.new_tag.is_some()),
+            "container {} uses image {image}, which the kustomization does not set",
+            container.name
+        );
+    }
+    // Everything namespaced lands where the kustomization puts it.
+    let namespaces: BTreeSet<Option<&str>> = [
+        ds.metadata.namespace.as_deref(),
+        only(&all.service_accounts, "ServiceAccount")
+            .metadata
+            .namespace
+            .as_deref(),
+        only(&all.config_maps, "ConfigMap")
+            .metadata
+            .namespace
+            .as_deref(),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(namespaces, BTreeSet::from([Some(k.namespace.as_str())]));
+}
+
+#[test]
+fn configmap_configuration_passes_the_agents_validation() {
+    let all = load_manifests();
+    let ds = only(&all.daemon_sets, "DaemonSet");
+    let cm = only(&all.config_maps, "ConfigMap");
+    let agent = agent_container(ds);
+    let config_path = config_flag(agent);
+    let cfg = validated_config(&config_map_file(ds, cm, agent, &config_path));
+    let effective = config::effective(&cfg).unwrap();
+    assert_eq!(effective.mode, ProxyMode::Ebpf);
+
+    // The kubeconfig it names is in the same ConfigMap and authenticates as the pod's
+    // service account.
+    let kubeconfig_path = PathBuf::from(&cfg.client_connection.kubeconfig);
+    let kubeconfig = config_map_file(ds, cm, agent, &kubeconfig_path);
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap();
+    let sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let user = kubeconfig.auth_infos[0].auth_info.as_ref().unwrap();
+    assert_eq!(
+        user.token_file.as_deref(),
+        Some(&*format!("{sa_dir}/token"))
+    );
+    let cluster = kubeconfig.clusters[0].cluster.as_ref().unwrap();
+    assert_eq!(
+        cluster.certificate_authority.as_deref(),
+        Some(&*format!("{sa_dir}/ca.crt"))
+    );
+    assert!(
+        cluster
+            .server
+            .as_deref()
+            .is_some_and(|s| s.starts_with("https://"))
+    );
+
+    // The init container reads the same file.
+    let pod = pod_spec(ds);
+    let init = pod.init_containers.as_ref().unwrap();
+    let init_script = init[0].command.as_ref().unwrap().join(" ");
+    assert!(init_script.contains(&format!("--config={}", config_path.display())));
+    assert!(init_script.contains("--init-only"));
+}
+
+#[test]
+fn daemonset_mounts_what_the_configuration_points_at() {
+    let all = load_manifests();
+    let ds = only(&all.daemon_sets, "DaemonSet");
+    let cm = only(&all.config_maps, "ConfigMap");
+    let agent = agent_container(ds);
+    let cfg = validated_config(&config_map_file(ds, cm, agent, &config_flag(agent)));
+
+    // Pins go to the host's bpffs, and mounts made there by the init container show up.
+    let bpffs = mount_holding(agent, Path::new(&cfg.ebpf.bpffs_root)).unwrap();
+    assert_eq!(host_path_of(ds, bpffs), Some("/sys/fs/bpf"));
+    assert_eq!(bpffs.mount_propagation.as_deref(), Some("HostToContainer"));
+    assert_ne!(bpffs.read_only, Some(true));
+    // The socket programs attach to the host's cgroup v2 root, not the container's.
+    let cgroup = mount_holding(agent, Path::new(&cfg.ebpf.cgroup_root)).unwrap();
+    assert_eq!(cgroup.mount_path, cfg.ebpf.cgroup_root);
+    assert_eq!(host_path_of(ds, cgroup), Some("/sys/fs/cgroup"));
+
+    let lib_modules = mount_holding(agent, Path::new("/lib/modules")).unwrap();
+    assert_eq!(host_path_of(ds, lib_modules), Some("/lib/modules"));
+    assert_eq!(lib_modules.read_only, Some(true));
+    let lock = mount_holding(agent, Path::new("/run/xtables.lock")).unwrap();
+    assert_eq!(host_path_of(ds, lock), Some("/run/xtables.lock"));
+
+    // Probes on the healthz server's port.
+    let healthz_port: i32 = cfg
+        .healthz_bind_address
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap();
+    for (probe, path) in [
+        (agent.liveness_probe.as_ref(), "/livez"),
+        (agent.readiness_probe.as_ref(), "/healthz"),
+    ] {
+        let get = probe.and_then(|p| p.http_get.as_ref()).unwrap();
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(
+            get.port,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(healthz_port)
+        );
+    }
+}
+
+#[test]
+fn daemonset_runs_on_every_node_with_least_privilege() {
+    let all = load_manifests();
+    let ds = only(&all.daemon_sets, "DaemonSet");
+    let sa = only(&all.service_accounts, "ServiceAccount");
+    let pod = pod_spec(ds);
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    assert_eq!(pod.service_account_name, sa.metadata.name);
+    assert_eq!(ds.metadata.namespace, sa.metadata.namespace);
+    let tolerates_everything =
+        pod.tolerations.iter().flatten().any(|t| {
+            t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none()
+        });
+    assert!(
+        tolerates_everything,
+        "the agent must run on tainted nodes too"
+    );
+
+    // The long-running container: not privileged, only added capabilities.
+    let agent = agent_container(ds);
+    let security = agent.security_context.as_ref().unwrap();
+    assert_ne!(security.privileged, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    let caps = security.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
+    for needed in ["BPF", "NET_ADMIN"] {
+        assert!(added.contains(needed), "CAP_{needed} is missing");
+    }
+    assert!(!added.contains("SYS_ADMIN"), "CAP_SYS_ADMIN is not needed");
+
+    // Only the init container is privileged, which Bidirectional propagation requires.
+    for init in pod.init_containers.iter().flatten() {
+        let privileged = init.security_context.as_ref().and_then(|s| s.privileged) == Some(true);
+        let bidirectional = init
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_propagation.as_deref() == Some("Bidirectional"));
+        assert!(
+            !bidirectional || privileged,
+            "{}: Bidirectional needs privileged",
+            init.name
+        );
+    }
+    for container in &pod.containers {
+        for mount in container.volume_mounts.iter().flatten() {
+            assert_ne!(mount.mount_propagation.as_deref(), Some("Bidirectional"));
+        }
+    }
+}
+
+/// (API group, resource) of a k8s-openapi type.
+fn resource_of<K: Resource>() -> (String, String) {
+    (K::GROUP.to_string(), K::URL_PATH_SEGMENT.to_string())
+}
+
+#[test]
+fn rbac_grants_exactly_what_the_agent_uses() {
+    let all = load_manifests();
+    let role = only(&all.cluster_roles, "ClusterRole");
+    let binding = only(&all.bindings, "ClusterRoleBinding");
+    let sa = only(&all.service_accounts, "ServiceAccount");
+
+    let mut granted = BTreeSet::new();
+    for rule in role.rules.iter().flatten() {
+        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    granted.insert((group.clone(), resource.clone(), verb.clone()));
+                }
+            }
+        }
+    }
+    // What the watchers list and watch, and the events the agent records (both APIs).
+    let mut expected = BTreeSet::new();
+    for (group, resource) in [
+        resource_of::<Service>(),
+        resource_of::<EndpointSlice>(),
+        resource_of::<Node>(),
+        resource_of::<ServiceCIDR>(),
+    ] {
+        for verb in ["list", "watch"] {
+            expected.insert((group.clone(), resource.clone(), verb.to_string()));
+        }
+    }
+    for (group, resource) in [
+        resource_of::<Event>(),
+        resource_of::<k8s_openapi::api::events::v1::Event>(),
+    ] {
+        for verb in ["create", "patch"] {
+            expected.insert((group.clone(), resource.clone(), verb.to_string()));
+        }
+    }
+    assert_eq!(granted, expected);
+
+    assert_eq!(binding.role_ref.kind, ClusterRole::KIND);
+    assert_eq!(Some(&binding.role_ref.name), role.metadata.name.as_ref());
+    let subjects = binding.subjects.as_deref().unwrap();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].kind, ServiceAccount::KIND);
+    assert_eq!(Some(&subjects[0].name), sa.metadata.name.as_ref());
+    assert_eq!(subjects[0].namespace, sa.metadata.namespace);
+}
+
+#[test]
+fn demo_examples_are_what_the_agent_reads_from_a_directory() {
+    let mut objects = Vec::new();
+    for file in yaml_files(&deploy_dir().join("examples")) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let parsed = parse_objects(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert!(!parsed.is_empty(), "{} holds no object", file.display());
+        objects.extend(parsed);
+    }
+    let services: BTreeSet<(String, String)> = objects
+        .iter()
+        .filter_map(|o| match o {
+            ClusterObject::Service(s) => Some((
+                s.metadata.namespace.clone().unwrap_or_default(),
+                s.metadata.name.clone().unwrap_or_default(),
+            )),
+            _ => None,
+        })
+        .collect();
+    let nodes: Vec<&Node> = objects
+        .iter()
+        .filter_map(|o| match o {
+            ClusterObject::Node(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(nodes.len(), 1, "the demo runs one node");
+    let node_name = nodes[0].metadata.name.clone();
+    let mut slices = 0;
+    for object in &objects {
+        if let ClusterObject::EndpointSlice(slice) = object {
+            slices += 1;
+            let labels = slice.metadata.labels.as_ref().unwrap();
+            let service = (
+                slice.metadata.namespace.clone().unwrap_or_default(),
+                labels["kubernetes.io/service-name"].clone(),
+            );
+            assert!(services.contains(&service), "no Service {service:?}");
+            for endpoint in slice.endpoints.iter().flatten() {
+                assert_eq!(
+                    endpoint.node_name, node_name,
+                    "endpoints live on the demo node"
+                );
+            }
+        }
+    }
+    assert!(services.len() >= 2 && slices >= services.len());
+}
