@@ -187,6 +187,7 @@ async fn start_agent(
         binary: agent_binary(),
         mode: Mode::Ebpf,
         extra_args: Vec::new(),
+        config_overrides: Default::default(),
         ready_timeout: Duration::from_secs(20),
     };
     let mut agent = Agent::start(

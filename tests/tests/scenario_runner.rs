@@ -262,6 +262,7 @@ async fn run_with_fake_agent(metrics: bool) {
         binary,
         mode: Mode::Iptables,
         extra_args: vec!["--v=2".into()],
+        config_overrides: Default::default(),
         ready_timeout: Duration::from_secs(10),
     };
     assert_l1(&replay(&options(Some(agent)), &l1).await);

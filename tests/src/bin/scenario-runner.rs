@@ -59,6 +59,10 @@ enum Command {
         /// How long the agent may take to sync a change.
         #[arg(long, default_value_t = 15)]
         ready_timeout_s: u64,
+        /// ebpf mode: XDP acceleration on the node's uplink (`ebpf.xdpMode`: off, generic,
+        /// native).
+        #[arg(long, value_parser = ["off", "generic", "native"])]
+        xdp_mode: Option<String>,
     },
     /// Serve echo/plain listeners (`echo/tcp/10.0.0.1:80`, `plain/udp/[fd00::1]:53`);
     /// prints READY once all are bound.
@@ -92,6 +96,15 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
     s.parse().map_err(|e: tests::scenario::Error| e.to_string())
 }
 
+/// The configuration that sets `ebpf.xdpMode`, if asked for.
+fn xdp_overrides(mode: Option<&str>) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    if let Some(mode) = mode {
+        out.insert("ebpf".into(), serde_json::json!({ "xdpMode": mode }));
+    }
+    out
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -117,6 +130,7 @@ fn main() -> ExitCode {
             dir_source,
             timeout_ms,
             ready_timeout_s,
+            xdp_mode,
         } => {
             let agent = if no_agent {
                 Ok(None)
@@ -126,6 +140,7 @@ fn main() -> ExitCode {
                         binary,
                         mode,
                         extra_args: agent_args,
+                        config_overrides: xdp_overrides(xdp_mode.as_deref()),
                         ready_timeout: Duration::from_secs(ready_timeout_s),
                     })
                 })

@@ -90,6 +90,10 @@ pub struct AgentOptions {
     pub mode: Mode,
     /// Appended to the agent's command line.
     pub extra_args: Vec<String>,
+    /// Configuration merged over each scenario's `config` (objects merge key by key), e.g.
+    /// `{"ebpf": {"xdpMode": "generic"}}`. The agent ignores most flags when it is given a
+    /// configuration file, as upstream does, so settings go here rather than in flags.
+    pub config_overrides: Map<String, Value>,
     pub ready_timeout: Duration,
 }
 

@@ -42,6 +42,25 @@ pub struct RunOptions {
     pub dir_source: bool,
 }
 
+/// `base` with `overrides` laid over it; objects present in both merge key by key.
+pub fn merged_config(
+    base: &serde_json::Map<String, serde_json::Value>,
+    overrides: &serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = base.clone();
+    for (key, value) in overrides {
+        match (out.get_mut(key), value) {
+            (Some(serde_json::Value::Object(inner)), serde_json::Value::Object(over)) => {
+                *inner = merged_config(inner, over);
+            }
+            _ => {
+                out.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    out
+}
+
 /// `*.yaml` files of the directories, sorted by name, whose file name contains `filter`.
 pub fn discover(dirs: &[PathBuf], filter: Option<&str>) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
@@ -271,8 +290,9 @@ impl<'a> Env<'a> {
             Some(agent_options) => {
                 let connection = source.connection();
                 let bpffs = bpffs_root(&topology.id);
+                let fragment = merged_config(&scenario.config, &agent_options.config_overrides);
                 let inputs = ConfigInputs {
-                    fragment: &scenario.config,
+                    fragment: &fragment,
                     mode: options.mode,
                     node_name: &scenario.node.name,
                     connection: &connection,
