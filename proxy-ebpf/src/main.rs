@@ -5,8 +5,8 @@
 
 mod lb;
 mod maps;
-mod sock;
 mod nodeport;
+mod sock;
 
 use aya_ebpf::{
     macros::{cgroup_sock_addr, classifier, xdp},

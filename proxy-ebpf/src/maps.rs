@@ -85,9 +85,13 @@ pub static FIB_SCRATCH: PerCpuArray<bpf_fib_lookup, 1> = PerCpuArray::new();
 #[btf_map]
 pub static CT_SCRATCH: PerCpuArray<CtValue, 1> = PerCpuArray::new();
 
-/// Per-CPU scratch space for the headers of a generated TCP RST (up to IPv6 + TCP).
+/// Bytes of [`REPLY_SCRATCH`]: the largest generated answer after the Ethernet header, an
+/// ICMPv6 error quoting an IPv6 header and 8 bytes (40 + 8 + 40 + 8).
+pub const REPLY_SCRATCH_LEN: usize = 96;
+
+/// Per-CPU scratch space for a generated answer (TCP RST, ICMP port unreachable).
 #[btf_map]
-pub static RST_SCRATCH: PerCpuArray<[u8; 64], 1> = PerCpuArray::new();
+pub static REPLY_SCRATCH: PerCpuArray<[u8; REPLY_SCRATCH_LEN], 1> = PerCpuArray::new();
 
 /// Per-CPU scratch space for the parsed packet of the tc programs, so that it does not sit
 /// on the stack under every call of the chain.

@@ -215,8 +215,9 @@ impl EventLoop {
                 };
                 let cookie =
                     crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
-                let proxier = EbpfProxier::start(&opts, lb_config(cookie, node, &config.ebpf.conntrack))
-                    .map_err(|e| e.to_string())?;
+                let proxier =
+                    EbpfProxier::start(&opts, lb_config(cookie, node, &config.ebpf.conntrack))
+                        .map_err(|e| e.to_string())?;
                 Ok(Box::new(proxier))
             }
             other => Err(format!(
@@ -518,7 +519,11 @@ mod tests {
             "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets()
         );
         assert_eq!(
-            (cfg.ct_tcp_lifetime, cfg.ct_closing_lifetime, cfg.ct_udp_lifetime),
+            (
+                cfg.ct_tcp_lifetime,
+                cfg.ct_closing_lifetime,
+                cfg.ct_udp_lifetime
+            ),
             (7200, 7, 45)
         );
     }

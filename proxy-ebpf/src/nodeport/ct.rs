@@ -116,7 +116,12 @@ pub fn forward_key<F: PacketFamily>(v: &CtValue, p: u8) -> F::CtKey {
 /// Picks the SNAT port: the client's own when no flow to the same backend uses it, else a
 /// random one from the configured range. `None` when every try collides.
 #[inline(never)]
-pub fn snat_port<F: PacketFamily>(cfg: &LbConfig, flow: &CtValue, snat: F::Addr, p: u8) -> Option<u16> {
+pub fn snat_port<F: PacketFamily>(
+    cfg: &LbConfig,
+    flow: &CtValue,
+    snat: F::Addr,
+    p: u8,
+) -> Option<u16> {
     let backend = F::from16(&flow.backend_addr);
     let (backend_port, client_port) = (flow.backend_port, flow.client_port);
     let free = |port: u16| {

@@ -166,7 +166,11 @@ fn new_flow<C: PacketIo, F: AddrRewrite + Masquerade>(
 fn forward_next<F: PacketFamily>(p: &Packet<F::Addr>, v: &CtValue) -> Next<F::Addr> {
     let snat = v.flags & CT_F_SNAT != 0;
     Next {
-        saddr: if snat { F::from16(&v.snat_addr) } else { p.saddr },
+        saddr: if snat {
+            F::from16(&v.snat_addr)
+        } else {
+            p.saddr
+        },
         daddr: F::from16(&v.backend_addr),
         sport: if snat { v.snat_port } else { p.sport },
         dport: v.backend_port,

@@ -14,8 +14,8 @@ use core::{ffi::c_void, mem::MaybeUninit};
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
-        BPF_F_MARK_MANGLED_0, BPF_FIB_LKUP_RET_NO_NEIGH,
-        BPF_FIB_LKUP_RET_NOT_FWDED, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT, xdp_action,
+        BPF_F_MARK_MANGLED_0, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_NOT_FWDED,
+        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT, xdp_action,
     },
     helpers::generated::{
         bpf_l3_csum_replace, bpf_l4_csum_replace, bpf_redirect_neigh, bpf_xdp_load_bytes,
@@ -238,7 +238,8 @@ impl PacketIo for XdpContext {
         }
         // A local backend (another device, or the node itself): the stack routes the
         // DNATed packet, unless its source is now the node's own address.
-        let local = rc == BPF_FIB_LKUP_RET_SUCCESS as i64 || rc == BPF_FIB_LKUP_RET_NOT_FWDED as i64;
+        let local =
+            rc == BPF_FIB_LKUP_RET_SUCCESS as i64 || rc == BPF_FIB_LKUP_RET_NOT_FWDED as i64;
         (local && stack_ok).then_some(Plan::STACK)
     }
     #[inline(always)]

@@ -64,12 +64,7 @@ impl AddrRewrite for V4 {
 
 impl AddrRewrite for V6 {
     #[inline(always)]
-    fn rewrite_addr<C: PacketIo>(
-        ctx: &C,
-        p: &Packet<[u8; 16]>,
-        side: Side,
-        new: [u8; 16],
-    ) -> bool {
+    fn rewrite_addr<C: PacketIo>(ctx: &C, p: &Packet<[u8; 16]>, side: Side, new: [u8; 16]) -> bool {
         let (off, mut old) = match side {
             Side::Source => (p.l3_off + V6::SADDR_OFF, p.saddr),
             Side::Destination => (p.l3_off + V6::DADDR_OFF, p.daddr),
@@ -108,7 +103,12 @@ pub fn rewrite_port<C: PacketIo, A>(ctx: &C, p: &Packet<A>, side: Side, new: u16
         return true;
     }
     if let Some((csum_off, extra)) = l4_csum(p.proto)
-        && !ctx.l4_csum_replace(p.l4_off + csum_off, u32::from(old), u32::from(new), 2 | extra)
+        && !ctx.l4_csum_replace(
+            p.l4_off + csum_off,
+            u32::from(old),
+            u32::from(new),
+            2 | extra,
+        )
     {
         return false;
     }

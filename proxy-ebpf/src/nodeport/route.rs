@@ -4,9 +4,7 @@
 //! node address: a forwarded packet whose source is local would be dropped as martian);
 //! XDP transmits when the answer is the device the packet came in by.
 
-use aya_ebpf::{
-    bindings::bpf_fib_lookup, helpers::generated::bpf_fib_lookup as fib_lookup,
-};
+use aya_ebpf::{bindings::bpf_fib_lookup, helpers::generated::bpf_fib_lookup as fib_lookup};
 
 use super::{PacketFamily, io::PacketIo};
 use crate::{
@@ -62,7 +60,9 @@ pub fn lookup<C: PacketIo, F: FibAddrs>(ctx: &C, p: &Packet<F::Addr>, next: &Nex
 #[inline(always)]
 pub fn out_ifindex() -> u32 {
     // SAFETY: per-CPU scratch; read right after this run's lookup.
-    FIB_SCRATCH.get_ptr(0).map_or(0, |p| unsafe { (*p).ifindex })
+    FIB_SCRATCH
+        .get_ptr(0)
+        .map_or(0, |p| unsafe { (*p).ifindex })
 }
 
 /// Writes a family's addresses into the FIB lookup parameters.

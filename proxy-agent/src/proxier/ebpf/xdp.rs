@@ -78,14 +78,13 @@ pub fn attach(ebpf: &mut Ebpf, mode: XdpMode, devices: &[String], links_dir: &Pa
     if mode == XdpMode::Off || devices.is_empty() {
         return Vec::new();
     }
-    let program: &mut Xdp = match ebpf
-        .program_mut(PROGRAM)
-        .map(|p| p.try_into())
-        .transpose()
-    {
+    let program: &mut Xdp = match ebpf.program_mut(PROGRAM).map(|p| p.try_into()).transpose() {
         Ok(Some(p)) => p,
         Ok(None) => {
-            warn!(program = PROGRAM, "XDP acceleration unavailable: program missing from the object; tc handles all traffic");
+            warn!(
+                program = PROGRAM,
+                "XDP acceleration unavailable: program missing from the object; tc handles all traffic"
+            );
             return Vec::new();
         }
         Err(e) => {
@@ -147,7 +146,9 @@ fn swap_program(program: &mut Xdp, pin: &PathBuf) -> Result<(), String> {
         Ok(l) => l,
         Err(e) => return Err(format!("pinned link is not XDP: {e}")),
     };
-    let id = program.attach_to_link(xdp_link).map_err(|e| e.to_string())?;
+    let id = program
+        .attach_to_link(xdp_link)
+        .map_err(|e| e.to_string())?;
     let link = program.take_link(id).map_err(|e| e.to_string())?;
     let link = FdLink::try_from(link).map_err(|e| e.to_string())?;
     pin_link(link, pin)
