@@ -73,6 +73,15 @@ pub fn sysctl_in(ns: &str, settings: &[(&str, &str)]) -> Result<()> {
     run("nsenter", &args).map(drop)
 }
 
+/// Like [`sysctl_in`], but keys this kernel does not have are skipped (`sysctl -e`).
+pub fn sysctl_in_ignoring_unknown(ns: &str, settings: &[(&str, &str)]) -> Result<()> {
+    let assignments: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let path = format!("--net={}", netns_path(ns).display());
+    let mut args = vec![path.as_str(), "--", "sysctl", "-q", "-e", "-w"];
+    args.extend(assignments.iter().map(String::as_str));
+    run("nsenter", &args).map(drop)
+}
+
 #[derive(Deserialize)]
 struct IpJsonLink {
     #[serde(default)]

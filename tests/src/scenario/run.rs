@@ -422,6 +422,19 @@ pub fn default_dirs() -> Vec<PathBuf> {
     .collect()
 }
 
+/// How long one attempt may wait. DROP means silence for the runner's timeout; a REJECT may
+/// take longer to surface without being a DROP: when the ICMPv6 error of a rejected SYN
+/// comes back while connect() still holds the socket, Linux keeps it as a soft error and
+/// reports the refusal with the next retransmission, one second later. Waiting longer for a
+/// REJECT cannot turn a DROP into a pass (a DROP never answers).
+pub fn timeout_for(flow: &Flow, base: Duration) -> Duration {
+    if matches!(flow.expect, Expectation::Reject) {
+        base.max(Duration::from_secs(3))
+    } else {
+        base
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,18 +491,5 @@ flows:
         let some = discover(&dirs, Some("l1-")).unwrap();
         assert!(all.len() > some.len());
         assert!(some.iter().all(|p| p.to_string_lossy().contains("l1-")));
-    }
-}
-
-/// How long one attempt may wait. DROP means silence for the runner's timeout; a REJECT may
-/// take longer to surface without being a DROP: when the ICMPv6 error of a rejected SYN
-/// comes back while connect() still holds the socket, Linux keeps it as a soft error and
-/// reports the refusal with the next retransmission, one second later. Waiting longer for a
-/// REJECT cannot turn a DROP into a pass (a DROP never answers).
-pub fn timeout_for(flow: &Flow, base: Duration) -> Duration {
-    if matches!(flow.expect, Expectation::Reject) {
-        base.max(Duration::from_secs(3))
-    } else {
-        base
     }
 }
