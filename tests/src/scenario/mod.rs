@@ -45,5 +45,5 @@ pub use self::{
     error::{Error, Result},
     format::{Expectation, Flow, Mode, Proto, Scenario},
     report::{FlowReport, Status, Totals},
-    run::{RunOptions, run_scenario},
+    run::{RunOptions, ScenarioEnv, run_scenario},
 };
