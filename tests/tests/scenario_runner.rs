@@ -18,12 +18,13 @@ use tests::scenario::{
     netns::{self, bind_tcp_listener_in, cgroup2_root},
     placement::Placement,
     run::{check_privileges, run_scenario},
-    topology::{Topology, run_id_of},
+    topology::{Topology, run_id_of, runs_dir},
 };
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 
-/// The tests compare leftovers before and after, so they must not overlap.
+/// One run at a time in this process: the runs this process started are told apart from
+/// other processes' by the runner pid in their run directory, not from each other.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn privileged() -> bool {
@@ -47,26 +48,46 @@ fn shared(name: &str) -> Option<Scenario> {
     Some(Scenario::load(&path).unwrap())
 }
 
-/// Our namespaces, cgroups and pin directories that exist right now.
-fn leftovers() -> BTreeSet<String> {
+/// Namespaces, cgroups, pin and run directories of the given runs that exist right now.
+/// Other runs (other tests, other processes on the machine) come and go meanwhile, so
+/// only the runs a test started itself are checked.
+fn leftovers(runs: &BTreeSet<String>) -> BTreeSet<String> {
+    let ours = |name: &str| run_id_of(name).is_some_and(|id| runs.contains(id));
     let mut names: BTreeSet<String> = netns::list_netns()
         .unwrap()
         .into_iter()
-        .filter(|n| run_id_of(n).is_some())
+        .filter(|n| ours(n))
         .map(|n| format!("netns {n}"))
         .collect();
     for (dir, what) in [
         (cgroup2_root().unwrap(), "cgroup"),
         (PathBuf::from("/sys/fs/bpf"), "pins"),
+        (runs_dir(), "run dir"),
     ] {
-        for entry in fs::read_dir(dir).unwrap().flatten() {
+        for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if run_id_of(&name).is_some() {
+            if ours(&name) {
                 names.insert(format!("{what} {name}"));
             }
         }
     }
     names
+}
+
+/// Runs that this process has started and that are still live: their run directory names
+/// this process as the runner.
+fn live_runs_of_this_process() -> BTreeSet<String> {
+    let me = std::process::id().to_string();
+    fs::read_dir(runs_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            fs::read_to_string(e.path().join("runner.pid")).is_ok_and(|pid| pid.trim() == me)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| run_id_of(name) == Some(name.as_str()))
+        .collect()
 }
 
 fn options(agent: Option<AgentOptions>) -> RunOptions {
@@ -81,9 +102,19 @@ fn options(agent: Option<AgentOptions>) -> RunOptions {
     }
 }
 
-async fn replay(options: &RunOptions, scenario: &Scenario) -> Vec<FlowReport> {
-    let mut emit = |r: &FlowReport| println!("{r}");
-    run_scenario(options, scenario, &mut emit).await
+/// Replays a scenario; also returns the run it used (seen while its flows ran).
+async fn replay(options: &RunOptions, scenario: &Scenario) -> (Vec<FlowReport>, BTreeSet<String>) {
+    let mut runs = BTreeSet::new();
+    let mut emit = |r: &FlowReport| {
+        println!("{r}");
+        runs.extend(live_runs_of_this_process());
+    };
+    let reports = run_scenario(options, scenario, &mut emit).await;
+    assert!(
+        !runs.is_empty(),
+        "no run of this process seen: {reports:#?}"
+    );
+    (reports, runs)
 }
 
 fn assert_l1(reports: &[FlowReport]) {
@@ -115,19 +146,22 @@ async fn direct_pod_traffic_and_untouched_flows_pass_without_an_agent() {
     ) else {
         return;
     };
-    let before = leftovers();
-    assert_l1(&replay(&options(None), &l1).await);
+    let (reports, mut runs) = replay(&options(None), &l1).await;
+    assert_l1(&reports);
 
     // a1 cut down to its UNTOUCHED flow: a plain listener in a pod outside any service.
     for stage in &mut a1.stages {
         stage.flows.retain(|f| f.expect == Expectation::Untouched);
     }
-    let reports = replay(&options(None), &a1).await;
+    let (reports, a1_runs) = replay(&options(None), &a1).await;
+    runs.extend(a1_runs);
+    assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!(reports.len(), 1);
     assert_eq!(reports[0].status, Status::Pass, "{}", reports[0]);
     assert_eq!(reports[0].text, "1x plain listener 10.0.0.3:80");
 
-    assert_eq!(leftovers(), before, "the runs left something behind");
+    let left = leftovers(&runs);
+    assert!(left.is_empty(), "the runs left something behind: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -139,9 +173,10 @@ async fn a_listener_bound_from_here_serves_inside_the_node_namespace() {
     let Some(l1) = shared("l1-headless-ignored.yaml") else {
         return;
     };
-    let before = leftovers();
     let placement = Placement::plan(&l1).unwrap();
     let topology = Topology::build(&l1.node, &placement, false).unwrap();
+    let runs = BTreeSet::from([topology.id.clone()]);
+    assert!(!leftovers(&runs).is_empty());
     assert!(
         topology
             .node_addresses()
@@ -180,13 +215,16 @@ async fn a_listener_bound_from_here_serves_inside_the_node_namespace() {
     drop(topology);
     let remaining = netns::list_netns().unwrap();
     assert!(namespaces.iter().all(|n| !remaining.contains(n)));
-    assert_eq!(leftovers(), before);
+    let left = leftovers(&runs);
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// A stand-in for proxy-agent: records how it was started and accepts `--cleanup`.
 /// With `metrics`, it reports syncs only through the sync gauges on 127.0.0.1:10249
-/// (its /healthz says 503); without, only through /healthz on 127.0.0.1:10256, with
-/// the timestamp written as upstream writes it (Go's time.String()).
+/// (its /healthz says 503); without, its metrics (still on 127.0.0.1:10249: the runner
+/// takes an agent whose metrics server is not up as still starting) have no sync gauges,
+/// and it reports syncs only through /healthz on 127.0.0.1:10256, with the timestamp
+/// written as upstream writes it (Go's time.String()).
 fn fake_agent(dir: &Path, metrics: bool) -> Option<PathBuf> {
     if Command::new("python3")
         .arg("-c")
@@ -210,9 +248,12 @@ METRICS = {metrics}
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         now = datetime.datetime.now(datetime.timezone.utc)
-        if self.path == "/metrics":
+        if self.path == "/metrics" and METRICS:
             t = now.timestamp()
             body = "kubeproxy_sync_proxy_rules_last_timestamp_seconds %f\nkubeproxy_sync_proxy_rules_last_queued_timestamp_seconds %f\n" % (t, t - 1)
+            self.send_response(200)
+        elif self.path == "/metrics":
+            body = "process_start_time_seconds 1\n"
             self.send_response(200)
         else:
             stamp = now.strftime("%Y-%m-%d %H:%M:%S.%f +0000 UTC m=+1.5")
@@ -222,8 +263,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body.encode())
     def log_message(self, *args):
         pass
-if METRICS:
-    threading.Thread(target=http.server.HTTPServer(("127.0.0.1", 10249), H).serve_forever, daemon=True).start()
+threading.Thread(target=http.server.HTTPServer(("127.0.0.1", 10249), H).serve_forever, daemon=True).start()
 http.server.HTTPServer(("127.0.0.1", 10256), H).serve_forever()
 '
 "#,
@@ -257,7 +297,6 @@ async fn run_with_fake_agent(metrics: bool) {
     let Some(binary) = fake_agent(&dir, metrics) else {
         return;
     };
-    let before = leftovers();
     let agent = AgentOptions {
         binary,
         mode: Mode::Iptables,
@@ -265,7 +304,8 @@ async fn run_with_fake_agent(metrics: bool) {
         config_overrides: Default::default(),
         ready_timeout: Duration::from_secs(10),
     };
-    assert_l1(&replay(&options(Some(agent)), &l1).await);
+    let (reports, runs) = replay(&options(Some(agent)), &l1).await;
+    assert_l1(&reports);
 
     let args = fs::read_to_string(dir.join("args")).unwrap();
     let lines: Vec<&str> = args.lines().collect();
@@ -301,6 +341,13 @@ async fn run_with_fake_agent(metrics: bool) {
         "agent not in {cgroup_name}: {membership}"
     );
 
-    assert_eq!(leftovers(), before, "the run left something behind");
+    let left = leftovers(&runs);
+    assert!(left.is_empty(), "the run left something behind: {left:?}");
+    // The pins the agent was told to use belong to that run.
+    let pins = config["ebpf"]["bpffsRoot"].as_str().unwrap();
+    assert!(
+        runs.iter().any(|id| pins.ends_with(&format!("/{id}"))),
+        "{pins} vs {runs:?}"
+    );
     fs::remove_dir_all(&dir).unwrap();
 }

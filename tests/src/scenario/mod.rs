@@ -15,10 +15,13 @@
 //! ```
 //!
 //! Layout of one run (names carry a per-run id `kpt<4 hex>`): a node namespace whose
-//! `eth0` holds the node addresses and leads to an external namespace (`ext0`, the
-//! router, the external clients, plain listeners for untranslated destinations); one
-//! namespace per pod behind a routed veth (`kp<n>` on the node, gateway 169.254.1.1
-//! by proxy ARP); a cgroup holding the agent, node clients and pod processes.
+//! `eth0` holds the node addresses and plugs into a switch (`-lan`, a bridge) shared
+//! with an external namespace (`ext0`, the router, the external clients, plain
+//! listeners for untranslated destinations) and one namespace per remote node (`-r<n>`,
+//! for endpoints whose `nodeName` is only ever another node); one namespace per pod
+//! behind a routed veth (`kp<n>` on its node, gateway 169.254.1.1 by proxy ARP); the
+//! node routes a remote pod through its node's address, so that traffic leaves through
+//! the uplink; a cgroup holding the agent, node clients and the node's pods.
 
 pub mod addr;
 pub mod agent;
@@ -42,5 +45,5 @@ pub use self::{
     error::{Error, Result},
     format::{Expectation, Flow, Mode, Proto, Scenario},
     report::{FlowReport, Status, Totals},
-    run::{RunOptions, run_scenario},
+    run::{RunOptions, ScenarioEnv, run_scenario},
 };

@@ -73,6 +73,15 @@ pub fn sysctl_in(ns: &str, settings: &[(&str, &str)]) -> Result<()> {
     run("nsenter", &args).map(drop)
 }
 
+/// Like [`sysctl_in`], but keys this kernel does not have are skipped (`sysctl -e`).
+pub fn sysctl_in_ignoring_unknown(ns: &str, settings: &[(&str, &str)]) -> Result<()> {
+    let assignments: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let path = format!("--net={}", netns_path(ns).display());
+    let mut args = vec![path.as_str(), "--", "sysctl", "-q", "-e", "-w"];
+    args.extend(assignments.iter().map(String::as_str));
+    run("nsenter", &args).map(drop)
+}
+
 #[derive(Deserialize)]
 struct IpJsonLink {
     #[serde(default)]
@@ -182,20 +191,32 @@ impl Place {
     }
 }
 
-/// Binds a TCP listener inside `ns` without moving this process: a short-lived thread
-/// enters the namespace, binds, and hands the socket back. The socket keeps its
-/// namespace for life, so a server in this process can serve clients in `ns`.
-pub fn bind_tcp_listener_in(ns: &str, addr: SocketAddr) -> Result<TcpListener> {
+/// Runs `f` on a short-lived thread inside `ns`, without moving this process. Sockets
+/// `f` creates keep that namespace for life, so this process can use them afterwards
+/// (a server for clients in `ns`, or a client there).
+pub fn in_netns<T, F>(ns: &str, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> std::io::Result<T> + Send + 'static,
+{
     let path = netns_path(ns);
     let name = ns.to_string();
     thread::spawn(move || {
         let file =
             fs::File::open(&path).map_err(Error::io(format!("opening {}", path.display())))?;
-        setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| Error::Setns { name, source })?;
-        TcpListener::bind(addr).map_err(Error::io(format!("binding {addr}")))
+        setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| Error::Setns {
+            name: name.clone(),
+            source,
+        })?;
+        f().map_err(Error::io(format!("inside {name}")))
     })
     .join()
-    .map_err(|_| Error::Setup("namespace binding thread panicked".into()))?
+    .map_err(|_| Error::Setup("namespace thread panicked".into()))?
+}
+
+/// Binds a TCP listener inside `ns` (see [`in_netns`]).
+pub fn bind_tcp_listener_in(ns: &str, addr: SocketAddr) -> Result<TcpListener> {
+    in_netns(ns, move || TcpListener::bind(addr))
 }
 
 #[cfg(test)]

@@ -95,6 +95,30 @@ pub fn endpoint_ports<'a>(
     Ok(pods)
 }
 
+/// The nodes every endpoint address is placed on, over all slices: `None` for an
+/// endpoint without `nodeName`. An address may be named on several nodes (scenarios
+/// move endpoints between steps).
+pub fn endpoint_nodes<'a>(
+    objects: impl IntoIterator<Item = &'a Value>,
+) -> Result<BTreeMap<IpAddr, BTreeSet<Option<String>>>> {
+    let mut nodes: BTreeMap<IpAddr, BTreeSet<Option<String>>> = BTreeMap::new();
+    for slice in objects.into_iter().filter(|o| kind(o) == "EndpointSlice") {
+        if str_at(slice, &["addressType"]) == Some("FQDN") {
+            continue;
+        }
+        for endpoint in array_at(slice, &["endpoints"]) {
+            let node = str_at(endpoint, &["nodeName"]).map(str::to_string);
+            for address in array_at(endpoint, &["addresses"]).filter_map(Value::as_str) {
+                nodes
+                    .entry(parse_ip(address)?)
+                    .or_default()
+                    .insert(node.clone());
+            }
+        }
+    }
+    Ok(nodes)
+}
+
 /// ClusterIPs, external IPs and load-balancer addresses of every Service; addresses
 /// that do not parse are left out (the proxy ignores them too).
 pub fn service_addresses<'a>(objects: impl IntoIterator<Item = &'a Value>) -> BTreeSet<IpAddr> {
@@ -197,6 +221,37 @@ mod tests {
         let ip: IpAddr = "10.180.0.1".parse().unwrap();
         assert_eq!(pods.len(), 2);
         assert_eq!(pods[&ip], BTreeSet::from([53, 80, 8443]));
+    }
+
+    #[test]
+    fn endpoint_nodes_over_every_slice() {
+        let objects: Vec<Value> = serde_yaml::from_str(
+            r#"
+- kind: EndpointSlice
+  metadata: {name: a, namespace: ns}
+  addressType: IPv4
+  endpoints: [{addresses: [10.180.00.001], nodeName: node2}, {addresses: [10.180.0.2]}]
+- kind: EndpointSlice
+  metadata: {name: b, namespace: ns}
+  addressType: IPv4
+  endpoints: [{addresses: [10.180.0.1], nodeName: test-node}]
+- kind: EndpointSlice
+  metadata: {name: c, namespace: ns}
+  addressType: FQDN
+  endpoints: [{addresses: [example.com], nodeName: node3}]
+"#,
+        )
+        .unwrap();
+        let nodes = endpoint_nodes(&objects).unwrap();
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(
+            nodes[&"10.180.0.1".parse::<IpAddr>().unwrap()],
+            BTreeSet::from([Some("node2".to_string()), Some("test-node".to_string())])
+        );
+        assert_eq!(
+            nodes[&"10.180.0.2".parse::<IpAddr>().unwrap()],
+            BTreeSet::from([None])
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Where everything of a scenario lives (pure): which pods exist and what they listen
-//! on, where each client sits, which addresses the external namespace owns or routes
-//! to the node, and the external router's address.
+//! Where everything of a scenario lives (pure): which pods exist, on which node, and
+//! what they listen on, where each client sits, which addresses the external namespace
+//! owns or routes to the node, the external router's address, and the remote nodes'.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use super::{
     error::{Error, Result},
     format::{Expectation, NodeSpec, Proto, Scenario},
-    objects::{endpoint_ports, service_addresses},
+    objects::{endpoint_nodes, endpoint_ports, service_addresses},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +33,9 @@ pub struct PodPlan {
     pub echo_ports: BTreeSet<u16>,
     /// Plain listeners for UNTOUCHED destinations at this address.
     pub plain: BTreeSet<(Proto, u16)>,
+    /// The remote node (index into [`Placement::remote_nodes`]) this pod lives behind;
+    /// `None`: behind the node the proxy runs on.
+    pub remote: Option<usize>,
 }
 
 impl PodPlan {
@@ -41,7 +44,29 @@ impl PodPlan {
             address,
             echo_ports: BTreeSet::new(),
             plain: BTreeSet::new(),
+            remote: None,
         }
+    }
+}
+
+/// Another node of the cluster, standing for the `nodeName` of endpoints that live
+/// elsewhere. It sits on the node's uplink segment with one address in the subnet of
+/// each family's first node address, routes its own pods, and reaches the node's pods
+/// through the node, as nodes of a routed (non-overlay) cluster do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteNodePlan {
+    pub name: String,
+    /// One per family the node has an address of, primary family first.
+    pub addresses: Vec<IpNet>,
+}
+
+impl RemoteNodePlan {
+    /// Its address of `ip`'s family: the gateway the node routes its pods through.
+    pub fn address_for(&self, ip: IpAddr) -> Option<IpNet> {
+        self.addresses
+            .iter()
+            .copied()
+            .find(|a| a.addr().is_ipv4() == ip.is_ipv4())
     }
 }
 
@@ -69,6 +94,8 @@ pub struct Placement {
     /// The external router's address in the subnet of the node's first address of each
     /// family the node has (primary family first).
     pub routers: Vec<IpNet>,
+    /// Nodes named by endpoints that live only elsewhere, by name.
+    pub remote_nodes: Vec<RemoteNodePlan>,
 }
 
 impl Placement {
@@ -90,9 +117,15 @@ impl Placement {
         }
     }
 
+    /// The remote node a pod lives behind, if any.
+    pub fn remote_node_of(&self, pod: &PodPlan) -> Option<&RemoteNodePlan> {
+        pod.remote.and_then(|n| self.remote_nodes.get(n))
+    }
+
     pub fn plan(scenario: &Scenario) -> Result<Self> {
         let node = &scenario.node;
         let endpoints = endpoint_ports(scenario.all_objects())?;
+        let endpoint_nodes = endpoint_nodes(scenario.all_objects())?;
         let mut pods: BTreeMap<IpAddr, PodPlan> = BTreeMap::new();
         let mut node_echo: BTreeMap<IpAddr, BTreeSet<u16>> = BTreeMap::new();
         let mut add_echo = |ip: IpAddr, ports: &BTreeSet<u16>| {
@@ -186,11 +219,53 @@ impl Placement {
         used.extend(&external_owned);
         used.extend(&services);
         used.extend(scenario.flows().map(|f| f.to.ip()));
+        let mut free_in = |subnet: IpNet| {
+            let address = first_free(subnet, &used)?;
+            used.insert(address.addr());
+            Ok::<_, Error>(address)
+        };
         let routers = node
             .family_primaries()
             .into_iter()
-            .map(|subnet| router_in(subnet, &used))
+            .map(&mut free_in)
             .collect::<Result<Vec<_>>>()?;
+
+        // A pod lives on a remote node when every slice naming it puts it on one other
+        // node. An endpoint without nodeName, or one that is (in some step) on this node,
+        // stays behind this node, as does a flow's client: only this node runs the proxy.
+        let clients: BTreeSet<IpAddr> = scenario.flows().map(|f| f.from).collect();
+        let mut remote_nodes: Vec<RemoteNodePlan> = Vec::new();
+        for pod in pods.values_mut() {
+            let Some(names) = endpoint_nodes.get(&pod.address) else {
+                continue;
+            };
+            let elsewhere = names
+                .iter()
+                .all(|n| n.as_ref().is_some_and(|n| *n != node.name));
+            let routable = node.primary_for(pod.address).is_some();
+            let first = names.iter().flatten().next();
+            let (true, true, false, Some(name)) =
+                (elsewhere, routable, clients.contains(&pod.address), first)
+            else {
+                continue;
+            };
+            let index = match remote_nodes.iter().position(|r| r.name == *name) {
+                Some(index) => index,
+                None => {
+                    let addresses = node
+                        .family_primaries()
+                        .into_iter()
+                        .map(&mut free_in)
+                        .collect::<Result<Vec<_>>>()?;
+                    remote_nodes.push(RemoteNodePlan {
+                        name: name.clone(),
+                        addresses,
+                    });
+                    remote_nodes.len() - 1
+                }
+            };
+            pod.remote = Some(index);
+        }
 
         Ok(Placement {
             pods: pods.into_values().collect(),
@@ -201,6 +276,7 @@ impl Placement {
             routed_to_node,
             answered_outside,
             routers,
+            remote_nodes,
         })
     }
 
@@ -213,11 +289,11 @@ impl Placement {
     }
 }
 
-/// The first address of the node's subnet that nothing in the scenario uses. IPv6's
-/// first address (all host bits zero) is the Subnet-Router anycast address, which the
-/// node joins as soon as it forwards: as the router's address it would point the
-/// node's default route at itself.
-fn router_in(subnet: IpNet, used: &BTreeSet<IpAddr>) -> Result<IpNet> {
+/// The first address of the node's subnet that nothing in the scenario uses (for the
+/// external router and the remote nodes). IPv6's first address (all host bits zero) is
+/// the Subnet-Router anycast address, which every forwarding node joins: as the router's
+/// address it would point the node's default route at itself.
+fn first_free(subnet: IpNet, used: &BTreeSet<IpAddr>) -> Result<IpNet> {
     let network = subnet.network();
     let router_ip = subnet
         .hosts()
@@ -225,7 +301,7 @@ fn router_in(subnet: IpNet, used: &BTreeSet<IpAddr>) -> Result<IpNet> {
         .find(|ip| !used.contains(ip))
         .ok_or_else(|| {
             Error::Setup(format!(
-                "no free address for the external router in the node subnet {}",
+                "no free address for the external router or a remote node in the node subnet {}",
                 subnet.trunc()
             ))
         })?;
@@ -392,15 +468,113 @@ flows:
         assert_eq!(p.external_clients, BTreeSet::from([ip("10.0.0.2")]));
     }
 
+    const REMOTE: &str = r#"
+name: t
+node:
+  name: test-node
+  addresses: [192.168.0.2/24, 192.168.1.2/24, 'fd00:168::2/64']
+  podCIDR: [10.0.0.0/8, 'fd00:10::/64']
+objects:
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: s-1, namespace: ns}
+  addressType: IPv4
+  endpoints:
+  - {addresses: [10.180.0.1], nodeName: node2}
+  - {addresses: [10.180.0.2]}
+  - {addresses: [10.180.0.3], nodeName: test-node}
+  - {addresses: [10.180.0.4], nodeName: node1}
+  - {addresses: [10.180.0.5], nodeName: node2}
+  - {addresses: [10.180.0.6], nodeName: node2}
+  - {addresses: [10.180.0.7], nodeName: node3}
+  ports: [{port: 80, protocol: TCP}]
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: s-6, namespace: ns}
+  addressType: IPv6
+  endpoints: [{addresses: ['fd00:10::180:0:1'], nodeName: node2}]
+  ports: [{port: 80, protocol: TCP}]
+flows:
+- {from: 10.180.0.6, to: '172.30.0.41:80', expect: ['10.180.0.1:80']}
+steps:
+- objects:
+  - apiVersion: discovery.k8s.io/v1
+    kind: EndpointSlice
+    metadata: {name: s-1, namespace: ns}
+    addressType: IPv4
+    endpoints: [{addresses: [10.180.0.4], nodeName: test-node}]
+    ports: [{port: 80, protocol: TCP}]
+  flows:
+  - {from: 10.0.0.2, to: '172.30.0.41:80', expect: ['10.180.0.4:80']}
+"#;
+
+    #[test]
+    fn endpoints_only_on_other_nodes_live_behind_remote_nodes() {
+        let s = scenario(REMOTE);
+        let p = Placement::plan(&s).unwrap();
+        let remote_of = |a: &str| {
+            let pod = &p.pods[p.pod_index(ip(a)).unwrap()];
+            p.remote_node_of(pod).map(|r| r.name.as_str())
+        };
+        assert_eq!(remote_of("10.180.0.1"), Some("node2"));
+        assert_eq!(remote_of("10.180.0.5"), Some("node2"));
+        assert_eq!(remote_of("fd00:10::180:0:1"), Some("node2"));
+        assert_eq!(remote_of("10.180.0.7"), Some("node3"));
+        // No nodeName, this node, on this node in a later step, a flow's client.
+        for local in [
+            "10.180.0.2",
+            "10.180.0.3",
+            "10.180.0.4",
+            "10.180.0.6",
+            "10.0.0.2",
+        ] {
+            assert_eq!(remote_of(local), None, "{local}");
+        }
+        let nodes: Vec<(&str, Vec<String>)> = p
+            .remote_nodes
+            .iter()
+            .map(|r| {
+                (
+                    r.name.as_str(),
+                    r.addresses.iter().map(ToString::to_string).collect(),
+                )
+            })
+            .collect();
+        // After the routers (.1 and ::1), in the subnets of each family's first address.
+        assert_eq!(
+            nodes,
+            [
+                (
+                    "node2",
+                    vec!["192.168.0.3/24".into(), "fd00:168::3/64".into()]
+                ),
+                (
+                    "node3",
+                    vec!["192.168.0.4/24".into(), "fd00:168::4/64".into()]
+                ),
+            ]
+        );
+        assert_eq!(
+            p.remote_nodes[0].address_for(ip("fd00:10::180:0:1")),
+            Some("fd00:168::3/64".parse().unwrap())
+        );
+        // Clients never run on remote nodes.
+        for flow in s.flows() {
+            if let ClientPlace::Pod(a) = p.place_client(&s.node, flow.from) {
+                assert_eq!(p.pods[p.pod_index(a).unwrap()].remote, None);
+            }
+        }
+    }
+
     #[test]
     fn a_host_route_subnet_may_use_its_only_address() {
         let used = BTreeSet::new();
         let only: IpNet = "fd00::5/128".parse().unwrap();
-        assert_eq!(router_in(only, &used).unwrap().to_string(), "fd00::5/128");
+        assert_eq!(first_free(only, &used).unwrap().to_string(), "fd00::5/128");
         let pair: IpNet = "fd00::4/127".parse().unwrap();
-        assert_eq!(router_in(pair, &used).unwrap().to_string(), "fd00::4/127");
+        assert_eq!(first_free(pair, &used).unwrap().to_string(), "fd00::4/127");
         let full = BTreeSet::from([ip("fd00::4"), ip("fd00::5")]);
-        assert!(router_in(pair, &full).is_err());
+        assert!(first_free(pair, &full).is_err());
     }
 
     /// The shared scenarios and this crate's own (the IPv6 and dual-stack ones).

@@ -184,7 +184,7 @@ pub async fn run_scenario(
             .unwrap_or_default()
             .to_string()
     };
-    let mut env = match Env::set_up(options, scenario, sctp).await {
+    let mut env = match ScenarioEnv::set_up(options, scenario, sctp).await {
         Ok(env) => env,
         Err(err) => {
             eprintln!("{} ({}): setup failed: {err}", scenario.name, options.mode);
@@ -250,20 +250,28 @@ pub async fn run_scenario(
     out
 }
 
-/// Everything one scenario run holds. Field order is drop order: the agent stops
-/// (and cleans up) before the namespaces go.
-struct Env<'a> {
-    agent: Option<Agent>,
+/// Everything one scenario run holds: the namespaces with their listeners, the cluster
+/// state, the agent. Field order is drop order: the agent stops (and cleans up) before
+/// the namespaces go. Tests that look at the dataplane while a scenario is set up use it
+/// directly; [`run_scenario`] drives it through every stage.
+pub struct ScenarioEnv<'a> {
+    pub agent: Option<Agent>,
     source: Box<dyn ClusterSource>,
-    topology: Topology,
+    pub topology: Topology,
     state: Vec<Value>,
     udp_ports: UdpPorts,
     options: &'a RunOptions,
     scenario: &'a Scenario,
 }
 
-impl<'a> Env<'a> {
-    async fn set_up(options: &'a RunOptions, scenario: &'a Scenario, sctp: bool) -> Result<Self> {
+impl<'a> ScenarioEnv<'a> {
+    /// Builds the topology, starts the listeners (SCTP ones only with `sctp`), loads the
+    /// first stage's objects and starts the agent (if any), waiting until it synced them.
+    pub async fn set_up(
+        options: &'a RunOptions,
+        scenario: &'a Scenario,
+        sctp: bool,
+    ) -> Result<Self> {
         let placement = Placement::plan(scenario)?;
         let mut topology = Topology::build(&scenario.node, &placement, options.keep)?;
         topology.start_listeners(&options.runner_exe, sctp)?;
@@ -312,7 +320,7 @@ impl<'a> Env<'a> {
             }
             None => None,
         };
-        Ok(Env {
+        Ok(ScenarioEnv {
             agent,
             source,
             udp_ports: UdpPorts::new(scenario, &topology.placement),
@@ -323,7 +331,8 @@ impl<'a> Env<'a> {
         })
     }
 
-    async fn change(&mut self, change: &Change) -> Result<()> {
+    /// Applies a later stage's change and waits until the agent synced it.
+    pub async fn change(&mut self, change: &Change) -> Result<()> {
         let started = SystemTime::now();
         match change {
             Change::Replace(objects) => {
@@ -347,7 +356,8 @@ impl<'a> Env<'a> {
         }
     }
 
-    async fn run_flow(
+    /// Probes `flow` and judges the attempts.
+    pub async fn run_flow(
         &mut self,
         flow: &Flow,
         node_addresses: &BTreeSet<IpAddr>,
@@ -370,7 +380,8 @@ impl<'a> Env<'a> {
         }
     }
 
-    async fn probe(&mut self, flow: &Flow) -> Result<Vec<Attempt>> {
+    /// Runs the flow's attempts from where its client lives (`probe` subcommand).
+    pub async fn probe(&mut self, flow: &Flow) -> Result<Vec<Attempt>> {
         let mut args = vec![
             "probe".to_string(),
             "--from".into(),

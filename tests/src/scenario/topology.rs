@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The namespaces of one scenario run: the node, an external network behind its
-//! uplink, one namespace per pod (Calico-style routed veths), the node's cgroup, and
-//! the listeners. Everything is named after a per-run id and removed on drop.
+//! The namespaces of one scenario run: the node, a switch its uplink plugs into, an
+//! external network (the router and the external clients) and the remote nodes on that
+//! switch, one namespace per pod (Calico-style routed veths) behind the node or a remote
+//! node, the node's cgroup, and the listeners. Everything is named after a per-run id
+//! and removed on drop.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fs,
     io::{BufRead, BufReader},
     net::IpAddr,
@@ -23,7 +25,7 @@ use super::{
     error::{Error, Result},
     format::{NodeSpec, Proto},
     netns::{self, Place, add_netns, ip_in, sysctl_in},
-    placement::{ClientPlace, Placement},
+    placement::{ClientPlace, Placement, RemoteNodePlan},
 };
 
 /// Every name a run creates starts with this, then 4 hex digits.
@@ -88,11 +90,19 @@ struct Managed {
     child: Child,
 }
 
+/// The node's uplink device, in the node namespace and in every remote node's.
+pub const UPLINK: &str = "eth0";
+/// The bridge of the switch namespace.
+const SWITCH_BRIDGE: &str = "br0";
+
 #[derive(Debug)]
 pub struct Topology {
     pub id: String,
     pub node_ns: String,
     pub ext_ns: String,
+    /// The switch: a bridge joining the node's uplink, the external router and the
+    /// remote nodes on one L2 segment.
+    pub switch_ns: String,
     pub cgroup: PathBuf,
     pub run_dir: PathBuf,
     pub placement: Placement,
@@ -117,6 +127,7 @@ impl Topology {
         let mut topology = Topology {
             node_ns: format!("{id}-node"),
             ext_ns: format!("{id}-ext"),
+            switch_ns: format!("{id}-lan"),
             cgroup: cgroup_root.join(format!("{id}-node")),
             id,
             run_dir,
@@ -173,8 +184,14 @@ impl Topology {
         format!("{}-p{index}", self.id)
     }
 
+    /// The namespace of the remote node at `index` of [`Placement::remote_nodes`].
+    pub fn remote_ns(&self, index: usize) -> String {
+        format!("{}-r{index}", self.id)
+    }
+
     fn build_network(&mut self) -> Result<()> {
         let (node, ext) = (self.node_ns.clone(), self.ext_ns.clone());
+        self.build_switch()?;
         for ns in [&node, &ext] {
             add_netns(ns)?;
             self.namespaces.push(ns.clone());
@@ -200,42 +217,192 @@ impl Topology {
         ];
         sysctl_in(&ext, &[&ext_settings[..], &NAMESPACE_SYSCTLS[..]].concat())?;
         self.build_uplink()?;
-        let mut host_sysctls = Vec::new();
+        let remote_nodes = self.placement.remote_nodes.clone();
+        for (index, remote) in remote_nodes.iter().enumerate() {
+            self.build_remote_node(index, remote)?;
+        }
+        // The namespace each pod's veth starts in: the node's, or its remote node's.
+        let mut host_sysctls: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (index, pod) in self.placement.pods.clone().iter().enumerate() {
-            self.build_pod(index, pod.address)?;
-            host_sysctls.push(format!("net.ipv4.conf.kp{index}.proxy_arp"));
-            host_sysctls.push(format!("net.ipv4.neigh.kp{index}.proxy_delay"));
-            host_sysctls.push(format!("net.ipv4.conf.kp{index}.rp_filter"));
+            let host = match pod.remote {
+                Some(remote) => self.remote_ns(remote),
+                None => node.clone(),
+            };
+            self.build_pod(index, pod.address, &host)?;
+            if let Some(remote) = self.placement.remote_node_of(pod) {
+                // The node reaches a remote pod through its node, over the uplink.
+                let via = remote.address_for(pod.address).ok_or_else(|| {
+                    Error::Setup(format!(
+                        "remote node {} has no address for {}",
+                        remote.name, pod.address
+                    ))
+                })?;
+                let route = host_net(pod.address).to_string();
+                let via = via.addr().to_string();
+                ip_in(&node, &["route", "add", &route, "via", &via, "dev", UPLINK])?;
+            }
+            host_sysctls.entry(host).or_default().extend([
+                format!("net.ipv4.conf.kp{index}.proxy_arp"),
+                format!("net.ipv4.neigh.kp{index}.proxy_delay"),
+                format!("net.ipv4.conf.kp{index}.rp_filter"),
+            ]);
         }
         // proxy_delay defaults to up to 0.8 s of random delay per proxied ARP reply.
         let values = ["1", "0", "0"];
-        let settings: Vec<(&str, &str)> = host_sysctls
-            .iter()
-            .zip(values.iter().cycle())
-            .map(|(k, v)| (k.as_str(), *v))
-            .collect();
-        if !settings.is_empty() {
-            sysctl_in(&node, &settings)?;
+        for (host, keys) in &host_sysctls {
+            let settings: Vec<(&str, &str)> = keys
+                .iter()
+                .zip(values.iter().cycle())
+                .map(|(k, v)| (k.as_str(), *v))
+                .collect();
+            sysctl_in(host, &settings)?;
+        }
+        Ok(())
+    }
+
+    /// The L2 segment of the uplink: a bridge in a namespace of its own, which only
+    /// switches frames (no addresses, no IPv6, no netfilter on bridged traffic).
+    fn build_switch(&mut self) -> Result<()> {
+        let lan = self.switch_ns.clone();
+        add_netns(&lan)?;
+        self.namespaces.push(lan.clone());
+        sysctl_in(
+            &lan,
+            &[
+                ("net.ipv6.conf.all.disable_ipv6", "1"),
+                ("net.ipv6.conf.default.disable_ipv6", "1"),
+            ],
+        )?;
+        // Only where bridge netfilter exists (`-e` ignores unknown keys).
+        netns::sysctl_in_ignoring_unknown(
+            &lan,
+            &[
+                ("net.bridge.bridge-nf-call-iptables", "0"),
+                ("net.bridge.bridge-nf-call-ip6tables", "0"),
+                ("net.bridge.bridge-nf-call-arptables", "0"),
+            ],
+        )?;
+        // No STP and no multicast snooping: ports forward at once, and neighbour
+        // solicitations (multicast) reach every port whatever MLD state the bridge saw.
+        ip_in(
+            &lan,
+            &[
+                "link",
+                "add",
+                SWITCH_BRIDGE,
+                "type",
+                "bridge",
+                "stp_state",
+                "0",
+                "forward_delay",
+                "0",
+                "mcast_snooping",
+                "0",
+            ],
+        )?;
+        ip_in(&lan, &["link", "set", SWITCH_BRIDGE, "up"]).map(drop)
+    }
+
+    /// A veth from the switch to `ns`, named `device` there and `port` on the switch.
+    fn plug_into_switch(&self, ns: &str, device: &str, port: &str) -> Result<()> {
+        let lan = self.switch_ns.as_str();
+        ip_in(
+            lan,
+            &[
+                "link", "add", port, "type", "veth", "peer", "name", device, "netns", ns,
+            ],
+        )?;
+        ip_in(lan, &["link", "set", port, "master", SWITCH_BRIDGE])?;
+        ip_in(lan, &["link", "set", port, "up"])?;
+        ip_in(ns, &["link", "set", device, "up"]).map(drop)
+    }
+
+    /// A remote node: forwards for its pods (built later), reaches the node's pods and
+    /// addresses through the node, and everything else through the external router, as
+    /// a node of a routed cluster does. Traffic the proxy sends to a pod here leaves the
+    /// node through its uplink; the pod's replies come back the same way.
+    fn build_remote_node(&mut self, index: usize, remote: &RemoteNodePlan) -> Result<()> {
+        let ns = self.remote_ns(index);
+        add_netns(&ns)?;
+        self.namespaces.push(ns.clone());
+        let settings = [
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv6.conf.all.forwarding", "1"),
+            ("net.ipv6.conf.default.forwarding", "1"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.default.rp_filter", "0"),
+        ];
+        sysctl_in(&ns, &[&settings[..], &NAMESPACE_SYSCTLS[..]].concat())?;
+        self.plug_into_switch(&ns, UPLINK, &format!("r{index}"))?;
+        for address in &remote.addresses {
+            add_address(&ns, *address, UPLINK)?;
+        }
+        for address in &remote.addresses {
+            let ip = address.addr();
+            let Some(node_side) = self.node.primary_for(ip) else {
+                continue;
+            };
+            let node_side = node_side.addr().to_string();
+            if let Some(router) = self.placement.router_for(ip) {
+                let router = router.addr().to_string();
+                ip_in(
+                    &ns,
+                    &["route", "add", "default", "via", &router, "dev", UPLINK],
+                )?;
+            }
+            let same_family = |net: &IpNet| net.addr().is_ipv4() == ip.is_ipv4();
+            let mut through_node: Vec<IpNet> = self
+                .node
+                .pod_cidrs
+                .iter()
+                .copied()
+                .filter(same_family)
+                .map(|c| c.trunc())
+                .collect();
+            // The node's other addresses, which may lie outside this node's subnet.
+            through_node.extend(
+                self.node
+                    .addresses
+                    .iter()
+                    .filter(|a| same_family(a) && !address.contains(&a.addr()))
+                    .map(|a| host_net(a.addr())),
+            );
+            for dest in through_node {
+                let dest = dest.to_string();
+                ip_in(
+                    &ns,
+                    &["route", "replace", &dest, "via", &node_side, "dev", UPLINK],
+                )?;
+            }
+            // Pods of the other remote nodes, through them.
+            for pod in &self.placement.pods {
+                let Some(other) = pod.remote.filter(|other| *other != index) else {
+                    continue;
+                };
+                let other = &self.placement.remote_nodes[other];
+                if let Some(via) = other
+                    .address_for(pod.address)
+                    .filter(|_| same_family(&host_net(pod.address)))
+                {
+                    let dest = host_net(pod.address).to_string();
+                    let via = via.addr().to_string();
+                    ip_in(&ns, &["route", "add", &dest, "via", &via, "dev", UPLINK])?;
+                }
+            }
         }
         Ok(())
     }
 
     fn build_uplink(&self) -> Result<()> {
         let (node, ext) = (self.node_ns.as_str(), self.ext_ns.as_str());
-        ip_in(
-            node,
-            &[
-                "link", "add", "eth0", "type", "veth", "peer", "name", "ext0", "netns", ext,
-            ],
-        )?;
+        self.plug_into_switch(node, UPLINK, "n0")?;
+        self.plug_into_switch(ext, "ext0", "x0")?;
         for address in &self.node.addresses {
-            add_address(node, *address, "eth0")?;
+            add_address(node, *address, UPLINK)?;
         }
         for router in &self.placement.routers {
             add_address(ext, *router, "ext0")?;
         }
-        ip_in(node, &["link", "set", "eth0", "up"])?;
-        ip_in(ext, &["link", "set", "ext0", "up"])?;
         // One router and one pair of default routes per family the node has an address of.
         for router in &self.placement.routers {
             let Some(node_side) = self.node.primary_for(router.addr()) else {
@@ -244,7 +411,7 @@ impl Topology {
             let (router, node_side) = (router.addr().to_string(), node_side.addr().to_string());
             ip_in(
                 node,
-                &["route", "add", "default", "via", &router, "dev", "eth0"],
+                &["route", "add", "default", "via", &router, "dev", UPLINK],
             )?;
             ip_in(
                 ext,
@@ -336,13 +503,14 @@ impl Topology {
         Ok(())
     }
 
-    fn build_pod(&mut self, index: usize, address: IpAddr) -> Result<()> {
+    /// A pod namespace behind `host` (the node's namespace or a remote node's).
+    fn build_pod(&mut self, index: usize, address: IpAddr, host: &str) -> Result<()> {
         let ns = self.pod_ns(index);
         add_netns(&ns)?;
         self.namespaces.push(ns.clone());
         // Before the veth exists: its end here takes the namespace's defaults.
         sysctl_in(&ns, &NAMESPACE_SYSCTLS)?;
-        let node = self.node_ns.as_str();
+        let node = host;
         let host_if = format!("kp{index}");
         ip_in(
             node,
@@ -422,10 +590,15 @@ impl Topology {
         }
     }
 
+    /// A pod behind the node runs in the node's cgroup (the proxy's socket programs see
+    /// it); one on a remote node does not: no proxy runs there.
     fn pod_place(&self, ip: IpAddr) -> Option<Place> {
         self.placement.pod_index(ip).map(|index| Place {
             netns: self.pod_ns(index),
-            cgroup: Some(self.cgroup.clone()),
+            cgroup: self.placement.pods[index]
+                .remote
+                .is_none()
+                .then(|| self.cgroup.clone()),
         })
     }
 
