@@ -32,6 +32,15 @@ pub const CT4: &str = "CT4_V1";
 pub const CT6: &str = "CT6_V1";
 /// Single-slot array holding [`crate::LbConfig`].
 pub const LB_CONFIG: &str = "LB_CONFIG_V1";
+/// Per-CPU counters of the XDP program's verdicts (index: the XDP action, 1 drop, 2 pass,
+/// 3 transmit) and of packets it translated and passed up ([`XDP_STAT_TRANSLATED_PASS`]):
+/// what XDP handled and what it left to tc.
+pub const XDP_STATS: &str = "XDP_STATS_V1";
+pub const XDP_STAT_SLOTS: u32 = 5;
+pub const XDP_STAT_DROP: u32 = 1;
+pub const XDP_STAT_PASS: u32 = 2;
+pub const XDP_STAT_TX: u32 = 3;
+pub const XDP_STAT_TRANSLATED_PASS: u32 = 4;
 
 /// Every map the programs define, for pinning, inspection and cleanup.
 pub const ALL: &[&str] = &[
@@ -54,6 +63,7 @@ pub const ALL: &[&str] = &[
     CT4,
     CT6,
     LB_CONFIG,
+    XDP_STATS,
 ];
 
 /// Compile-time capacities; the agent overrides them from its configuration at load time.

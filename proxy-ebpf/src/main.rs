@@ -63,7 +63,9 @@ pub fn tc_uplink_ingress(ctx: TcContext) -> i32 {
 /// The uplink ingress translation, earlier: what it does not finish goes on to tc.
 #[xdp]
 pub fn xdp_uplink(ctx: XdpContext) -> u32 {
-    nodeport::ingress::handle(&ctx) as u32
+    let verdict = nodeport::ingress::handle(&ctx) as u32;
+    maps::count_xdp(verdict);
+    verdict
 }
 
 #[classifier]

@@ -76,6 +76,18 @@ pub static CT6_V1: LruHashMap<Ct6Key, CtValue, DEFAULT_CT_ENTRIES> = LruHashMap:
 #[btf_map]
 pub static LB_CONFIG_V1: Array<LbConfig, 1> = Array::new();
 
+#[btf_map]
+pub static XDP_STATS_V1: PerCpuArray<u64, { XDP_STAT_SLOTS as usize }> = PerCpuArray::new();
+
+/// Counts one event in [`XDP_STATS_V1`].
+#[inline(always)]
+pub fn count_xdp(slot: u32) {
+    if let Some(counter) = XDP_STATS_V1.get_ptr_mut(slot) {
+        // SAFETY: a per-CPU slot; only this CPU's programs touch it.
+        unsafe { *counter += 1 };
+    }
+}
+
 /// Per-CPU scratch space for FIB lookups: the parameters are too big for the BPF stack of
 /// the longest call chain. Not pinned (nothing persists in it).
 #[btf_map]

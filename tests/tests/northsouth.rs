@@ -41,6 +41,8 @@ node:
   podCIDR: [10.0.0.0/8, 'fd00:10::/64']
 config:
   clusterCIDR: 10.0.0.0/8,fd00:10::/64
+  ebpf:
+    conntrack: {udpTimeout: 6s, tcpClosingTimeout: 3s}
 objects:
 - apiVersion: v1
   kind: Service
@@ -78,8 +80,9 @@ flows:
 
 /// The lifetime of a UDP flow's entries, and of a TCP flow's once it closes (the
 /// dataplane's defaults: the agent has no setting for them yet).
-const UDP_LIFETIME_S: u32 = 60;
-const CLOSING_LIFETIME_S: u32 = 10;
+/// The lifetimes the scenario's configuration sets (`ebpf.conntrack`).
+const UDP_LIFETIME_S: u32 = 6;
+const CLOSING_LIFETIME_S: u32 = 3;
 /// How often the agent deletes expired entries.
 const COLLECT_INTERVAL_S: u64 = 10;
 
@@ -368,6 +371,17 @@ fn udp_exchange(ext_ns: &str, client: SocketAddr, to: SocketAddr) -> (String, So
 
 #[tokio::test(flavor = "multi_thread")]
 async fn nodeport_etp_cluster_to_a_remote_backend_is_masqueraded_tracked_and_expires() {
+    remote_backend_flow(None).await;
+}
+
+/// The same with XDP (generic, on the veth uplink) in front of tc: the forward packets and
+/// the remote backend's answers go back out of the uplink from XDP.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_with_xdp_generic_on_the_uplink() {
+    remote_backend_flow(Some("generic")).await;
+}
+
+async fn remote_backend_flow(xdp_mode: Option<&str>) {
     if let Err(err) = check_privileges() {
         eprintln!("skipping: {err}");
         return;
@@ -387,6 +401,13 @@ async fn nodeport_etp_cluster_to_a_remote_backend_is_masqueraded_tracked_and_exp
             mode: Mode::Ebpf,
             // Fail rather than fall back to iptables mode.
             extra_args: vec!["--strict-mode".into()],
+            config_overrides: xdp_mode
+                .map(|m| {
+                    let mut o = serde_json::Map::new();
+                    o.insert("ebpf".into(), serde_json::json!({ "xdpMode": m }));
+                    o
+                })
+                .unwrap_or_default(),
             ready_timeout: Duration::from_secs(30),
         }),
         runner_exe: PathBuf::from(RUNNER),
@@ -496,6 +517,17 @@ async fn nodeport_etp_cluster_to_a_remote_backend_is_masqueraded_tracked_and_exp
         closed_tcp.push((map, family.key_len, client));
     }
 
+    // With XDP, the remote backend's traffic went back out of the uplink from XDP.
+    let transmitted = xdp_counter(&pins, proxy_common::maps::XDP_STAT_TX);
+    if xdp_mode.is_some() {
+        assert!(
+            transmitted >= 8,
+            "XDP transmitted only {transmitted} packets of the translated flows"
+        );
+    } else {
+        assert_eq!(transmitted, 0, "XDP is off but transmitted packets");
+    }
+
     // The closed connections' entries expire and the agent deletes them.
     let deadline = Instant::now()
         + Duration::from_secs(u64::from(CLOSING_LIFETIME_S) + COLLECT_INTERVAL_S + 10);
@@ -515,35 +547,48 @@ async fn nodeport_etp_cluster_to_a_remote_backend_is_masqueraded_tracked_and_exp
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    // UDP entries live for the dataplane's default lifetime: waiting for it would add a
-    // minute. With NORTHSOUTH_WAIT_UDP_EXPIRY=1 the test waits.
-    // TODO: once the agent has a setting for conntrack lifetimes (e.g.
-    // `ebpf.conntrack.udpLifetimeSeconds`), start it with a short one and always wait.
-    if std::env::var("NORTHSOUTH_WAIT_UDP_EXPIRY").is_ok_and(|v| v == "1") {
-        let deadline = Instant::now()
-            + Duration::from_secs(u64::from(UDP_LIFETIME_S) + COLLECT_INTERVAL_S + 10);
-        loop {
-            let left: Vec<_> = open_udp
-                .iter()
-                .filter(|(map, key_len, client)| flow_present(&dump(map, *key_len), *client, UDP))
-                .map(|(_, _, client)| *client)
-                .collect();
-            if left.is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "UDP entries from {left:?} never expired"
-            );
-            tokio::time::sleep(Duration::from_secs(1)).await;
+    // The UDP entries expire after the configured lifetime and the agent deletes them.
+    let deadline =
+        Instant::now() + Duration::from_secs(u64::from(UDP_LIFETIME_S) + COLLECT_INTERVAL_S + 10);
+    loop {
+        let left: Vec<_> = open_udp
+            .iter()
+            .filter(|(map, key_len, client)| flow_present(&dump(map, *key_len), *client, UDP))
+            .map(|(_, _, client)| *client)
+            .collect();
+        if left.is_empty() {
+            break;
         }
-    } else {
-        eprintln!(
-            "TODO: UDP conntrack expiry only checked by its `expires` field ({UDP_LIFETIME_S} s, no \
-             agent setting for a shorter lifetime yet); NORTHSOUTH_WAIT_UDP_EXPIRY=1 waits for it"
+        assert!(
+            Instant::now() < deadline,
+            "UDP entries from {left:?} never expired"
         );
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     drop(env);
+}
+
+/// The XDP program's counter `slot`, summed over CPUs (bpftool's view of the pinned map).
+fn xdp_counter(pins: &Path, slot: u32) -> u64 {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(pins.join(proxy_common::maps::XDP_STATS))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    dump.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.get("formatted").unwrap_or(e))
+        .filter(|e| e["key"] == slot)
+        .flat_map(|e| e["values"].as_array().cloned().unwrap_or_default())
+        .map(|v| v["value"].as_u64().unwrap_or(0))
+        .sum()
 }
 
 /// An address as it appears in `ip:port` text.

@@ -245,6 +245,7 @@ impl PacketIo for XdpContext {
     #[inline(always)]
     fn send(&self, plan: Plan) -> i32 {
         if plan != Plan::TRANSMIT {
+            crate::maps::count_xdp(proxy_common::maps::XDP_STAT_TRANSLATED_PASS);
             return Self::PASS;
         }
         let Some(params) = FIB_SCRATCH.get_ptr(0) else {
