@@ -36,10 +36,16 @@ fn scenario_files() -> Vec<PathBuf> {
     files
 }
 
-/// Modes replayed on this host. ipvs needs a kernel with IPVS: it runs in a VM elsewhere.
-const MODES: &[&str] = &["ebpf", "iptables"];
+/// Modes replayed on this host, as (test name, runner arguments). ipvs needs a kernel with
+/// IPVS: it runs in a VM elsewhere. `ebpf-xdp` is ebpf mode with XDP generic on the uplink
+/// in front of tc.
+const MODES: &[(&str, &[&str])] = &[
+    ("ebpf", &["--mode", "ebpf"]),
+    ("ebpf-xdp", &["--mode", "ebpf", "--xdp-mode", "generic"]),
+    ("iptables", &["--mode", "iptables"]),
+];
 
-fn run(mode: &str, file: &std::path::Path) -> Result<(), Failed> {
+fn run(mode_args: &[&str], file: &std::path::Path) -> Result<(), Failed> {
     let dir = file.parent().unwrap_or(file);
     let name = file
         .file_stem()
@@ -47,7 +53,9 @@ fn run(mode: &str, file: &std::path::Path) -> Result<(), Failed> {
         .unwrap_or_default()
         .to_string();
     let out = Command::new(RUNNER)
-        .args(["run", "--mode", mode, "--dir"])
+        .arg("run")
+        .args(mode_args)
+        .arg("--dir")
         .arg(dir)
         .args(["--filter", &format!("{name}.yaml")])
         .output()
@@ -76,16 +84,15 @@ fn main() {
     let args = Arguments::from_args();
     let root = nix::unistd::Uid::effective().is_root();
     let mut trials = Vec::new();
-    for mode in MODES {
+    for (mode, mode_args) in MODES {
         for file in scenario_files() {
             let stem = file
                 .file_stem()
                 .and_then(|s| s.to_str())
                 .unwrap_or_default()
                 .to_string();
-            let mode = mode.to_string();
             let name = format!("{mode}::{stem}");
-            let trial = Trial::test(name, move || run(&mode, &file)).with_ignored_flag(!root);
+            let trial = Trial::test(name, move || run(mode_args, &file)).with_ignored_flag(!root);
             trials.push(trial);
         }
     }
