@@ -105,9 +105,10 @@ pub const REPLY_SCRATCH_LEN: usize = 96;
 #[btf_map]
 pub static REPLY_SCRATCH: PerCpuArray<[u8; REPLY_SCRATCH_LEN], 1> = PerCpuArray::new();
 
-/// Per-CPU scratch space for the parsed packet of the tc programs, so that it does not sit
-/// on the stack under every call of the chain.
+/// Per-CPU scratch space for the parsed packet of the tc and XDP programs (slot 0) and the
+/// packet an ICMP error quotes (slot 1), so that they do not sit on the stack under every
+/// call of the chain.
 #[btf_map]
-pub static PKT4_SCRATCH: PerCpuArray<Packet<u32>, 1> = PerCpuArray::new();
+pub static PKT4_SCRATCH: PerCpuArray<Packet<u32>, 2> = PerCpuArray::new();
 #[btf_map]
-pub static PKT6_SCRATCH: PerCpuArray<Packet<[u8; 16]>, 1> = PerCpuArray::new();
+pub static PKT6_SCRATCH: PerCpuArray<Packet<[u8; 16]>, 2> = PerCpuArray::new();

@@ -381,16 +381,18 @@ async fn the_same_with_xdp_generic_on_the_uplink() {
     remote_backend_flow(Some("generic")).await;
 }
 
-async fn remote_backend_flow(xdp_mode: Option<&str>) {
+/// The scenario and how to run it (ebpf mode, XDP as given); `None` when this machine
+/// cannot run the test (the reason printed).
+fn prepare(xdp_mode: Option<&str>) -> Option<(Scenario, RunOptions)> {
     if let Err(err) = check_privileges() {
         eprintln!("skipping: {err}");
-        return;
+        return None;
     }
     let Some(binary) = agent_binary() else {
-        return;
+        return None;
     };
     if !have_bpftool() {
-        return;
+        return None;
     }
     let raw: RawScenario = serde_yaml::from_str(SCENARIO).unwrap();
     let scenario = Scenario::from_raw(raw, Path::new("northsouth.yaml")).unwrap();
@@ -415,13 +417,27 @@ async fn remote_backend_flow(xdp_mode: Option<&str>) {
         keep: false,
         dir_source: false,
     };
-    let mut env = match ScenarioEnv::set_up(&options, &scenario, false).await {
-        Ok(env) => env,
+    Some((scenario, options))
+}
+
+/// The scenario's node, pods and agent; `None` when the agent has no eBPF object.
+async fn start<'a>(options: &'a RunOptions, scenario: &'a Scenario) -> Option<ScenarioEnv<'a>> {
+    match ScenarioEnv::set_up(options, scenario, false).await {
+        Ok(env) => Some(env),
         Err(err) if err.to_string().contains("carries no eBPF object") => {
             eprintln!("skipping: the agent was built without its eBPF object: {err}");
-            return;
+            None
         }
         Err(err) => panic!("setting up: {err}"),
+    }
+}
+
+async fn remote_backend_flow(xdp_mode: Option<&str>) {
+    let Some((scenario, options)) = prepare(xdp_mode) else {
+        return;
+    };
+    let Some(mut env) = start(&options, &scenario).await else {
+        return;
     };
 
     // The backends live behind the remote node, so the translated traffic leaves the node
@@ -564,6 +580,92 @@ async fn remote_backend_flow(xdp_mode: Option<&str>) {
             "UDP entries from {left:?} never expired"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    drop(env);
+}
+
+/// ICMP errors about translated flows are translated too: a remote backend that refuses
+/// (port unreachable, as a REJECT rule in its namespace answers) is seen by the external
+/// client as the NodePort refusing, on TCP and UDP, in both families.
+#[tokio::test(flavor = "multi_thread")]
+async fn icmp_errors_of_a_remote_backend_reach_the_client_translated() {
+    let Some((scenario, options)) = prepare(None) else {
+        return;
+    };
+    let Some(env) = start(&options, &scenario).await else {
+        return;
+    };
+    let placement = &env.topology.placement;
+    let ext_ns = env.topology.ext_ns.clone();
+    for (n, family) in FAMILIES.iter().enumerate() {
+        let pod = placement.pod_index(family.backend).unwrap();
+        let pod_ns = env.topology.pod_ns(pod);
+        let tables = if family.backend.is_ipv4() {
+            "iptables"
+        } else {
+            "ip6tables"
+        };
+        for rule in [
+            ["-p", "udp", "--dport", "53"],
+            ["-p", "tcp", "--dport", "80"],
+        ] {
+            let status = Command::new("ip")
+                .args(["netns", "exec", &pod_ns, tables, "-I", "INPUT"])
+                .args(rule)
+                .args(["-j", "REJECT"])
+                .status()
+                .unwrap();
+            assert!(status.success(), "{tables} in {pod_ns}");
+        }
+        let port_base = 42000 + 10 * u16::try_from(n).unwrap();
+
+        // UDP, connected: the translated port unreachable surfaces as ECONNREFUSED.
+        let client = SocketAddr::new(family.client, port_base);
+        let to = SocketAddr::new(family.node, DNS_NODE_PORT);
+        let socket: UdpSocket = in_netns(&ext_ns, move || {
+            let s = UdpSocket::bind(client)?;
+            s.connect(to)?;
+            Ok(s)
+        })
+        .unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let mut refused = false;
+        let mut buf = [0u8; 64];
+        for _ in 0..3 {
+            let _ = socket.send(b"ping");
+            match socket.recv(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    refused = true;
+                    break;
+                }
+                Err(_) => continue,
+                Ok(n) => panic!("an answer despite the REJECT: {:?}", &buf[..n]),
+            }
+        }
+        assert!(
+            refused,
+            "UDP {client} -> {to}: the backend's refusal never arrived"
+        );
+
+        // TCP: connect() is refused at once instead of timing out.
+        let client = SocketAddr::new(family.client, port_base + 1);
+        let to = SocketAddr::new(family.node, HTTP_NODE_PORT);
+        let started = Instant::now();
+        let err = in_netns(&ext_ns, move || {
+            let socket = Socket::new(Domain::for_address(to), Type::STREAM, None)?;
+            socket.bind(&client.into())?;
+            Ok(socket.connect_timeout(&to.into(), Duration::from_secs(3)))
+        })
+        .unwrap()
+        .expect_err("connected despite the REJECT");
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::ConnectionRefused,
+            "TCP {client} -> {to}: {err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
     drop(env);
 }

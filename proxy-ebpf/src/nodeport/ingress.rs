@@ -5,7 +5,7 @@
 use proxy_common::{CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, CtValue, proto, svc_flags};
 
 use super::{
-    PacketFamily, ct,
+    PacketFamily, ct, icmp,
     io::{PacketIo, Plan},
     nat::{AddrRewrite, Side, rewrite_port},
     parse::{self, ETH_P_IP, ETH_P_IPV6, Packet, TCP_ACK, TCP_SYN},
@@ -52,6 +52,9 @@ fn run<C: PacketIo, F: AddrRewrite + Masquerade>(ctx: &C) -> i32 {
     let Some(p) = super::parse_into::<C, F>(ctx) else {
         return C::PASS;
     };
+    if p.proto == icmp::IPPROTO_ICMP || p.proto == icmp::IPPROTO_ICMPV6 {
+        return ctx.icmp::<F>(p);
+    }
     if p.later_fragment
         || (p.proto != proto::TCP && p.proto != proto::UDP && p.proto != proto::SCTP)
     {

@@ -25,7 +25,9 @@ use aya_ebpf::{
 };
 
 use super::{
-    PacketFamily, reject,
+    PacketFamily, icmp,
+    nat::AddrRewrite,
+    reject,
     route::{self, FibAddrs, Next},
 };
 use crate::{maps::FIB_SCRATCH, nodeport::parse::Packet};
@@ -79,6 +81,8 @@ pub trait PacketIo {
     fn send(&self, plan: Plan) -> i32;
     /// Answers a packet for a frontend without endpoints (upstream's REJECT).
     fn reject<F: PacketFamily>(&self, p: &Packet<F::Addr>) -> i32;
+    /// Handles an ICMP(v6) packet: errors about tracked flows are translated.
+    fn icmp<F: AddrRewrite>(&self, p: &Packet<F::Addr>) -> i32;
 }
 
 impl PacketIo for TcContext {
@@ -156,6 +160,10 @@ impl PacketIo for TcContext {
     #[inline(always)]
     fn reject<F: PacketFamily>(&self, p: &Packet<F::Addr>) -> i32 {
         reject::reject::<F>(self, p)
+    }
+    #[inline(always)]
+    fn icmp<F: AddrRewrite>(&self, p: &Packet<F::Addr>) -> i32 {
+        icmp::handle::<F>(self, p)
     }
 }
 
@@ -261,6 +269,11 @@ impl PacketIo for XdpContext {
     #[inline(always)]
     fn reject<F: PacketFamily>(&self, _p: &Packet<F::Addr>) -> i32 {
         // tc, next on the same device, answers it.
+        Self::PASS
+    }
+    #[inline(always)]
+    fn icmp<F: AddrRewrite>(&self, _p: &Packet<F::Addr>) -> i32 {
+        // Rare and intricate: tc handles it.
         Self::PASS
     }
 }

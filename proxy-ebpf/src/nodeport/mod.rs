@@ -15,6 +15,7 @@
 
 pub mod ct;
 pub mod egress;
+pub mod icmp;
 pub mod ingress;
 pub mod io;
 pub mod nat;
@@ -39,8 +40,11 @@ pub trait PacketFamily: Family {
     const AF: u8;
 
     fn parse<C: PacketIo>(ctx: &C) -> Option<Packet<Self::Addr>>;
+    /// Parses an IP header of this family at `l3` (e.g. the one an ICMP error quotes).
+    fn parse_at<C: PacketIo>(ctx: &C, l3: usize) -> Option<Packet<Self::Addr>>;
     /// The per-CPU slot parsed packets of this family live in.
-    fn packet_slot() -> Option<*mut Packet<Self::Addr>>;
+    /// Slot 0: the packet; slot 1: the packet an ICMP error quotes.
+    fn packet_slot(slot: u32) -> Option<*mut Packet<Self::Addr>>;
     fn ct_key(
         s: Self::Addr,
         d: Self::Addr,
@@ -68,8 +72,12 @@ impl PacketFamily for V4 {
         parse::ipv4(ctx)
     }
     #[inline(always)]
-    fn packet_slot() -> Option<*mut Packet<u32>> {
-        PKT4_SCRATCH.get_ptr_mut(0)
+    fn parse_at<C: PacketIo>(ctx: &C, l3: usize) -> Option<Packet<u32>> {
+        parse::ipv4_at(ctx, l3)
+    }
+    #[inline(always)]
+    fn packet_slot(slot: u32) -> Option<*mut Packet<u32>> {
+        PKT4_SCRATCH.get_ptr_mut(slot)
     }
     #[inline(always)]
     fn ct_key(s: u32, d: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> Ct4Key {
@@ -108,8 +116,12 @@ impl PacketFamily for V6 {
         parse::ipv6(ctx)
     }
     #[inline(always)]
-    fn packet_slot() -> Option<*mut Packet<[u8; 16]>> {
-        PKT6_SCRATCH.get_ptr_mut(0)
+    fn parse_at<C: PacketIo>(ctx: &C, l3: usize) -> Option<Packet<[u8; 16]>> {
+        parse::ipv6_at(ctx, l3)
+    }
+    #[inline(always)]
+    fn packet_slot(slot: u32) -> Option<*mut Packet<[u8; 16]>> {
+        PKT6_SCRATCH.get_ptr_mut(slot)
     }
     #[inline(always)]
     fn ct_key(s: [u8; 16], d: [u8; 16], sport: u16, dport: u16, proto: u8, dir: u8) -> Ct6Key {
@@ -140,11 +152,26 @@ impl PacketFamily for V6 {
 /// Parses the packet into the family's per-CPU slot (its own frame, released on return).
 #[inline(never)]
 pub fn parse_into<C: PacketIo, F: PacketFamily>(ctx: &C) -> Option<&'static Packet<F::Addr>> {
-    let slot = F::packet_slot()?;
+    let slot = F::packet_slot(0)?;
     let p = F::parse(ctx)?;
     // SAFETY: a per-CPU slot; networking programs do not preempt each other on one CPU.
     unsafe {
         *slot = p;
         Some(&*slot)
+    }
+}
+
+/// Parses the packet an ICMP error at `l4` quotes into the family's second per-CPU slot.
+#[inline(never)]
+pub fn parse_quote_into<F: PacketFamily>(
+    ctx: &aya_ebpf::programs::TcContext,
+    l4: usize,
+) -> Option<&'static mut Packet<F::Addr>> {
+    let slot = F::packet_slot(1)?;
+    let q = F::parse_at(ctx, l4 + 8)?;
+    // SAFETY: a per-CPU slot; networking programs do not preempt each other on one CPU.
+    unsafe {
+        *slot = q;
+        Some(&mut *slot)
     }
 }

@@ -61,7 +61,12 @@ fn has_ports(p: u8) -> bool {
 
 #[inline(always)]
 pub fn ipv4<C: PacketIo>(ctx: &C) -> Option<Packet<u32>> {
-    let l3 = ETH_HLEN;
+    ipv4_at(ctx, ETH_HLEN)
+}
+
+/// An IPv4 header at `l3` (a packet's own, or one an ICMP error quotes).
+#[inline(always)]
+pub fn ipv4_at<C: PacketIo>(ctx: &C, l3: usize) -> Option<Packet<u32>> {
     let ver_ihl: u8 = ctx.load(l3)?;
     if ver_ihl >> 4 != 4 {
         return None;
@@ -98,7 +103,12 @@ pub fn ipv4<C: PacketIo>(ctx: &C) -> Option<Packet<u32>> {
 
 #[inline(always)]
 pub fn ipv6<C: PacketIo>(ctx: &C) -> Option<Packet<[u8; 16]>> {
-    let l3 = ETH_HLEN;
+    ipv6_at(ctx, ETH_HLEN)
+}
+
+/// An IPv6 header at `l3` (a packet's own, or one an ICMPv6 error quotes).
+#[inline(always)]
+pub fn ipv6_at<C: PacketIo>(ctx: &C, l3: usize) -> Option<Packet<[u8; 16]>> {
     let first: u8 = ctx.load(l3)?;
     if first >> 4 != 6 {
         return None;

@@ -6,6 +6,7 @@ use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::proto;
 
 use super::{
+    icmp,
     nat::AddrRewrite,
     parse::{self, ETH_P_IP, ETH_P_IPV6},
     reply,
@@ -27,6 +28,9 @@ fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
     let Some(p) = super::parse_into::<TcContext, F>(ctx) else {
         return TC_ACT_OK;
     };
+    if p.proto == icmp::IPPROTO_ICMP || p.proto == icmp::IPPROTO_ICMPV6 {
+        return icmp::handle::<F>(ctx, p);
+    }
     if p.later_fragment
         || (p.proto != proto::TCP && p.proto != proto::UDP && p.proto != proto::SCTP)
     {
