@@ -63,3 +63,38 @@ pub struct CtValue {
     pub ifindex: u32,
 }
 const _: () = assert!(core::mem::size_of::<CtValue>() == 88);
+
+/// A fragmented datagram, as its fragments arrive at one hook: later fragments carry no
+/// L4 header, so the ports its first fragment carried are kept under this key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Frag4Key {
+    pub saddr: u32,
+    pub daddr: u32,
+    /// The IP identification (network order, widened).
+    pub id: u32,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<Frag4Key>() == 16);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Frag6Key {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    /// The fragment header's identification (network order).
+    pub id: u32,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<Frag6Key>() == 40);
+
+/// The ports of a fragmented datagram (network order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragPorts {
+    pub sport: u16,
+    pub dport: u16,
+}
+const _: () = assert!(core::mem::size_of::<FragPorts>() == 4);

@@ -30,6 +30,10 @@ pub const SRC_RANGES6: &str = "SRC_RANGES6_V1";
 /// Connection tracking of translated north-south flows (LRU, 5-tuple).
 pub const CT4: &str = "CT4_V1";
 pub const CT6: &str = "CT6_V1";
+/// Ports of fragmented datagrams, by (addresses, IP id, protocol), for their later
+/// fragments (LRU).
+pub const FRAG4: &str = "FRAG4_V1";
+pub const FRAG6: &str = "FRAG6_V1";
 /// Single-slot array holding [`crate::LbConfig`].
 pub const LB_CONFIG: &str = "LB_CONFIG_V1";
 /// Per-CPU counters of the XDP program's verdicts (index: the XDP action, 1 drop, 2 pass,
@@ -62,11 +66,15 @@ pub const ALL: &[&str] = &[
     SRC_RANGES6,
     CT4,
     CT6,
+    FRAG4,
+    FRAG6,
     LB_CONFIG,
     XDP_STATS,
 ];
 
 /// Compile-time capacities; the agent overrides them from its configuration at load time.
+/// Datagrams in flight whose later fragments can be translated.
+pub const DEFAULT_FRAG_ENTRIES: usize = 8_192;
 pub const DEFAULT_SVC_ENTRIES: usize = 65_536;
 pub const DEFAULT_BACKEND_ENTRIES: usize = 65_536;
 pub const DEFAULT_REV_NAT_ENTRIES: usize = 65_536;

@@ -10,10 +10,10 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend4Value, Backend6Value, Ct4Key, Ct6Key, CtValue, LbConfig,
-    NodeAddr4Key, NodeAddr6Key, RevNat4Value, RevNat6Value, SockFrontend, SockRevNat4Key,
-    SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SourceRange4, SourceRange6, Svc4Key,
-    Svc6Key, SvcValue, maps::*,
+    AffinityKey, AffinityValue, Backend4Value, Backend6Value, Ct4Key, Ct6Key, CtValue, Frag4Key,
+    Frag6Key, FragPorts, LbConfig, NodeAddr4Key, NodeAddr6Key, RevNat4Value, RevNat6Value,
+    SockFrontend, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SourceRange4,
+    SourceRange6, Svc4Key, Svc6Key, SvcValue, maps::*,
 };
 
 #[btf_map]
@@ -72,6 +72,11 @@ pub static SRC_RANGES6_V1: LpmTrie<SourceRange6, u8, DEFAULT_SRC_RANGE_ENTRIES> 
 pub static CT4_V1: LruHashMap<Ct4Key, CtValue, DEFAULT_CT_ENTRIES> = LruHashMap::new();
 #[btf_map]
 pub static CT6_V1: LruHashMap<Ct6Key, CtValue, DEFAULT_CT_ENTRIES> = LruHashMap::new();
+
+#[btf_map]
+pub static FRAG4_V1: LruHashMap<Frag4Key, FragPorts, DEFAULT_FRAG_ENTRIES> = LruHashMap::new();
+#[btf_map]
+pub static FRAG6_V1: LruHashMap<Frag6Key, FragPorts, DEFAULT_FRAG_ENTRIES> = LruHashMap::new();
 
 #[btf_map]
 pub static LB_CONFIG_V1: Array<LbConfig, 1> = Array::new();

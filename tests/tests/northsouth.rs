@@ -369,6 +369,30 @@ fn udp_exchange(ext_ns: &str, client: SocketAddr, to: SocketAddr) -> (String, So
     panic!("no UDP answer from {to} to {client}");
 }
 
+/// A 4000-byte datagram (fragmented on the way out) that the echo server reflects (so
+/// its answer is fragmented too): the answer, checked to carry the payload whole.
+fn big_udp_exchange(ext_ns: &str, client: SocketAddr, to: SocketAddr) -> (String, SocketAddr) {
+    let socket: UdpSocket = in_netns(ext_ns, move || UdpSocket::bind(client)).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut request = tests::scenario::echo::REFLECT.to_vec();
+    request.extend((0..4000u32).map(|i| b'a' + (i % 26) as u8));
+    let mut buf = vec![0u8; 65536];
+    for _ in 0..3 {
+        socket.send_to(&request, to).unwrap();
+        if let Ok((n, from)) = socket.recv_from(&mut buf) {
+            let answer = &buf[..n];
+            assert!(
+                answer.ends_with(&request),
+                "the reflected payload came back cut or changed ({n} bytes)"
+            );
+            return (String::from_utf8_lossy(answer).into_owned(), from);
+        }
+    }
+    panic!("no answer to a fragmented datagram from {to} to {client}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn nodeport_etp_cluster_to_a_remote_backend_is_masqueraded_tracked_and_expires() {
     remote_backend_flow(None).await;
@@ -503,6 +527,17 @@ async fn remote_backend_flow(xdp_mode: Option<&str>) {
             );
         }
         open_udp.push((map.clone(), family.key_len, client));
+
+        // A datagram larger than the MTU, both ways: every fragment is translated (the
+        // later ones carry no ports; the first one's are remembered for them).
+        let client = SocketAddr::new(family.client, port_base + 2);
+        let (answer, from) = big_udp_exchange(&ext_ns, client, node_port);
+        assert_eq!(from, node_port, "the fragmented reply's source");
+        assert!(
+            answer.starts_with(&format!("ECHO {backend} FROM {}:", bracketed(family.node))),
+            "{}",
+            &answer[..answer.len().min(200)]
+        );
 
         // TCP: the connection's peer is the node's address and NodePort.
         let client = SocketAddr::new(family.client, port_base + 1);

@@ -35,9 +35,7 @@ fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
     let Some(p) = super::parse_into::<TcContext, F>(ctx) else {
         return TC_ACT_OK;
     };
-    if !p.later_fragment
-        && let Some(v) = reply::lookup::<F>(p)
-    {
+    if let Some(v) = reply::lookup::<F>(p) {
         // Already on its way out of the right device: rewrite and let it go.
         let next = reply::next::<F>(p, v);
         return if reply::rewrite::<TcContext, F>(ctx, p, &next) {
@@ -51,9 +49,6 @@ fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
 
 #[inline(always)]
 fn verdict<F: PacketFamily>(p: &Packet<F::Addr>) -> i32 {
-    if p.later_fragment {
-        return TC_ACT_OK;
-    }
     match lookup_frontend::<F>(p.daddr, p.dport, p.proto, true) {
         Frontend::None => TC_ACT_OK,
         Frontend::Drop | Frontend::Reject => TC_ACT_SHOT,

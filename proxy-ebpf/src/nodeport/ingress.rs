@@ -55,9 +55,7 @@ fn run<C: PacketIo, F: AddrRewrite + Masquerade>(ctx: &C) -> i32 {
     if p.proto == icmp::IPPROTO_ICMP || p.proto == icmp::IPPROTO_ICMPV6 {
         return ctx.icmp::<F>(p);
     }
-    if p.later_fragment
-        || (p.proto != proto::TCP && p.proto != proto::UDP && p.proto != proto::SCTP)
-    {
+    if p.proto != proto::TCP && p.proto != proto::UDP && p.proto != proto::SCTP {
         return C::PASS;
     }
     // Answers of remote backends to our SNAT address.
@@ -98,6 +96,10 @@ fn new_flow<C: PacketIo, F: AddrRewrite + Masquerade>(
     p: &Packet<F::Addr>,
     cfg: &proxy_common::LbConfig,
 ) -> i32 {
+    if p.later_fragment {
+        // Its first fragment made no flow: nothing to join.
+        return C::DROP;
+    }
     let (svc, key) = match lookup_frontend::<F>(p.daddr, p.dport, p.proto, false) {
         Frontend::None => return C::PASS,
         Frontend::Drop => return C::DROP,

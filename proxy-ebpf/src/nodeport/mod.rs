@@ -25,11 +25,11 @@ pub mod reject;
 pub mod reply;
 pub mod route;
 
-use proxy_common::{Ct4Key, Ct6Key, CtValue};
+use proxy_common::{Ct4Key, Ct6Key, CtValue, Frag4Key, Frag6Key, FragPorts};
 
 use crate::{
     lb::{Family, V4, V6},
-    maps::{CT4_V1, CT6_V1, PKT4_SCRATCH, PKT6_SCRATCH},
+    maps::{CT4_V1, CT6_V1, FRAG4_V1, FRAG6_V1, PKT4_SCRATCH, PKT6_SCRATCH},
 };
 use io::PacketIo;
 use parse::Packet;
@@ -56,6 +56,9 @@ pub trait PacketFamily: Family {
     fn ct_get(key: &Self::CtKey) -> Option<*mut CtValue>;
     fn ct_put(key: &Self::CtKey, value: &CtValue) -> bool;
     fn ct_del(key: &Self::CtKey);
+    /// The ports the first fragment of `p`'s datagram carried.
+    fn frag_get(p: &Packet<Self::Addr>) -> Option<FragPorts>;
+    fn frag_put(p: &Packet<Self::Addr>);
     /// Offsets of the source and destination address in the L3 header.
     const SADDR_OFF: usize;
     const DADDR_OFF: usize;
@@ -103,6 +106,19 @@ impl PacketFamily for V4 {
     fn ct_del(key: &Ct4Key) {
         let _ = CT4_V1.remove(key);
     }
+    #[inline(always)]
+    fn frag_get(p: &Packet<u32>) -> Option<FragPorts> {
+        // SAFETY: the value is copied out at once.
+        unsafe { FRAG4_V1.get(&frag4_key(p)).copied() }
+    }
+    #[inline(always)]
+    fn frag_put(p: &Packet<u32>) {
+        let ports = FragPorts {
+            sport: p.sport,
+            dport: p.dport,
+        };
+        let _ = FRAG4_V1.insert(&frag4_key(p), &ports, 0);
+    }
 }
 
 impl PacketFamily for V6 {
@@ -147,18 +163,77 @@ impl PacketFamily for V6 {
     fn ct_del(key: &Ct6Key) {
         let _ = CT6_V1.remove(key);
     }
+    #[inline(always)]
+    fn frag_get(p: &Packet<[u8; 16]>) -> Option<FragPorts> {
+        // SAFETY: the value is copied out at once.
+        unsafe { FRAG6_V1.get(&frag6_key(p)).copied() }
+    }
+    #[inline(always)]
+    fn frag_put(p: &Packet<[u8; 16]>) {
+        let ports = FragPorts {
+            sport: p.sport,
+            dport: p.dport,
+        };
+        let _ = FRAG6_V1.insert(&frag6_key(p), &ports, 0);
+    }
+}
+
+#[inline(always)]
+fn frag4_key(p: &Packet<u32>) -> Frag4Key {
+    Frag4Key {
+        saddr: p.saddr,
+        daddr: p.daddr,
+        id: p.frag_id,
+        proto: p.proto,
+        _pad: [0; 3],
+    }
+}
+
+#[inline(always)]
+fn frag6_key(p: &Packet<[u8; 16]>) -> Frag6Key {
+    Frag6Key {
+        saddr: p.saddr,
+        daddr: p.daddr,
+        id: p.frag_id,
+        proto: p.proto,
+        _pad: [0; 3],
+    }
+}
+
+/// Fragments: the first one's ports are remembered, and a later one takes them, so that
+/// it is translated like the rest of its flow (`later_fragment` still says it has no L4
+/// header to rewrite). False for a later fragment whose first was not seen.
+#[inline(always)]
+fn recover_ports<F: PacketFamily>(p: &mut Packet<F::Addr>) -> bool {
+    if !p.fragment || !parse::has_ports(p.proto) {
+        return true;
+    }
+    if !p.later_fragment {
+        F::frag_put(p);
+        return true;
+    }
+    match F::frag_get(p) {
+        Some(ports) => {
+            p.sport = ports.sport;
+            p.dport = ports.dport;
+            true
+        }
+        None => false,
+    }
 }
 
 /// Parses the packet into the family's per-CPU slot (its own frame, released on return).
+/// A later fragment whose ports are not known is not parsed (`None`).
 #[inline(never)]
 pub fn parse_into<C: PacketIo, F: PacketFamily>(ctx: &C) -> Option<&'static Packet<F::Addr>> {
     let slot = F::packet_slot(0)?;
     let p = F::parse(ctx)?;
     // SAFETY: a per-CPU slot; networking programs do not preempt each other on one CPU.
-    unsafe {
+    let p = unsafe {
         *slot = p;
-        Some(&*slot)
-    }
+        &mut *slot
+    };
+    recover_ports::<F>(p).then_some(&*p)
 }
 
 /// Parses the packet an ICMP error at `l4` quotes into the family's second per-CPU slot.

@@ -72,7 +72,9 @@ impl AddrRewrite for V6 {
             Side::Destination => (p.l3_off + V6::DADDR_OFF, p.daddr),
         };
         let mut new_copy = new;
-        if let Some((csum_off, extra)) = l4_csum(p.proto) {
+        if !p.later_fragment
+            && let Some((csum_off, extra)) = l4_csum(p.proto)
+        {
             let diff = unsafe {
                 bpf_csum_diff(
                     old.as_mut_ptr().cast(),
@@ -101,7 +103,8 @@ pub fn rewrite_port<C: PacketIo, A>(ctx: &C, p: &Packet<A>, side: Side, new: u16
         Side::Source => (p.l4_off, p.sport),
         Side::Destination => (p.l4_off + 2, p.dport),
     };
-    if old == new {
+    // A later fragment has no L4 header: its ports live in the first.
+    if old == new || p.later_fragment {
         return true;
     }
     if let Some((csum_off, extra)) = l4_csum(p.proto)

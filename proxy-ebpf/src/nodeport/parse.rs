@@ -12,6 +12,8 @@ pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
 const IPV6_HLEN: usize = 40;
+/// The IPv6 fragment extension header.
+const IPPROTO_FRAGMENT: u8 = 44;
 
 /// One parsed packet, addresses and ports in network byte order.
 #[repr(C)]
@@ -29,6 +31,10 @@ pub struct Packet<A> {
     pub l4_off: usize,
     /// A non-first fragment: no L4 header.
     pub later_fragment: bool,
+    /// A fragment (first or later) of a datagram: `frag_id` identifies it.
+    pub fragment: bool,
+    /// The datagram's identification (IPv4: the 16-bit IP id; IPv6: the fragment header's).
+    pub frag_id: u32,
     /// TCP flags (0 for other protocols).
     pub tcp_flags: u8,
     /// Length of the L3 packet (header and payload), host order.
@@ -55,7 +61,7 @@ pub fn ethertype<C: PacketIo>(ctx: &C) -> Option<u16> {
 }
 
 #[inline(always)]
-fn has_ports(p: u8) -> bool {
+pub fn has_ports(p: u8) -> bool {
     p == proto::TCP || p == proto::UDP || p == proto::SCTP
 }
 
@@ -78,6 +84,12 @@ pub fn ipv4_at<C: PacketIo>(ctx: &C, l3: usize) -> Option<Packet<u32>> {
     let total: u16 = u16::from_be(ctx.load(l3 + 2)?);
     let frag: u16 = u16::from_be(ctx.load(l3 + 6)?);
     let later_fragment = frag & 0x1fff != 0;
+    let fragment = later_fragment || frag & 0x2000 != 0;
+    let frag_id = if fragment {
+        u32::from(ctx.load::<u16>(l3 + 4)?)
+    } else {
+        0
+    };
     let p: u8 = ctx.load(l3 + 9)?;
     let saddr: u32 = ctx.load(l3 + 12)?;
     let daddr: u32 = ctx.load(l3 + 16)?;
@@ -96,6 +108,8 @@ pub fn ipv4_at<C: PacketIo>(ctx: &C, l3: usize) -> Option<Packet<u32>> {
         l3_off: l3,
         l4_off: l4,
         later_fragment,
+        fragment,
+        frag_id,
         tcp_flags: tcp_flags(ctx, p, l4, later_fragment),
         l3_len: total,
     })
@@ -114,11 +128,22 @@ pub fn ipv6_at<C: PacketIo>(ctx: &C, l3: usize) -> Option<Packet<[u8; 16]>> {
         return None;
     }
     let payload: u16 = u16::from_be(ctx.load(l3 + 4)?);
-    let next: u8 = ctx.load(l3 + 6)?;
+    let mut next: u8 = ctx.load(l3 + 6)?;
     let saddr: [u8; 16] = ctx.load(l3 + 8)?;
     let daddr: [u8; 16] = ctx.load(l3 + 24)?;
-    let l4 = l3 + IPV6_HLEN;
-    let (sport, dport) = if has_ports(next) {
+    let mut l4 = l3 + IPV6_HLEN;
+    // A fragment header right after the fixed header (the usual place; other extension
+    // headers are not walked): the upper layer follows it in the first fragment.
+    let (mut fragment, mut later_fragment, mut frag_id) = (false, false, 0);
+    if next == IPPROTO_FRAGMENT {
+        let offset_flags = u16::from_be(ctx.load(l4 + 2)?);
+        fragment = true;
+        later_fragment = offset_flags >> 3 != 0;
+        frag_id = ctx.load::<u32>(l4 + 4)?;
+        next = ctx.load(l4)?;
+        l4 += 8;
+    }
+    let (sport, dport) = if has_ports(next) && !later_fragment {
         (ctx.load::<u16>(l4)?, ctx.load::<u16>(l4 + 2)?)
     } else {
         (0, 0)
@@ -131,8 +156,10 @@ pub fn ipv6_at<C: PacketIo>(ctx: &C, l3: usize) -> Option<Packet<[u8; 16]>> {
         proto: next,
         l3_off: l3,
         l4_off: l4,
-        later_fragment: false,
-        tcp_flags: tcp_flags(ctx, next, l4, false),
+        later_fragment,
+        fragment,
+        frag_id,
+        tcp_flags: tcp_flags(ctx, next, l4, later_fragment),
         l3_len: payload.saturating_add(IPV6_HLEN as u16),
     })
 }

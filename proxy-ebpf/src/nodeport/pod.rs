@@ -31,9 +31,7 @@ fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
     if p.proto == icmp::IPPROTO_ICMP || p.proto == icmp::IPPROTO_ICMPV6 {
         return icmp::handle::<F>(ctx, p);
     }
-    if p.later_fragment
-        || (p.proto != proto::TCP && p.proto != proto::UDP && p.proto != proto::SCTP)
-    {
+    if p.proto != proto::TCP && p.proto != proto::UDP && p.proto != proto::SCTP {
         return TC_ACT_OK;
     }
     match reply::lookup::<F>(p) {

@@ -77,6 +77,9 @@ pub fn sctp_supported() -> bool {
     .is_ok()
 }
 
+/// The start of a datagram the echo server sends back after its line.
+pub const REFLECT: &[u8] = b"REFLECT\n";
+
 pub fn reply_line(kind: ListenKind, own: SocketAddr, peer: SocketAddr) -> String {
     match kind {
         ListenKind::Echo => format!("ECHO {own} FROM {peer}\n"),
@@ -143,14 +146,18 @@ pub fn serve(bound: Bound) -> JoinHandle<()> {
             }
         }
         Bound::Datagram(socket, kind) => {
-            let mut buf = [0u8; 2048];
+            let mut buf = vec![0u8; 65536];
             loop {
                 match socket.recv_from(&mut buf) {
-                    Ok((_, peer)) => {
+                    Ok((n, peer)) => {
                         let own = socket.local_addr().unwrap_or(peer);
-                        if let Err(err) =
-                            socket.send_to(reply_line(kind, own, peer).as_bytes(), peer)
-                        {
+                        let mut reply = reply_line(kind, own, peer).into_bytes();
+                        // A datagram that asks for it comes back after the line (large
+                        // ones test fragmented answers).
+                        if buf[..n].starts_with(REFLECT) {
+                            reply.extend_from_slice(&buf[..n]);
+                        }
+                        if let Err(err) = socket.send_to(&reply, peer) {
                             eprintln!("echo: reply to {peer}: {err}");
                         }
                     }
