@@ -412,9 +412,7 @@ fn prepare(xdp_mode: Option<&str>) -> Option<(Scenario, RunOptions)> {
         eprintln!("skipping: {err}");
         return None;
     }
-    let Some(binary) = agent_binary() else {
-        return None;
-    };
+    let binary = agent_binary()?;
     if !have_bpftool() {
         return None;
     }
