@@ -17,7 +17,10 @@ use super::{AgentError, ModeChoice, Result, node_facts::NodeFacts};
 use crate::{
     config::{ProxyMode, Resolved},
     health::{Family as HealthFamily, ProxyHealth},
-    k8s::watch::{Change, ClusterEvent, ResourceKind},
+    k8s::{
+        events::{EventSink, NodeEvent},
+        watch::{Change, ClusterEvent, ResourceKind},
+    },
     metrics::Metrics,
     model::{IpFamily, NamespacedName},
     node::{ProcSysctl, host_addresses},
@@ -49,6 +52,8 @@ pub struct EventLoop {
     pending_stale: StaleConntrack,
     pending_trigger_times: Vec<SystemTime>,
     runner_sync_period: Duration,
+    /// Events on the Node (fallbacks, refused objects).
+    events: EventSink,
 }
 
 impl EventLoop {
@@ -71,6 +76,7 @@ impl EventLoop {
             metrics,
             runner: SyncRunner::new(min_sync, sync),
             runner_sync_period: sync,
+            events: EventSink::disabled(),
             node_name,
             resolved: resolved.clone(),
             synced: HashSet::new(),
@@ -167,11 +173,20 @@ impl EventLoop {
         }
     }
 
+    pub fn set_event_sink(&mut self, events: EventSink) {
+        self.events = events;
+    }
+
     pub fn record_fallback(&self, choice: &ModeChoice) {
         self.metrics
             .fallbacks_total
             .with_label_values(&[choice.requested.as_str(), choice.mode.as_str()])
             .inc();
+        self.events.emit(NodeEvent::ModeFallback {
+            requested: choice.requested.as_str().into(),
+            running: choice.mode.as_str().into(),
+            reason: choice.reason.clone().unwrap_or_default(),
+        });
     }
 
     fn start_proxier(
@@ -282,6 +297,8 @@ impl EventLoop {
                 reason: e.to_string(),
             })?;
         self.runner.request_full(Instant::now());
+        // Objects refused in the initial lists are reported now, not at the next event.
+        self.report_rejected();
         let mut host_refresh = tokio::time::interval(Duration::from_secs(10));
         loop {
             let deadline = self.runner.next_deadline();
@@ -369,6 +386,7 @@ impl EventLoop {
                 .objects_rejected_total
                 .with_label_values(&[&format!("{:?}", rejected.kind)])
                 .inc();
+            self.events.emit(NodeEvent::ObjectRejected(rejected));
         }
     }
 

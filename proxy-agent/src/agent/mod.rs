@@ -18,6 +18,7 @@ use crate::{
     health::ProxyHealth,
     k8s::{
         client::{ConnectionSettings, make_client},
+        events::EventSink,
         watch::{ClusterEvent, spawn_watchers},
     },
     metrics::Metrics,
@@ -87,10 +88,11 @@ pub async fn run(resolved: Resolved) -> Result<()> {
 
     // Sources first: the Node object (addresses, podCIDRs) is needed to finish start-up.
     let (tx, rx) = mpsc::channel::<ClusterEvent>(4096);
-    match &resolved.options.source_dir {
+    let events = match &resolved.options.source_dir {
         Some(dir) => {
             info!(dir = %dir.display(), "reading cluster objects from a directory (--source)");
             crate::source::dir::spawn(dir.clone(), node_name.clone(), tx);
+            EventSink::disabled()
         }
         None => {
             let kubeconfig = (!config.client_connection.kubeconfig.is_empty())
@@ -100,9 +102,11 @@ pub async fn run(resolved: Resolved) -> Result<()> {
                 master: resolved.options.master.clone(),
             })
             .await?;
+            let events = EventSink::spawn(client.clone(), &node_name);
             spawn_watchers(client, &node_name, tx);
+            events
         }
-    }
+    };
 
     let requested = resolved.effective.mode;
     let health = ProxyHealth::new(2 * periods.sync.to_std(), requested.as_str());
@@ -131,6 +135,7 @@ pub async fn run(resolved: Resolved) -> Result<()> {
         periods.min_sync.to_std(),
         periods.sync.to_std(),
     );
+    event_loop.set_event_sink(events);
     event_loop.wait_for_initial_state().await?;
     let facts = node_facts::establish(&resolved, &mut event_loop).await?;
     let choice = choose_mode(requested, &resolved, &facts)?;

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod convert;
+pub mod events;
 #[cfg(any(test, feature = "test-fixtures"))]
 pub mod fixtures;
 pub mod watch;

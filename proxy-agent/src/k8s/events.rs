@@ -1,0 +1,344 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Kubernetes Events on this Node for what an operator must see without reading the
+//! agent's log: a proxy-mode fallback, and objects the model refused (`kubectl describe
+//! node` shows both). Publishing never blocks the event loop: events go through a bounded
+//! channel to a task that posts them, and a rate limiter keeps a flapping object or a
+//! flood of bad objects from flooding the API server (as client-go's spam filter does).
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::{
+    Client,
+    runtime::events::{Event, EventType, Recorder, Reporter},
+};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::model::{InvalidObject, ObjectKind};
+
+/// The reporting controller named in every event.
+pub const REPORTING_CONTROLLER: &str = "kube-proxy-ebpf";
+/// events.k8s.io/v1 refuses notes longer than this.
+const NOTE_MAX_BYTES: usize = 1024;
+/// Events waiting to be posted; past this, new ones are dropped (and logged at debug).
+const QUEUE: usize = 256;
+
+/// Something worth an Event on the Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeEvent {
+    /// The requested mode could not run; `running` runs instead.
+    ModeFallback {
+        requested: String,
+        running: String,
+        reason: String,
+    },
+    /// An object the model refused; it contributes nothing, the rest still syncs.
+    ObjectRejected(InvalidObject),
+}
+
+impl NodeEvent {
+    /// The event's machine-readable reason (CamelCase, as Kubernetes reasons are).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NodeEvent::ModeFallback { .. } => "ProxyModeFallback",
+            NodeEvent::ObjectRejected(o) => match o.kind {
+                ObjectKind::Service => "InvalidService",
+                ObjectKind::EndpointSlice => "InvalidEndpointSlice",
+                ObjectKind::Node => "InvalidNode",
+                ObjectKind::ServiceCidr => "InvalidServiceCIDR",
+            },
+        }
+    }
+
+    /// What the agent was doing when this happened.
+    pub fn action(&self) -> &'static str {
+        match self {
+            NodeEvent::ModeFallback { .. } => "StartProxier",
+            NodeEvent::ObjectRejected(_) => "Sync",
+        }
+    }
+
+    /// The human-readable note, cut to the API's limit on a character boundary.
+    pub fn note(&self) -> String {
+        let note = match self {
+            NodeEvent::ModeFallback {
+                requested,
+                running,
+                reason,
+            } => format!(
+                "proxy mode {requested} cannot run on this node ({reason}); running {running} mode instead"
+            ),
+            NodeEvent::ObjectRejected(o) => format!(
+                "{} {}/{} ignored: {}",
+                o.kind, o.namespace, o.name, o.reason
+            ),
+        };
+        truncate(note, NOTE_MAX_BYTES)
+    }
+
+    /// The object the event is about besides the Node (the refused object).
+    pub fn related(&self) -> Option<ObjectReference> {
+        let NodeEvent::ObjectRejected(o) = self else {
+            return None;
+        };
+        let (api_version, kind) = match o.kind {
+            ObjectKind::Service => ("v1", "Service"),
+            ObjectKind::EndpointSlice => ("discovery.k8s.io/v1", "EndpointSlice"),
+            ObjectKind::Node => ("v1", "Node"),
+            ObjectKind::ServiceCidr => ("networking.k8s.io/v1", "ServiceCIDR"),
+        };
+        Some(ObjectReference {
+            api_version: Some(api_version.into()),
+            kind: Some(kind.into()),
+            namespace: (!o.namespace.is_empty()).then(|| o.namespace.clone()),
+            name: Some(o.name.clone()),
+            ..Default::default()
+        })
+    }
+
+    /// Events with the same key are the same news: the rate limiter counts them together.
+    fn key(&self) -> String {
+        match self {
+            NodeEvent::ModeFallback { requested, .. } => format!("fallback/{requested}"),
+            NodeEvent::ObjectRejected(o) => {
+                format!("{}/{}/{}", o.kind, o.namespace, o.name)
+            }
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max.saturating_sub(3);
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+/// Which events may be posted now: one per key per `per_key` interval, and overall a token
+/// bucket of `burst` events refilled one every `refill` (client-go's spam filter has the
+/// same shape: a burst, then a slow trickle).
+#[derive(Debug)]
+pub struct EventRateLimiter {
+    per_key: Duration,
+    burst: u32,
+    refill: Duration,
+    tokens: u32,
+    last_refill: Instant,
+    last_by_key: HashMap<String, Instant>,
+}
+
+impl EventRateLimiter {
+    pub fn new(per_key: Duration, burst: u32, refill: Duration, now: Instant) -> Self {
+        Self {
+            per_key,
+            burst,
+            refill,
+            tokens: burst,
+            last_refill: now,
+            last_by_key: HashMap::new(),
+        }
+    }
+
+    /// The agent's limits: the same news at most every 5 minutes; 25 events at once, then
+    /// one every 10 seconds.
+    pub fn standard(now: Instant) -> Self {
+        Self::new(Duration::from_secs(300), 25, Duration::from_secs(10), now)
+    }
+
+    /// Whether an event with this key may be posted at `now` (and counts it if so).
+    pub fn allow(&mut self, key: &str, now: Instant) -> bool {
+        self.refill_tokens(now);
+        if let Some(last) = self.last_by_key.get(key)
+            && now.saturating_duration_since(*last) < self.per_key
+        {
+            return false;
+        }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        self.last_by_key.insert(key.to_string(), now);
+        // Forget keys whose interval has passed, so the map stays as small as the news.
+        let per_key = self.per_key;
+        self.last_by_key
+            .retain(|_, t| now.saturating_duration_since(*t) < per_key);
+        true
+    }
+
+    fn refill_tokens(&mut self, now: Instant) {
+        if self.refill.is_zero() {
+            self.tokens = self.burst;
+            return;
+        }
+        let elapsed = now.saturating_duration_since(self.last_refill);
+        let earned = (elapsed.as_nanos() / self.refill.as_nanos()) as u64;
+        if earned > 0 {
+            let tokens = u64::from(self.tokens).saturating_add(earned);
+            self.tokens = u32::try_from(tokens.min(u64::from(self.burst))).unwrap_or(self.burst);
+            self.last_refill += self.refill * u32::try_from(earned).unwrap_or(u32::MAX);
+        }
+    }
+}
+
+/// Where the event loop sends events. Without an API server (`--source`) it only logs.
+#[derive(Clone, Debug, Default)]
+pub struct EventSink {
+    tx: Option<mpsc::Sender<NodeEvent>>,
+}
+
+impl EventSink {
+    /// A sink that posts nothing (no API server).
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+
+    /// Starts the task that posts events about `node_name` through `client`.
+    pub fn spawn(client: Client, node_name: &str) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let reporter = Reporter {
+            controller: REPORTING_CONTROLLER.into(),
+            instance: Some(format!("{REPORTING_CONTROLLER}-{node_name}")),
+        };
+        let recorder = Recorder::new(client, reporter);
+        tokio::spawn(post_events(rx, recorder, node_reference(node_name)));
+        Self { tx: Some(tx) }
+    }
+
+    /// Queues an event; never waits. A full queue drops it (the log has it anyway).
+    pub fn emit(&self, event: NodeEvent) {
+        let Some(tx) = &self.tx else {
+            return;
+        };
+        if let Err(e) = tx.try_send(event) {
+            debug!(error = %e, "event queue full or closed; event dropped");
+        }
+    }
+}
+
+/// The Node as events refer to it. Like upstream kube-proxy, the UID is the node name
+/// (the agent may not have seen the Node object yet), and events about this cluster-scoped
+/// object live in the `default` namespace.
+pub fn node_reference(node_name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node_name.into()),
+        uid: Some(node_name.into()),
+        namespace: Some("default".into()),
+        ..Default::default()
+    }
+}
+
+async fn post_events(mut rx: mpsc::Receiver<NodeEvent>, recorder: Recorder, node: ObjectReference) {
+    let mut limiter = EventRateLimiter::standard(Instant::now());
+    while let Some(event) = rx.recv().await {
+        if !limiter.allow(&event.key(), Instant::now()) {
+            debug!(reason = event.reason(), "event rate-limited");
+            continue;
+        }
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: event.reason().into(),
+            note: Some(event.note()),
+            action: event.action().into(),
+            secondary: event.related(),
+        };
+        if let Err(e) = recorder.publish(&ev, &node).await {
+            warn!(reason = event.reason(), error = %e, "cannot post an event on the Node");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rejected(name: &str, reason: &str) -> NodeEvent {
+        NodeEvent::ObjectRejected(InvalidObject::new(ObjectKind::Service, "ns1", name, reason))
+    }
+
+    #[test]
+    fn rejected_objects_name_the_object_and_why() {
+        let e = rejected("svc1", "clusterIP \"10.0.0.x\" is not an IP address");
+        assert_eq!(e.reason(), "InvalidService");
+        assert_eq!(
+            e.note(),
+            "Service ns1/svc1 ignored: clusterIP \"10.0.0.x\" is not an IP address"
+        );
+        let related = e.related().unwrap();
+        assert_eq!(related.kind.as_deref(), Some("Service"));
+        assert_eq!(related.namespace.as_deref(), Some("ns1"));
+        assert_eq!(related.name.as_deref(), Some("svc1"));
+        let slice = NodeEvent::ObjectRejected(InvalidObject::new(
+            ObjectKind::EndpointSlice,
+            "ns1",
+            "s-1",
+            "x",
+        ));
+        assert_eq!(slice.reason(), "InvalidEndpointSlice");
+        assert_eq!(
+            slice.related().unwrap().api_version.as_deref(),
+            Some("discovery.k8s.io/v1")
+        );
+    }
+
+    #[test]
+    fn fallback_note_says_what_runs_instead() {
+        let e = NodeEvent::ModeFallback {
+            requested: "ipvs".into(),
+            running: "iptables".into(),
+            reason: "the kernel has no IPVS support".into(),
+        };
+        assert_eq!(e.reason(), "ProxyModeFallback");
+        assert_eq!(
+            e.note(),
+            "proxy mode ipvs cannot run on this node (the kernel has no IPVS support); running iptables mode instead"
+        );
+        assert!(e.related().is_none());
+    }
+
+    #[test]
+    fn long_notes_are_cut_on_a_character_boundary() {
+        let e = rejected("svc1", &"é".repeat(2000));
+        let note = e.note();
+        assert!(note.len() <= NOTE_MAX_BYTES);
+        assert!(note.ends_with("..."));
+    }
+
+    #[test]
+    fn the_same_news_is_posted_once_per_interval() {
+        let t0 = Instant::now();
+        let mut l =
+            EventRateLimiter::new(Duration::from_secs(300), 25, Duration::from_secs(10), t0);
+        assert!(l.allow("a", t0));
+        assert!(!l.allow("a", t0 + Duration::from_secs(299)));
+        assert!(l.allow("b", t0 + Duration::from_secs(1)));
+        assert!(l.allow("a", t0 + Duration::from_secs(300)));
+    }
+
+    #[test]
+    fn a_flood_gets_a_burst_then_a_trickle() {
+        let t0 = Instant::now();
+        let mut l = EventRateLimiter::new(Duration::from_secs(300), 3, Duration::from_secs(10), t0);
+        let allowed = (0..10).filter(|i| l.allow(&format!("k{i}"), t0)).count();
+        assert_eq!(allowed, 3);
+        assert!(!l.allow("k10", t0 + Duration::from_secs(9)));
+        assert!(l.allow("k11", t0 + Duration::from_secs(10)));
+        assert!(!l.allow("k12", t0 + Duration::from_secs(11)));
+        // Tokens never pile up past the burst.
+        let later = t0 + Duration::from_secs(1000);
+        let allowed = (0..10)
+            .filter(|i| l.allow(&format!("late{i}"), later))
+            .count();
+        assert_eq!(allowed, 3);
+    }
+}

@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The agent posts Events on its Node for a proxy-mode fallback and for objects it
+//! refuses: an agent asked for ipvs mode on this kernel (no IP_VS) is given one valid and
+//! one invalid Service through the test API server, inside a network namespace of its own,
+//! and the server receives a Warning `ProxyModeFallback` and a Warning `InvalidService`
+//! naming the refused Service, each once.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+use tests::{
+    apiserver::{ServerConfig, TestApiServer},
+    require_root,
+    scenario::netns::{Place, add_netns, bind_tcp_listener_in, delete_netns, ip_in},
+};
+
+const NODE: &str = "events-node";
+
+fn agent_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("proxy-agent")
+}
+
+/// Kills the agent and removes the namespace whatever the test's outcome.
+struct Cleanup {
+    ns: String,
+    agent: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.agent.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = delete_netns(&self.ns);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn objects() -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": NODE},
+               "spec": {"podCIDRs": ["10.0.0.0/24"]},
+               "status": {"addresses": [{"type": "InternalIP", "address": "192.168.77.2"}]}}),
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "good", "namespace": "ns1"},
+               "spec": {"clusterIP": "172.30.0.10", "clusterIPs": ["172.30.0.10"],
+                        "ports": [{"name": "p", "port": 80, "protocol": "TCP"}]}}),
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "bad-ip", "namespace": "ns1"},
+               "spec": {"clusterIP": "172.30.0.300", "clusterIPs": ["172.30.0.300"],
+                        "ports": [{"name": "p", "port": 80, "protocol": "TCP"}]}}),
+    ]
+}
+
+fn with_reason<'a>(events: &'a [Value], reason: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["reason"] == reason).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_and_refused_objects_become_events_on_the_node() {
+    require_root!();
+    let binary = agent_binary();
+    assert!(binary.exists(), "{} is not built", binary.display());
+    let ns = format!("kpe-ev-{}", std::process::id());
+    let dir = std::env::temp_dir().join(&ns);
+    std::fs::create_dir_all(&dir).unwrap();
+    add_netns(&ns).unwrap();
+    let mut guard = Cleanup {
+        ns: ns.clone(),
+        agent: None,
+        dir: dir.clone(),
+    };
+    ip_in(&ns, &["link", "set", "lo", "up"]).unwrap();
+
+    let listener = bind_tcp_listener_in(&ns, ([127, 0, 0, 1], 0).into()).unwrap();
+    let server = TestApiServer::start_on(listener, ServerConfig::default()).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    for object in objects() {
+        server.create_value(object).unwrap();
+    }
+
+    // Conntrack settings of 0 leave the machine's sysctls alone; the bpffs root does not
+    // exist, so no ebpf leftovers are looked for on the host.
+    let config = dir.join("config.yaml");
+    let yaml = format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
+         kind: KubeProxyConfiguration\n\
+         mode: ipvs\n\
+         hostnameOverride: {NODE}\n\
+         clusterCIDR: 10.0.0.0/8\n\
+         healthzBindAddress: 127.0.0.1:10256\n\
+         metricsBindAddress: 127.0.0.1:10249\n\
+         clientConnection: {{kubeconfig: {}}}\n\
+         conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}\n\
+         ebpf: {{bpffsRoot: {}}}\n",
+        kubeconfig.display(),
+        dir.join("no-bpffs").display()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let log = std::fs::File::create(dir.join("agent.log")).unwrap();
+    let place = Place {
+        netns: ns.clone(),
+        cgroup: None,
+    };
+    guard.agent = Some(
+        place
+            .command(
+                &binary,
+                &["--config".to_string(), config.display().to_string()],
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let events = loop {
+        let events = server.events();
+        let done = !with_reason(&events, "ProxyModeFallback").is_empty()
+            && !with_reason(&events, "InvalidService").is_empty();
+        if done || Instant::now() > deadline {
+            break events;
+        }
+        if let Some(Ok(Some(status))) = guard.agent.as_mut().map(Child::try_wait) {
+            panic!(
+                "the agent exited ({status}):\n{}",
+                std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+
+    let fallback = with_reason(&events, "ProxyModeFallback");
+    assert_eq!(fallback.len(), 1, "one fallback event: {events:#?}\n{log}");
+    let fallback = fallback[0];
+    assert_eq!(fallback["type"], "Warning");
+    assert_eq!(fallback["regarding"]["kind"], "Node");
+    assert_eq!(fallback["regarding"]["name"], NODE);
+    assert_eq!(fallback["reportingController"], "kube-proxy-ebpf");
+    let note = fallback["note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("proxy mode ipvs cannot run on this node") && note.contains("iptables"),
+        "{note}"
+    );
+
+    let refused = with_reason(&events, "InvalidService");
+    assert_eq!(refused.len(), 1, "one refusal event: {events:#?}\n{log}");
+    let refused = refused[0];
+    assert_eq!(refused["type"], "Warning");
+    assert_eq!(refused["regarding"]["kind"], "Node");
+    assert_eq!(refused["related"]["kind"], "Service");
+    assert_eq!(refused["related"]["namespace"], "ns1");
+    assert_eq!(refused["related"]["name"], "bad-ip");
+    let note = refused["note"].as_str().unwrap_or_default();
+    assert!(note.starts_with("Service ns1/bad-ip ignored: "), "{note}");
+    assert!(note.contains("172.30.0.300"), "{note}");
+    // The valid Service is not refused.
+    assert!(
+        !events.iter().any(|e| e["related"]["name"] == "good"),
+        "{events:#?}"
+    );
+    drop(guard);
+}
