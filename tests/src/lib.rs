@@ -4,5 +4,6 @@
 
 pub mod apiserver;
 pub mod bench;
+pub mod node_harness;
 pub mod privileged;
 pub mod scenario;

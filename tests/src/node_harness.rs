@@ -1,0 +1,147 @@
+// SPDX-License-Identifier: Apache-2.0
+//! One sandbox node for agent-level tests that are not scenario replays (mode switches,
+//! drift, restarts): the scenario runner's topology (node namespace, pod namespaces, the
+//! node's own cgroup) built from a small object list, the test API server bound inside
+//! the node namespace, and the agent started in any mode with configuration overrides.
+//! Dropping it removes everything.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, SystemTime},
+};
+
+use serde_json::{Map, Value};
+
+use crate::scenario::{
+    Error, Mode, Result, Scenario,
+    agent::{Agent, AgentOptions, ConfigInputs, bpffs_root},
+    cluster::{ApiServerStore, ClusterSource, Tracked},
+    netns::Place,
+    placement::Placement,
+    readiness::Change,
+    run::merged_config,
+    topology::Topology,
+};
+
+/// The node, its cluster and its run directory.
+pub struct TestNode {
+    pub scenario: Scenario,
+    pub topology: Topology,
+    pub source: Tracked<ApiServerStore>,
+    dir: PathBuf,
+}
+
+impl TestNode {
+    /// Builds a node from a scenario `header` (name, node, config) and `objects` (a YAML
+    /// list). `flows` (YAML list items) only place the pods; they are never replayed.
+    /// Needs a tokio runtime (the API server).
+    pub fn build(name: &str, header: &str, objects: &str, flows: &str) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("kpe-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        let indented: String = objects.lines().map(|l| format!("  {l}\n")).collect();
+        let text = format!("{header}\nobjects:\n{indented}flows:\n{flows}\n");
+        let path = dir.join(format!("{name}.yaml"));
+        std::fs::write(&path, text).map_err(Error::io(format!("writing {}", path.display())))?;
+        let scenario = Scenario::load(&path)?;
+        let placement = Placement::plan(&scenario)?;
+        let topology = Topology::build(&scenario.node, &placement, false)?;
+        let mut source = Tracked::new(ApiServerStore::start(&topology.node_ns, &topology.run_dir)?);
+        let values: Vec<Value> = serde_yaml::from_str(objects)?;
+        source.apply_state(&values)?;
+        Ok(Self {
+            scenario,
+            topology,
+            source,
+            dir,
+        })
+    }
+
+    /// The agent binary beside the test binary (target/debug/proxy-agent).
+    pub fn agent_binary() -> PathBuf {
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().and_then(Path::parent).map(Path::to_path_buf))
+            .unwrap_or_default()
+            .join("proxy-agent")
+    }
+
+    pub fn bpffs_root(&self) -> PathBuf {
+        bpffs_root(&self.topology.id)
+    }
+
+    pub fn node_place(&self) -> Place {
+        self.topology.node_place()
+    }
+
+    /// Starts the agent in `mode` and waits for its first sync. `keep`: stopping or
+    /// dropping it leaves its dataplane in place (a crash, or a hand-over to the next).
+    pub async fn start_agent(
+        &self,
+        mode: Mode,
+        config_overrides: Map<String, Value>,
+        keep: bool,
+        runner_exe: &Path,
+    ) -> Result<Agent> {
+        let connection = self.source.connection();
+        let bpffs = self.bpffs_root();
+        let fragment = merged_config(&self.scenario.config, &config_overrides);
+        let inputs = ConfigInputs {
+            fragment: &fragment,
+            mode,
+            node_name: &self.scenario.node.name,
+            connection: &connection,
+            bpffs_root: &bpffs,
+            cgroup_root: &self.topology.cgroup,
+        };
+        let options = AgentOptions {
+            binary: Self::agent_binary(),
+            mode,
+            extra_args: Vec::new(),
+            config_overrides,
+            ready_timeout: Duration::from_secs(20),
+        };
+        let mut agent = Agent::start(
+            &options,
+            &inputs,
+            self.node_place(),
+            &self.topology.run_dir,
+            runner_exe,
+            keep,
+        )?;
+        let now = SystemTime::now();
+        agent
+            .wait_synced(Change {
+                started: now,
+                at: now,
+                initial: true,
+            })
+            .await?;
+        Ok(agent)
+    }
+
+    /// Runs `program args` in the node namespace (outside its cgroup) and returns its
+    /// standard output; a failure to start is an error, a nonzero exit is not.
+    pub fn output(&self, program: &str, args: &[&str]) -> Result<String> {
+        let place = Place {
+            netns: self.topology.node_ns.clone(),
+            cgroup: None,
+        };
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let out = place
+            .command(Path::new(program), &args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(Error::io(format!("running {program}")))?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        self.topology.cleanup();
+        // Pins left by kept agents (unpinning a link detaches its program).
+        let _ = std::fs::remove_dir_all(self.bpffs_root());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,280 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Dataplane state deleted or altered behind the agent's back is repaired within one sync
+//! period (issue: reliability, "drift"): with `syncPeriod: 2s`,
+//! - ebpf: a frontend's slot 0 and its backend deleted with `bpftool map delete`, and a
+//!   second frontend's backend count rewritten with `bpftool map update`, come back
+//!   exactly as they were;
+//! - iptables: a service's jump in KUBE-SERVICES deleted and its endpoint chain flushed
+//!   with `iptables` come back exactly as they were.
+
+use std::{
+    collections::BTreeSet,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use serde_json::{Map, Value, json};
+use tests::{node_harness::TestNode, require_root, scenario::Mode};
+
+const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
+const SYNC_PERIOD: Duration = Duration::from_secs(2);
+/// A sync takes a little time of its own, and the poll is not instantaneous.
+const SLACK: Duration = Duration::from_secs(2);
+
+fn objects() -> String {
+    let mut out = String::from(
+        r#"- apiVersion: v1
+  kind: Node
+  metadata: {name: drift-node}
+  spec: {podCIDRs: [10.0.0.0/8]}
+  status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}
+"#,
+    );
+    for (i, (vip, backend)) in [("172.30.0.61", "10.182.0.1"), ("172.30.0.62", "10.182.0.2")]
+        .iter()
+        .enumerate()
+    {
+        out.push_str(&format!(
+            r#"- apiVersion: v1
+  kind: Service
+  metadata: {{name: svc{i}, namespace: ns1}}
+  spec:
+    clusterIP: {vip}
+    clusterIPs: [{vip}]
+    ports: [{{name: p, port: 80, protocol: TCP, targetPort: 9000}}]
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {{name: svc{i}-1, namespace: ns1, labels: {{kubernetes.io/service-name: svc{i}}}}}
+  addressType: IPv4
+  endpoints: [{{addresses: [{backend}], nodeName: drift-node, conditions: {{ready: true}}}}]
+  ports: [{{name: p, port: 9000, protocol: TCP}}]
+"#
+        ));
+    }
+    out
+}
+
+fn node(name: &str) -> TestNode {
+    TestNode::build(
+        name,
+        &format!(
+            "name: {name}\n\
+             about: drift repair\n\
+             node: {{name: drift-node, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}}\n\
+             config: {{clusterCIDR: 10.0.0.0/8}}"
+        ),
+        &objects(),
+        "- {from: 10.0.0.2, to: \"172.30.0.61:80\", expect: [\"10.182.0.1:9000\"]}\n\
+         - {from: 10.0.0.2, to: \"172.30.0.62:80\", expect: [\"10.182.0.2:9000\"]}",
+    )
+    .unwrap()
+}
+
+fn fast_periodic_sync() -> Map<String, Value> {
+    let mut overrides = Map::new();
+    overrides.insert(
+        "iptables".into(),
+        json!({"syncPeriod": format!("{}s", SYNC_PERIOD.as_secs()), "minSyncPeriod": "0s"}),
+    );
+    overrides
+}
+
+/// Polls `read` until it returns `want`, for at most one sync period plus slack; returns
+/// how long it took.
+fn wait_for<T: PartialEq + std::fmt::Debug>(want: &T, mut read: impl FnMut() -> T) -> Duration {
+    let start = Instant::now();
+    loop {
+        let seen = read();
+        if &seen == want {
+            return start.elapsed();
+        }
+        if start.elapsed() > SYNC_PERIOD + SLACK {
+            panic!(
+                "not repaired within {:?}:\nwant {want:#?}\nseen {seen:#?}",
+                SYNC_PERIOD + SLACK
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A pinned map's entries as (raw key bytes, formatted key, formatted value).
+fn dump(node: &TestNode, map: &str) -> Vec<(Vec<String>, Value, Value)> {
+    let path = node.bpffs_root().join("maps").join(map);
+    let text = node
+        .output(
+            "bpftool",
+            &["-j", "map", "dump", "pinned", &path.display().to_string()],
+        )
+        .unwrap();
+    let entries: Vec<Value> = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("bpftool dump of {map}: {e}: {text}"));
+    entries
+        .into_iter()
+        .map(|e| {
+            let raw: Vec<String> = e["key"]
+                .as_array()
+                .unwrap_or_else(|| panic!("raw key in {e}"))
+                .iter()
+                .map(|b| b.as_str().unwrap().trim_start_matches("0x").to_string())
+                .collect();
+            (
+                raw,
+                e["formatted"]["key"].clone(),
+                e["formatted"]["value"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn formatted(entries: &[(Vec<String>, Value, Value)]) -> BTreeSet<String> {
+    entries
+        .iter()
+        .map(|(_, k, v)| format!("{k} => {v}"))
+        .collect()
+}
+
+fn bpftool(args: &[&str]) {
+    let status = std::process::Command::new("bpftool")
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(status.success(), "bpftool {args:?}");
+}
+
+/// Runs `bpftool map <verb> pinned <map> key hex <key> [value hex <value>]`.
+fn map_op(verb: &str, map: &str, key: &[String], value: Option<&[String]>) {
+    let mut args = vec!["map", verb, "pinned", map, "key", "hex"];
+    args.extend(key.iter().map(String::as_str));
+    if let Some(value) = value {
+        args.extend(["value", "hex"]);
+        args.extend(value.iter().map(String::as_str));
+    }
+    bpftool(&args);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebpf_map_entries_deleted_or_altered_are_repaired() {
+    require_root!();
+    let node = node("drift-ebpf");
+    let _agent = node
+        .start_agent(Mode::Ebpf, fast_periodic_sync(), false, Path::new(RUNNER))
+        .await
+        .unwrap();
+    let svc_map = node
+        .bpffs_root()
+        .join("maps")
+        .join("SVC4_V1")
+        .display()
+        .to_string();
+    let backend_map = node
+        .bpffs_root()
+        .join("maps")
+        .join("BACKENDS4_V1")
+        .display()
+        .to_string();
+    let services = dump(&node, "SVC4_V1");
+    let backends = dump(&node, "BACKENDS4_V1");
+    assert!(backends.len() >= 2, "{backends:#?}");
+
+    // Keys hold addresses and ports in network byte order: BTF prints them as native
+    // integers. Port 0 entries are the ClusterIP wildcards; the service port is 80.
+    let entry = |vip: [u8; 4], slot: u64| {
+        let addr = u64::from(u32::from_ne_bytes(vip));
+        let port = u64::from(80u16.to_be());
+        services
+            .iter()
+            .find(|(_, k, _)| k["slot"] == slot && k["addr"] == addr && k["dport"] == port)
+            .unwrap_or_else(|| panic!("slot {slot} of {vip:?} in {services:#?}"))
+            .clone()
+    };
+    // Frontend 1 loses its slot 0 and its backend; frontend 2's slot 0 is overwritten.
+    let (first_slot0, _, _) = entry([172, 30, 0, 61], 0);
+    let (_, _, first_slot1) = entry([172, 30, 0, 61], 1);
+    let (second_slot0, _, _) = entry([172, 30, 0, 62], 0);
+    let backend_id = u32::try_from(first_slot1["backend_id"].as_u64().unwrap()).unwrap();
+    let backend_key: Vec<String> = backend_id
+        .to_ne_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    map_op("delete", &svc_map, &first_slot0, None);
+    map_op("delete", &backend_map, &backend_key, None);
+    let garbage = vec!["ff".to_string(); raw_value_len(&node, &svc_map)];
+    map_op("update", &svc_map, &second_slot0, Some(&garbage));
+    assert_ne!(formatted(&dump(&node, "SVC4_V1")), formatted(&services));
+    assert_ne!(
+        formatted(&dump(&node, "BACKENDS4_V1")),
+        formatted(&backends)
+    );
+
+    let took = wait_for(&(formatted(&services), formatted(&backends)), || {
+        (
+            formatted(&dump(&node, "SVC4_V1")),
+            formatted(&dump(&node, "BACKENDS4_V1")),
+        )
+    });
+    eprintln!("ebpf maps repaired after {took:?}");
+}
+
+/// The value size of a pinned map, from `bpftool map show`.
+fn raw_value_len(node: &TestNode, pinned: &str) -> usize {
+    let text = node
+        .output("bpftool", &["-j", "map", "show", "pinned", pinned])
+        .unwrap();
+    let info: Value = serde_json::from_str(&text).unwrap();
+    info["bytes_value"].as_u64().unwrap_or(0) as usize
+}
+
+fn kube_rules(node: &TestNode) -> BTreeSet<String> {
+    node.output("iptables-save", &["-t", "nat"])
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-") || l.starts_with(":KUBE-"))
+        .map(|l| {
+            // Chain declarations carry packet counters; the rules are what matter.
+            l.split(" [").next().unwrap_or(l).to_string()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iptables_rules_deleted_behind_the_agents_back_are_repaired() {
+    require_root!();
+    let node = node("drift-ipt");
+    let _agent = node
+        .start_agent(
+            Mode::Iptables,
+            fast_periodic_sync(),
+            false,
+            Path::new(RUNNER),
+        )
+        .await
+        .unwrap();
+    let rules = kube_rules(&node);
+    let jump = rules
+        .iter()
+        .find(|r| r.starts_with("-A KUBE-SERVICES") && r.contains("172.30.0.61/32"))
+        .unwrap_or_else(|| panic!("a KUBE-SERVICES rule for the ClusterIP: {rules:#?}"))
+        .clone();
+    let sep = rules
+        .iter()
+        .find(|r| r.starts_with(":KUBE-SEP-"))
+        .and_then(|r| r.trim_start_matches(':').split_whitespace().next())
+        .unwrap_or_else(|| panic!("an endpoint chain: {rules:#?}"))
+        .to_string();
+    // The rule as iptables-save prints it is valid iptables syntax once -A becomes -D;
+    // a shell parses its quoted comment.
+    let delete = format!("iptables -t nat -D{}", jump.trim_start_matches("-A"));
+    assert!(node.output("sh", &["-c", &delete]).is_ok());
+    node.output("iptables", &["-t", "nat", "-F", &sep]).unwrap();
+    let broken = kube_rules(&node);
+    assert!(!broken.contains(&jump), "the jump is gone: {broken:#?}");
+    assert!(
+        !broken.iter().any(|r| r.starts_with(&format!("-A {sep} "))),
+        "the endpoint chain is empty: {broken:#?}"
+    );
+
+    let took = wait_for(&rules, || kube_rules(&node));
+    eprintln!("iptables rules repaired after {took:?}");
+}
