@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-//! ebpf mode keeps connections through an agent crash and restart and through a change of
-//! the service's backends: an established TCP connection to a ClusterIP keeps working
-//! while the agent is SIGKILLed and started again and while its backend leaves the
-//! service, new connections work while the agent is down, and afterwards they go to the
-//! new backend.
+//! ebpf and iptables modes keep connections through an agent crash and restart and
+//! through a change of the service's backends: an established TCP connection to a
+//! ClusterIP keeps working while the agent is SIGKILLed and started again and while its
+//! backend leaves the service, new connections work while the agent is down, and
+//! afterwards they go to the new backend.
 
 use std::{
     io::{BufRead, BufReader},
@@ -168,6 +168,7 @@ fn agent_binary() -> PathBuf {
 }
 
 async fn start_agent(
+    mode: Mode,
     topology: &Topology,
     source: &Tracked<ApiServerStore>,
     scenario: &Scenario,
@@ -177,7 +178,7 @@ async fn start_agent(
     let bpffs = bpffs_root(&topology.id);
     let inputs = ConfigInputs {
         fragment: &scenario.config,
-        mode: Mode::Ebpf,
+        mode,
         node_name: &scenario.node.name,
         connection: &connection,
         bpffs_root: &bpffs,
@@ -185,7 +186,7 @@ async fn start_agent(
     };
     let options = AgentOptions {
         binary: agent_binary(),
-        mode: Mode::Ebpf,
+        mode,
         extra_args: Vec::new(),
         config_overrides: Default::default(),
         ready_timeout: Duration::from_secs(20),
@@ -212,12 +213,22 @@ async fn start_agent(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn established_connections_survive_a_restart_and_a_backend_change() {
+async fn ebpf_established_connections_survive_a_restart_and_a_backend_change() {
     require_root!();
+    restart_and_backend_change(Mode::Ebpf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iptables_established_connections_survive_a_restart_and_a_backend_change() {
+    require_root!();
+    restart_and_backend_change(Mode::Iptables).await;
+}
+
+async fn restart_and_backend_change(mode: Mode) {
     if !agent_binary().exists() {
         panic!("{} is not built", agent_binary().display());
     }
-    let dir = std::env::temp_dir().join(format!("kpe-restart-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("kpe-restart-{mode}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let scenario = scenario(&dir);
     let placement = Placement::plan(&scenario).unwrap();
@@ -231,7 +242,7 @@ async fn established_connections_survive_a_restart_and_a_backend_change() {
         Tracked::new(ApiServerStore::start(&topology.node_ns, &topology.run_dir).unwrap());
     source.apply_state(&values(&objects(FIRST))).unwrap();
     // The first agent is killed, not stopped: its pins must stay for the second one.
-    let mut first = start_agent(&topology, &source, &scenario, true).await;
+    let mut first = start_agent(mode, &topology, &source, &scenario, true).await;
     assert_eq!(one_shot(&topology), format!("{FIRST}:9000"));
 
     // A long-lived connection, watched from a thread.
@@ -263,7 +274,7 @@ async fn established_connections_survive_a_restart_and_a_backend_change() {
         "a new connection while the agent is down"
     );
     thread::sleep(Duration::from_secs(1));
-    let mut second = start_agent(&topology, &source, &scenario, false).await;
+    let mut second = start_agent(mode, &topology, &source, &scenario, false).await;
     assert!(down_since.elapsed() < Duration::from_secs(30));
 
     // The backend leaves the service: the established connection stays with it, new
