@@ -24,6 +24,22 @@ use crate::scenario::{
     topology::Topology,
 };
 
+/// One entry of a pinned BPF map as bpftool prints it with BTF.
+#[derive(Clone, Debug)]
+pub struct MapEntry {
+    /// The key's bytes in hex, as `bpftool map delete ... key hex` takes them.
+    pub raw_key: Vec<String>,
+    pub key: Value,
+    pub value: Value,
+}
+
+impl MapEntry {
+    /// `key => value`, for comparing map contents.
+    pub fn formatted(&self) -> String {
+        format!("{} => {}", self.key, self.value)
+    }
+}
+
 /// The node, its cluster and its run directory.
 pub struct TestNode {
     pub scenario: Scenario,
@@ -134,6 +150,38 @@ impl TestNode {
             .output()
             .map_err(Error::io(format!("running {program}")))?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl TestNode {
+    /// The path of one of the ebpf mode's pinned maps (e.g. `SVC4_V1`).
+    pub fn pinned_map(&self, map: &str) -> PathBuf {
+        self.bpffs_root().join("maps").join(map)
+    }
+
+    /// The entries of one of the ebpf mode's pinned maps (`bpftool -j map dump`).
+    pub fn map_entries(&self, map: &str) -> Result<Vec<MapEntry>> {
+        let path = self.pinned_map(map).display().to_string();
+        let text = self.output("bpftool", &["-j", "map", "dump", "pinned", &path])?;
+        let entries: Vec<Value> = serde_json::from_str(&text)
+            .map_err(|e| Error::Setup(format!("bpftool dump of {map}: {e}: {text}")))?;
+        Ok(entries
+            .into_iter()
+            .map(|e| MapEntry {
+                raw_key: e["key"]
+                    .as_array()
+                    .map(|bytes| {
+                        bytes
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .map(|b| b.trim_start_matches("0x").to_string())
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                key: e["formatted"]["key"].clone(),
+                value: e["formatted"]["value"].clone(),
+            })
+            .collect())
     }
 }
 

@@ -14,7 +14,11 @@ use std::{
 };
 
 use serde_json::{Map, Value, json};
-use tests::{node_harness::TestNode, require_root, scenario::Mode};
+use tests::{
+    node_harness::{MapEntry, TestNode},
+    require_root,
+    scenario::Mode,
+};
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 const SYNC_PERIOD: Duration = Duration::from_secs(2);
@@ -98,39 +102,11 @@ fn wait_for<T: PartialEq + std::fmt::Debug>(want: &T, mut read: impl FnMut() -> 
     }
 }
 
-/// A pinned map's entries as (raw key bytes, formatted key, formatted value).
-fn dump(node: &TestNode, map: &str) -> Vec<(Vec<String>, Value, Value)> {
-    let path = node.bpffs_root().join("maps").join(map);
-    let text = node
-        .output(
-            "bpftool",
-            &["-j", "map", "dump", "pinned", &path.display().to_string()],
-        )
-        .unwrap();
-    let entries: Vec<Value> = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("bpftool dump of {map}: {e}: {text}"));
-    entries
-        .into_iter()
-        .map(|e| {
-            let raw: Vec<String> = e["key"]
-                .as_array()
-                .unwrap_or_else(|| panic!("raw key in {e}"))
-                .iter()
-                .map(|b| b.as_str().unwrap().trim_start_matches("0x").to_string())
-                .collect();
-            (
-                raw,
-                e["formatted"]["key"].clone(),
-                e["formatted"]["value"].clone(),
-            )
-        })
-        .collect()
-}
-
-fn formatted(entries: &[(Vec<String>, Value, Value)]) -> BTreeSet<String> {
-    entries
+fn formatted(node: &TestNode, map: &str) -> BTreeSet<String> {
+    node.map_entries(map)
+        .unwrap()
         .iter()
-        .map(|(_, k, v)| format!("{k} => {v}"))
+        .map(MapEntry::formatted)
         .collect()
 }
 
@@ -161,21 +137,14 @@ async fn ebpf_map_entries_deleted_or_altered_are_repaired() {
         .start_agent(Mode::Ebpf, fast_periodic_sync(), false, Path::new(RUNNER))
         .await
         .unwrap();
-    let svc_map = node
-        .bpffs_root()
-        .join("maps")
-        .join("SVC4_V1")
-        .display()
-        .to_string();
-    let backend_map = node
-        .bpffs_root()
-        .join("maps")
-        .join("BACKENDS4_V1")
-        .display()
-        .to_string();
-    let services = dump(&node, "SVC4_V1");
-    let backends = dump(&node, "BACKENDS4_V1");
-    assert!(backends.len() >= 2, "{backends:#?}");
+    let svc_map = node.pinned_map("SVC4_V1").display().to_string();
+    let backend_map = node.pinned_map("BACKENDS4_V1").display().to_string();
+    let services = node.map_entries("SVC4_V1").unwrap();
+    let before = (
+        formatted(&node, "SVC4_V1"),
+        formatted(&node, "BACKENDS4_V1"),
+    );
+    assert!(before.1.len() >= 2, "{before:#?}");
 
     // Keys hold addresses and ports in network byte order: BTF prints them as native
     // integers. Port 0 entries are the ClusterIP wildcards; the service port is 80.
@@ -184,14 +153,14 @@ async fn ebpf_map_entries_deleted_or_altered_are_repaired() {
         let port = u64::from(80u16.to_be());
         services
             .iter()
-            .find(|(_, k, _)| k["slot"] == slot && k["addr"] == addr && k["dport"] == port)
+            .find(|e| e.key["slot"] == slot && e.key["addr"] == addr && e.key["dport"] == port)
             .unwrap_or_else(|| panic!("slot {slot} of {vip:?} in {services:#?}"))
             .clone()
     };
     // Frontend 1 loses its slot 0 and its backend; frontend 2's slot 0 is overwritten.
-    let (first_slot0, _, _) = entry([172, 30, 0, 61], 0);
-    let (_, _, first_slot1) = entry([172, 30, 0, 61], 1);
-    let (second_slot0, _, _) = entry([172, 30, 0, 62], 0);
+    let first_slot0 = entry([172, 30, 0, 61], 0).raw_key;
+    let first_slot1 = entry([172, 30, 0, 61], 1).value;
+    let second_slot0 = entry([172, 30, 0, 62], 0).raw_key;
     let backend_id = u32::try_from(first_slot1["backend_id"].as_u64().unwrap()).unwrap();
     let backend_key: Vec<String> = backend_id
         .to_ne_bytes()
@@ -202,16 +171,17 @@ async fn ebpf_map_entries_deleted_or_altered_are_repaired() {
     map_op("delete", &backend_map, &backend_key, None);
     let garbage = vec!["ff".to_string(); raw_value_len(&node, &svc_map)];
     map_op("update", &svc_map, &second_slot0, Some(&garbage));
-    assert_ne!(formatted(&dump(&node, "SVC4_V1")), formatted(&services));
-    assert_ne!(
-        formatted(&dump(&node, "BACKENDS4_V1")),
-        formatted(&backends)
+    let broken = (
+        formatted(&node, "SVC4_V1"),
+        formatted(&node, "BACKENDS4_V1"),
     );
+    assert_ne!(broken.0, before.0);
+    assert_ne!(broken.1, before.1);
 
-    let took = wait_for(&(formatted(&services), formatted(&backends)), || {
+    let took = wait_for(&before, || {
         (
-            formatted(&dump(&node, "SVC4_V1")),
-            formatted(&dump(&node, "BACKENDS4_V1")),
+            formatted(&node, "SVC4_V1"),
+            formatted(&node, "BACKENDS4_V1"),
         )
     });
     eprintln!("ebpf maps repaired after {took:?}");

@@ -7,7 +7,7 @@
 //! resource's relist is buffered and diffed against what was last reported, so only real
 //! differences come out (linkerd's and kube-proxy's informers behave the same way).
 
-use std::{collections::HashMap, fmt::Debug, sync::Arc};
+use std::{collections::HashMap, fmt::Debug, sync::Arc, time::Duration};
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::{
@@ -17,7 +17,11 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Resource, ResourceExt as _,
-    runtime::{WatchStreamExt as _, watcher},
+    runtime::{
+        WatchStreamExt as _,
+        utils::ResetTimerBackoff,
+        watcher::{self, ExponentialBackoff, watcher},
+    },
 };
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
@@ -186,6 +190,23 @@ pub fn spawn_watchers(client: kube::Client, node_name: &str, tx: mpsc::Sender<Cl
     );
 }
 
+/// How soon a failed list/watch is retried. client-go's reflector (kube-rs's default) backs
+/// off to 30 s, so a node could serve a stale dataplane for half a minute after the API
+/// server comes back; a node proxy should converge within a second instead. The price is
+/// a retry every 0.3-0.6 s per watcher (four per node) while the API server is away, each
+/// a connection attempt that a dead server or its load balancer refuses at once; the
+/// jitter keeps nodes from retrying in step, and a stream that has worked for two minutes
+/// starts again from the shortest delay.
+fn reconnect_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
+    let builder = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_millis(300))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    ResetTimerBackoff::new(builder.into(), Duration::from_secs(120))
+}
+
 fn spawn_one<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -198,7 +219,7 @@ fn spawn_one<K>(
 {
     tokio::spawn(async move {
         let mut diff = RelistDiff::<K>::default();
-        let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher(api, config).backoff(reconnect_backoff()).boxed();
         loop {
             let next = stream.try_next().await;
             let events = match next {
