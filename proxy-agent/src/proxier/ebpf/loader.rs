@@ -203,9 +203,17 @@ pub fn detect_cgroup2_root() -> Result<PathBuf> {
         .ok_or(LoadError::NoCgroup2)
 }
 
+/// Creates a pin directory that only root can enter: whoever can write a pinned map can
+/// redirect every service, so the directory's mode must not depend on the agent's umask.
 fn create_dir(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
     fs::create_dir_all(path).map_err(|source| LoadError::Io {
         what: "creating",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(|source| LoadError::Io {
+        what: "restricting",
         path: path.to_path_buf(),
         source,
     })
@@ -218,6 +226,7 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
     }
     let maps_dir = maps_dir(&opts.bpffs_root);
     let links_dir = links_dir(&opts.bpffs_root);
+    create_dir(&opts.bpffs_root)?;
     create_dir(&maps_dir)?;
     create_dir(&links_dir)?;
 
