@@ -39,6 +39,7 @@ pub mod readiness;
 pub mod report;
 pub mod run;
 pub mod stale;
+pub mod trace;
 pub mod topology;
 
 pub use self::{
