@@ -11,7 +11,12 @@ use std::{
 use clap::{Args, Subcommand};
 
 use crate::{
-    inspect::{self, Output, Subject, live},
+    inspect::{self, Output, Subject, live, rules::RulesError},
+    model::IpFamily,
+    proxier::iptables::{
+        exec::{CommandBackend, IptablesBackend as _},
+        jumps::Table,
+    },
     trace::{self, ClientKind, Question},
 };
 
@@ -58,6 +63,10 @@ pub struct TraceArgs {
     /// The agent's bpffs root (default: the configuration's, else /sys/fs/bpf/kube-proxy-ebpf).
     #[arg(long, value_name = "DIR")]
     pub bpffs_root: Option<PathBuf>,
+    /// The running mode to trace: ebpf or iptables (default: ebpf when its maps are
+    /// pinned, else iptables).
+    #[arg(long, value_parser = ["ebpf", "iptables"])]
+    pub mode: Option<String>,
 }
 
 fn parse_subject(s: &str) -> Result<Subject, String> {
@@ -89,6 +98,8 @@ pub enum ToolError {
     Inspect(#[from] inspect::InspectError),
     #[error(transparent)]
     Live(#[from] live::LiveError),
+    #[error(transparent)]
+    Rules(#[from] RulesError),
     #[error("encoding JSON: {0}")]
     Json(#[from] serde_json::Error),
 }
@@ -103,19 +114,40 @@ pub fn run(tool: &Tool, default_root: &Path) -> Result<String, ToolError> {
         )?),
         Tool::Trace(a) => {
             let root = a.bpffs_root.as_deref().unwrap_or(default_root);
-            let state = live::decode(&live::read_pinned(root)?);
-            let client = a
-                .client
-                .unwrap_or_else(|| trace::client::classify(&a.from, &state.node.uplinks));
-            let verdict = trace::ebpf::trace(
-                &state,
-                &Question {
-                    from: a.from,
-                    to: a.to,
-                    proto: a.proto,
-                    client,
-                },
-            );
+            let ebpf = match a.mode.as_deref() {
+                Some(mode) => mode == "ebpf",
+                None => live::is_pinned(root),
+            };
+            let question = |client| Question {
+                from: a.from,
+                to: a.to,
+                proto: a.proto,
+                client,
+            };
+            let verdict = if ebpf {
+                let state = live::decode(&live::read_pinned(root)?);
+                let client = a
+                    .client
+                    .unwrap_or_else(|| trace::client::classify(&a.from, &state.node.uplinks));
+                trace::ebpf::trace(&state, &question(client))
+            } else {
+                let client = a.client.unwrap_or_else(|| {
+                    trace::client::classify(&a.from, &trace::client::address_devices())
+                });
+                let family = if a.to.is_ipv6() {
+                    IpFamily::V6
+                } else {
+                    IpFamily::V4
+                };
+                let mut backend = CommandBackend::detect().map_err(RulesError::from)?;
+                let nat = backend.save(family, Table::Nat).map_err(RulesError::from)?;
+                let filter = backend.save(family, Table::Filter).map_err(RulesError::from)?;
+                let node: Vec<IpAddr> = trace::client::local_addresses()
+                    .into_iter()
+                    .map(|(_, ip)| ip)
+                    .collect();
+                trace::iptables::trace(&nat, &filter, &node, &question(client))
+            };
             Ok(match a.output {
                 Output::Json => serde_json::to_string_pretty(&verdict)? + "\n",
                 Output::Text => verdict.to_text(),

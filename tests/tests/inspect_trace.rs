@@ -173,6 +173,7 @@ async fn inspect_shows_services_backends_affinity_and_conntrack_of_a_scenario() 
     let expected: BTreeSet<String> = scenario_services(&scenario);
     assert_eq!(named, expected);
     let text = inspect(&binary, &place, &bpffs, &["services"]);
+    println!("{text}");
     assert!(text.starts_with("SERVICE"), "{text}");
     for name in &expected {
         assert!(text.contains(name.as_str()), "{name} missing:\n{text}");
@@ -204,6 +205,8 @@ async fn inspect_shows_services_backends_affinity_and_conntrack_of_a_scenario() 
         assert!(e["service"].is_object(), "{e}");
     }
     let text = inspect(&binary, &place, &bpffs, &["affinity"]);
+    println!("{text}");
+    println!("{}", inspect(&binary, &place, &bpffs, &["conntrack"]));
     assert!(text.lines().count() > 1, "{text}");
     // Conntrack: JSON is an array whatever the flows did; external flows are tracked.
     let ct: serde_json::Value =

@@ -445,10 +445,15 @@ fn monotonic_coarse_secs() -> u32 {
         .unwrap_or(0)
 }
 
+/// Whether an ebpf dataplane is pinned under `bpffs_root`.
+pub fn is_pinned(bpffs_root: &Path) -> bool {
+    maps_dir(bpffs_root).join(names::SVC4).exists()
+}
+
 /// Reads every map the programs act on from the pins under `bpffs_root`.
 pub fn read_pinned(bpffs_root: &Path) -> Result<RawMaps, LiveError> {
     let dir = maps_dir(bpffs_root);
-    if !dir.join(names::SVC4).exists() {
+    if !is_pinned(bpffs_root) {
         return Err(LiveError::NotPinned(bpffs_root.to_path_buf()));
     }
     let maps = LbMaps {

@@ -72,13 +72,13 @@ pub struct RuleVerdict {
 
 /// One `-A CHAIN ...` rule, its options by name (last value wins; `!` kept as a prefix).
 #[derive(Debug, Default)]
-struct Rule {
-    chain: String,
-    opts: BTreeMap<String, String>,
+pub(crate) struct Rule {
+    pub(crate) chain: String,
+    pub(crate) opts: BTreeMap<String, String>,
 }
 
 impl Rule {
-    fn get(&self, k: &str) -> Option<&str> {
+    pub(crate) fn get(&self, k: &str) -> Option<&str> {
         self.opts.get(k).map(String::as_str)
     }
 }
@@ -111,7 +111,7 @@ fn words(line: &str) -> Vec<String> {
     out
 }
 
-fn parse_rule(line: &str) -> Option<Rule> {
+pub(crate) fn parse_rule(line: &str) -> Option<Rule> {
     let w = words(line);
     if w.first().map(String::as_str) != Some("-A") {
         return None;

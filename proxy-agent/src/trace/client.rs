@@ -95,20 +95,42 @@ pub fn classify_with(
     }
 }
 
-/// Classifies a client against this network namespace's addresses and routes.
-pub fn classify(from: &IpAddr, uplinks: &[String]) -> ClientKind {
-    let addresses: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
+/// This network namespace's addresses, with the device holding each.
+pub fn local_addresses() -> Vec<(String, IpAddr)> {
+    nix::ifaddrs::getifaddrs()
         .map(|addrs| {
             addrs
                 .filter_map(|a| {
                     let s = a.address?;
-                    s.as_sockaddr_in()
+                    let ip = s
+                        .as_sockaddr_in()
                         .map(|v4| IpAddr::V4(v4.ip()))
-                        .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+                        .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))?;
+                    Some((a.interface_name, ip))
                 })
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Devices holding a global address: the uplinks, when no program says which they are.
+pub fn address_devices() -> Vec<String> {
+    let mut out: Vec<String> = local_addresses()
+        .into_iter()
+        .filter(|(_, ip)| match ip {
+            IpAddr::V4(a) => !a.is_loopback() && !a.is_link_local(),
+            IpAddr::V6(a) => !a.is_loopback() && !a.is_unicast_link_local(),
+        })
+        .map(|(dev, _)| dev)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Classifies a client against this network namespace's addresses and routes.
+pub fn classify(from: &IpAddr, uplinks: &[String]) -> ClientKind {
+    let addresses: Vec<IpAddr> = local_addresses().into_iter().map(|(_, ip)| ip).collect();
     let mut routes = parse_route4(&std::fs::read_to_string("/proc/net/route").unwrap_or_default());
     routes.extend(parse_route6(
         &std::fs::read_to_string("/proc/net/ipv6_route").unwrap_or_default(),

@@ -9,6 +9,7 @@
 
 pub mod client;
 pub mod ebpf;
+pub mod iptables;
 
 use std::net::{IpAddr, SocketAddr};
 

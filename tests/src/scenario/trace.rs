@@ -17,7 +17,7 @@ use super::{
     agent::bpffs_root,
     echo::sctp_supported,
     error::{Error, Result},
-    format::{Flow, Proto, Scenario},
+    format::{Flow, Mode, Proto, Scenario},
     netns::Place,
     outcome::{AnswerKind, Attempt, Judge, Outcome},
     run::{RunOptions, ScenarioEnv},
@@ -61,12 +61,15 @@ pub struct TracedFlow {
 /// Runs `proxy-agent trace` for `flow` in `place` against the pins under `bpffs`.
 pub async fn trace_flow(
     agent_binary: &Path,
+    mode: Mode,
     place: &Place,
     bpffs: &Path,
     flow: &Flow,
 ) -> Result<TraceVerdict> {
     let args: Vec<String> = vec![
         "trace".into(),
+        "--mode".into(),
+        mode.as_str().into(),
         "--from".into(),
         flow.from.to_string(),
         "--to".into(),
@@ -182,7 +185,7 @@ pub async fn run_scenario_traced(
                 node_addresses: &node_addresses,
             }
             .verdict(&attempts);
-            let trace = trace_flow(&agent.binary, &place, &bpffs, flow)
+            let trace = trace_flow(&agent.binary, options.mode, &place, &bpffs, flow)
                 .await
                 .map_err(|e| e.to_string());
             let disagreement = match &trace {

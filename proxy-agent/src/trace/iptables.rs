@@ -1,0 +1,436 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The iptables dataplane's decision for one connection, from `iptables-save` output: a
+//! small interpreter of the rules our proxier writes. The nat table is walked from
+//! KUBE-SERVICES (where PREROUTING and OUTPUT send new connections); a `statistic` rule is a
+//! branch, so every endpoint chain reachable is collected as a candidate with the masquerade
+//! mark its path set. Without a DNAT, the filter table's KUBE-* chains decide between
+//! REJECT, DROP and untouched. Pure: the saved text, the node's addresses and the question
+//! in, a [`Verdict`] out.
+
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use proxy_common::proto;
+
+use super::{Action, AffinityInfo, Candidate, ClientKind, MatchedFrontend, Question, Verdict};
+use crate::inspect::{
+    live::{FrontendKind, proto_name},
+    rules::{Rule, parse_rule},
+};
+use crate::proxier::ebpf::names::PortRef;
+
+/// The masquerade bit upstream and we use by default (0x4000 = bit 14).
+const DEFAULT_MASQ_MARK: u32 = 0x4000;
+
+/// What the walker needs to know about the node and the packet.
+struct Ctx<'a> {
+    q: &'a Question,
+    node_addresses: &'a [IpAddr],
+    nat: Vec<Rule>,
+}
+
+/// One path through the nat table.
+#[derive(Clone, Debug, Default)]
+struct Path {
+    mark: u32,
+    dnat: Option<String>,
+    /// The first rule with a service comment on the path.
+    comment: Option<String>,
+    affinity: Option<u32>,
+}
+
+fn net_matches(spec: &str, ip: &IpAddr) -> bool {
+    if let Ok(net) = spec.parse::<IpNet>() {
+        return net.contains(ip);
+    }
+    spec.parse::<IpAddr>().is_ok_and(|a| a == *ip)
+}
+
+fn proto_matches(spec: &str, p: u8) -> bool {
+    match spec.to_ascii_lowercase().as_str() {
+        "tcp" | "6" => p == proto::TCP,
+        "udp" | "17" => p == proto::UDP,
+        "sctp" | "132" => p == proto::SCTP,
+        _ => false,
+    }
+}
+
+fn parse_mark(spec: &str) -> (u32, u32) {
+    let mut parts = spec.split('/');
+    let hex = |s: &str| u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or(0);
+    let value = parts.next().map(hex).unwrap_or(0);
+    let mask = parts.next().map(hex).unwrap_or(u32::MAX);
+    (value, mask)
+}
+
+impl Ctx<'_> {
+    fn local(&self, ip: &IpAddr) -> bool {
+        ip.is_loopback() || self.node_addresses.contains(ip)
+    }
+
+    /// Whether the packet (with `mark`) matches every condition of `r`.
+    fn matches(&self, r: &Rule, mark: u32) -> bool {
+        let (src, dst) = (self.q.from, self.q.to.ip());
+        let checks: [(&str, bool); 4] = [("-s", true), ("!-s", false), ("-d", true), ("!-d", false)];
+        for (opt, positive) in checks {
+            if let Some(spec) = r.get(opt) {
+                let ip = if opt.ends_with('s') { &src } else { &dst };
+                if net_matches(spec, ip) != positive {
+                    return false;
+                }
+            }
+        }
+        if let Some(p) = r.get("-p")
+            && !proto_matches(p, self.q.proto)
+        {
+            return false;
+        }
+        if let Some(port) = r.get("--dport")
+            && port.parse::<u16>().ok() != Some(self.q.to.port())
+        {
+            return false;
+        }
+        for (opt, ip, want) in [
+            ("--dst-type", &dst, true),
+            ("!--dst-type", &dst, false),
+            ("--src-type", &src, true),
+            ("!--src-type", &src, false),
+        ] {
+            if let Some(t) = r.get(opt)
+                && t == "LOCAL"
+                && self.local(ip) != want
+            {
+                return false;
+            }
+        }
+        if let Some(spec) = r.get("--mark") {
+            let (value, mask) = parse_mark(spec);
+            if mark & mask != value {
+                return false;
+            }
+        }
+        if let Some(spec) = r.get("!--mark") {
+            let (value, mask) = parse_mark(spec);
+            if mark & mask == value {
+                return false;
+            }
+        }
+        // Interface matches (detect-local by bridge or interface prefix): a pod of this
+        // node arrives on a pod interface, nothing else does.
+        if r.get("-i").is_some() && self.q.client != ClientKind::Pod {
+            return false;
+        }
+        if r.get("!-i").is_some() && self.q.client == ClientKind::Pod {
+            return false;
+        }
+        true
+    }
+
+    /// Walks `chain`; returns the paths that end in a DNAT (terminal) and the path that
+    /// falls out of the chain (None when every way through was terminal).
+    fn walk(&self, chain: &str, mut path: Path, depth: usize, out: &mut Vec<Path>) -> Option<Path> {
+        if depth > 16 {
+            return Some(path);
+        }
+        let rules: Vec<&Rule> = self.nat.iter().filter(|r| r.chain == chain).collect();
+        for r in rules {
+            if !self.matches(r, path.mark) {
+                continue;
+            }
+            if let Some(secs) = r.get("--seconds").and_then(|s| s.parse().ok())
+                && r.opts.contains_key("--rcheck")
+            {
+                // Affinity: the same endpoint is also reachable through the statistic
+                // rules below, so this is noted, not followed.
+                path.affinity = Some(secs);
+                continue;
+            }
+            if path.comment.is_none()
+                && let Some(c) = r.get("--comment")
+                && c.contains('/')
+            {
+                path.comment = Some(c.to_string());
+            }
+            let target = r.get("-j").unwrap_or_default();
+            let branch = r.get("--probability").is_some();
+            match target {
+                "DNAT" => {
+                    path.dnat = r.get("--to-destination").map(str::to_string);
+                    out.push(path);
+                    return None;
+                }
+                "MARK" => {
+                    if let Some(m) = r.get("--or-mark") {
+                        path.mark |= parse_mark(m).0;
+                    } else if let Some(m) = r.get("--set-xmark") {
+                        let (v, mask) = parse_mark(m);
+                        path.mark = (path.mark & !mask) ^ v;
+                    } else if let Some(m) = r.get("--xor-mark") {
+                        path.mark ^= parse_mark(m).0;
+                    }
+                }
+                "RETURN" => return Some(path),
+                "ACCEPT" => return Some(path),
+                t if t.starts_with("KUBE-") => {
+                    let rest = self.walk(t, path.clone(), depth + 1, out);
+                    if !branch {
+                        match rest {
+                            Some(p) => path = p,
+                            None => return None,
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some(path)
+    }
+}
+
+fn service_of(comment: &str) -> Option<PortRef> {
+    let first = comment.split_whitespace().next()?;
+    let (ns, rest) = first.split_once('/')?;
+    let (name, port) = rest.split_once(':').unwrap_or((rest, ""));
+    Some(PortRef {
+        namespace: ns.into(),
+        name: name.into(),
+        port_name: port.into(),
+    })
+}
+
+fn kind_of(comment: &str, chain_hint: bool) -> FrontendKind {
+    if comment.contains("loadbalancer IP") {
+        FrontendKind::LoadBalancer
+    } else if comment.contains("external IP") {
+        FrontendKind::ExternalIp
+    } else if comment.contains("cluster IP") {
+        FrontendKind::ClusterIp
+    } else if chain_hint {
+        FrontendKind::NodePort
+    } else {
+        FrontendKind::ClusterIp
+    }
+}
+
+/// The trace of `q` through saved rules (`nat` and `filter` of the question's family).
+pub fn trace(nat: &str, filter: &str, node_addresses: &[IpAddr], q: &Question) -> Verdict {
+    let mut v = Verdict {
+        mode: "iptables",
+        from: q.from,
+        to: q.to,
+        protocol: proto_name(q.proto),
+        client: q.client,
+        decided_by: if q.client == ClientKind::Node {
+            "nat OUTPUT"
+        } else {
+            "nat PREROUTING"
+        },
+        action: Action::Untouched,
+        frontend: None,
+        candidates: Vec::new(),
+        affinity: None,
+        masquerade: false,
+        backend_sees_source: None,
+        steps: Vec::new(),
+    };
+    let ctx = Ctx {
+        q,
+        node_addresses,
+        nat: nat.lines().filter_map(parse_rule).collect(),
+    };
+    let mut ends = Vec::new();
+    ctx.walk("KUBE-SERVICES", Path::default(), 0, &mut ends);
+    let steps = &mut v.steps;
+    if !ends.is_empty() {
+        let first = &ends[0];
+        if let Some(c) = &first.comment {
+            let service = service_of(c);
+            steps.push(format!(
+                "nat KUBE-SERVICES matches {} ({c})",
+                q.to
+            ));
+            v.frontend = Some(MatchedFrontend {
+                address: q.to.ip(),
+                port: q.to.port(),
+                protocol: proto_name(q.proto),
+                kind: kind_of(c, node_addresses.contains(&q.to.ip())),
+                service,
+                scope: "external",
+            });
+        }
+        let mut masq_any = false;
+        for p in &ends {
+            let Some(dest) = p.dnat.as_deref().and_then(|d| d.parse::<SocketAddr>().ok()) else {
+                continue;
+            };
+            masq_any |= p.mark & DEFAULT_MASQ_MARK != 0;
+            if !v.candidates.iter().any(|c| SocketAddr::new(c.address, c.port) == dest) {
+                v.candidates.push(Candidate {
+                    address: dest.ip(),
+                    port: dest.port(),
+                    local: false,
+                    terminating: false,
+                });
+            }
+            if let Some(secs) = p.affinity {
+                v.affinity = Some(AffinityInfo {
+                    timeout_seconds: secs,
+                    pinned_backend: None,
+                });
+            }
+        }
+        steps.push(format!(
+            "{} endpoint chain(s) reachable (statistic rules pick one at random)",
+            v.candidates.len()
+        ));
+        if let Some(a) = &v.affinity {
+            steps.push(format!(
+                "sessionAffinity ClientIP: the recent module keeps a client on its endpoint for {}s",
+                a.timeout_seconds
+            ));
+        }
+        v.action = Action::Forward;
+        let node_source = q.client == ClientKind::Node && node_addresses.contains(&q.from);
+        if masq_any {
+            steps.push("marked for masquerade: KUBE-POSTROUTING SNATs to a node address".into());
+            v.masquerade = true;
+            v.backend_sees_source = node_addresses
+                .iter()
+                .find(|a| a.is_ipv6() == q.from.is_ipv6() && !a.is_loopback())
+                .copied();
+        } else {
+            steps.push(if node_source {
+                "not masqueraded: the backend sees the node's own address".into()
+            } else {
+                "not masqueraded: the client address is kept".to_string()
+            });
+            v.backend_sees_source = Some(q.from);
+        }
+        return v;
+    }
+    steps.push(format!("no nat rule translates {}", q.to));
+    // No DNAT: the filter table's verdicts on the original destination.
+    let filter: Vec<Rule> = filter.lines().filter_map(parse_rule).collect();
+    let mut chains = vec!["KUBE-PROXY-FIREWALL", "KUBE-SERVICES"];
+    if q.client != ClientKind::Node {
+        chains.push("KUBE-EXTERNAL-SERVICES");
+        chains.push("KUBE-NODEPORTS");
+    }
+    for chain in chains {
+        for r in filter.iter().filter(|r| r.chain == chain) {
+            let target = r.get("-j").unwrap_or_default();
+            if (target == "REJECT" || target == "DROP") && ctx.matches(r, 0) {
+                let comment = r.get("--comment").unwrap_or_default();
+                steps.push(format!("filter {chain}: {target} ({comment})"));
+                if let Some(service) = service_of(comment) {
+                    v.frontend = Some(MatchedFrontend {
+                        address: q.to.ip(),
+                        port: q.to.port(),
+                        protocol: proto_name(q.proto),
+                        kind: kind_of(comment, chain == "KUBE-NODEPORTS"),
+                        service: Some(service),
+                        scope: "external",
+                    });
+                }
+                v.action = if target == "REJECT" {
+                    Action::Reject
+                } else {
+                    Action::Drop
+                };
+                v.decided_by = "filter";
+                return v;
+            }
+        }
+    }
+    steps.push("passed on untouched".into());
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NAT: &str = r#"*nat
+-A KUBE-SERVICES -d 172.30.0.45/32 -p tcp -m comment --comment "ns5/svc5:p80 cluster IP" -m tcp --dport 80 -j KUBE-SVC-A
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -p tcp -m comment --comment "ns5/svc5:p80" -m tcp --dport 3002 -j KUBE-EXT-A
+-A KUBE-EXT-A -m comment --comment "masquerade traffic for ns5/svc5:p80 external destinations" -j KUBE-MARK-MASQ
+-A KUBE-EXT-A -j KUBE-SVC-A
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-SVC-A ! -s 10.0.0.0/8 -d 172.30.0.45/32 -p tcp -m comment --comment "ns5/svc5:p80 cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ
+-A KUBE-SVC-A -m comment --comment "ns5/svc5:p80 -> 10.180.0.3:80" -m recent --rcheck --seconds 10800 --reap --name KUBE-SEP-1 --mask 255.255.255.255 --rsource -j KUBE-SEP-1
+-A KUBE-SVC-A -m comment --comment "ns5/svc5:p80 -> 10.180.0.3:80" -m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-1
+-A KUBE-SVC-A -m comment --comment "ns5/svc5:p80 -> 10.180.1.3:80" -j KUBE-SEP-2
+-A KUBE-SEP-1 -s 10.180.0.3/32 -m comment --comment "ns5/svc5:p80" -j KUBE-MARK-MASQ
+-A KUBE-SEP-1 -p tcp -m comment --comment "ns5/svc5:p80" -m recent --set --name KUBE-SEP-1 --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.180.0.3:80
+-A KUBE-SEP-2 -s 10.180.1.3/32 -m comment --comment "ns5/svc5:p80" -j KUBE-MARK-MASQ
+-A KUBE-SEP-2 -p tcp -m comment --comment "ns5/svc5:p80" -m tcp -j DNAT --to-destination 10.180.1.3:80
+COMMIT
+"#;
+    const FILTER: &str = r#"*filter
+-A KUBE-SERVICES -d 172.30.0.46/32 -p tcp -m comment --comment "ns6/svc6:p80 has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable
+-A KUBE-EXTERNAL-SERVICES -p tcp -m comment --comment "ns7/svc7:p80 has no local endpoints" -m addrtype --dst-type LOCAL -m tcp --dport 3007 -j DROP
+COMMIT
+"#;
+
+    fn q(from: &str, to: &str, client: ClientKind) -> Question {
+        Question {
+            from: from.parse().unwrap(),
+            to: to.parse().unwrap(),
+            proto: proto::TCP,
+            client,
+        }
+    }
+
+    fn node() -> Vec<IpAddr> {
+        vec!["192.168.0.2".parse().unwrap()]
+    }
+
+    fn cands(v: &Verdict) -> Vec<String> {
+        v.candidates
+            .iter()
+            .map(|c| SocketAddr::new(c.address, c.port).to_string())
+            .collect()
+    }
+
+    #[test]
+    fn clusterip_from_a_pod_reaches_every_endpoint_unmasqueraded() {
+        let v = trace(NAT, FILTER, &node(), &q("10.0.0.2", "172.30.0.45:80", ClientKind::Pod));
+        assert_eq!(v.action, Action::Forward);
+        assert_eq!(cands(&v), ["10.180.0.3:80", "10.180.1.3:80"]);
+        assert!(!v.masquerade);
+        assert_eq!(v.affinity.as_ref().unwrap().timeout_seconds, 10800);
+        assert_eq!(
+            v.frontend.as_ref().unwrap().service.as_ref().unwrap().to_string(),
+            "ns5/svc5:p80"
+        );
+        // Hairpin: the endpoint itself is masqueraded on its own branch.
+        let v = trace(NAT, FILTER, &node(), &q("10.180.0.3", "172.30.0.45:80", ClientKind::Pod));
+        assert!(v.masquerade);
+    }
+
+    #[test]
+    fn nodeport_from_outside_is_masqueraded_and_filter_verdicts_apply() {
+        let v = trace(
+            NAT,
+            FILTER,
+            &node(),
+            &q("203.0.113.9", "192.168.0.2:3002", ClientKind::External),
+        );
+        assert_eq!(v.action, Action::Forward);
+        assert!(v.masquerade);
+        assert_eq!(v.backend_sees_source, Some("192.168.0.2".parse().unwrap()));
+        assert_eq!(v.frontend.as_ref().unwrap().kind, FrontendKind::NodePort);
+        let v = trace(NAT, FILTER, &node(), &q("10.0.0.2", "172.30.0.46:80", ClientKind::Pod));
+        assert_eq!(v.action, Action::Reject);
+        let v = trace(
+            NAT,
+            FILTER,
+            &node(),
+            &q("203.0.113.9", "192.168.0.2:3007", ClientKind::External),
+        );
+        assert_eq!(v.action, Action::Drop);
+        let v = trace(NAT, FILTER, &node(), &q("10.0.0.2", "172.30.0.99:80", ClientKind::Pod));
+        assert_eq!(v.action, Action::Untouched);
+    }
+}
