@@ -33,6 +33,10 @@ fn shared_dir() -> PathBuf {
 }
 
 fn options() -> Option<RunOptions> {
+    options_for(Mode::Ebpf)
+}
+
+fn options_for(mode: Mode) -> Option<RunOptions> {
     if let Err(err) = check_privileges() {
         eprintln!("skipping: {err}");
         return None;
@@ -47,10 +51,10 @@ fn options() -> Option<RunOptions> {
         return None;
     }
     Some(RunOptions {
-        mode: Mode::Ebpf,
+        mode,
         agent: Some(AgentOptions {
             binary,
-            mode: Mode::Ebpf,
+            mode,
             extra_args: vec!["--strict-mode".into()],
             config_overrides: Default::default(),
             ready_timeout: Duration::from_secs(30),
@@ -64,7 +68,16 @@ fn options() -> Option<RunOptions> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn trace_agrees_with_the_real_outcome_of_every_public_scenario_flow() {
-    let Some(options) = options() else {
+    trace_agrees_in(Mode::Ebpf).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trace_agrees_with_the_real_outcome_of_every_public_scenario_flow_in_iptables_mode() {
+    trace_agrees_in(Mode::Iptables).await;
+}
+
+async fn trace_agrees_in(mode: Mode) {
+    let Some(options) = options_for(mode) else {
         return;
     };
     let _serial = SERIAL.lock().await;
@@ -104,7 +117,10 @@ async fn trace_agrees_with_the_real_outcome_of_every_public_scenario_flow() {
             }
         }
     }
-    println!("{traced} flows traced, {} disagreements", disagreements.len());
+    println!(
+        "{mode}: {traced} flows traced, {} disagreements",
+        disagreements.len()
+    );
     assert!(traced > 0);
     assert!(
         disagreements.is_empty(),

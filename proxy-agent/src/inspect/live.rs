@@ -308,6 +308,16 @@ pub fn decode(raw: &RawMaps) -> LiveState {
             scopes: live_scopes,
         });
     }
+    // By service, then frontend kind and address (unnamed frontends last).
+    state.frontends.sort_by(|a, b| {
+        (a.service.is_none(), &a.service, a.kind as u8, a.address, a.port).cmp(&(
+            b.service.is_none(),
+            &b.service,
+            b.kind as u8,
+            b.address,
+            b.port,
+        ))
+    });
     for ((v6, id), b) in &snap.backends {
         state.backends.push(LiveBackend {
             id: *id,

@@ -100,9 +100,10 @@ pub async fn trace_flow(
 /// Whether `trace`'s verdict agrees with the probe attempts (pure). Forward: every attempt
 /// reached a candidate, and the source it saw is a node address exactly when trace says
 /// the backend sees one; reject: every attempt refused; drop: every attempt silent;
-/// untouched: no attempt reached a service backend.
+/// untouched: no attempt was answered by anything but the destination itself.
 pub fn agreement(
     trace: &TraceVerdict,
+    to: SocketAddr,
     attempts: &[Attempt],
     node_addresses: &BTreeSet<IpAddr>,
 ) -> std::result::Result<(), String> {
@@ -128,7 +129,7 @@ pub fn agreement(
             }
             "reject" => a.outcome == Outcome::Refused,
             "drop" => a.outcome == Outcome::Timeout,
-            "untouched" => a.answer_kind != Some(AnswerKind::Echo),
+            "untouched" => a.answer_kind != Some(AnswerKind::Echo) || a.backend == Some(to),
             other => return Err(format!("unknown trace action {other:?}")),
         };
         if !ok {
@@ -189,7 +190,7 @@ pub async fn run_scenario_traced(
                 .await
                 .map_err(|e| e.to_string());
             let disagreement = match &trace {
-                Ok(t) => agreement(t, &attempts, &node_addresses).err(),
+                Ok(t) => agreement(t, flow.to, &attempts, &node_addresses).err(),
                 Err(e) => Some(e.clone()),
             };
             out.push(TracedFlow {
@@ -216,6 +217,10 @@ mod tests {
         serde_json::from_str(json).unwrap()
     }
 
+    fn to() -> SocketAddr {
+        "172.30.0.41:80".parse().unwrap()
+    }
+
     fn echo(backend: &str, seen: &str) -> Attempt {
         Attempt::answered(&format!("ECHO {backend} FROM {seen}:40000"), 3)
     }
@@ -227,11 +232,11 @@ mod tests {
             r#"{"action":"forward","candidates":[{"address":"10.180.0.1","port":80}],
                 "masquerade":true,"backend_sees_source":"192.168.0.2"}"#,
         );
-        assert!(agreement(&t, &[echo("10.180.0.1:80", "192.168.0.2")], &nodes).is_ok());
+        assert!(agreement(&t, to(), &[echo("10.180.0.1:80", "192.168.0.2")], &nodes).is_ok());
         // Another backend, or the client's own address seen instead of the node's.
-        assert!(agreement(&t, &[echo("10.180.0.9:80", "192.168.0.2")], &nodes).is_err());
-        assert!(agreement(&t, &[echo("10.180.0.1:80", "203.0.113.9")], &nodes).is_err());
-        assert!(agreement(&t, &[Attempt::new(Outcome::Timeout, 1000)], &nodes).is_err());
+        assert!(agreement(&t, to(), &[echo("10.180.0.9:80", "192.168.0.2")], &nodes).is_err());
+        assert!(agreement(&t, to(), &[echo("10.180.0.1:80", "203.0.113.9")], &nodes).is_err());
+        assert!(agreement(&t, to(), &[Attempt::new(Outcome::Timeout, 1000)], &nodes).is_err());
     }
 
     #[test]
@@ -242,13 +247,16 @@ mod tests {
         let untouched = verdict(r#"{"action":"untouched","backend_sees_source":null}"#);
         let refused = Attempt::new(Outcome::Refused, 1);
         let silent = Attempt::new(Outcome::Timeout, 1000);
-        assert!(agreement(&reject, &[refused.clone()], &nodes).is_ok());
-        assert!(agreement(&reject, &[silent.clone()], &nodes).is_err());
-        assert!(agreement(&drop, &[silent.clone()], &nodes).is_ok());
-        assert!(agreement(&drop, &[refused], &nodes).is_err());
-        assert!(agreement(&untouched, &[silent], &nodes).is_ok());
+        assert!(agreement(&reject, to(), &[refused.clone()], &nodes).is_ok());
+        assert!(agreement(&reject, to(), &[silent.clone()], &nodes).is_err());
+        assert!(agreement(&drop, to(), &[silent.clone()], &nodes).is_ok());
+        assert!(agreement(&drop, to(), &[refused], &nodes).is_err());
+        assert!(agreement(&untouched, to(), &[silent], &nodes).is_ok());
         let plain = Attempt::answered("PLAIN 203.0.113.1:80", 2);
-        assert!(agreement(&untouched, &[plain], &nodes).is_ok());
-        assert!(agreement(&untouched, &[echo("10.180.0.1:80", "10.0.0.1")], &nodes).is_err());
+        assert!(agreement(&untouched, to(), &[plain], &nodes).is_ok());
+        assert!(agreement(&untouched, to(), &[echo("10.180.0.1:80", "10.0.0.1")], &nodes).is_err());
+        // A destination that is itself a pod answers for itself.
+        let direct: SocketAddr = "10.180.0.1:80".parse().unwrap();
+        assert!(agreement(&untouched, direct, &[echo("10.180.0.1:80", "10.0.0.1")], &nodes).is_ok());
     }
 }
