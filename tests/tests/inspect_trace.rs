@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //! `proxy-agent inspect` and `proxy-agent trace` against a live ebpf dataplane built by the
 //! scenario runner (root; skipped elsewhere):
-//! - trace's verdict for every flow of the public scenarios agrees with what the runner's
-//!   probes really saw (TRACE_FILTER=substring narrows the files);
+//! - trace's verdict for every flow of the public scenarios (and this crate's IPv6 and extra
+//!   ones) agrees with what the runner's probes really saw, in ebpf and iptables modes
+//!   (TRACE_FILTER=substring narrows the files);
 //! - inspect's text and JSON output on a scenario name the services and list the backends,
 //!   affinity and conntrack entries the flows created.
 
@@ -19,7 +20,7 @@ use tests::scenario::{
     format::Change,
     agent::{AgentOptions, bpffs_root},
     netns::Place,
-    run::{ScenarioEnv, check_privileges, discover},
+    run::{ScenarioEnv, check_privileges, default_dirs, discover},
     trace::run_scenario_traced,
 };
 
@@ -82,7 +83,7 @@ async fn trace_agrees_in(mode: Mode) {
     };
     let _serial = SERIAL.lock().await;
     let filter = std::env::var("TRACE_FILTER").ok();
-    let files = discover(&[shared_dir()], filter.as_deref()).unwrap();
+    let files = discover(&default_dirs(), filter.as_deref()).unwrap();
     assert!(!files.is_empty());
     let (mut traced, mut disagreements) = (0, Vec::new());
     for file in files {
@@ -129,17 +130,88 @@ async fn trace_agrees_in(mode: Mode) {
     );
 }
 
-fn inspect(binary: &Path, place: &Place, bpffs: &Path, args: &[&str]) -> String {
-    let mut all: Vec<String> = vec!["inspect".into()];
-    all.extend(args.iter().map(|a| a.to_string()));
-    all.extend(["--bpffs-root".into(), bpffs.display().to_string()]);
+fn run_tool(binary: &Path, place: &Place, args: &[&str]) -> String {
+    let all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let out: std::process::Output = Command::from(place.command(binary, &all)).output().unwrap();
     assert!(
         out.status.success(),
-        "inspect {args:?}: {}",
+        "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+fn inspect(binary: &Path, place: &Place, bpffs: &Path, args: &[&str]) -> String {
+    let root = bpffs.display().to_string();
+    let mut all = vec!["inspect"];
+    all.extend(args);
+    all.extend(["--bpffs-root", &root]);
+    run_tool(binary, place, &all)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_rules_summarises_the_iptables_mode_chains_of_a_scenario() {
+    let Some(options) = options_for(Mode::Iptables) else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let scenario = Scenario::load(&shared_dir().join("k1-session-affinity.yaml")).unwrap();
+    let env = ScenarioEnv::set_up(&options, &scenario, false)
+        .await
+        .expect("setting up");
+    let binary = options.agent.as_ref().unwrap().binary.clone();
+    let place = Place {
+        netns: env.topology.node_ns.clone(),
+        cgroup: None,
+    };
+    let json: serde_json::Value = serde_json::from_str(&run_tool(
+        &binary,
+        &place,
+        &["inspect", "rules", "--output", "json"],
+    ))
+    .unwrap();
+    let services = json["services"].as_array().unwrap();
+    let svc = services
+        .iter()
+        .find(|s| s["service"] == "ns5/svc5:p80" && s["family"] == "IPv4")
+        .unwrap_or_else(|| panic!("ns5/svc5:p80 missing: {json}"));
+    let kinds: BTreeSet<&str> = svc["frontends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["cluster IP", "external IP", "loadbalancer IP", "nodeport"]),
+        "{svc}"
+    );
+    let endpoints: BTreeSet<&str> = svc["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["address"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        endpoints,
+        BTreeSet::from(["10.180.0.3:80", "10.180.1.3:80", "10.180.2.3:80"]),
+        "{svc}"
+    );
+    assert_eq!(svc["affinity_seconds"], 10800);
+    let text = run_tool(&binary, &place, &["inspect", "rules"]);
+    println!("{text}");
+    assert!(text.contains("ns5/svc5:p80 (IPv4)"), "{text}");
+    assert!(text.contains("endpoint 10.180.2.3:80"), "{text}");
+    assert!(text.contains("affinity ClientIP 10800s"), "{text}");
+    // And trace reads the same rules.
+    let trace = run_tool(
+        &binary,
+        &place,
+        &["trace", "--mode", "iptables", "--from", "10.0.0.2", "--to", "172.30.0.45:80"],
+    );
+    println!("{trace}");
+    assert!(trace.contains("verdict: FORWARD to one of ["), "{trace}");
+    drop(env);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -220,6 +292,24 @@ async fn inspect_shows_services_backends_affinity_and_conntrack_of_a_scenario() 
         assert!(listed.contains(&backend.ip().to_string()), "{e}");
         assert!(e["service"].is_object(), "{e}");
     }
+    // trace's text form on the same live state.
+    let trace = run_tool(
+        &binary,
+        &place,
+        &[
+            "trace",
+            "--from",
+            "10.0.0.2",
+            "--to",
+            "172.30.0.45:80",
+            "--bpffs-root",
+            &bpffs.display().to_string(),
+        ],
+    );
+    println!("{trace}");
+    assert!(trace.contains("ClusterIP frontend of service ns5/svc5:p80"), "{trace}");
+    assert!(trace.contains("sessionAffinity ClientIP (10800s)"), "{trace}");
+    assert!(trace.contains("verdict: FORWARD to one of ["), "{trace}");
     let text = inspect(&binary, &place, &bpffs, &["affinity"]);
     println!("{text}");
     println!("{}", inspect(&binary, &place, &bpffs, &["conntrack"]));
