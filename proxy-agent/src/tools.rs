@@ -141,7 +141,9 @@ pub fn run(tool: &Tool, default_root: &Path) -> Result<String, ToolError> {
                 };
                 let mut backend = CommandBackend::detect().map_err(RulesError::from)?;
                 let nat = backend.save(family, Table::Nat).map_err(RulesError::from)?;
-                let filter = backend.save(family, Table::Filter).map_err(RulesError::from)?;
+                let filter = backend
+                    .save(family, Table::Filter)
+                    .map_err(RulesError::from)?;
                 let node: Vec<IpAddr> = trace::client::local_addresses()
                     .into_iter()
                     .map(|(_, ip)| ip)

@@ -11,14 +11,13 @@ use std::{
     collections::BTreeSet,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::Command,
     time::Duration,
 };
 
 use tests::scenario::{
     Mode, RunOptions, Scenario,
-    format::Change,
     agent::{AgentOptions, bpffs_root},
+    format::Change,
     netns::Place,
     run::{ScenarioEnv, check_privileges, default_dirs, discover},
     trace::run_scenario_traced,
@@ -132,7 +131,7 @@ async fn trace_agrees_in(mode: Mode) {
 
 fn run_tool(binary: &Path, place: &Place, args: &[&str]) -> String {
     let all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    let out: std::process::Output = Command::from(place.command(binary, &all)).output().unwrap();
+    let out: std::process::Output = place.command(binary, &all).output().unwrap();
     assert!(
         out.status.success(),
         "{args:?}: {}",
@@ -207,7 +206,15 @@ async fn inspect_rules_summarises_the_iptables_mode_chains_of_a_scenario() {
     let trace = run_tool(
         &binary,
         &place,
-        &["trace", "--mode", "iptables", "--from", "10.0.0.2", "--to", "172.30.0.45:80"],
+        &[
+            "trace",
+            "--mode",
+            "iptables",
+            "--from",
+            "10.0.0.2",
+            "--to",
+            "172.30.0.45:80",
+        ],
     );
     println!("{trace}");
     assert!(trace.contains("verdict: FORWARD to one of ["), "{trace}");
@@ -243,9 +250,13 @@ async fn inspect_shows_services_backends_affinity_and_conntrack_of_a_scenario() 
     let bpffs = bpffs_root(&env.topology.id);
 
     // Every Service port of the scenario appears by name with its ClusterIP frontend.
-    let json: serde_json::Value =
-        serde_json::from_str(&inspect(&binary, &place, &bpffs, &["services", "-o", "json"]))
-            .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&inspect(
+        &binary,
+        &place,
+        &bpffs,
+        &["services", "-o", "json"],
+    ))
+    .unwrap();
     let frontends = json.as_array().unwrap();
     assert!(!frontends.is_empty());
     let mut named = BTreeSet::new();
@@ -267,9 +278,13 @@ async fn inspect_shows_services_backends_affinity_and_conntrack_of_a_scenario() 
         assert!(text.contains(name.as_str()), "{name} missing:\n{text}");
     }
     // Backends: each endpoint address of the scenario, with its state.
-    let backends: serde_json::Value =
-        serde_json::from_str(&inspect(&binary, &place, &bpffs, &["backends", "-o", "json"]))
-            .unwrap();
+    let backends: serde_json::Value = serde_json::from_str(&inspect(
+        &binary,
+        &place,
+        &bpffs,
+        &["backends", "-o", "json"],
+    ))
+    .unwrap();
     let listed: BTreeSet<String> = backends
         .as_array()
         .unwrap()
@@ -282,11 +297,18 @@ async fn inspect_shows_services_backends_affinity_and_conntrack_of_a_scenario() 
     let text = inspect(&binary, &place, &bpffs, &["backends"]);
     assert!(text.contains("active"), "{text}");
     // The sticky flows left affinity entries pointing at listed backends.
-    let affinity: serde_json::Value =
-        serde_json::from_str(&inspect(&binary, &place, &bpffs, &["affinity", "-o", "json"]))
-            .unwrap();
+    let affinity: serde_json::Value = serde_json::from_str(&inspect(
+        &binary,
+        &place,
+        &bpffs,
+        &["affinity", "-o", "json"],
+    ))
+    .unwrap();
     let entries = affinity.as_array().unwrap();
-    assert!(!entries.is_empty(), "no affinity entries after sticky flows");
+    assert!(
+        !entries.is_empty(),
+        "no affinity entries after sticky flows"
+    );
     for e in entries {
         let backend: SocketAddr = e["backend"].as_str().unwrap().parse().unwrap();
         assert!(listed.contains(&backend.ip().to_string()), "{e}");
@@ -307,23 +329,37 @@ async fn inspect_shows_services_backends_affinity_and_conntrack_of_a_scenario() 
         ],
     );
     println!("{trace}");
-    assert!(trace.contains("ClusterIP frontend of service ns5/svc5:p80"), "{trace}");
-    assert!(trace.contains("sessionAffinity ClientIP (10800s)"), "{trace}");
+    assert!(
+        trace.contains("ClusterIP frontend of service ns5/svc5:p80"),
+        "{trace}"
+    );
+    assert!(
+        trace.contains("sessionAffinity ClientIP (10800s)"),
+        "{trace}"
+    );
     assert!(trace.contains("verdict: FORWARD to one of ["), "{trace}");
     let text = inspect(&binary, &place, &bpffs, &["affinity"]);
     println!("{text}");
     println!("{}", inspect(&binary, &place, &bpffs, &["conntrack"]));
     assert!(text.lines().count() > 1, "{text}");
     // Conntrack: JSON is an array whatever the flows did; external flows are tracked.
-    let ct: serde_json::Value =
-        serde_json::from_str(&inspect(&binary, &place, &bpffs, &["conntrack", "-o", "json"]))
-            .unwrap();
+    let ct: serde_json::Value = serde_json::from_str(&inspect(
+        &binary,
+        &place,
+        &bpffs,
+        &["conntrack", "-o", "json"],
+    ))
+    .unwrap();
     let external = scenario.stages[0].flows.iter().any(|f| {
-        f.applies_to(Mode::Ebpf) && env.topology.placement.pod_index(f.from).is_none()
+        f.applies_to(Mode::Ebpf)
+            && env.topology.placement.pod_index(f.from).is_none()
             && !scenario.node.addresses.iter().any(|a| a.addr() == f.from)
     });
     if external {
-        assert!(!ct.as_array().unwrap().is_empty(), "no conntrack entry: {ct}");
+        assert!(
+            !ct.as_array().unwrap().is_empty(),
+            "no conntrack entry: {ct}"
+        );
     }
 }
 

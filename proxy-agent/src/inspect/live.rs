@@ -12,9 +12,9 @@ use std::{
 use aya::maps::{Array, HashMap as AyaHash, Map as AyaMap, MapData, lpm_trie::LpmTrie};
 use ipnet::IpNet;
 use proxy_common::{
-    AFFINITY_CLIENT_NETNS, AffinityKey, AffinityValue, CT_DIR_REPLY, CT_F_CLOSING,
-    CT_F_REPLY_SEEN, CT_F_SNAT, Ct4Key, Ct6Key, CtValue, LbConfig, SCOPE_INTERNAL, SvcValue,
-    maps as names, proto, svc_flags,
+    AFFINITY_CLIENT_NETNS, AffinityKey, AffinityValue, CT_DIR_REPLY, CT_F_CLOSING, CT_F_REPLY_SEEN,
+    CT_F_SNAT, Ct4Key, Ct6Key, CtValue, LbConfig, SCOPE_INTERNAL, SvcValue, maps as names, proto,
+    svc_flags,
 };
 use serde::Serialize;
 
@@ -310,13 +310,20 @@ pub fn decode(raw: &RawMaps) -> LiveState {
     }
     // By service, then frontend kind and address (unnamed frontends last).
     state.frontends.sort_by(|a, b| {
-        (a.service.is_none(), &a.service, a.kind as u8, a.address, a.port).cmp(&(
-            b.service.is_none(),
-            &b.service,
-            b.kind as u8,
-            b.address,
-            b.port,
-        ))
+        (
+            a.service.is_none(),
+            &a.service,
+            a.kind as u8,
+            a.address,
+            a.port,
+        )
+            .cmp(&(
+                b.service.is_none(),
+                &b.service,
+                b.kind as u8,
+                b.address,
+                b.port,
+            ))
     });
     for ((v6, id), b) in &snap.backends {
         state.backends.push(LiveBackend {
@@ -329,15 +336,10 @@ pub fn decode(raw: &RawMaps) -> LiveState {
         });
         let _ = v6;
     }
-    state
-        .backends
-        .sort_by_key(|b| (b.address.is_ipv6(), b.id));
+    state.backends.sort_by_key(|b| (b.address.is_ipv6(), b.id));
 
-    let frontend_of = |v6: bool, id: u16| {
-        snap.rev_nat
-            .get(&(v6, id))
-            .map(|(a, p)| sockaddr(*a, *p))
-    };
+    let frontend_of =
+        |v6: bool, id: u16| snap.rev_nat.get(&(v6, id)).map(|(a, p)| sockaddr(*a, *p));
     for (k, v) in &raw.affinity {
         let (client, client_address, netns_cookie, v6) = if k.kind == AFFINITY_CLIENT_NETNS {
             let mut b = [0u8; 8];
@@ -413,7 +415,8 @@ pub fn decode(raw: &RawMaps) -> LiveState {
 }
 
 fn open(dir: &Path, name: &'static str) -> Result<AyaMap, LiveError> {
-    let data = MapData::from_pin(dir.join(name)).map_err(|source| LiveError::Map { name, source })?;
+    let data =
+        MapData::from_pin(dir.join(name)).map_err(|source| LiveError::Map { name, source })?;
     AyaMap::from_map_data(data).map_err(|source| LiveError::Map { name, source })
 }
 
@@ -421,7 +424,8 @@ fn hash<K: aya::Pod + Send, V: aya::Pod + Send>(
     dir: &Path,
     name: &'static str,
 ) -> Result<Box<KernelHash<K, V>>, LiveError> {
-    let map = AyaHash::try_from(open(dir, name)?).map_err(|source| LiveError::Map { name, source })?;
+    let map =
+        AyaHash::try_from(open(dir, name)?).map_err(|source| LiveError::Map { name, source })?;
     Ok(Box::new(KernelHash::new(name, map)))
 }
 

@@ -153,10 +153,10 @@ fn frontend_flags(f: &live::LiveFrontend) -> String {
 fn services_text(state: &LiveState) -> String {
     let mut rows = Vec::new();
     for f in &state.frontends {
-        let service = f
-            .service
-            .as_ref()
-            .map_or_else(|| format!("(rev_nat_id {})", f.rev_nat_id), ToString::to_string);
+        let service = f.service.as_ref().map_or_else(
+            || format!("(rev_nat_id {})", f.rev_nat_id),
+            ToString::to_string,
+        );
         let mut first = true;
         for scope in &f.scopes {
             let mut backends: Vec<String> = scope
@@ -186,10 +186,26 @@ fn services_text(state: &LiveState) -> String {
                 let head = first && i == 0;
                 rows.push(vec![
                     if head { service.clone() } else { String::new() },
-                    if head { frontend_addr(f) } else { String::new() },
-                    if head { f.kind.label().to_string() } else { String::new() },
-                    if i == 0 { scope.scope.to_string() } else { String::new() },
-                    if head { frontend_flags(f) } else { String::new() },
+                    if head {
+                        frontend_addr(f)
+                    } else {
+                        String::new()
+                    },
+                    if head {
+                        f.kind.label().to_string()
+                    } else {
+                        String::new()
+                    },
+                    if i == 0 {
+                        scope.scope.to_string()
+                    } else {
+                        String::new()
+                    },
+                    if head {
+                        frontend_flags(f)
+                    } else {
+                        String::new()
+                    },
                     b,
                 ]);
             }
@@ -235,9 +251,10 @@ fn affinity_text(state: &LiveState) -> String {
         .iter()
         .map(|a| {
             vec![
-                a.service
-                    .as_ref()
-                    .map_or_else(|| format!("(rev_nat_id {})", a.rev_nat_id), ToString::to_string),
+                a.service.as_ref().map_or_else(
+                    || format!("(rev_nat_id {})", a.rev_nat_id),
+                    ToString::to_string,
+                ),
                 a.frontend.clone().unwrap_or_default(),
                 a.client.clone(),
                 a.backend

@@ -130,8 +130,14 @@ pub(crate) fn parse_rule(line: &str) -> Option<Rule> {
             continue;
         }
         if word.starts_with('-') {
-            let value = w.get(i + 1).filter(|v| !v.starts_with('-') || v.parse::<f64>().is_ok());
-            let key = if negate { format!("!{word}") } else { word.clone() };
+            let value = w
+                .get(i + 1)
+                .filter(|v| !v.starts_with('-') || v.parse::<f64>().is_ok());
+            let key = if negate {
+                format!("!{word}")
+            } else {
+                word.clone()
+            };
             match value {
                 Some(v) => {
                     rule.opts.insert(key, v.clone());
@@ -202,13 +208,15 @@ pub fn summarise(family: IpFamily, nat: &str, filter: &str) -> Vec<RuleService> 
                 } else {
                     comment[name.len()..].trim().to_string()
                 };
-                entry(&mut services, family_name, name).frontends.push(RuleFrontend {
-                    kind,
-                    address: r.get("-d").map(strip_host),
-                    port: r.get("--dport").and_then(|p| p.parse().ok()),
-                    protocol: r.get("-p").map(str::to_string),
-                    chain: target.to_string(),
-                });
+                entry(&mut services, family_name, name)
+                    .frontends
+                    .push(RuleFrontend {
+                        kind,
+                        address: r.get("-d").map(strip_host),
+                        port: r.get("--dport").and_then(|p| p.parse().ok()),
+                        protocol: r.get("-p").map(str::to_string),
+                        chain: target.to_string(),
+                    });
             }
             c if (c.starts_with("KUBE-SVC-") || c.starts_with("KUBE-SVL-"))
                 && target.starts_with("KUBE-SEP-") =>
@@ -239,13 +247,15 @@ pub fn summarise(family: IpFamily, nat: &str, filter: &str) -> Vec<RuleService> 
         let Some(name) = service_of(comment) else {
             continue;
         };
-        entry(&mut services, family_name, name).verdicts.push(RuleVerdict {
-            chain: r.chain.clone(),
-            target: target.to_string(),
-            destination: r.get("-d").map(strip_host),
-            port: r.get("--dport").and_then(|p| p.parse().ok()),
-            comment: comment.to_string(),
-        });
+        entry(&mut services, family_name, name)
+            .verdicts
+            .push(RuleVerdict {
+                chain: r.chain.clone(),
+                target: target.to_string(),
+                destination: r.get("-d").map(strip_host),
+                port: r.get("--dport").and_then(|p| p.parse().ok()),
+                comment: comment.to_string(),
+            });
     }
     services.into_values().collect()
 }
@@ -350,6 +360,9 @@ COMMIT
         let text = to_text(&RulesSummary { services: s });
         assert!(text.contains("ns5/svc5:p80 (IPv4)"), "{text}");
         assert!(text.contains("endpoint 10.180.1.3:80"), "{text}");
-        assert!(text.contains("REJECT in KUBE-SERVICES: ns6/svc6:p80 has no endpoints"), "{text}");
+        assert!(
+            text.contains("REJECT in KUBE-SERVICES: ns6/svc6:p80 has no endpoints"),
+            "{text}"
+        );
     }
 }

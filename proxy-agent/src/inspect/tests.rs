@@ -103,9 +103,18 @@ fn services_text_names_the_service_and_lists_backends_with_state() {
     assert!(lines[1].starts_with("ns1/svc1:http"), "{text}");
     assert!(lines[1].contains("172.30.0.41:80/TCP"), "{text}");
     assert!(lines[1].contains("ClusterIP"), "{text}");
-    assert!(lines[1].contains("10.180.0.1:8080 (local, active)"), "{text}");
-    assert!(lines[2].contains("10.180.1.1:8080 (remote, terminating)"), "{text}");
-    assert!(text.contains("NodePorts (*) are served on: 192.168.0.2"), "{text}");
+    assert!(
+        lines[1].contains("10.180.0.1:8080 (local, active)"),
+        "{text}"
+    );
+    assert!(
+        lines[2].contains("10.180.1.1:8080 (remote, terminating)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("NodePorts (*) are served on: 192.168.0.2"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -137,7 +146,10 @@ fn json_is_stable_and_machine_readable() {
 fn backends_and_conntrack_text() {
     let state = live::decode(&raw());
     let text = render(Subject::Backends, &state, Output::Text).unwrap();
-    assert!(text.contains("3   10.180.0.1:8080  TCP    active"), "{text}");
+    assert!(
+        text.contains("3   10.180.0.1:8080  TCP    active"),
+        "{text}"
+    );
     let text = render(Subject::Conntrack, &state, Output::Text).unwrap();
     assert!(text.contains("203.0.113.9:40000"), "{text}");
     assert!(text.contains("ns1/svc1:http"), "{text}");

@@ -20,11 +20,15 @@ pub struct Route {
 fn contains(r: &Route, ip: &IpAddr) -> bool {
     match (r.dest, ip) {
         (IpAddr::V4(d), IpAddr::V4(a)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(r.prefix_len)).unwrap_or(0);
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(r.prefix_len))
+                .unwrap_or(0);
             u32::from(d) & mask == u32::from(*a) & mask
         }
         (IpAddr::V6(d), IpAddr::V6(a)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(r.prefix_len)).unwrap_or(0);
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(r.prefix_len))
+                .unwrap_or(0);
             u128::from(d) & mask == u128::from(*a) & mask
         }
         _ => false,
@@ -153,15 +157,27 @@ mod tests {
         if cfg!(target_endian = "little") {
             assert_eq!(routes[2].dest, "10.180.0.2".parse::<IpAddr>().unwrap());
             assert_eq!(routes[1].prefix_len, 24);
-            assert_eq!(route_device(&routes, &"10.180.0.2".parse().unwrap()), Some("kp0"));
-            assert_eq!(route_device(&routes, &"10.180.0.3".parse().unwrap()), Some("eth0"));
+            assert_eq!(
+                route_device(&routes, &"10.180.0.2".parse().unwrap()),
+                Some("kp0")
+            );
+            assert_eq!(
+                route_device(&routes, &"10.180.0.3".parse().unwrap()),
+                Some("eth0")
+            );
         }
         let v6 = "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n\
                   fd00000000000000000000000000b402 80 00000000000000000000000000000000 00 00000000000000000000000000000000 00000400 00000001 00000000 00000001      kp1\n";
         let routes6 = parse_route6(v6);
         assert_eq!(routes6.len(), 2);
-        assert_eq!(route_device(&routes6, &"fd00::b402".parse().unwrap()), Some("kp1"));
-        assert_eq!(route_device(&routes6, &"fd00::9".parse().unwrap()), Some("eth0"));
+        assert_eq!(
+            route_device(&routes6, &"fd00::b402".parse().unwrap()),
+            Some("kp1")
+        );
+        assert_eq!(
+            route_device(&routes6, &"fd00::9".parse().unwrap()),
+            Some("eth0")
+        );
     }
 
     #[test]

@@ -26,7 +26,12 @@ fn unspecified(addr: &IpAddr) -> IpAddr {
     }
 }
 
-fn lookup<'a>(state: &'a LiveState, q: &Question, internal: bool, steps: &mut Vec<String>) -> Lookup<'a> {
+fn lookup<'a>(
+    state: &'a LiveState,
+    q: &Question,
+    internal: bool,
+    steps: &mut Vec<String>,
+) -> Lookup<'a> {
     let (addr, port, p) = (q.to.ip(), q.to.port(), proto_name(q.proto));
     let find = |a: IpAddr| {
         state
@@ -99,14 +104,19 @@ fn source_allowed(f: &LiveFrontend, from: &IpAddr) -> bool {
 }
 
 fn describe_frontend(f: &LiveFrontend, steps: &mut Vec<String>) {
-    let name = f
-        .service
-        .as_ref()
-        .map_or_else(|| format!("rev_nat_id {}", f.rev_nat_id), |s| format!("service {s}"));
+    let name = f.service.as_ref().map_or_else(
+        || format!("rev_nat_id {}", f.rev_nat_id),
+        |s| format!("service {s}"),
+    );
     steps.push(format!("{} frontend of {name}", f.kind.label()));
 }
 
-fn describe_set(f: &LiveFrontend, s: &LiveScope, candidates: &[Candidate], steps: &mut Vec<String>) {
+fn describe_set(
+    f: &LiveFrontend,
+    s: &LiveScope,
+    candidates: &[Candidate],
+    steps: &mut Vec<String>,
+) {
     if s.flags & svc_flags::ETP_LOCAL != 0 {
         steps.push(
             "externalTrafficPolicy: Local: only endpoints on this node, client address kept".into(),
@@ -145,7 +155,8 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
         steps: Vec::new(),
     };
     if q.proto != proto::TCP && q.proto != proto::UDP && q.proto != proto::SCTP {
-        v.steps.push("only TCP, UDP and SCTP are load-balanced".into());
+        v.steps
+            .push("only TCP, UDP and SCTP are load-balanced".into());
         return v;
     }
     let steps = &mut v.steps;
@@ -185,7 +196,10 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
         steps.push(format!(
             "{} is outside loadBalancerSourceRanges {:?}: dropped",
             q.from,
-            f.source_ranges.iter().map(ToString::to_string).collect::<Vec<_>>()
+            f.source_ranges
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
         ));
         v.action = Action::Drop;
         return v;
@@ -251,7 +265,10 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
     }
     v.action = Action::Forward;
     if socket {
-        steps.push("translated once at connect(): no NAT, the backend sees the client's own address".into());
+        steps.push(
+            "translated once at connect(): no NAT, the backend sees the client's own address"
+                .into(),
+        );
         v.backend_sees_source = Some(q.from);
     } else {
         let masq_addr = if v6 {
@@ -276,7 +293,11 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
             .conntrack
             .iter()
             .filter(|c| c.direction == "forward" && c.frontend == q.to.to_string())
-            .filter(|c| c.client.parse::<SocketAddr>().is_ok_and(|a| a.ip() == q.from))
+            .filter(|c| {
+                c.client
+                    .parse::<SocketAddr>()
+                    .is_ok_and(|a| a.ip() == q.from)
+            })
             .map(|c| c.backend.as_str())
             .collect();
         if !tracked.is_empty() {

@@ -71,7 +71,8 @@ impl Ctx<'_> {
     /// Whether the packet (with `mark`) matches every condition of `r`.
     fn matches(&self, r: &Rule, mark: u32) -> bool {
         let (src, dst) = (self.q.from, self.q.to.ip());
-        let checks: [(&str, bool); 4] = [("-s", true), ("!-s", false), ("-d", true), ("!-d", false)];
+        let checks: [(&str, bool); 4] =
+            [("-s", true), ("!-s", false), ("-d", true), ("!-d", false)];
         for (opt, positive) in checks {
             if let Some(spec) = r.get(opt) {
                 let ip = if opt.ends_with('s') { &src } else { &dst };
@@ -245,10 +246,7 @@ pub fn trace(nat: &str, filter: &str, node_addresses: &[IpAddr], q: &Question) -
         let first = &ends[0];
         if let Some(c) = &first.comment {
             let service = service_of(c);
-            steps.push(format!(
-                "nat KUBE-SERVICES matches {} ({c})",
-                q.to
-            ));
+            steps.push(format!("nat KUBE-SERVICES matches {} ({c})", q.to));
             v.frontend = Some(MatchedFrontend {
                 address: q.to.ip(),
                 port: q.to.port(),
@@ -264,7 +262,11 @@ pub fn trace(nat: &str, filter: &str, node_addresses: &[IpAddr], q: &Question) -
                 continue;
             };
             masq_any |= p.mark & DEFAULT_MASQ_MARK != 0;
-            if !v.candidates.iter().any(|c| SocketAddr::new(c.address, c.port) == dest) {
+            if !v
+                .candidates
+                .iter()
+                .any(|c| SocketAddr::new(c.address, c.port) == dest)
+            {
                 v.candidates.push(Candidate {
                     address: dest.ip(),
                     port: dest.port(),
@@ -395,17 +397,33 @@ COMMIT
 
     #[test]
     fn clusterip_from_a_pod_reaches_every_endpoint_unmasqueraded() {
-        let v = trace(NAT, FILTER, &node(), &q("10.0.0.2", "172.30.0.45:80", ClientKind::Pod));
+        let v = trace(
+            NAT,
+            FILTER,
+            &node(),
+            &q("10.0.0.2", "172.30.0.45:80", ClientKind::Pod),
+        );
         assert_eq!(v.action, Action::Forward);
         assert_eq!(cands(&v), ["10.180.0.3:80", "10.180.1.3:80"]);
         assert!(!v.masquerade);
         assert_eq!(v.affinity.as_ref().unwrap().timeout_seconds, 10800);
         assert_eq!(
-            v.frontend.as_ref().unwrap().service.as_ref().unwrap().to_string(),
+            v.frontend
+                .as_ref()
+                .unwrap()
+                .service
+                .as_ref()
+                .unwrap()
+                .to_string(),
             "ns5/svc5:p80"
         );
         // Hairpin: the endpoint itself is masqueraded on its own branch.
-        let v = trace(NAT, FILTER, &node(), &q("10.180.0.3", "172.30.0.45:80", ClientKind::Pod));
+        let v = trace(
+            NAT,
+            FILTER,
+            &node(),
+            &q("10.180.0.3", "172.30.0.45:80", ClientKind::Pod),
+        );
         assert!(v.masquerade);
     }
 
@@ -421,7 +439,12 @@ COMMIT
         assert!(v.masquerade);
         assert_eq!(v.backend_sees_source, Some("192.168.0.2".parse().unwrap()));
         assert_eq!(v.frontend.as_ref().unwrap().kind, FrontendKind::NodePort);
-        let v = trace(NAT, FILTER, &node(), &q("10.0.0.2", "172.30.0.46:80", ClientKind::Pod));
+        let v = trace(
+            NAT,
+            FILTER,
+            &node(),
+            &q("10.0.0.2", "172.30.0.46:80", ClientKind::Pod),
+        );
         assert_eq!(v.action, Action::Reject);
         let v = trace(
             NAT,
@@ -430,7 +453,12 @@ COMMIT
             &q("203.0.113.9", "192.168.0.2:3007", ClientKind::External),
         );
         assert_eq!(v.action, Action::Drop);
-        let v = trace(NAT, FILTER, &node(), &q("10.0.0.2", "172.30.0.99:80", ClientKind::Pod));
+        let v = trace(
+            NAT,
+            FILTER,
+            &node(),
+            &q("10.0.0.2", "172.30.0.99:80", ClientKind::Pod),
+        );
         assert_eq!(v.action, Action::Untouched);
     }
 }

@@ -39,8 +39,8 @@ pub mod readiness;
 pub mod report;
 pub mod run;
 pub mod stale;
-pub mod trace;
 pub mod topology;
+pub mod trace;
 
 pub use self::{
     error::{Error, Result},

@@ -117,8 +117,7 @@ pub fn agreement(
                         .iter()
                         .any(|c| SocketAddr::new(c.address, c.port) == b)
                 });
-                let echo =
-                    a.outcome == Outcome::Answer && a.answer_kind == Some(AnswerKind::Echo);
+                let echo = a.outcome == Outcome::Answer && a.answer_kind == Some(AnswerKind::Echo);
                 let source_ok = match (a.seen_source, trace.backend_sees_source) {
                     (Some(seen), Some(said)) => {
                         node_addresses.contains(&seen) == node_addresses.contains(&said)
@@ -247,16 +246,32 @@ mod tests {
         let untouched = verdict(r#"{"action":"untouched","backend_sees_source":null}"#);
         let refused = Attempt::new(Outcome::Refused, 1);
         let silent = Attempt::new(Outcome::Timeout, 1000);
-        assert!(agreement(&reject, to(), &[refused.clone()], &nodes).is_ok());
-        assert!(agreement(&reject, to(), &[silent.clone()], &nodes).is_err());
-        assert!(agreement(&drop, to(), &[silent.clone()], &nodes).is_ok());
+        assert!(agreement(&reject, to(), std::slice::from_ref(&refused), &nodes).is_ok());
+        assert!(agreement(&reject, to(), std::slice::from_ref(&silent), &nodes).is_err());
+        assert!(agreement(&drop, to(), std::slice::from_ref(&silent), &nodes).is_ok());
         assert!(agreement(&drop, to(), &[refused], &nodes).is_err());
         assert!(agreement(&untouched, to(), &[silent], &nodes).is_ok());
         let plain = Attempt::answered("PLAIN 203.0.113.1:80", 2);
         assert!(agreement(&untouched, to(), &[plain], &nodes).is_ok());
-        assert!(agreement(&untouched, to(), &[echo("10.180.0.1:80", "10.0.0.1")], &nodes).is_err());
+        assert!(
+            agreement(
+                &untouched,
+                to(),
+                &[echo("10.180.0.1:80", "10.0.0.1")],
+                &nodes
+            )
+            .is_err()
+        );
         // A destination that is itself a pod answers for itself.
         let direct: SocketAddr = "10.180.0.1:80".parse().unwrap();
-        assert!(agreement(&untouched, direct, &[echo("10.180.0.1:80", "10.0.0.1")], &nodes).is_ok());
+        assert!(
+            agreement(
+                &untouched,
+                direct,
+                &[echo("10.180.0.1:80", "10.0.0.1")],
+                &nodes
+            )
+            .is_ok()
+        );
     }
 }

@@ -538,7 +538,11 @@ impl ApplyState {
 
     /// The frontends programmed for `service` in `family` with their rev_nat ids (the
     /// names table `proxy-agent inspect` reads is written from it).
-    pub fn frontend_ids(&self, family: IpFamily, service: &NamespacedName) -> Vec<(FrontendKey, u16)> {
+    pub fn frontend_ids(
+        &self,
+        family: IpFamily,
+        service: &NamespacedName,
+    ) -> Vec<(FrontendKey, u16)> {
         let owner = (family, service.clone());
         let Some(applied) = self.services.get(&owner) else {
             return Vec::new();

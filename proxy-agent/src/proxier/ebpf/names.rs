@@ -120,7 +120,12 @@ pub fn port_frontend_keys(port: &ServicePort, family: IpFamily) -> Vec<FrontendK
             proto,
         });
     }
-    for addr in port.external_ips.iter().copied().chain(port.load_balancer_vips()) {
+    for addr in port
+        .external_ips
+        .iter()
+        .copied()
+        .chain(port.load_balancer_vips())
+    {
         keys.push(FrontendKey {
             addr,
             port: port.port,
@@ -218,12 +223,7 @@ impl NamesTable {
         let mut todo: HashSet<(IpFamily, NamespacedName)> = HashSet::new();
         for state in families {
             if full {
-                todo.extend(
-                    state
-                        .services
-                        .services()
-                        .map(|s| (state.family, s.clone())),
-                );
+                todo.extend(state.services.services().map(|s| (state.family, s.clone())));
             } else {
                 todo.extend(changed.iter().map(|s| (state.family, s.clone())));
             }
@@ -245,7 +245,8 @@ impl NamesTable {
                 old_ids.extend(old);
             }
             if !entries.is_empty() {
-                self.by_service.insert(key, entries.keys().copied().collect());
+                self.by_service
+                    .insert(key, entries.keys().copied().collect());
             }
             desired.extend(entries);
         }
@@ -380,14 +381,23 @@ mod tests {
         let entries: HashMap<u32, NameValue> = table.map.entries().unwrap().into_iter().collect();
         assert_eq!(entries.len(), 3);
         for (_, id) in &ids {
-            assert_eq!(decode(&entries[&key(false, *id)]).to_string(), "ns1/svc1:http");
+            assert_eq!(
+                decode(&entries[&key(false, *id)]).to_string(),
+                "ns1/svc1:http"
+            );
         }
 
         // The service goes: so do its names (a partial sync).
         cluster.service(&Arc::new(svc), true);
         let changes = cluster.apply_pending();
         apply
-            .sync(&mut maps, cluster.families(), &node, &changes.changed, false)
+            .sync(
+                &mut maps,
+                cluster.families(),
+                &node,
+                &changes.changed,
+                false,
+            )
             .unwrap();
         table
             .sync(cluster.families(), &apply, &changes.changed, false)

@@ -66,7 +66,13 @@ impl World {
         let (mut maps, _) = LbMaps::in_memory(1024);
         let mut apply = ApplyState::new(1024, 1024);
         apply
-            .sync(&mut maps, self.cluster.families(), &self.node, &changes.changed, true)
+            .sync(
+                &mut maps,
+                self.cluster.families(),
+                &self.node,
+                &changes.changed,
+                true,
+            )
             .unwrap();
         let mut names = HashMap::new();
         for (family, svc) in apply.programmed() {
@@ -118,8 +124,14 @@ fn addrs(v: &Verdict) -> Vec<String> {
 fn clusterip_from_a_pod_forwards_to_every_endpoint_without_nat() {
     let mut w = World::new();
     w.add(
-        mk_service("ns1", "svc1").cluster_ip("172.30.0.41").port("p80", 80, "TCP").build(),
-        &[("10.180.0.1", "node-a", true), ("10.180.1.1", "node-b", true)],
+        mk_service("ns1", "svc1")
+            .cluster_ip("172.30.0.41")
+            .port("p80", 80, "TCP")
+            .build(),
+        &[
+            ("10.180.0.1", "node-a", true),
+            ("10.180.1.1", "node-b", true),
+        ],
     );
     let state = w.state();
     let v = trace(&state, &q("10.180.0.2", "172.30.0.41:80", ClientKind::Pod));
@@ -142,7 +154,10 @@ fn clusterip_from_a_pod_forwards_to_every_endpoint_without_nat() {
 fn no_endpoints_rejects_and_local_policy_without_local_endpoints_drops() {
     let mut w = World::new();
     w.add(
-        mk_service("ns1", "empty").cluster_ip("172.30.0.42").port("p80", 80, "TCP").build(),
+        mk_service("ns1", "empty")
+            .cluster_ip("172.30.0.42")
+            .port("p80", 80, "TCP")
+            .build(),
         &[],
     );
     w.add(
@@ -170,7 +185,10 @@ fn nodeport_from_outside_masquerades_for_cluster_and_keeps_the_source_for_local(
             .type_("NodePort")
             .node_port("p80", 80, "TCP", 3001)
             .build(),
-        &[("10.180.0.1", "node-a", true), ("10.180.1.1", "node-b", true)],
+        &[
+            ("10.180.0.1", "node-a", true),
+            ("10.180.1.1", "node-b", true),
+        ],
     );
     w.add(
         mk_service("ns1", "npl")
@@ -179,10 +197,16 @@ fn nodeport_from_outside_masquerades_for_cluster_and_keeps_the_source_for_local(
             .node_port("p80", 80, "TCP", 3002)
             .external_traffic_policy("Local")
             .build(),
-        &[("10.180.0.3", "node-a", true), ("10.180.1.3", "node-b", true)],
+        &[
+            ("10.180.0.3", "node-a", true),
+            ("10.180.1.3", "node-b", true),
+        ],
     );
     let state = w.state();
-    let v = trace(&state, &q("203.0.113.9", "192.168.0.2:3001", ClientKind::External));
+    let v = trace(
+        &state,
+        &q("203.0.113.9", "192.168.0.2:3001", ClientKind::External),
+    );
     assert_eq!(v.action, Action::Forward);
     assert_eq!(v.decided_by, "tc");
     assert_eq!(v.frontend.as_ref().unwrap().kind, FrontendKind::NodePort);
@@ -190,12 +214,18 @@ fn nodeport_from_outside_masquerades_for_cluster_and_keeps_the_source_for_local(
     assert!(v.masquerade);
     assert_eq!(v.backend_sees_source, Some("192.168.0.2".parse().unwrap()));
 
-    let v = trace(&state, &q("203.0.113.9", "192.168.0.2:3002", ClientKind::External));
+    let v = trace(
+        &state,
+        &q("203.0.113.9", "192.168.0.2:3002", ClientKind::External),
+    );
     assert_eq!(addrs(&v), ["10.180.0.3:80"]);
     assert!(!v.masquerade);
     assert_eq!(v.backend_sees_source, Some("203.0.113.9".parse().unwrap()));
     // A pod on this node short-circuits to every endpoint.
-    let v = trace(&state, &q("10.180.0.2", "192.168.0.2:3002", ClientKind::Pod));
+    let v = trace(
+        &state,
+        &q("10.180.0.2", "192.168.0.2:3002", ClientKind::Pod),
+    );
     assert_eq!(v.frontend.as_ref().unwrap().scope, "internal");
     assert_eq!(addrs(&v), ["10.180.0.3:80", "10.180.1.3:80"]);
 }
@@ -210,7 +240,10 @@ fn affinity_reports_the_pinned_backend_of_an_external_client() {
             .node_port("p80", 80, "TCP", 3003)
             .session_affinity_client_ip(Some(600))
             .build(),
-        &[("10.180.0.1", "node-a", true), ("10.180.1.1", "node-b", true)],
+        &[
+            ("10.180.0.1", "node-a", true),
+            ("10.180.1.1", "node-b", true),
+        ],
     );
     let mut state = w.state();
     let np = state
@@ -230,12 +263,18 @@ fn affinity_reports_the_pinned_backend_of_an_external_client() {
         backend: Some("10.180.1.1:80".into()),
         idle_seconds: 5,
     });
-    let v = trace(&state, &q("203.0.113.9", "192.168.0.2:3003", ClientKind::External));
+    let v = trace(
+        &state,
+        &q("203.0.113.9", "192.168.0.2:3003", ClientKind::External),
+    );
     let aff = v.affinity.unwrap();
     assert_eq!(aff.timeout_seconds, 600);
     assert_eq!(aff.pinned_backend, Some("10.180.1.1:80".parse().unwrap()));
     // Another client has no entry yet.
-    let v = trace(&state, &q("203.0.113.10", "192.168.0.2:3003", ClientKind::External));
+    let v = trace(
+        &state,
+        &q("203.0.113.10", "192.168.0.2:3003", ClientKind::External),
+    );
     assert_eq!(v.affinity.unwrap().pinned_backend, None);
 }
 
@@ -243,14 +282,27 @@ fn affinity_reports_the_pinned_backend_of_an_external_client() {
 fn terminating_fallback_is_explained_and_text_renders() {
     let mut w = World::new();
     w.add(
-        mk_service("ns1", "term").cluster_ip("172.30.0.47").port("p80", 80, "TCP").build(),
+        mk_service("ns1", "term")
+            .cluster_ip("172.30.0.47")
+            .port("p80", 80, "TCP")
+            .build(),
         &[("10.180.0.1", "node-a", false)],
     );
     let state = w.state();
-    let v = trace(&state, &q("192.168.0.2", "172.30.0.47:80", ClientKind::Node));
+    let v = trace(
+        &state,
+        &q("192.168.0.2", "172.30.0.47:80", ClientKind::Node),
+    );
     assert_eq!(v.action, Action::Forward);
     assert!(v.candidates.iter().all(|c| c.terminating));
-    assert!(v.steps.iter().any(|s| s.contains("terminating")), "{:?}", v.steps);
+    assert!(
+        v.steps.iter().any(|s| s.contains("terminating")),
+        "{:?}",
+        v.steps
+    );
     let text = v.to_text();
-    assert!(text.contains("verdict: FORWARD to one of [10.180.0.1:80]"), "{text}");
+    assert!(
+        text.contains("verdict: FORWARD to one of [10.180.0.1:80]"),
+        "{text}"
+    );
 }
