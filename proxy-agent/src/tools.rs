@@ -148,7 +148,7 @@ pub fn run(tool: &Tool, default_root: &Path) -> Result<String, ToolError> {
                     .into_iter()
                     .map(|(_, ip)| ip)
                     .collect();
-                trace::iptables::trace(&nat, &filter, &node, &question(client))
+                trace::iptables::trace(&nat, &filter, &node, &recent_lists(), &question(client))
             };
             Ok(match a.output {
                 Output::Json => serde_json::to_string_pretty(&verdict)? + "\n",
@@ -156,6 +156,22 @@ pub fn run(tool: &Tool, default_root: &Path) -> Result<String, ToolError> {
             })
         }
     }
+}
+
+/// The affinity lists of the `recent` module in this network namespace (endpoint chains).
+fn recent_lists() -> trace::iptables::RecentLists {
+    std::fs::read_dir("/proc/net/xt_recent")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("KUBE-SEP-").then(|| {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                (name, trace::iptables::parse_recent(&text))
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -134,7 +134,8 @@ impl LiveBackend {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LiveAffinity {
-    /// `netns:<cookie>` for clients on this node (socket programs), else the address.
+    /// `node (netns:<cookie>)` or `pod netns:<cookie>` for clients on this node (socket
+    /// programs key them by network namespace), else the client's address.
     pub client: String,
     pub client_address: Option<IpAddr>,
     pub netns_cookie: Option<u64>,
@@ -347,7 +348,12 @@ pub fn decode(raw: &RawMaps) -> LiveState {
             let cookie = u64::from_ne_bytes(b);
             // The family of a netns-keyed entry is that of its frontend.
             let v6 = !snap.rev_nat.contains_key(&(false, k.rev_nat_id));
-            (format!("netns:{cookie}"), None, Some(cookie), v6)
+            let client = if cookie == raw.config.host_netns_cookie {
+                format!("node (netns:{cookie})")
+            } else {
+                format!("pod netns:{cookie}")
+            };
+            (client, None, Some(cookie), v6)
         } else {
             let v6 = k.kind == proxy_common::AFFINITY_CLIENT_V6;
             let a = addr16(&k.client, v6);

@@ -214,6 +214,7 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
             port: b.port,
             local: b.local,
             terminating: b.terminating,
+            masquerade: false,
         })
         .collect();
     if candidates.is_empty() {
@@ -308,6 +309,10 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
         }
     }
     v.candidates = candidates;
+    let masquerade = v.masquerade;
+    for c in &mut v.candidates {
+        c.masquerade = masquerade;
+    }
     v
 }
 

@@ -37,6 +37,8 @@ struct Path {
     /// The first rule with a service comment on the path.
     comment: Option<String>,
     affinity: Option<u32>,
+    /// The endpoint chain the DNAT is in.
+    endpoint_chain: Option<String>,
 }
 
 fn net_matches(spec: &str, ip: &IpAddr) -> bool {
@@ -157,6 +159,7 @@ impl Ctx<'_> {
             match target {
                 "DNAT" => {
                     path.dnat = r.get("--to-destination").map(str::to_string);
+                    path.endpoint_chain = Some(chain.to_string());
                     out.push(path);
                     return None;
                 }
@@ -213,8 +216,31 @@ fn kind_of(comment: &str, chain_hint: bool) -> FrontendKind {
     }
 }
 
-/// The trace of `q` through saved rules (`nat` and `filter` of the question's family).
-pub fn trace(nat: &str, filter: &str, node_addresses: &[IpAddr], q: &Question) -> Verdict {
+/// The clients the `recent` module remembers, per list (endpoint chain) name, as
+/// /proc/net/xt_recent/<name> shows them ("src=10.0.0.2 ttl: ...").
+pub type RecentLists = std::collections::HashMap<String, Vec<IpAddr>>;
+
+pub fn parse_recent(text: &str) -> Vec<IpAddr> {
+    text.lines()
+        .filter_map(|l| {
+            l.strip_prefix("src=")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// The trace of `q` through saved rules (`nat` and `filter` of the question's family);
+/// `recent` gives the affinity lists' current members.
+pub fn trace(
+    nat: &str,
+    filter: &str,
+    node_addresses: &[IpAddr],
+    recent: &RecentLists,
+    q: &Question,
+) -> Verdict {
     let mut v = Verdict {
         mode: "iptables",
         from: q.from,
@@ -256,29 +282,38 @@ pub fn trace(nat: &str, filter: &str, node_addresses: &[IpAddr], q: &Question) -
                 scope: "external",
             });
         }
-        let mut masq_any = false;
         for p in &ends {
             let Some(dest) = p.dnat.as_deref().and_then(|d| d.parse::<SocketAddr>().ok()) else {
                 continue;
             };
-            masq_any |= p.mark & DEFAULT_MASQ_MARK != 0;
-            if !v
+            let masquerade = p.mark & DEFAULT_MASQ_MARK != 0;
+            match v
                 .candidates
-                .iter()
-                .any(|c| SocketAddr::new(c.address, c.port) == dest)
+                .iter_mut()
+                .find(|c| SocketAddr::new(c.address, c.port) == dest)
             {
-                v.candidates.push(Candidate {
+                Some(c) => c.masquerade |= masquerade,
+                None => v.candidates.push(Candidate {
                     address: dest.ip(),
                     port: dest.port(),
                     local: false,
                     terminating: false,
-                });
+                    masquerade,
+                }),
             }
             if let Some(secs) = p.affinity {
-                v.affinity = Some(AffinityInfo {
+                let pinned = p
+                    .endpoint_chain
+                    .as_ref()
+                    .and_then(|c| recent.get(c))
+                    .is_some_and(|clients| clients.contains(&q.from));
+                let info = v.affinity.get_or_insert(AffinityInfo {
                     timeout_seconds: secs,
                     pinned_backend: None,
                 });
+                if pinned {
+                    info.pinned_backend = Some(dest);
+                }
             }
         }
         steps.push(format!(
@@ -286,14 +321,33 @@ pub fn trace(nat: &str, filter: &str, node_addresses: &[IpAddr], q: &Question) -
             v.candidates.len()
         ));
         if let Some(a) = &v.affinity {
-            steps.push(format!(
-                "sessionAffinity ClientIP: the recent module keeps a client on its endpoint for {}s",
-                a.timeout_seconds
-            ));
+            steps.push(match a.pinned_backend {
+                Some(b) => format!(
+                    "sessionAffinity ClientIP ({}s): the recent list of {b} holds this client",
+                    a.timeout_seconds
+                ),
+                None => format!(
+                    "sessionAffinity ClientIP ({}s): the recent module keeps a client on the endpoint it first reached",
+                    a.timeout_seconds
+                ),
+            });
         }
         v.action = Action::Forward;
         let node_source = q.client == ClientKind::Node && node_addresses.contains(&q.from);
-        if masq_any {
+        let masq_all = v.candidates.iter().all(|c| c.masquerade);
+        let hairpin: Vec<String> = v
+            .candidates
+            .iter()
+            .filter(|c| c.masquerade)
+            .map(|c| SocketAddr::new(c.address, c.port).to_string())
+            .collect();
+        if !masq_all && !hairpin.is_empty() {
+            steps.push(format!(
+                "hairpin: the client is also an endpoint; on the way to {} it is masqueraded",
+                hairpin.join(", ")
+            ));
+        }
+        if masq_all {
             steps.push("marked for masquerade: KUBE-POSTROUTING SNATs to a node address".into());
             v.masquerade = true;
             v.backend_sees_source = node_addresses
@@ -401,6 +455,7 @@ COMMIT
             NAT,
             FILTER,
             &node(),
+            &RecentLists::new(),
             &q("10.0.0.2", "172.30.0.45:80", ClientKind::Pod),
         );
         assert_eq!(v.action, Action::Forward);
@@ -417,14 +472,34 @@ COMMIT
                 .to_string(),
             "ns5/svc5:p80"
         );
-        // Hairpin: the endpoint itself is masqueraded on its own branch.
+        // A client in an endpoint's recent list is pinned to it.
+        let recent = RecentLists::from([(
+            "KUBE-SEP-2".to_string(),
+            parse_recent("src=10.0.0.2 ttl: 64 last_seen: 4296 oldest_pkt: 1 4296\n"),
+        )]);
         let v = trace(
             NAT,
             FILTER,
             &node(),
+            &recent,
+            &q("10.0.0.2", "172.30.0.45:80", ClientKind::Pod),
+        );
+        assert_eq!(
+            v.affinity.unwrap().pinned_backend,
+            Some("10.180.1.3:80".parse().unwrap())
+        );
+        // Hairpin: the endpoint itself is masqueraded on its own branch only.
+        let v = trace(
+            NAT,
+            FILTER,
+            &node(),
+            &RecentLists::new(),
             &q("10.180.0.3", "172.30.0.45:80", ClientKind::Pod),
         );
-        assert!(v.masquerade);
+        assert!(!v.masquerade);
+        let masq: Vec<bool> = v.candidates.iter().map(|c| c.masquerade).collect();
+        assert_eq!(masq, [true, false]);
+        assert!(v.steps.iter().any(|s| s.contains("hairpin")), "{:?}", v.steps);
     }
 
     #[test]
@@ -433,6 +508,7 @@ COMMIT
             NAT,
             FILTER,
             &node(),
+            &RecentLists::new(),
             &q("203.0.113.9", "192.168.0.2:3002", ClientKind::External),
         );
         assert_eq!(v.action, Action::Forward);
@@ -443,6 +519,7 @@ COMMIT
             NAT,
             FILTER,
             &node(),
+            &RecentLists::new(),
             &q("10.0.0.2", "172.30.0.46:80", ClientKind::Pod),
         );
         assert_eq!(v.action, Action::Reject);
@@ -450,6 +527,7 @@ COMMIT
             NAT,
             FILTER,
             &node(),
+            &RecentLists::new(),
             &q("203.0.113.9", "192.168.0.2:3007", ClientKind::External),
         );
         assert_eq!(v.action, Action::Drop);
@@ -457,6 +535,7 @@ COMMIT
             NAT,
             FILTER,
             &node(),
+            &RecentLists::new(),
             &q("10.0.0.2", "172.30.0.99:80", ClientKind::Pod),
         );
         assert_eq!(v.action, Action::Untouched);

@@ -82,6 +82,9 @@ pub struct Candidate {
     pub port: u16,
     pub local: bool,
     pub terminating: bool,
+    /// The source is rewritten to a node address on the way to this backend (it can
+    /// differ between backends: iptables masquerades a pod reaching itself, the hairpin).
+    pub masquerade: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -105,7 +108,7 @@ pub struct Verdict {
     pub frontend: Option<MatchedFrontend>,
     pub candidates: Vec<Candidate>,
     pub affinity: Option<AffinityInfo>,
-    /// Whether the source is rewritten to a node address on the way to the backend.
+    /// Whether the source is rewritten to a node address on the way to every candidate.
     pub masquerade: bool,
     /// The source address the backend sees (its own for the client unless masqueraded).
     pub backend_sees_source: Option<IpAddr>,

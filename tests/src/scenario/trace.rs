@@ -40,6 +40,8 @@ pub struct TraceVerdict {
 pub struct TraceCandidate {
     pub address: IpAddr,
     pub port: u16,
+    #[serde(default)]
+    pub masquerade: bool,
 }
 
 /// One traced flow: the runner's judgement and whether trace agreed.
@@ -99,10 +101,11 @@ pub async fn trace_flow(
 
 /// Whether `trace`'s verdict agrees with the probe attempts (pure). Forward: every attempt
 /// reached a candidate, and the source it saw is a node address exactly when trace says
-/// the backend sees one; reject: every attempt refused; drop: every attempt silent;
+/// that candidate sees one (masqueraded, or a client on the node); reject: every attempt refused; drop: every attempt silent;
 /// untouched: no attempt was answered by anything but the destination itself.
 pub fn agreement(
     trace: &TraceVerdict,
+    from: IpAddr,
     to: SocketAddr,
     attempts: &[Attempt],
     node_addresses: &BTreeSet<IpAddr>,
@@ -111,20 +114,21 @@ pub fn agreement(
     for a in attempts {
         let ok = match trace.action.as_str() {
             "forward" => {
-                let is_candidate = a.backend.is_some_and(|b| {
+                let candidate = a.backend.and_then(|b| {
                     trace
                         .candidates
                         .iter()
-                        .any(|c| SocketAddr::new(c.address, c.port) == b)
+                        .find(|c| SocketAddr::new(c.address, c.port) == b)
                 });
                 let echo = a.outcome == Outcome::Answer && a.answer_kind == Some(AnswerKind::Echo);
-                let source_ok = match (a.seen_source, trace.backend_sees_source) {
-                    (Some(seen), Some(said)) => {
-                        node_addresses.contains(&seen) == node_addresses.contains(&said)
+                let source_ok = match (a.seen_source, candidate) {
+                    (Some(seen), Some(c)) => {
+                        node_addresses.contains(&seen)
+                            == (c.masquerade || node_addresses.contains(&from))
                     }
                     _ => true,
                 };
-                echo && is_candidate && source_ok
+                echo && candidate.is_some() && source_ok
             }
             "reject" => a.outcome == Outcome::Refused,
             "drop" => a.outcome == Outcome::Timeout,
@@ -189,7 +193,7 @@ pub async fn run_scenario_traced(
                 .await
                 .map_err(|e| e.to_string());
             let disagreement = match &trace {
-                Ok(t) => agreement(t, flow.to, &attempts, &node_addresses).err(),
+                Ok(t) => agreement(t, flow.from, flow.to, &attempts, &node_addresses).err(),
                 Err(e) => Some(e.clone()),
             };
             out.push(TracedFlow {
@@ -216,6 +220,10 @@ mod tests {
         serde_json::from_str(json).unwrap()
     }
 
+    fn from() -> IpAddr {
+        "203.0.113.9".parse().unwrap()
+    }
+
     fn to() -> SocketAddr {
         "172.30.0.41:80".parse().unwrap()
     }
@@ -228,14 +236,67 @@ mod tests {
     fn forward_agrees_only_with_candidates_and_the_right_source() {
         let nodes: BTreeSet<IpAddr> = ["192.168.0.2".parse().unwrap()].into();
         let t = verdict(
-            r#"{"action":"forward","candidates":[{"address":"10.180.0.1","port":80}],
+            r#"{"action":"forward","candidates":[{"address":"10.180.0.1","port":80,"masquerade":true}],
                 "masquerade":true,"backend_sees_source":"192.168.0.2"}"#,
         );
-        assert!(agreement(&t, to(), &[echo("10.180.0.1:80", "192.168.0.2")], &nodes).is_ok());
+        assert!(
+            agreement(
+                &t,
+                from(),
+                to(),
+                &[echo("10.180.0.1:80", "192.168.0.2")],
+                &nodes
+            )
+            .is_ok()
+        );
         // Another backend, or the client's own address seen instead of the node's.
-        assert!(agreement(&t, to(), &[echo("10.180.0.9:80", "192.168.0.2")], &nodes).is_err());
-        assert!(agreement(&t, to(), &[echo("10.180.0.1:80", "203.0.113.9")], &nodes).is_err());
-        assert!(agreement(&t, to(), &[Attempt::new(Outcome::Timeout, 1000)], &nodes).is_err());
+        assert!(
+            agreement(
+                &t,
+                from(),
+                to(),
+                &[echo("10.180.0.9:80", "192.168.0.2")],
+                &nodes
+            )
+            .is_err()
+        );
+        assert!(
+            agreement(
+                &t,
+                from(),
+                to(),
+                &[echo("10.180.0.1:80", "203.0.113.9")],
+                &nodes
+            )
+            .is_err()
+        );
+        assert!(
+            agreement(
+                &t,
+                from(),
+                to(),
+                &[Attempt::new(Outcome::Timeout, 1000)],
+                &nodes
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn masquerade_is_judged_per_candidate() {
+        // Hairpin in iptables mode: only the way to the client's own endpoint is masqueraded.
+        let nodes: BTreeSet<IpAddr> = ["192.168.0.2".parse().unwrap()].into();
+        let t = verdict(
+            r#"{"action":"forward","backend_sees_source":null,"candidates":[
+                {"address":"10.180.0.1","port":80,"masquerade":true},
+                {"address":"10.180.0.2","port":80,"masquerade":false}]}"#,
+        );
+        let me: IpAddr = "10.180.0.1".parse().unwrap();
+        let saw = |b: &str, s: &str| agreement(&t, me, to(), &[echo(b, s)], &nodes);
+        assert!(saw("10.180.0.1:80", "192.168.0.2").is_ok());
+        assert!(saw("10.180.0.2:80", "10.180.0.1").is_ok());
+        assert!(saw("10.180.0.2:80", "192.168.0.2").is_err());
+        assert!(saw("10.180.0.1:80", "10.180.0.1").is_err());
     }
 
     #[test]
@@ -246,16 +307,26 @@ mod tests {
         let untouched = verdict(r#"{"action":"untouched","backend_sees_source":null}"#);
         let refused = Attempt::new(Outcome::Refused, 1);
         let silent = Attempt::new(Outcome::Timeout, 1000);
-        assert!(agreement(&reject, to(), std::slice::from_ref(&refused), &nodes).is_ok());
-        assert!(agreement(&reject, to(), std::slice::from_ref(&silent), &nodes).is_err());
-        assert!(agreement(&drop, to(), std::slice::from_ref(&silent), &nodes).is_ok());
-        assert!(agreement(&drop, to(), &[refused], &nodes).is_err());
-        assert!(agreement(&untouched, to(), &[silent], &nodes).is_ok());
+        assert!(
+            agreement(
+                &reject,
+                from(),
+                to(),
+                std::slice::from_ref(&refused),
+                &nodes
+            )
+            .is_ok()
+        );
+        assert!(agreement(&reject, from(), to(), std::slice::from_ref(&silent), &nodes).is_err());
+        assert!(agreement(&drop, from(), to(), std::slice::from_ref(&silent), &nodes).is_ok());
+        assert!(agreement(&drop, from(), to(), &[refused], &nodes).is_err());
+        assert!(agreement(&untouched, from(), to(), &[silent], &nodes).is_ok());
         let plain = Attempt::answered("PLAIN 203.0.113.1:80", 2);
-        assert!(agreement(&untouched, to(), &[plain], &nodes).is_ok());
+        assert!(agreement(&untouched, from(), to(), &[plain], &nodes).is_ok());
         assert!(
             agreement(
                 &untouched,
+                from(),
                 to(),
                 &[echo("10.180.0.1:80", "10.0.0.1")],
                 &nodes
@@ -267,6 +338,7 @@ mod tests {
         assert!(
             agreement(
                 &untouched,
+                from(),
                 direct,
                 &[echo("10.180.0.1:80", "10.0.0.1")],
                 &nodes
