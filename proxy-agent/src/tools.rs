@@ -116,7 +116,7 @@ pub fn run(tool: &Tool, default_root: &Path) -> Result<String, ToolError> {
             let root = a.bpffs_root.as_deref().unwrap_or(default_root);
             let ebpf = match a.mode.as_deref() {
                 Some(mode) => mode == "ebpf",
-                None => live::is_pinned(root),
+                None => inspect::pinned::is_pinned(root),
             };
             let question = |client| Question {
                 from: a.from,
@@ -125,7 +125,7 @@ pub fn run(tool: &Tool, default_root: &Path) -> Result<String, ToolError> {
                 client,
             };
             let verdict = if ebpf {
-                let state = live::decode(&live::read_pinned(root)?);
+                let state = live::decode(&inspect::pinned::read_pinned(root)?);
                 let client = a
                     .client
                     .unwrap_or_else(|| trace::client::classify(&a.from, &state.node.uplinks));

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 //! `proxy-agent inspect services|backends|affinity|conntrack|rules`: the running
 //! dataplane's state in human terms (service names, not ids), like `cilium bpf lb list`.
-//! ebpf subjects read the pinned maps ([`live`]); `rules` reads iptables-save ([`rules`]).
+//! ebpf subjects read the pinned maps ([`pinned`], decoded by [`live`]); `rules` reads iptables-save ([`rules`]).
 //! Rendering is pure; the JSON form is the serde form of the decoded structures, so it is
 //! stable and machine-readable.
 
 pub mod live;
+pub mod pinned;
 pub mod rules;
 
 use std::{fmt::Write as _, net::SocketAddr, path::Path};
@@ -69,7 +70,7 @@ pub fn run(subject: Subject, output: Output, bpffs_root: &Path) -> Result<String
             Output::Text => rules::to_text(&summary),
         });
     }
-    let state = live::decode(&live::read_pinned(bpffs_root)?);
+    let state = live::decode(&pinned::read_pinned(bpffs_root)?);
     render(subject, &state, output)
 }
 

@@ -76,8 +76,7 @@ impl World {
             .unwrap();
         let mut names = HashMap::new();
         for (family, svc) in apply.programmed() {
-            for (key, id) in apply.frontend_ids(*family, svc) {
-                let _ = key;
+            for (_, id) in apply.frontend_ids(*family, svc) {
                 names.insert(
                     (false, id),
                     PortRef {
