@@ -11,6 +11,9 @@ use tracing::{info, warn};
 struct Cli {
     #[command(flatten)]
     flags: Flags,
+    /// Operator tools (kube-proxy has none: without one, the agent runs).
+    #[command(subcommand)]
+    tool: Option<proxy_agent::tools::Tool>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -19,6 +22,22 @@ fn main() -> std::process::ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    if let Some(tool) = &cli.tool {
+        // The configuration (when it resolves) supplies the default bpffs root.
+        let root = config::resolve(&cli.flags, &matches)
+            .map(|r| proxy_agent::agent::bpffs_root(&r))
+            .unwrap_or_else(|_| std::path::PathBuf::from(config::DEFAULT_BPFFS_ROOT));
+        return match proxy_agent::tools::run(tool, &root) {
+            Ok(text) => {
+                print!("{text}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("proxy-agent: {e}");
+                std::process::ExitCode::from(1)
+            }
+        };
+    }
     let resolved = match config::resolve(&cli.flags, &matches) {
         Ok(r) => r,
         Err(e) => {

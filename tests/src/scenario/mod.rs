@@ -40,6 +40,7 @@ pub mod report;
 pub mod run;
 pub mod stale;
 pub mod topology;
+pub mod trace;
 
 pub use self::{
     error::{Error, Result},

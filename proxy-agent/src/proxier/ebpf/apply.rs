@@ -536,6 +536,30 @@ impl ApplyState {
         })
     }
 
+    /// The frontends programmed for `service` in `family` with their rev_nat ids (the
+    /// names table `proxy-agent inspect` reads is written from it).
+    pub fn frontend_ids(
+        &self,
+        family: IpFamily,
+        service: &NamespacedName,
+    ) -> Vec<(FrontendKey, u16)> {
+        let owner = (family, service.clone());
+        let Some(applied) = self.services.get(&owner) else {
+            return Vec::new();
+        };
+        applied
+            .frontends
+            .iter()
+            .filter(|k| self.owners.get(*k) == Some(&owner))
+            .filter_map(|k| self.rev_nat_ids.get(k).map(|id| (*k, id as u16)))
+            .collect()
+    }
+
+    /// Every (family, service) with entries in the maps.
+    pub fn programmed(&self) -> impl Iterator<Item = &(IpFamily, NamespacedName)> {
+        self.services.keys()
+    }
+
     /// Everything the maps should hold now.
     pub fn expected(&self) -> Snapshot {
         let mut s = Snapshot::default();

@@ -12,6 +12,7 @@ pub mod entries;
 pub mod ids;
 pub mod loader;
 pub mod maps;
+pub mod names;
 pub mod xdp;
 
 use proxy_common::LbConfig;
@@ -27,6 +28,9 @@ use super::{Proxier, SyncError, SyncRequest, SyncStats};
 pub struct EbpfProxier {
     loaded: Loaded,
     state: ApplyState,
+    /// Service names of the frontends, for `inspect` and `trace` (None: could not be
+    /// created; the dataplane works without it).
+    names: Option<names::NamesTable>,
 }
 
 impl EbpfProxier {
@@ -42,9 +46,20 @@ impl EbpfProxier {
             xdp_devices = ?loaded.xdp_devices,
             "ebpf dataplane ready"
         );
+        // Both families' ids share the table.
+        let names_capacity = 2 * opts.map_sizes.rev_nat.min(u32::from(u16::MAX));
+        let names = match names::open_or_create(&loader::maps_dir(&opts.bpffs_root), names_capacity)
+        {
+            Ok(table) => Some(table),
+            Err(e) => {
+                warn!(error = %e, "service names table unavailable: inspect will show ids only");
+                None
+            }
+        };
         Ok(Self {
             loaded,
             state: ApplyState::new(opts.map_sizes.backends, opts.map_sizes.rev_nat),
+            names,
         })
     }
 }
@@ -106,7 +121,8 @@ impl Proxier for EbpfProxier {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError> {
-        self.state
+        let stats = self
+            .state
             .sync(
                 &mut self.loaded.maps,
                 request.families,
@@ -114,7 +130,15 @@ impl Proxier for EbpfProxier {
                 request.changed,
                 request.full,
             )
-            .map_err(|e| SyncError::new("ebpf", e))
+            .map_err(|e| SyncError::new("ebpf", e))?;
+        if let Some(names) = &mut self.names
+            && let Err(e) = names.sync(request.families, &self.state, request.changed, request.full)
+        {
+            // Names are for people reading the maps; the dataplane is in place. The next
+            // full sync writes them again.
+            warn!(error = %e, "writing the service names table");
+        }
+        Ok(stats)
     }
 }
 

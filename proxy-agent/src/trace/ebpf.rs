@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The ebpf dataplane's decision for one connection, from its decoded maps. Follows the
+//! programs (proxy-ebpf `lb.rs` lookup_frontend, `sock.rs` translate, `nodeport/ingress.rs`
+//! new_flow and `nodeport/egress.rs` verdict) step by step, so its answer is the one the
+//! kernel gives.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use proxy_common::{proto, svc_flags};
+
+use super::{Action, AffinityInfo, Candidate, ClientKind, MatchedFrontend, Question, Verdict};
+use crate::inspect::live::{FrontendKind, LiveFrontend, LiveScope, LiveState, proto_name};
+
+/// What the destination is, as the programs' lookup sees it.
+enum Lookup<'a> {
+    None,
+    Service(&'a LiveFrontend, &'a LiveScope),
+    Reject,
+    Drop,
+}
+
+fn unspecified(addr: &IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+fn lookup<'a>(
+    state: &'a LiveState,
+    q: &Question,
+    internal: bool,
+    steps: &mut Vec<String>,
+) -> Lookup<'a> {
+    let (addr, port, p) = (q.to.ip(), q.to.port(), proto_name(q.proto));
+    let find = |a: IpAddr| {
+        state
+            .frontends
+            .iter()
+            .find(|f| f.address == a && f.port == port && f.protocol == p)
+    };
+    let mut found = find(addr);
+    if found.is_some() {
+        steps.push(format!("{addr}:{port}/{p} is a frontend"));
+    } else if state.node.nodeport_addresses.contains(&addr) {
+        found = find(unspecified(&addr));
+        if found.is_some() {
+            steps.push(format!(
+                "{addr} is a NodePort address and {port}/{p} is a NodePort"
+            ));
+        }
+    }
+    match found {
+        Some(f) => {
+            let external = f.scope("external");
+            let two_scopes = external.is_some_and(|s| s.flags & svc_flags::TWO_SCOPES != 0);
+            let scope = if internal && two_scopes {
+                steps.push(
+                    "the client is on this node: the frontend's internal backend set applies \
+                     (traffic from the node and its pods short-circuits to the cluster-wide set)"
+                        .into(),
+                );
+                f.scope("internal").or(external)
+            } else {
+                external
+            };
+            match scope {
+                Some(s) => Lookup::Service(f, s),
+                None => Lookup::None,
+            }
+        }
+        None if state.wildcards.contains(&addr) => {
+            steps.push(format!(
+                "{addr} is a ClusterIP but has no frontend for port {port}/{p}"
+            ));
+            Lookup::Reject
+        }
+        None if state.node.service_cidrs.iter().any(|c| c.contains(&addr)) => {
+            steps.push(format!(
+                "{addr} is inside a service CIDR but no service holds it"
+            ));
+            Lookup::Drop
+        }
+        None => {
+            steps.push(format!("{addr}:{port}/{p} is not a service frontend"));
+            Lookup::None
+        }
+    }
+}
+
+fn matched(f: &LiveFrontend, s: &LiveScope) -> MatchedFrontend {
+    MatchedFrontend {
+        address: f.address,
+        port: f.port,
+        protocol: f.protocol,
+        kind: f.kind,
+        service: f.service.clone(),
+        scope: s.scope,
+    }
+}
+
+fn source_allowed(f: &LiveFrontend, from: &IpAddr) -> bool {
+    f.source_ranges.iter().any(|r| r.contains(from))
+}
+
+fn describe_frontend(f: &LiveFrontend, steps: &mut Vec<String>) {
+    let name = f.service.as_ref().map_or_else(
+        || format!("rev_nat_id {}", f.rev_nat_id),
+        |s| format!("service {s}"),
+    );
+    steps.push(format!("{} frontend of {name}", f.kind.label()));
+}
+
+fn describe_set(
+    f: &LiveFrontend,
+    s: &LiveScope,
+    candidates: &[Candidate],
+    steps: &mut Vec<String>,
+) {
+    if s.flags & svc_flags::ETP_LOCAL != 0 {
+        steps.push(
+            "externalTrafficPolicy: Local: only endpoints on this node, client address kept".into(),
+        );
+    } else if s.flags & svc_flags::ITP_LOCAL != 0 && f.kind == FrontendKind::ClusterIp {
+        steps.push("internalTrafficPolicy: Local: only endpoints on this node".into());
+    } else {
+        steps.push(
+            "cluster-wide endpoints (ready ones, filtered by topology hints when they apply)"
+                .into(),
+        );
+    }
+    if !candidates.is_empty() && candidates.iter().all(|c| c.terminating) {
+        steps.push(
+            "no ready endpoint: the serving terminating ones are used (upstream's fallback)".into(),
+        );
+    }
+}
+
+/// The trace of `q` through the ebpf dataplane described by `state`.
+pub fn trace(state: &LiveState, q: &Question) -> Verdict {
+    let socket = q.client != ClientKind::External;
+    let mut v = Verdict {
+        mode: "ebpf",
+        from: q.from,
+        to: q.to,
+        protocol: proto_name(q.proto),
+        client: q.client,
+        decided_by: if socket { "socket" } else { "tc" },
+        action: Action::Untouched,
+        frontend: None,
+        candidates: Vec::new(),
+        affinity: None,
+        masquerade: false,
+        backend_sees_source: None,
+        steps: Vec::new(),
+    };
+    if q.proto != proto::TCP && q.proto != proto::UDP && q.proto != proto::SCTP {
+        v.steps
+            .push("only TCP, UDP and SCTP are load-balanced".into());
+        return v;
+    }
+    let steps = &mut v.steps;
+    steps.push(if socket {
+        "a client on this node: connect()/sendmsg() is translated by the cgroup socket programs"
+            .into()
+    } else {
+        "a client outside the node: the uplink's tc (or XDP) program translates the packet"
+            .to_string()
+    });
+    let (f, s) = match lookup(state, q, socket, steps) {
+        Lookup::None => {
+            steps.push("passed on untouched".into());
+            return v;
+        }
+        Lookup::Reject => {
+            steps.push("rejected (connection refused)".into());
+            v.action = Action::Reject;
+            return v;
+        }
+        Lookup::Drop => {
+            if socket {
+                steps.push(
+                    "left alone by the socket program; the uplink's egress program drops it".into(),
+                );
+            } else {
+                steps.push("dropped".into());
+            }
+            v.action = Action::Drop;
+            return v;
+        }
+        Lookup::Service(f, s) => (f, s),
+    };
+    describe_frontend(f, steps);
+    v.frontend = Some(matched(f, s));
+    if s.flags & svc_flags::SOURCE_RANGES != 0 && !source_allowed(f, &q.from) {
+        steps.push(format!(
+            "{} is outside loadBalancerSourceRanges {:?}: dropped",
+            q.from,
+            f.source_ranges
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        ));
+        v.action = Action::Drop;
+        return v;
+    }
+    let v6 = f.address.is_ipv6();
+    let candidates: Vec<Candidate> = s
+        .backend_ids
+        .iter()
+        .filter_map(|id| state.backend(v6, *id))
+        .map(|b| Candidate {
+            address: b.address,
+            port: b.port,
+            local: b.local,
+            terminating: b.terminating,
+            masquerade: false,
+        })
+        .collect();
+    if candidates.is_empty() {
+        if s.drop_when_empty {
+            steps.push(
+                "no endpoint usable from here, but the service has endpoints elsewhere \
+                 (traffic policy Local): dropped"
+                    .into(),
+            );
+            v.action = Action::Drop;
+        } else {
+            steps.push("the service has no endpoints: rejected".into());
+            v.action = Action::Reject;
+        }
+        return v;
+    }
+    describe_set(f, s, &candidates, steps);
+    if let Some(timeout) = f.affinity_timeout {
+        let pinned = state
+            .affinity
+            .iter()
+            .filter(|a| a.rev_nat_id == f.rev_nat_id && a.idle_seconds <= timeout)
+            .find(|a| match q.client {
+                ClientKind::External => a.client_address == Some(q.from),
+                ClientKind::Node => a.netns_cookie == Some(state.node.host_netns_cookie),
+                ClientKind::Pod => false,
+            })
+            .and_then(|a| a.backend.as_deref())
+            .and_then(|b| b.parse::<SocketAddr>().ok());
+        steps.push(match (pinned, q.client) {
+            (Some(b), _) => format!("sessionAffinity ClientIP ({timeout}s): this client is pinned to {b}"),
+            (None, ClientKind::Pod) => format!(
+                "sessionAffinity ClientIP ({timeout}s): keyed by the pod's network namespace; its first connection picks the backend"
+            ),
+            (None, _) => format!(
+                "sessionAffinity ClientIP ({timeout}s): no live entry yet; the next connection picks one and sticks to it"
+            ),
+        });
+        v.affinity = Some(AffinityInfo {
+            timeout_seconds: timeout,
+            pinned_backend: pinned,
+        });
+    }
+    if q.proto == proto::SCTP && !socket && candidates.iter().any(|c| c.port != q.to.port()) {
+        steps.push(
+            "SCTP to a backend on another port cannot be translated per packet: such picks are dropped"
+                .into(),
+        );
+    }
+    v.action = Action::Forward;
+    if socket {
+        steps.push(
+            "translated once at connect(): no NAT, the backend sees the client's own address"
+                .into(),
+        );
+        v.backend_sees_source = Some(q.from);
+    } else {
+        let masq_addr = if v6 {
+            state.node.masquerade_v6
+        } else {
+            state.node.masquerade_v4
+        };
+        match (s.flags & svc_flags::MASQUERADE != 0, masq_addr) {
+            (true, Some(node)) => {
+                steps.push(format!(
+                    "externalTrafficPolicy: Cluster: masqueraded to the node address {node}"
+                ));
+                v.masquerade = true;
+                v.backend_sees_source = Some(node);
+            }
+            _ => {
+                steps.push("client address preserved (no masquerade)".into());
+                v.backend_sees_source = Some(q.from);
+            }
+        }
+        let tracked: Vec<&str> = state
+            .conntrack
+            .iter()
+            .filter(|c| c.direction == "forward" && c.frontend == q.to.to_string())
+            .filter(|c| {
+                c.client
+                    .parse::<SocketAddr>()
+                    .is_ok_and(|a| a.ip() == q.from)
+            })
+            .map(|c| c.backend.as_str())
+            .collect();
+        if !tracked.is_empty() {
+            steps.push(format!(
+                "established flows from this client are tracked to {}",
+                tracked.join(", ")
+            ));
+        }
+    }
+    v.candidates = candidates;
+    let masquerade = v.masquerade;
+    for c in &mut v.candidates {
+        c.masquerade = masquerade;
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests;

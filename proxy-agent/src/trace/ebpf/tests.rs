@@ -1,0 +1,307 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The trace decision against states built the way the agent programs them: model ->
+//! desired -> apply into in-memory maps -> decode, so the inputs are the real map layout.
+
+use std::{collections::HashMap, sync::Arc};
+
+use proxy_common::proto;
+
+use super::*;
+use crate::{
+    inspect::live::{LiveAffinity, RawMaps, decode},
+    k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
+    model::IpFamily,
+    node::NodeAddresses,
+    proxier::{
+        NodeContext,
+        ebpf::{apply::ApplyState, maps::LbMaps, names::PortRef},
+    },
+    state::ClusterState,
+};
+
+struct World {
+    cluster: ClusterState,
+    node: NodeContext,
+}
+
+impl World {
+    fn new() -> Self {
+        Self {
+            cluster: ClusterState::new(&[IpFamily::V4], "node-a"),
+            node: NodeContext {
+                name: "node-a".into(),
+                primary_ips: NodeAddresses {
+                    v4: Some("192.168.0.2".parse().unwrap()),
+                    v6: None,
+                },
+                host_addresses: vec!["192.168.0.2".parse().unwrap()],
+                ..Default::default()
+            },
+        }
+    }
+
+    fn add(&mut self, svc: k8s_openapi::api::core::v1::Service, eps: &[(&str, &str, bool)]) {
+        let name = svc.metadata.name.clone().unwrap();
+        let ns = svc.metadata.namespace.clone().unwrap();
+        let port = svc.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].clone();
+        self.cluster.service(&Arc::new(svc), false);
+        let mut slice = mk_endpointslice(&ns, &format!("{name}-1"), &name, "IPv4").port(
+            port.name.as_deref().unwrap_or(""),
+            port.port,
+            port.protocol.as_deref().unwrap_or("TCP"),
+        );
+        for (addr, node, ready) in eps {
+            let mut ep = mk_endpoint(addr).node(node);
+            if !ready {
+                ep = ep.conditions(false, true, true);
+            }
+            slice = slice.endpoint(ep.build());
+        }
+        self.cluster.endpoint_slice(&slice.build(), false);
+    }
+
+    /// Programs the model into in-memory maps and decodes them, as inspect would.
+    fn state(&mut self) -> LiveState {
+        let changes = self.cluster.apply_pending();
+        let (mut maps, _) = LbMaps::in_memory(1024);
+        let mut apply = ApplyState::new(1024, 1024);
+        apply
+            .sync(
+                &mut maps,
+                self.cluster.families(),
+                &self.node,
+                &changes.changed,
+                true,
+            )
+            .unwrap();
+        let mut names = HashMap::new();
+        for (family, svc) in apply.programmed() {
+            for (_, id) in apply.frontend_ids(*family, svc) {
+                names.insert(
+                    (false, id),
+                    PortRef {
+                        namespace: svc.namespace.clone(),
+                        name: svc.name.clone(),
+                        port_name: "p80".into(),
+                    },
+                );
+            }
+        }
+        let mut raw = RawMaps {
+            snapshot: maps.snapshot().unwrap(),
+            names,
+            now: 1000,
+            ..Default::default()
+        };
+        raw.config.masq4 = u32::from_ne_bytes([192, 168, 0, 2]);
+        raw.config.host_netns_cookie = 4096;
+        raw.uplinks = vec!["eth0".into()];
+        decode(&raw)
+    }
+}
+
+fn q(from: &str, to: &str, client: ClientKind) -> Question {
+    Question {
+        from: from.parse().unwrap(),
+        to: to.parse().unwrap(),
+        proto: proto::TCP,
+        client,
+    }
+}
+
+fn addrs(v: &Verdict) -> Vec<String> {
+    let mut a: Vec<String> = v
+        .candidates
+        .iter()
+        .map(|c| SocketAddr::new(c.address, c.port).to_string())
+        .collect();
+    a.sort();
+    a
+}
+
+#[test]
+fn clusterip_from_a_pod_forwards_to_every_endpoint_without_nat() {
+    let mut w = World::new();
+    w.add(
+        mk_service("ns1", "svc1")
+            .cluster_ip("172.30.0.41")
+            .port("p80", 80, "TCP")
+            .build(),
+        &[
+            ("10.180.0.1", "node-a", true),
+            ("10.180.1.1", "node-b", true),
+        ],
+    );
+    let state = w.state();
+    let v = trace(&state, &q("10.180.0.2", "172.30.0.41:80", ClientKind::Pod));
+    assert_eq!(v.action, Action::Forward);
+    assert_eq!(v.decided_by, "socket");
+    assert_eq!(addrs(&v), ["10.180.0.1:80", "10.180.1.1:80"]);
+    assert!(!v.masquerade);
+    assert_eq!(v.backend_sees_source, Some("10.180.0.2".parse().unwrap()));
+    let f = v.frontend.as_ref().unwrap();
+    assert_eq!(f.kind, FrontendKind::ClusterIp);
+    assert_eq!(f.service.as_ref().unwrap().to_string(), "ns1/svc1:p80");
+    // Another port of the ClusterIP: rejected; another address: untouched.
+    let v = trace(&state, &q("10.180.0.2", "172.30.0.41:81", ClientKind::Pod));
+    assert_eq!(v.action, Action::Reject);
+    let v = trace(&state, &q("10.180.0.2", "172.30.0.99:80", ClientKind::Pod));
+    assert_eq!(v.action, Action::Untouched);
+}
+
+#[test]
+fn no_endpoints_rejects_and_local_policy_without_local_endpoints_drops() {
+    let mut w = World::new();
+    w.add(
+        mk_service("ns1", "empty")
+            .cluster_ip("172.30.0.42")
+            .port("p80", 80, "TCP")
+            .build(),
+        &[],
+    );
+    w.add(
+        mk_service("ns1", "itp")
+            .cluster_ip("172.30.0.43")
+            .port("p80", 80, "TCP")
+            .internal_traffic_policy("Local")
+            .build(),
+        &[("10.180.1.1", "node-b", true)],
+    );
+    let state = w.state();
+    let v = trace(&state, &q("10.180.0.2", "172.30.0.42:80", ClientKind::Pod));
+    assert_eq!(v.action, Action::Reject);
+    let v = trace(&state, &q("10.180.0.2", "172.30.0.43:80", ClientKind::Pod));
+    assert_eq!(v.action, Action::Drop);
+    assert!(v.steps.iter().any(|s| s.contains("Local")), "{:?}", v.steps);
+}
+
+#[test]
+fn nodeport_from_outside_masquerades_for_cluster_and_keeps_the_source_for_local() {
+    let mut w = World::new();
+    w.add(
+        mk_service("ns1", "np")
+            .cluster_ip("172.30.0.44")
+            .type_("NodePort")
+            .node_port("p80", 80, "TCP", 3001)
+            .build(),
+        &[
+            ("10.180.0.1", "node-a", true),
+            ("10.180.1.1", "node-b", true),
+        ],
+    );
+    w.add(
+        mk_service("ns1", "npl")
+            .cluster_ip("172.30.0.45")
+            .type_("NodePort")
+            .node_port("p80", 80, "TCP", 3002)
+            .external_traffic_policy("Local")
+            .build(),
+        &[
+            ("10.180.0.3", "node-a", true),
+            ("10.180.1.3", "node-b", true),
+        ],
+    );
+    let state = w.state();
+    let v = trace(
+        &state,
+        &q("203.0.113.9", "192.168.0.2:3001", ClientKind::External),
+    );
+    assert_eq!(v.action, Action::Forward);
+    assert_eq!(v.decided_by, "tc");
+    assert_eq!(v.frontend.as_ref().unwrap().kind, FrontendKind::NodePort);
+    assert_eq!(addrs(&v), ["10.180.0.1:80", "10.180.1.1:80"]);
+    assert!(v.masquerade);
+    assert_eq!(v.backend_sees_source, Some("192.168.0.2".parse().unwrap()));
+
+    let v = trace(
+        &state,
+        &q("203.0.113.9", "192.168.0.2:3002", ClientKind::External),
+    );
+    assert_eq!(addrs(&v), ["10.180.0.3:80"]);
+    assert!(!v.masquerade);
+    assert_eq!(v.backend_sees_source, Some("203.0.113.9".parse().unwrap()));
+    // A pod on this node short-circuits to every endpoint.
+    let v = trace(
+        &state,
+        &q("10.180.0.2", "192.168.0.2:3002", ClientKind::Pod),
+    );
+    assert_eq!(v.frontend.as_ref().unwrap().scope, "internal");
+    assert_eq!(addrs(&v), ["10.180.0.3:80", "10.180.1.3:80"]);
+}
+
+#[test]
+fn affinity_reports_the_pinned_backend_of_an_external_client() {
+    let mut w = World::new();
+    w.add(
+        mk_service("ns1", "aff")
+            .cluster_ip("172.30.0.46")
+            .type_("NodePort")
+            .node_port("p80", 80, "TCP", 3003)
+            .session_affinity_client_ip(Some(600))
+            .build(),
+        &[
+            ("10.180.0.1", "node-a", true),
+            ("10.180.1.1", "node-b", true),
+        ],
+    );
+    let mut state = w.state();
+    let np = state
+        .frontends
+        .iter()
+        .find(|f| f.kind == FrontendKind::NodePort)
+        .unwrap()
+        .clone();
+    state.affinity.push(LiveAffinity {
+        client: "203.0.113.9".into(),
+        client_address: Some("203.0.113.9".parse().unwrap()),
+        netns_cookie: None,
+        rev_nat_id: np.rev_nat_id,
+        frontend: None,
+        service: None,
+        backend_id: 0,
+        backend: Some("10.180.1.1:80".into()),
+        idle_seconds: 5,
+    });
+    let v = trace(
+        &state,
+        &q("203.0.113.9", "192.168.0.2:3003", ClientKind::External),
+    );
+    let aff = v.affinity.unwrap();
+    assert_eq!(aff.timeout_seconds, 600);
+    assert_eq!(aff.pinned_backend, Some("10.180.1.1:80".parse().unwrap()));
+    // Another client has no entry yet.
+    let v = trace(
+        &state,
+        &q("203.0.113.10", "192.168.0.2:3003", ClientKind::External),
+    );
+    assert_eq!(v.affinity.unwrap().pinned_backend, None);
+}
+
+#[test]
+fn terminating_fallback_is_explained_and_text_renders() {
+    let mut w = World::new();
+    w.add(
+        mk_service("ns1", "term")
+            .cluster_ip("172.30.0.47")
+            .port("p80", 80, "TCP")
+            .build(),
+        &[("10.180.0.1", "node-a", false)],
+    );
+    let state = w.state();
+    let v = trace(
+        &state,
+        &q("192.168.0.2", "172.30.0.47:80", ClientKind::Node),
+    );
+    assert_eq!(v.action, Action::Forward);
+    assert!(v.candidates.iter().all(|c| c.terminating));
+    assert!(
+        v.steps.iter().any(|s| s.contains("terminating")),
+        "{:?}",
+        v.steps
+    );
+    let text = v.to_text();
+    assert!(
+        text.contains("verdict: FORWARD to one of [10.180.0.1:80]"),
+        "{text}"
+    );
+}

@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `proxy-agent trace`: what the running dataplane would do with one connection.
+//!
+//! The decision is pure: [`ebpf::trace`] takes the decoded live state
+//! ([`crate::inspect::live::LiveState`]) and a [`Question`] and returns a [`Verdict`],
+//! following the programs' own lookup order step by step. Only [`client`] (where the
+//! client sits, from the node's addresses and routes) and the map reading look at the
+//! system.
+
+pub mod client;
+pub mod ebpf;
+pub mod iptables;
+
+use std::net::{IpAddr, SocketAddr};
+
+use serde::Serialize;
+
+use crate::inspect::live::FrontendKind;
+use crate::proxier::ebpf::names::PortRef;
+
+/// Where the client of the traced connection sits, which decides which programs see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientKind {
+    /// A process of the node itself (host network namespace): socket programs.
+    Node,
+    /// A pod on this node: socket programs.
+    Pod,
+    /// Anything reaching the node over an uplink: tc (or XDP) programs.
+    External,
+}
+
+impl ClientKind {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "node" => Some(Self::Node),
+            "pod" => Some(Self::Pod),
+            "external" => Some(Self::External),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Question {
+    pub from: IpAddr,
+    pub to: SocketAddr,
+    /// IANA protocol number.
+    pub proto: u8,
+    pub client: ClientKind,
+}
+
+/// What happens to the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Translated to one of the candidate backends.
+    Forward,
+    /// Refused at once (ECONNREFUSED, TCP RST or ICMP port unreachable).
+    Reject,
+    /// Silently dropped.
+    Drop,
+    /// Not a service: the proxy leaves it alone.
+    Untouched,
+}
+
+/// The frontend the destination matched.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MatchedFrontend {
+    pub address: IpAddr,
+    pub port: u16,
+    pub protocol: &'static str,
+    pub kind: FrontendKind,
+    pub service: Option<PortRef>,
+    /// "external" or "internal" (the set for clients on this node, when it differs).
+    pub scope: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Candidate {
+    pub address: IpAddr,
+    pub port: u16,
+    pub local: bool,
+    pub terminating: bool,
+    /// The source is rewritten to a node address on the way to this backend (it can
+    /// differ between backends: iptables masquerades a pod reaching itself, the hairpin).
+    pub masquerade: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AffinityInfo {
+    pub timeout_seconds: u32,
+    /// The backend a live affinity entry pins this client to, if one exists.
+    pub pinned_backend: Option<SocketAddr>,
+}
+
+/// The answer of a trace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    pub mode: &'static str,
+    pub from: IpAddr,
+    pub to: SocketAddr,
+    pub protocol: &'static str,
+    pub client: ClientKind,
+    /// Which program decides: "socket" (connect/sendmsg) or "tc" (uplink).
+    pub decided_by: &'static str,
+    pub action: Action,
+    pub frontend: Option<MatchedFrontend>,
+    pub candidates: Vec<Candidate>,
+    pub affinity: Option<AffinityInfo>,
+    /// Whether the source is rewritten to a node address on the way to every candidate.
+    pub masquerade: bool,
+    /// The source address the backend sees (its own for the client unless masqueraded).
+    pub backend_sees_source: Option<IpAddr>,
+    /// The explanation, one step per line.
+    pub steps: Vec<String>,
+}
+
+impl Verdict {
+    /// Human-readable rendering.
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "{} {} -> {} ({} client, {} mode, decided by the {} program)\n",
+            self.protocol,
+            self.from,
+            self.to,
+            match self.client {
+                ClientKind::Node => "node",
+                ClientKind::Pod => "pod",
+                ClientKind::External => "external",
+            },
+            self.mode,
+            self.decided_by
+        );
+        for (i, step) in self.steps.iter().enumerate() {
+            out.push_str(&format!("  {}. {step}\n", i + 1));
+        }
+        let verdict = match self.action {
+            Action::Forward => {
+                let list: Vec<String> = self
+                    .candidates
+                    .iter()
+                    .map(|c| SocketAddr::new(c.address, c.port).to_string())
+                    .collect();
+                format!("FORWARD to one of [{}]", list.join(", "))
+            }
+            Action::Reject => "REJECT".into(),
+            Action::Drop => "DROP".into(),
+            Action::Untouched => "UNTOUCHED".into(),
+        };
+        out.push_str(&format!("verdict: {verdict}"));
+        if self.action == Action::Forward {
+            out.push_str(if self.masquerade {
+                ", masqueraded"
+            } else {
+                ", source preserved"
+            });
+            if let Some(src) = self.backend_sees_source {
+                out.push_str(&format!(" (backend sees {src})"));
+            }
+        }
+        out.push('\n');
+        out
+    }
+}
