@@ -24,6 +24,67 @@ use crate::scenario::{
     topology::Topology,
 };
 
+/// A Node object (YAML list item) with one InternalIP and the 10.0.0.0/8 pod CIDR the
+/// harness's scenarios use.
+pub fn node_yaml(name: &str, address: &str) -> String {
+    format!(
+        r#"- apiVersion: v1
+  kind: Node
+  metadata: {{name: {name}}}
+  spec: {{podCIDRs: [10.0.0.0/8]}}
+  status: {{addresses: [{{type: InternalIP, address: {address}}}]}}
+"#
+    )
+}
+
+/// A ClusterIP Service in `ns1` with one port `p` (80 to 9000, `protocol`) and its
+/// EndpointSlice holding one ready endpoint on `node` (YAML list items). `extra_spec`
+/// lines (e.g. `type: NodePort`) go into the Service's spec; `node_port` sets the port's
+/// nodePort.
+pub fn service_yaml(
+    name: &str,
+    vip: &str,
+    protocol: &str,
+    backend: &str,
+    node: &str,
+    node_port: Option<u16>,
+) -> String {
+    let (type_line, node_port) = match node_port {
+        Some(port) => (
+            "\n    type: NodePort".to_string(),
+            format!(", nodePort: {port}"),
+        ),
+        None => (String::new(), String::new()),
+    };
+    format!(
+        r#"- apiVersion: v1
+  kind: Service
+  metadata: {{name: {name}, namespace: ns1}}
+  spec:{type_line}
+    clusterIP: {vip}
+    clusterIPs: [{vip}]
+    ports: [{{name: p, port: 80, protocol: {protocol}, targetPort: 9000{node_port}}}]
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {{name: {name}-1, namespace: ns1, labels: {{kubernetes.io/service-name: {name}}}}}
+  addressType: IPv4
+  endpoints: [{{addresses: [{backend}], nodeName: {node}, conditions: {{ready: true}}}}]
+  ports: [{{name: p, port: 9000, protocol: {protocol}}}]
+"#
+    )
+}
+
+/// The scenario header the harness's tests use: `name`, a node `node` at 192.168.0.2/24
+/// with the 10.0.0.0/8 pod CIDR and clusterCIDR.
+pub fn scenario_header(name: &str, node: &str) -> String {
+    format!(
+        "name: {name}\n\
+         about: {name}\n\
+         node: {{name: {node}, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}}\n\
+         config: {{clusterCIDR: 10.0.0.0/8}}"
+    )
+}
+
 /// One entry of a pinned BPF map as bpftool prints it with BTF.
 #[derive(Clone, Debug)]
 pub struct MapEntry {
@@ -50,8 +111,8 @@ pub struct TestNode {
 
 impl TestNode {
     /// Builds a node from a scenario `header` (name, node, config) and `objects` (a YAML
-    /// list). `flows` (YAML list items) only place the pods; they are never replayed.
-    /// Needs a tokio runtime (the API server).
+    /// list). `flows` (YAML list items, optionally followed by a `steps:` section) only
+    /// place the pods; they are never replayed. Needs a tokio runtime (the API server).
     pub fn build(name: &str, header: &str, objects: &str, flows: &str) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!("kpe-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;

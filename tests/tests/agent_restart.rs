@@ -8,7 +8,7 @@
 use std::{
     io::{BufRead, BufReader},
     net::IpAddr,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Stdio},
     sync::mpsc,
     thread,
@@ -16,16 +16,12 @@ use std::{
 };
 
 use tests::{
+    node_harness::{TestNode, node_yaml, scenario_header, service_yaml},
     require_root,
-    scenario::{
-        agent::{Agent, AgentOptions, ConfigInputs, bpffs_root},
-        cluster::{ApiServerStore, ClusterSource, Tracked},
-        format::{Mode, Scenario},
-        placement::Placement,
-        readiness::Change,
-        topology::Topology,
-    },
+    scenario::{Mode, cluster::ClusterSource, readiness::Change, topology::Topology},
 };
+
+const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 
 const VIP: &str = "172.30.0.41";
 const CLIENT: &str = "10.0.0.2";
@@ -33,59 +29,26 @@ const FIRST: &str = "10.180.0.1";
 const SECOND: &str = "10.180.0.2";
 
 fn objects(backend: &str) -> String {
-    format!(
-        r#"
-- apiVersion: v1
-  kind: Node
-  metadata: {{name: test-node}}
-  spec: {{podCIDRs: [10.0.0.0/8]}}
-  status: {{addresses: [{{type: InternalIP, address: 192.168.0.2}}]}}
-- apiVersion: v1
-  kind: Service
-  metadata: {{name: svc1, namespace: ns1}}
-  spec:
-    clusterIP: {VIP}
-    clusterIPs: [{VIP}]
-    ports: [{{name: p, port: 80, protocol: TCP, targetPort: 9000}}]
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {{name: svc1-1, namespace: ns1, labels: {{kubernetes.io/service-name: svc1}}}}
-  addressType: IPv4
-  endpoints: [{{addresses: [{backend}], nodeName: test-node, conditions: {{ready: true}}}}]
-  ports: [{{name: p, port: 9000, protocol: TCP}}]
-"#
-    )
+    node_yaml("test-node", "192.168.0.2")
+        + &service_yaml("svc1", VIP, "TCP", backend, "test-node", None)
 }
 
-/// A scenario whose only job is to place the pods (the flows are never replayed).
-fn scenario(dir: &Path) -> Scenario {
-    let text = format!(
-        r#"
-name: restart
-about: restart and backend change keep established connections
-node: {{name: test-node, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}}
-config: {{clusterCIDR: 10.0.0.0/8}}
-objects: {first}
-flows:
-- {{from: {CLIENT}, to: "{VIP}:80", expect: ["{FIRST}:9000"]}}
-steps:
-- objects: {second}
-  flows:
-  - {{from: {CLIENT}, to: "{VIP}:80", expect: ["{SECOND}:9000"]}}
-"#,
-        first = indent(&objects(FIRST)),
-        second = indent(&objects(SECOND)),
+/// The pods: the flows only place them (they are never replayed).
+fn node(mode: Mode) -> TestNode {
+    let flows = format!(
+        "- {{from: {CLIENT}, to: \"{VIP}:80\", expect: [\"{FIRST}:9000\"]}}\n\
+         steps:\n\
+         - objects: []\n  \
+           flows:\n  \
+           - {{from: {CLIENT}, to: \"{VIP}:80\", expect: [\"{SECOND}:9000\"]}}"
     );
-    let path = dir.join("restart.yaml");
-    std::fs::write(&path, text).unwrap();
-    Scenario::load(&path).unwrap()
-}
-
-fn indent(yaml: &str) -> String {
-    yaml.lines()
-        .map(|l| format!("  {l}"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    TestNode::build(
+        &format!("restart-{mode}"),
+        &scenario_header("restart", "test-node"),
+        &objects(FIRST),
+        &flows,
+    )
+    .unwrap()
 }
 
 fn values(yaml: &str) -> Vec<serde_json::Value> {
@@ -159,59 +122,6 @@ fn one_shot(topology: &Topology) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn agent_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("proxy-agent")
-}
-
-async fn start_agent(
-    mode: Mode,
-    topology: &Topology,
-    source: &Tracked<ApiServerStore>,
-    scenario: &Scenario,
-    keep: bool,
-) -> Agent {
-    let connection = source.connection();
-    let bpffs = bpffs_root(&topology.id);
-    let inputs = ConfigInputs {
-        fragment: &scenario.config,
-        mode,
-        node_name: &scenario.node.name,
-        connection: &connection,
-        bpffs_root: &bpffs,
-        cgroup_root: &topology.cgroup,
-    };
-    let options = AgentOptions {
-        binary: agent_binary(),
-        mode,
-        extra_args: Vec::new(),
-        config_overrides: Default::default(),
-        ready_timeout: Duration::from_secs(20),
-    };
-    let mut agent = Agent::start(
-        &options,
-        &inputs,
-        topology.node_place(),
-        &topology.run_dir,
-        Path::new(env!("CARGO_BIN_EXE_scenario-runner")),
-        keep,
-    )
-    .unwrap();
-    let now = SystemTime::now();
-    agent
-        .wait_synced(Change {
-            started: now,
-            at: now,
-            initial: true,
-        })
-        .await
-        .unwrap();
-    agent
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ebpf_established_connections_survive_a_restart_and_a_backend_change() {
     require_root!();
@@ -225,28 +135,25 @@ async fn iptables_established_connections_survive_a_restart_and_a_backend_change
 }
 
 async fn restart_and_backend_change(mode: Mode) {
-    if !agent_binary().exists() {
-        panic!("{} is not built", agent_binary().display());
-    }
-    let dir = std::env::temp_dir().join(format!("kpe-restart-{mode}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let scenario = scenario(&dir);
-    let placement = Placement::plan(&scenario).unwrap();
-    let topology = Topology::build(&scenario.node, &placement, false).unwrap();
+    let binary = TestNode::agent_binary();
+    assert!(binary.exists(), "{} is not built", binary.display());
+    let mut node = node(mode);
+    let runner = Path::new(RUNNER);
+    let topology = &node.topology;
     let mut backends = vec![
-        start_backend(&topology, FIRST),
-        start_backend(&topology, SECOND),
+        start_backend(topology, FIRST),
+        start_backend(topology, SECOND),
     ];
 
-    let mut source =
-        Tracked::new(ApiServerStore::start(&topology.node_ns, &topology.run_dir).unwrap());
-    source.apply_state(&values(&objects(FIRST))).unwrap();
     // The first agent is killed, not stopped: its pins must stay for the second one.
-    let mut first = start_agent(mode, &topology, &source, &scenario, true).await;
+    let mut first = node
+        .start_agent(mode, Default::default(), true, runner)
+        .await
+        .unwrap();
     assert_eq!(one_shot(&topology), format!("{FIRST}:9000"));
 
     // A long-lived connection, watched from a thread.
-    let mut client = python(&topology, CLIENT, STREAM_CLIENT, &[VIP, "9"])
+    let mut client = python(topology, CLIENT, STREAM_CLIENT, &[VIP, "9"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -274,13 +181,16 @@ async fn restart_and_backend_change(mode: Mode) {
         "a new connection while the agent is down"
     );
     thread::sleep(Duration::from_secs(1));
-    let mut second = start_agent(mode, &topology, &source, &scenario, false).await;
+    let mut second = node
+        .start_agent(mode, Default::default(), false, runner)
+        .await
+        .unwrap();
     assert!(down_since.elapsed() < Duration::from_secs(30));
 
     // The backend leaves the service: the established connection stays with it, new
     // connections go to the new backend.
     let started = SystemTime::now();
-    source.apply_state(&values(&objects(SECOND))).unwrap();
+    node.source.apply_state(&values(&objects(SECOND))).unwrap();
     second
         .wait_synced(Change {
             started,
@@ -327,6 +237,5 @@ async fn restart_and_backend_change(mode: Mode) {
         let _ = b.kill();
         let _ = b.wait();
     }
-    drop(topology);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(node);
 }

@@ -15,38 +15,12 @@ use std::{
 use serde_json::{Map, Value, json};
 use tests::{
     apiserver::Outage,
-    node_harness::{MapEntry, TestNode},
+    node_harness::{MapEntry, TestNode, node_yaml, scenario_header, service_yaml},
     require_root,
     scenario::{Mode, agent::HEALTHZ_BIND},
 };
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
-
-fn service(name: &str, vip: &str, backend: &str) -> String {
-    format!(
-        r#"- apiVersion: v1
-  kind: Service
-  metadata: {{name: {name}, namespace: ns1}}
-  spec:
-    clusterIP: {vip}
-    clusterIPs: [{vip}]
-    ports: [{{name: p, port: 80, protocol: TCP, targetPort: 9000}}]
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {{name: {name}-1, namespace: ns1, labels: {{kubernetes.io/service-name: {name}}}}}
-  addressType: IPv4
-  endpoints: [{{addresses: [{backend}], nodeName: outage-node, conditions: {{ready: true}}}}]
-  ports: [{{name: p, port: 9000, protocol: TCP}}]
-"#
-    )
-}
-
-const NODE: &str = r#"- apiVersion: v1
-  kind: Node
-  metadata: {name: outage-node}
-  spec: {podCIDRs: [10.0.0.0/8]}
-  status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}
-"#;
 
 fn frontends(node: &TestNode) -> BTreeSet<String> {
     node.map_entries("SVC4_V1")
@@ -94,13 +68,12 @@ async fn the_dataplane_outlives_an_api_outage_and_converges_after_it() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(60),
     );
-    let objects = format!("{NODE}{}", service("first", "172.30.0.71", "10.183.0.1"));
+    let service = |name, vip, backend| service_yaml(name, vip, "TCP", backend, "outage-node", None);
+    let objects =
+        node_yaml("outage-node", "192.168.0.2") + &service("first", "172.30.0.71", "10.183.0.1");
     let node = TestNode::build(
         "outage",
-        "name: outage\n\
-         about: API outage\n\
-         node: {name: outage-node, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}\n\
-         config: {clusterCIDR: 10.0.0.0/8}",
+        &scenario_header("outage", "outage-node"),
         &objects,
         "- {from: 10.0.0.2, to: \"172.30.0.71:80\", expect: [\"10.183.0.1:9000\"]}\n\
          - {from: 10.0.0.2, to: \"172.30.0.72:80\", expect: [\"10.183.0.2:9000\"]}",

@@ -15,7 +15,7 @@ use std::{
 
 use serde_json::{Map, Value, json};
 use tests::{
-    node_harness::{MapEntry, TestNode},
+    node_harness::{MapEntry, TestNode, node_yaml, scenario_header, service_yaml},
     require_root,
     scenario::Mode,
 };
@@ -25,49 +25,31 @@ const SYNC_PERIOD: Duration = Duration::from_secs(2);
 /// A sync takes a little time of its own, and the poll is not instantaneous.
 const SLACK: Duration = Duration::from_secs(2);
 
-fn objects() -> String {
-    let mut out = String::from(
-        r#"- apiVersion: v1
-  kind: Node
-  metadata: {name: drift-node}
-  spec: {podCIDRs: [10.0.0.0/8]}
-  status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}
-"#,
-    );
-    for (i, (vip, backend)) in [("172.30.0.61", "10.182.0.1"), ("172.30.0.62", "10.182.0.2")]
-        .iter()
-        .enumerate()
-    {
-        out.push_str(&format!(
-            r#"- apiVersion: v1
-  kind: Service
-  metadata: {{name: svc{i}, namespace: ns1}}
-  spec:
-    clusterIP: {vip}
-    clusterIPs: [{vip}]
-    ports: [{{name: p, port: 80, protocol: TCP, targetPort: 9000}}]
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {{name: svc{i}-1, namespace: ns1, labels: {{kubernetes.io/service-name: svc{i}}}}}
-  addressType: IPv4
-  endpoints: [{{addresses: [{backend}], nodeName: drift-node, conditions: {{ready: true}}}}]
-  ports: [{{name: p, port: 9000, protocol: TCP}}]
-"#
-        ));
-    }
-    out
-}
-
 fn node(name: &str) -> TestNode {
+    let objects = [
+        node_yaml("drift-node", "192.168.0.2"),
+        service_yaml(
+            "svc0",
+            "172.30.0.61",
+            "TCP",
+            "10.182.0.1",
+            "drift-node",
+            None,
+        ),
+        service_yaml(
+            "svc1",
+            "172.30.0.62",
+            "TCP",
+            "10.182.0.2",
+            "drift-node",
+            None,
+        ),
+    ]
+    .concat();
     TestNode::build(
         name,
-        &format!(
-            "name: {name}\n\
-             about: drift repair\n\
-             node: {{name: drift-node, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}}\n\
-             config: {{clusterCIDR: 10.0.0.0/8}}"
-        ),
-        &objects(),
+        &scenario_header(name, "drift-node"),
+        &objects,
         "- {from: 10.0.0.2, to: \"172.30.0.61:80\", expect: [\"10.182.0.1:9000\"]}\n\
          - {from: 10.0.0.2, to: \"172.30.0.62:80\", expect: [\"10.182.0.2:9000\"]}",
     )

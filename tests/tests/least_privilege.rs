@@ -7,7 +7,11 @@
 
 use std::{os::unix::fs::PermissionsExt as _, path::Path};
 
-use tests::{node_harness::TestNode, require_root, scenario::Mode};
+use tests::{
+    node_harness::{TestNode, node_yaml, scenario_header, service_yaml},
+    require_root,
+    scenario::Mode,
+};
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 
@@ -28,31 +32,19 @@ fn walk(dir: &Path, out: &mut Vec<(String, u32)>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pins_are_writable_by_root_only() {
     require_root!();
+    let objects = node_yaml("priv-node", "192.168.0.2")
+        + &service_yaml(
+            "svc1",
+            "172.30.0.81",
+            "TCP",
+            "10.184.0.1",
+            "priv-node",
+            None,
+        );
     let node = TestNode::build(
         "privilege",
-        "name: privilege\n\
-         about: pin permissions\n\
-         node: {name: priv-node, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}\n\
-         config: {clusterCIDR: 10.0.0.0/8}",
-        r#"- apiVersion: v1
-  kind: Node
-  metadata: {name: priv-node}
-  spec: {podCIDRs: [10.0.0.0/8]}
-  status: {addresses: [{type: InternalIP, address: 192.168.0.2}]}
-- apiVersion: v1
-  kind: Service
-  metadata: {name: svc1, namespace: ns1}
-  spec:
-    clusterIP: 172.30.0.81
-    clusterIPs: [172.30.0.81]
-    ports: [{name: p, port: 80, protocol: TCP, targetPort: 9000}]
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {name: svc1-1, namespace: ns1, labels: {kubernetes.io/service-name: svc1}}
-  addressType: IPv4
-  endpoints: [{addresses: [10.184.0.1], nodeName: priv-node, conditions: {ready: true}}]
-  ports: [{name: p, port: 9000, protocol: TCP}]
-"#,
+        &scenario_header("privilege", "priv-node"),
+        &objects,
         "- {from: 10.0.0.2, to: \"172.30.0.81:80\", expect: [\"10.184.0.1:9000\"]}",
     )
     .unwrap();

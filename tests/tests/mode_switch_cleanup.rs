@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use tests::{
-    node_harness::TestNode,
+    node_harness::{TestNode, node_yaml, scenario_header, service_yaml},
     require_root,
     scenario::{Mode, netns::Place},
 };
@@ -18,39 +18,13 @@ const VIP: &str = "172.30.0.51";
 const BACKEND: &str = "10.181.0.1";
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 
-fn objects() -> String {
-    format!(
-        r#"- apiVersion: v1
-  kind: Node
-  metadata: {{name: switch-node}}
-  spec: {{podCIDRs: [10.0.0.0/8]}}
-  status: {{addresses: [{{type: InternalIP, address: 192.168.0.2}}]}}
-- apiVersion: v1
-  kind: Service
-  metadata: {{name: svc1, namespace: ns1}}
-  spec:
-    type: NodePort
-    clusterIP: {VIP}
-    clusterIPs: [{VIP}]
-    ports: [{{name: p, port: 80, protocol: UDP, targetPort: 9000, nodePort: 30080}}]
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {{name: svc1-1, namespace: ns1, labels: {{kubernetes.io/service-name: svc1}}}}
-  addressType: IPv4
-  endpoints: [{{addresses: [{BACKEND}], nodeName: switch-node, conditions: {{ready: true}}}}]
-  ports: [{{name: p, port: 9000, protocol: UDP}}]
-"#
-    )
-}
-
 fn node() -> TestNode {
+    let objects = node_yaml("switch-node", "192.168.0.2")
+        + &service_yaml("svc1", VIP, "UDP", BACKEND, "switch-node", Some(30080));
     TestNode::build(
         "switch",
-        "name: switch\n\
-         about: mode switches and cleanup\n\
-         node: {name: switch-node, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}\n\
-         config: {clusterCIDR: 10.0.0.0/8}",
-        &objects(),
+        &scenario_header("switch", "switch-node"),
+        &objects,
         &format!(
             "- {{from: 10.0.0.2, to: \"{VIP}:80\", proto: udp, expect: [\"{BACKEND}:9000\"]}}"
         ),

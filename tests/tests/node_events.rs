@@ -6,7 +6,7 @@
 //! naming the refused Service, each once.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Stdio},
     time::{Duration, Instant},
 };
@@ -14,19 +14,12 @@ use std::{
 use serde_json::{Value, json};
 use tests::{
     apiserver::{ServerConfig, TestApiServer},
+    node_harness::TestNode,
     require_root,
     scenario::netns::{Place, add_netns, bind_tcp_listener_in, delete_netns, ip_in},
 };
 
 const NODE: &str = "events-node";
-
-fn agent_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("proxy-agent")
-}
 
 /// Kills the agent and removes the namespace whatever the test's outcome.
 struct Cleanup {
@@ -70,7 +63,7 @@ fn with_reason<'a>(events: &'a [Value], reason: &str) -> Vec<&'a Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_and_refused_objects_become_events_on_the_node() {
     require_root!();
-    let binary = agent_binary();
+    let binary = TestNode::agent_binary();
     assert!(binary.exists(), "{} is not built", binary.display());
     let ns = format!("kpe-ev-{}", std::process::id());
     let dir = std::env::temp_dir().join(&ns);
