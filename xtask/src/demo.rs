@@ -403,34 +403,22 @@ fn request_spread(
 
 fn show_services_map(agent: &Path, examples: &Examples) -> anyhow::Result<()> {
     let root = bpffs_root();
-    let has_inspect = std::process::Command::new(agent)
-        .arg("--help")
-        .output()
-        .map(|out| String::from_utf8_lossy(&out.stdout).contains("inspect"))
-        .unwrap_or(false);
     let root_arg = root.display().to_string();
-    if has_inspect {
-        println!("    $ proxy-agent inspect services --bpffs-root {root_arg}");
-        let out = command_in(
-            &node_ns(),
-            None,
-            agent,
-            &["inspect", "services", "--bpffs-root", &root_arg],
-        )
-        .stdin(Stdio::null())
-        .output()
-        .context("running proxy-agent inspect")?;
-        indent(&String::from_utf8_lossy(&out.stdout));
-        if !out.status.success() {
-            println!(
-                "    (inspect failed: {})",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-    } else {
-        println!(
-            "    `proxy-agent inspect services` (service names instead of raw keys) is coming; \
-             until then, the raw map:"
+    println!("    $ proxy-agent inspect services --bpffs-root {root_arg}");
+    let out = command_in(
+        &node_ns(),
+        None,
+        agent,
+        &["inspect", "services", "--bpffs-root", &root_arg],
+    )
+    .stdin(Stdio::null())
+    .output()
+    .context("running proxy-agent inspect")?;
+    indent(&String::from_utf8_lossy(&out.stdout));
+    if !out.status.success() {
+        bail!(
+            "proxy-agent inspect services failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
         );
     }
     let services = root.join("maps").join(proxy_common::maps::SVC4);
