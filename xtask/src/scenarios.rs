@@ -151,7 +151,10 @@ pub fn run(args: &ScenariosArgs) -> anyhow::Result<()> {
         if args.keep {
             words.push("--keep".into());
         }
-        step(&format!("scenario-runner, {} mode, on this host", args.mode));
+        step(&format!(
+            "scenario-runner, {} mode, on this host",
+            args.mode
+        ));
         let status = crate::util::status(
             std::process::Command::new(&words[0])
                 .args(&words[1..])

@@ -63,6 +63,12 @@ enum Command {
         /// native).
         #[arg(long, value_parser = ["off", "generic", "native"])]
         xdp_mode: Option<String>,
+        /// Ask the agent for --mode, but require that it runs this mode instead (its
+        /// fallback, e.g. `--mode ipvs --expect-fallback iptables` on a kernel without
+        /// IPVS) and judge the flows as this mode. Without it, an agent that fell back
+        /// fails every flow.
+        #[arg(long, value_parser = parse_mode, conflicts_with = "no_agent")]
+        expect_fallback: Option<Mode>,
     },
     /// Serve echo/plain listeners (`echo/tcp/10.0.0.1:80`, `plain/udp/[fd00::1]:53`);
     /// prints READY once all are bound.
@@ -131,6 +137,7 @@ fn main() -> ExitCode {
             timeout_ms,
             ready_timeout_s,
             xdp_mode,
+            expect_fallback,
         } => {
             let agent = if no_agent {
                 Ok(None)
@@ -146,8 +153,15 @@ fn main() -> ExitCode {
                 })
             };
             agent.and_then(|agent| {
+                let judged = expect_fallback.unwrap_or(mode);
+                if judged != mode {
+                    println!(
+                        "# {mode} mode requested, {judged} expected: the agent must have fallen \
+                         back to {judged} (checked on /proxyMode); flows are judged as {judged}"
+                    );
+                }
                 let options = RunOptions {
-                    mode,
+                    mode: judged,
                     agent,
                     runner_exe: std::env::current_exe().context("locating this binary")?,
                     timeout: Duration::from_millis(timeout_ms),

@@ -87,6 +87,9 @@ pub fn render_config(inputs: &ConfigInputs<'_>) -> Result<String> {
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
     pub binary: PathBuf,
+    /// The mode the agent is asked to run. The runner requires it to run
+    /// [`RunOptions::mode`](super::RunOptions) (the mode flows are judged in): the same
+    /// mode, or the fallback a test expects.
     pub mode: Mode,
     /// Appended to the agent's command line.
     pub extra_args: Vec<String>,
@@ -104,6 +107,8 @@ pub struct Agent {
     pub log: PathBuf,
     pub config: PathBuf,
     binary: PathBuf,
+    /// The mode the agent was asked to run.
+    requested: Mode,
     bpffs_root: PathBuf,
     node: Place,
     /// The node namespace, outside the node cgroup (for /healthz polling).
@@ -148,6 +153,7 @@ impl Agent {
             log,
             config,
             binary: options.binary.clone(),
+            requested: options.mode,
             bpffs_root: inputs.bpffs_root.to_path_buf(),
             probe_place: Place {
                 netns: node.netns.clone(),
@@ -198,6 +204,35 @@ impl Agent {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Fails unless the agent runs `expected` (its `/proxyMode`, the mode actually running
+    /// after any fallback): a fallback's results must never pass as the requested mode's.
+    pub async fn check_running_mode(&self, expected: Mode) -> Result<()> {
+        let url = format!("http://{METRICS_BIND}/proxyMode");
+        let running = match self.get(&url).await {
+            Ok(answer) if answer.status == 200 => answer.body.trim().to_string(),
+            Ok(answer) => {
+                return Err(self.failure(format!("GET {url} answered {}", answer.status)));
+            }
+            Err(err) => return Err(self.failure(err)),
+        };
+        if running == expected.as_str() {
+            return Ok(());
+        }
+        let requested = self.requested;
+        let why = fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains("FALLBACK") || l.contains("fallback"))
+            .map(|l| format!(" (agent log: {})", without_ansi(l).trim()))
+            .unwrap_or_default();
+        Err(Error::Agent {
+            reason: format!(
+                "the agent runs {running:?} mode, not {expected}: {requested} was requested \
+                 and it fell back{why}; its flows are not judged as {expected}"
+            ),
+        })
     }
 
     /// GET from inside the node namespace (127.0.0.1 there is not ours).
@@ -307,6 +342,27 @@ impl Drop for Agent {
     }
 }
 
+/// `text` without ANSI escape sequences (the agent's log may be coloured).
+fn without_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters... final byte in @..~
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,6 +379,15 @@ mod tests {
             bpffs_root: Path::new("/sys/fs/bpf/kpt0001"),
             cgroup_root: Path::new("/sys/fs/cgroup/unified/kpt0001-node"),
         }
+    }
+
+    #[test]
+    fn ansi_colours_are_stripped() {
+        assert_eq!(
+            without_ansi("\u{1b}[2m2026\u{1b}[0m \u{1b}[31mERROR\u{1b}[0m fell back"),
+            "2026 ERROR fell back"
+        );
+        assert_eq!(without_ansi("plain"), "plain");
     }
 
     #[test]

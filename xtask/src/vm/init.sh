@@ -45,10 +45,12 @@ cd '$CWD' 2>/dev/null || cd /
 bash '$OUT/.kpevm-$TOKEN.sh' </dev/null
 echo \$? > '$OUT/.kpevm-$TOKEN.rc'
 sync
-# Once the power-off starts the 9p root goes away: keep its errors off the console.
+# The power-off is asynchronous and takes the 9p root away: PID 1 must neither exit
+# (a kernel panic) nor exec anything until it is done, so it waits with a builtin read
+# on the console, which gets no input.
 exec 2>/dev/null
 echo o > /proc/sysrq-trigger
-sleep 30
+while :; do read -r -t 30 _ </dev/console; done
 EOS
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb
 export KPE_VM_GUEST=1

@@ -38,8 +38,9 @@ fn on_path(tool: &str) -> Option<PathBuf> {
 
 /// What is there to boot the guest, or the plain reason it cannot boot here.
 pub fn prerequisites() -> Result<Prerequisites, String> {
-    let qemu = on_path("qemu-system-x86_64")
-        .ok_or("qemu-system-x86_64 is not installed (apt package qemu-system-x86; `cargo xtask setup`)")?;
+    let qemu = on_path("qemu-system-x86_64").ok_or(
+        "qemu-system-x86_64 is not installed (apt package qemu-system-x86; `cargo xtask setup`)",
+    )?;
     for (tool, package) in [("modprobe", "kmod"), ("cpio", "cpio")] {
         if on_path(tool).is_none() {
             return Err(format!(
@@ -47,7 +48,11 @@ pub fn prerequisites() -> Result<Prerequisites, String> {
             ));
         }
     }
-    let kernel = initramfs::find_kernel(std::env::var_os("KPE_VM_KERNEL").map(PathBuf::from).as_deref())?;
+    let kernel = initramfs::find_kernel(
+        std::env::var_os("KPE_VM_KERNEL")
+            .map(PathBuf::from)
+            .as_deref(),
+    )?;
     let busybox = initramfs::find_busybox()?;
     Ok(Prerequisites {
         qemu,
@@ -70,7 +75,11 @@ pub fn host_kernel_has_ipvs() -> bool {
         fs::read_to_string(dir.join(index)).is_ok_and(|text| {
             text.lines()
                 .filter_map(|l| l.split(':').next())
-                .any(|path| path.rsplit('/').next().is_some_and(|f| f.starts_with("ip_vs.ko")))
+                .any(|path| {
+                    path.rsplit('/')
+                        .next()
+                        .is_some_and(|f| f.starts_with("ip_vs.ko"))
+                })
         })
     })
 }
@@ -180,7 +189,9 @@ fn check_path(what: &str, path: &Path) -> Result<String, VmError> {
     let text = path.to_str().unwrap_or_default();
     if text.is_empty()
         || !path.is_absolute()
-        || text.chars().any(|c| c.is_whitespace() || "'\",\\".contains(c))
+        || text
+            .chars()
+            .any(|c| c.is_whitespace() || "'\",\\".contains(c))
     {
         return Err(VmError::Setup(format!(
             "{what} {} must be an absolute path without whitespace, quotes or commas",
@@ -256,7 +267,7 @@ fn boot(
         .arg(initrd)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 quiet loglevel=3 panic=-1 kpevm.out={out} kpevm.cwd={cwd} kpevm.token={token}"
+            "console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off kpevm.out={out} kpevm.cwd={cwd} kpevm.token={token}"
         ))
         .args([
             "-fsdev",
