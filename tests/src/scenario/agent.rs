@@ -16,8 +16,8 @@ use super::{
     cluster::AgentConnection,
     error::{Error, Result},
     format::Mode,
-    http::HttpResponse,
-    netns::Place,
+    http::{self, HttpResponse},
+    netns::{self, Place},
     readiness::{Change, judge_healthz, judge_metrics, parse_sync_times},
 };
 
@@ -113,7 +113,6 @@ pub struct Agent {
     node: Place,
     /// The node namespace, outside the node cgroup (for /healthz polling).
     probe_place: Place,
-    runner_exe: PathBuf,
     ready_timeout: Duration,
     /// `--keep`: leave the agent's pins and rules for inspection.
     keep: bool,
@@ -126,7 +125,6 @@ impl Agent {
         inputs: &ConfigInputs<'_>,
         node: Place,
         run_dir: &Path,
-        runner_exe: &Path,
         keep: bool,
     ) -> Result<Self> {
         let config = run_dir.join(format!("agent-{}.yaml", options.mode));
@@ -160,7 +158,6 @@ impl Agent {
                 cgroup: None,
             },
             node,
-            runner_exe: runner_exe.to_path_buf(),
             ready_timeout: options.ready_timeout,
             keep,
         })
@@ -235,28 +232,24 @@ impl Agent {
         })
     }
 
-    /// GET from inside the node namespace (127.0.0.1 there is not ours).
+    /// GET from inside the node namespace (127.0.0.1 there is not ours), over a socket
+    /// made there by a short-lived thread: no process per poll, which matters where
+    /// every exec is slow (the emulated test VM) and the agent needs the CPU to sync.
     async fn get(&self, url: &str) -> Result<HttpResponse, String> {
-        let args = [
-            "http-get".to_string(),
-            url.to_string(),
-            "--timeout-ms".into(),
-            "300".into(),
-        ];
-        let command = self.probe_place.command(&self.runner_exe, &args);
-        let output = tokio::process::Command::from(command)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output()
-            .await
-            .map_err(|err| format!("running http-get: {err}"))?;
-        if !output.status.success() {
-            return Err(format!(
-                "GET {url}: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            ));
-        }
-        serde_json::from_slice(&output.stdout).map_err(|err| format!("bad http-get output: {err}"))
+        let netns = self.probe_place.netns.clone();
+        let url = url.to_string();
+        tokio::task::spawn_blocking(move || {
+            let timeout = Duration::from_millis(300);
+            http::get_with(&url, timeout, |addr| {
+                netns::in_netns(&netns, move || {
+                    std::net::TcpStream::connect_timeout(&addr, timeout)
+                })
+                .map_err(std::io::Error::other)
+            })
+            .map_err(|err| err.to_string())
+        })
+        .await
+        .map_err(|err| format!("GET task: {err}"))?
     }
 
     fn failure(&self, reason: String) -> Error {

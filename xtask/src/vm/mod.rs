@@ -267,7 +267,7 @@ fn boot(
         .arg(initrd)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off kpevm.out={out} kpevm.cwd={cwd} kpevm.token={token}"
+            "console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off rcupdate.rcu_expedited=1 kpevm.out={out} kpevm.cwd={cwd} kpevm.token={token}"
         ))
         .args([
             "-fsdev",
