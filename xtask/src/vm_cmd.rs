@@ -78,3 +78,19 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     };
     std::process::exit(run_in_guest(&script_for(&args.command), &options));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_word_is_shell_text_several_are_an_argument_vector() {
+        let text = script_for(&["modprobe -a ip_vs && ipvsadm -Ln".to_string()]);
+        assert!(
+            text.ends_with("modprobe -a ip_vs && ipvsadm -Ln\n"),
+            "{text}"
+        );
+        let argv = script_for(&["echo".to_string(), "a && b".to_string()]);
+        assert!(argv.ends_with("echo 'a && b'\n"), "{argv}");
+    }
+}
