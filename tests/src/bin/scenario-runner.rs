@@ -37,6 +37,14 @@ enum Command {
         /// Only files whose name contains this.
         #[arg(long)]
         filter: Option<String>,
+        /// A scenario file to run after those of the directories (repeatable; with only
+        /// files given, the default directories are not read).
+        #[arg(long = "file")]
+        files: Vec<PathBuf>,
+        /// How many times slower than a normal machine this one is: stretches the
+        /// runner's settle and grace waits (the emulated test VM sets 10).
+        #[arg(long, env = "SCENARIO_TIME_SCALE", default_value_t = 1)]
+        time_scale: u32,
         /// The agent binary (default: proxy-agent beside this binary).
         #[arg(long, conflicts_with = "no_agent")]
         agent: Option<PathBuf>,
@@ -129,6 +137,8 @@ fn main() -> ExitCode {
             mode,
             dirs,
             filter,
+            files,
+            time_scale,
             agent,
             no_agent,
             agent_args,
@@ -139,6 +149,7 @@ fn main() -> ExitCode {
             xdp_mode,
             expect_fallback,
         } => {
+            tests::scenario::readiness::set_time_scale(time_scale);
             let agent = if no_agent {
                 Ok(None)
             } else {
@@ -168,12 +179,12 @@ fn main() -> ExitCode {
                     keep,
                     dir_source,
                 };
-                let dirs = if dirs.is_empty() {
+                let dirs = if dirs.is_empty() && files.is_empty() {
                     default_dirs()
                 } else {
                     dirs
                 };
-                run_all(options, dirs, filter)
+                run_all(options, dirs, filter, files)
             })
         }
     };
@@ -257,9 +268,11 @@ fn run_all(
     options: RunOptions,
     dirs: Vec<PathBuf>,
     filter: Option<String>,
+    extra_files: Vec<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
     check_privileges()?;
-    let files = discover(&dirs, filter.as_deref())?;
+    let mut files = discover(&dirs, filter.as_deref())?;
+    files.extend(extra_files);
     if files.is_empty() {
         bail!("no scenario files in {dirs:?} matching {filter:?}");
     }
