@@ -195,6 +195,7 @@ async fn start_agent(
         &inputs,
         topology.node_place(),
         &topology.run_dir,
+        Path::new(env!("CARGO_BIN_EXE_scenario-runner")),
         keep,
     )
     .unwrap();

@@ -125,6 +125,9 @@ impl Agent {
         inputs: &ConfigInputs<'_>,
         node: Place,
         run_dir: &Path,
+        // The runner no longer starts itself to poll the agent (see `get`); kept so that
+        // callers need not change.
+        _runner_exe: &Path,
         keep: bool,
     ) -> Result<Self> {
         let config = run_dir.join(format!("agent-{}.yaml", options.mode));

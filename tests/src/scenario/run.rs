@@ -314,6 +314,7 @@ impl<'a> ScenarioEnv<'a> {
                     &inputs,
                     topology.node_place(),
                     &topology.run_dir,
+                    &options.runner_exe,
                     options.keep,
                 )?;
                 agent.wait_synced(change).await?;
