@@ -39,8 +39,8 @@ pub struct ScenariosArgs {
     /// Run inside the test VM even when this host could run the mode itself.
     #[arg(long)]
     pub vm: bool,
-    /// Seconds before the test VM is killed.
-    #[arg(long, default_value_t = 3600)]
+    /// Seconds before the test VM is killed (every file takes 30-90 s under emulation).
+    #[arg(long, default_value_t = 7200)]
     pub vm_timeout: u64,
     /// Keep namespaces, cgroup, pins and files afterwards (on this host only).
     #[arg(long)]
