@@ -248,7 +248,10 @@ METRICS = {metrics}
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         now = datetime.datetime.now(datetime.timezone.utc)
-        if self.path == "/metrics" and METRICS:
+        if self.path == "/proxyMode":
+            body = "iptables"
+            self.send_response(200)
+        elif self.path == "/metrics" and METRICS:
             t = now.timestamp()
             body = "kubeproxy_sync_proxy_rules_last_timestamp_seconds %f\nkubeproxy_sync_proxy_rules_last_queued_timestamp_seconds %f\n" % (t, t - 1)
             self.send_response(200)

@@ -3,9 +3,12 @@
 
 mod bench;
 mod demo;
+mod scenarios;
 mod setup;
 mod test;
-mod util;
+mod vm_cmd;
+
+use xtask::util;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +41,12 @@ enum Task {
     /// a sandbox node (network namespaces and a cgroup of its own) with a few pods, requests
     /// to the ClusterIPs spread over them, the services map; then everything removed.
     Demo(demo::DemoArgs),
+    /// Replay the behaviour scenarios (../shared/scenarios, tests/scenarios) in one mode
+    /// with the scenario runner; ipvs on a kernel without IPVS runs in the test VM.
+    Scenarios(scenarios::ScenariosArgs),
+    /// Run a command as root in a throw-away qemu guest whose kernel has IPVS (the host's
+    /// files read-only, no network device); exits with the command's status.
+    Vm(vm_cmd::VmArgs),
     /// The demo's pod: an HTTP server answering with its name (run by `demo`).
     #[command(hide = true)]
     DemoBackend(demo::BackendArgs),
@@ -54,6 +63,8 @@ fn main() -> anyhow::Result<()> {
         Task::Test(args) => test::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Demo(args) => demo::run(&args),
+        Task::Scenarios(args) => scenarios::run(&args),
+        Task::Vm(args) => vm_cmd::run(&args),
         Task::DemoBackend(args) => demo::run_backend(&args),
     }
 }

@@ -26,6 +26,14 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     "iputils-ping",
     "kmod",
+    // The test VM with a kernel that has IPVS (`cargo xtask vm`, ../shared/ipvs-vm.md):
+    // qemu under TCG, Debian's kernel (ip_vs as modules), the initramfs' busybox and cpio,
+    // and ipvsadm to look at the guest's IPVS table.
+    "qemu-system-x86",
+    "linux-image-amd64",
+    "busybox-static",
+    "cpio",
+    "ipvsadm",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

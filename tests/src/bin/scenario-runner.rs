@@ -37,6 +37,14 @@ enum Command {
         /// Only files whose name contains this.
         #[arg(long)]
         filter: Option<String>,
+        /// A scenario file to run after those of the directories (repeatable; with only
+        /// files given, the default directories are not read).
+        #[arg(long = "file")]
+        files: Vec<PathBuf>,
+        /// How many times slower than a normal machine this one is: stretches the
+        /// runner's settle and grace waits (the emulated test VM sets 10).
+        #[arg(long, env = "SCENARIO_TIME_SCALE", default_value_t = 1)]
+        time_scale: u32,
         /// The agent binary (default: proxy-agent beside this binary).
         #[arg(long, conflicts_with = "no_agent")]
         agent: Option<PathBuf>,
@@ -63,6 +71,12 @@ enum Command {
         /// native).
         #[arg(long, value_parser = ["off", "generic", "native"])]
         xdp_mode: Option<String>,
+        /// Ask the agent for --mode, but require that it runs this mode instead (its
+        /// fallback, e.g. `--mode ipvs --expect-fallback iptables` on a kernel without
+        /// IPVS) and judge the flows as this mode. Without it, an agent that fell back
+        /// fails every flow.
+        #[arg(long, value_parser = parse_mode, conflicts_with = "no_agent")]
+        expect_fallback: Option<Mode>,
     },
     /// Serve echo/plain listeners (`echo/tcp/10.0.0.1:80`, `plain/udp/[fd00::1]:53`);
     /// prints READY once all are bound.
@@ -123,6 +137,8 @@ fn main() -> ExitCode {
             mode,
             dirs,
             filter,
+            files,
+            time_scale,
             agent,
             no_agent,
             agent_args,
@@ -131,7 +147,9 @@ fn main() -> ExitCode {
             timeout_ms,
             ready_timeout_s,
             xdp_mode,
+            expect_fallback,
         } => {
+            tests::scenario::readiness::set_time_scale(time_scale);
             let agent = if no_agent {
                 Ok(None)
             } else {
@@ -146,20 +164,27 @@ fn main() -> ExitCode {
                 })
             };
             agent.and_then(|agent| {
+                let judged = expect_fallback.unwrap_or(mode);
+                if judged != mode {
+                    println!(
+                        "# {mode} mode requested, {judged} expected: the agent must have fallen \
+                         back to {judged} (checked on /proxyMode); flows are judged as {judged}"
+                    );
+                }
                 let options = RunOptions {
-                    mode,
+                    mode: judged,
                     agent,
                     runner_exe: std::env::current_exe().context("locating this binary")?,
                     timeout: Duration::from_millis(timeout_ms),
                     keep,
                     dir_source,
                 };
-                let dirs = if dirs.is_empty() {
+                let dirs = if dirs.is_empty() && files.is_empty() {
                     default_dirs()
                 } else {
                     dirs
                 };
-                run_all(options, dirs, filter)
+                run_all(options, dirs, filter, files)
             })
         }
     };
@@ -243,9 +268,11 @@ fn run_all(
     options: RunOptions,
     dirs: Vec<PathBuf>,
     filter: Option<String>,
+    extra_files: Vec<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
     check_privileges()?;
-    let files = discover(&dirs, filter.as_deref())?;
+    let mut files = discover(&dirs, filter.as_deref())?;
+    files.extend(extra_files);
     if files.is_empty() {
         bail!("no scenario files in {dirs:?} matching {filter:?}");
     }

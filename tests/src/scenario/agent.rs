@@ -16,8 +16,8 @@ use super::{
     cluster::AgentConnection,
     error::{Error, Result},
     format::Mode,
-    http::HttpResponse,
-    netns::Place,
+    http::{self, HttpResponse},
+    netns::{self, Place},
     readiness::{Change, judge_healthz, judge_metrics, parse_sync_times},
 };
 
@@ -87,6 +87,9 @@ pub fn render_config(inputs: &ConfigInputs<'_>) -> Result<String> {
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
     pub binary: PathBuf,
+    /// The mode the agent is asked to run. The runner requires it to run
+    /// [`RunOptions::mode`](super::RunOptions) (the mode flows are judged in): the same
+    /// mode, or the fallback a test expects.
     pub mode: Mode,
     /// Appended to the agent's command line.
     pub extra_args: Vec<String>,
@@ -104,11 +107,12 @@ pub struct Agent {
     pub log: PathBuf,
     pub config: PathBuf,
     binary: PathBuf,
+    /// The mode the agent was asked to run.
+    requested: Mode,
     bpffs_root: PathBuf,
     node: Place,
     /// The node namespace, outside the node cgroup (for /healthz polling).
     probe_place: Place,
-    runner_exe: PathBuf,
     ready_timeout: Duration,
     /// `--keep`: leave the agent's pins and rules for inspection.
     keep: bool,
@@ -121,7 +125,9 @@ impl Agent {
         inputs: &ConfigInputs<'_>,
         node: Place,
         run_dir: &Path,
-        runner_exe: &Path,
+        // The runner no longer starts itself to poll the agent (see `get`); kept so that
+        // callers need not change.
+        _runner_exe: &Path,
         keep: bool,
     ) -> Result<Self> {
         let config = run_dir.join(format!("agent-{}.yaml", options.mode));
@@ -148,13 +154,13 @@ impl Agent {
             log,
             config,
             binary: options.binary.clone(),
+            requested: options.mode,
             bpffs_root: inputs.bpffs_root.to_path_buf(),
             probe_place: Place {
                 netns: node.netns.clone(),
                 cgroup: None,
             },
             node,
-            runner_exe: runner_exe.to_path_buf(),
             ready_timeout: options.ready_timeout,
             keep,
         })
@@ -200,28 +206,53 @@ impl Agent {
         }
     }
 
-    /// GET from inside the node namespace (127.0.0.1 there is not ours).
-    async fn get(&self, url: &str) -> Result<HttpResponse, String> {
-        let args = [
-            "http-get".to_string(),
-            url.to_string(),
-            "--timeout-ms".into(),
-            "300".into(),
-        ];
-        let command = self.probe_place.command(&self.runner_exe, &args);
-        let output = tokio::process::Command::from(command)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output()
-            .await
-            .map_err(|err| format!("running http-get: {err}"))?;
-        if !output.status.success() {
-            return Err(format!(
-                "GET {url}: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            ));
+    /// Fails unless the agent runs `expected` (its `/proxyMode`, the mode actually running
+    /// after any fallback): a fallback's results must never pass as the requested mode's.
+    pub async fn check_running_mode(&self, expected: Mode) -> Result<()> {
+        let url = format!("http://{METRICS_BIND}/proxyMode");
+        let running = match self.get(&url).await {
+            Ok(answer) if answer.status == 200 => answer.body.trim().to_string(),
+            Ok(answer) => {
+                return Err(self.failure(format!("GET {url} answered {}", answer.status)));
+            }
+            Err(err) => return Err(self.failure(err)),
+        };
+        if running == expected.as_str() {
+            return Ok(());
         }
-        serde_json::from_slice(&output.stdout).map_err(|err| format!("bad http-get output: {err}"))
+        let requested = self.requested;
+        let why = fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains("FALLBACK") || l.contains("fallback"))
+            .map(|l| format!(" (agent log: {})", without_ansi(l).trim()))
+            .unwrap_or_default();
+        Err(Error::Agent {
+            reason: format!(
+                "the agent runs {running:?} mode, not {expected}: {requested} was requested \
+                 and it fell back{why}; its flows are not judged as {expected}"
+            ),
+        })
+    }
+
+    /// GET from inside the node namespace (127.0.0.1 there is not ours), over a socket
+    /// made there by a short-lived thread: no process per poll, which matters where
+    /// every exec is slow (the emulated test VM) and the agent needs the CPU to sync.
+    async fn get(&self, url: &str) -> Result<HttpResponse, String> {
+        let netns = self.probe_place.netns.clone();
+        let url = url.to_string();
+        tokio::task::spawn_blocking(move || {
+            let timeout = Duration::from_millis(300);
+            http::get_with(&url, timeout, |addr| {
+                netns::in_netns(&netns, move || {
+                    std::net::TcpStream::connect_timeout(&addr, timeout)
+                })
+                .map_err(std::io::Error::other)
+            })
+            .map_err(|err| err.to_string())
+        })
+        .await
+        .map_err(|err| format!("GET task: {err}"))?
     }
 
     fn failure(&self, reason: String) -> Error {
@@ -307,6 +338,27 @@ impl Drop for Agent {
     }
 }
 
+/// `text` without ANSI escape sequences (the agent's log may be coloured).
+fn without_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters... final byte in @..~
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,6 +375,15 @@ mod tests {
             bpffs_root: Path::new("/sys/fs/bpf/kpt0001"),
             cgroup_root: Path::new("/sys/fs/cgroup/unified/kpt0001-node"),
         }
+    }
+
+    #[test]
+    fn ansi_colours_are_stripped() {
+        assert_eq!(
+            without_ansi("\u{1b}[2m2026\u{1b}[0m \u{1b}[31mERROR\u{1b}[0m fell back"),
+            "2026 ERROR fell back"
+        );
+        assert_eq!(without_ansi("plain"), "plain");
     }
 
     #[test]

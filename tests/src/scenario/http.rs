@@ -34,10 +34,21 @@ pub fn split_url(url: &str) -> Result<(SocketAddr, String)> {
 }
 
 pub fn get(url: &str, timeout: Duration) -> Result<HttpResponse> {
+    get_with(url, timeout, |addr| {
+        TcpStream::connect_timeout(&addr, timeout)
+    })
+}
+
+/// GET `url` over the connection `connect` makes to its address (e.g. a socket made
+/// inside another network namespace).
+pub fn get_with(
+    url: &str,
+    timeout: Duration,
+    connect: impl FnOnce(SocketAddr) -> std::io::Result<TcpStream>,
+) -> Result<HttpResponse> {
     let (addr, path) = split_url(url)?;
     let context = format!("GET {url}");
-    let mut stream =
-        TcpStream::connect_timeout(&addr, timeout).map_err(Error::io(context.clone()))?;
+    let mut stream = connect(addr).map_err(Error::io(context.clone()))?;
     stream
         .set_read_timeout(Some(timeout))
         .map_err(Error::io(context.clone()))?;

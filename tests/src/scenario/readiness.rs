@@ -7,7 +7,10 @@
 //! moves when a change is queued, `..._last_timestamp_seconds` when a sync finishes.
 //! /healthz is only the fallback for an agent without those metrics.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::{
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 use super::http::{HttpResponse, parse_timestamp};
 
@@ -72,6 +75,20 @@ pub struct Change {
 /// then a sync may have covered only part of it (the agent can sync between two writes).
 pub const SETTLE: Duration = Duration::from_millis(250);
 
+/// How much slower than a normal machine this one runs: a factor on the runner's own
+/// waits ([`SETTLE`], [`NOTHING_QUEUED_GRACE`], links coming up). 1 natively; the
+/// emulated test VM (10-20x slower) sets it through `SCENARIO_TIME_SCALE`.
+static TIME_SCALE: AtomicU32 = AtomicU32::new(1);
+
+pub fn set_time_scale(factor: u32) {
+    TIME_SCALE.store(factor.max(1), Ordering::Relaxed);
+}
+
+/// `wait` stretched by the time scale.
+pub fn scaled(wait: Duration) -> Duration {
+    wait * TIME_SCALE.load(Ordering::Relaxed)
+}
+
 /// `Ok` when the agent has applied the change; otherwise why not yet.
 ///
 /// The agent queues a sync whenever it hears of a change and stamps the queue time; once
@@ -93,11 +110,11 @@ pub fn judge_metrics(times: SyncTimes, change: Change, now: SystemTime) -> Resul
         return Ok(());
     }
     let since_write = now.duration_since(change.at).unwrap_or_default();
-    if since_write < SETTLE {
+    if since_write < scaled(SETTLE) {
         return Err("the change is settling".into());
     }
     let started = epoch_secs(change.started);
-    if queued >= started || since_write >= NOTHING_QUEUED_GRACE {
+    if queued >= started || since_write >= scaled(NOTHING_QUEUED_GRACE) {
         Ok(())
     } else {
         Err("the change has not been queued yet".into())

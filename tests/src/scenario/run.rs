@@ -28,6 +28,8 @@ use super::{
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
+    /// The mode flows are judged in, and the mode the agent must be running (checked on
+    /// its /proxyMode once it synced).
     pub mode: Mode,
     /// `None`: no agent (`--no-agent`); only flows needing no proxy can pass.
     pub agent: Option<AgentOptions>,
@@ -301,7 +303,7 @@ impl<'a> ScenarioEnv<'a> {
                 let fragment = merged_config(&scenario.config, &agent_options.config_overrides);
                 let inputs = ConfigInputs {
                     fragment: &fragment,
-                    mode: options.mode,
+                    mode: agent_options.mode,
                     node_name: &scenario.node.name,
                     connection: &connection,
                     bpffs_root: &bpffs,
@@ -316,6 +318,7 @@ impl<'a> ScenarioEnv<'a> {
                     options.keep,
                 )?;
                 agent.wait_synced(change).await?;
+                agent.check_running_mode(options.mode).await?;
                 Some(agent)
             }
             None => None,

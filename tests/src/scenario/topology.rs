@@ -149,7 +149,8 @@ impl Topology {
     /// to a second later) the device still has the no-op qdisc, which silently drops what
     /// is sent: the first flow would lose its SYN and time out.
     fn wait_links_up(&self) -> Result<()> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let deadline =
+            std::time::Instant::now() + super::readiness::scaled(std::time::Duration::from_secs(5));
         for ns in &self.namespaces {
             loop {
                 let out = netns::ip_in(ns, &["-o", "link", "show"])?;

@@ -1,0 +1,277 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Tests that boot the throw-away qemu guest of `cargo xtask vm` (a kernel with IPVS; this
+//! host's kernel may have none):
+//! - `guest::boots_with_ipvs_and_runs_host_binaries`: one cheap boot proving the machinery
+//!   (the guest's own kernel, ip_vs loads and ipvsadm programs it, a host-built binary
+//!   runs, writes stay in the guest, the exit status comes back).
+//! - `guest::ipvs_scenarios`: ONE boot for all ipvs work: the scenario runner in ipvs mode
+//!   over every shared scenario and the main IPv6 variants ([`IPV6_FILES`]), then the privileged ipvs_kernel test binary when there is
+//!   one. Fails with the runner's FAIL lines. Skipped with the reason when this host runs
+//!   ipvs itself (tests/tests/scenarios.rs then does), or the agent has no ipvs proxier yet.
+//!
+//! A host that cannot boot the guest (qemu, kernel or busybox-static missing: `cargo xtask
+//! setup` installs them) skips both with the reason.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use xtask::vm::{self, VmOptions, VmOutcome, shell_quote};
+
+const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
+}
+
+/// A results directory shared with the guest, fresh for this test.
+fn out_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vm-guest-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn read(dir: &Path, name: &str) -> String {
+    fs::read_to_string(dir.join(name)).unwrap_or_default()
+}
+
+fn boot(script: &str, out: &Path, timeout: Duration) -> Result<VmOutcome, Failed> {
+    let options = VmOptions {
+        out_dir: Some(out.to_path_buf()),
+        cwd: workspace(),
+        timeout,
+        echo_console: false,
+        ..VmOptions::default()
+    };
+    vm::run_script(script, &options).map_err(|e| Failed::from(e.to_string()))
+}
+
+fn boots_with_ipvs_and_runs_host_binaries() -> Result<(), Failed> {
+    let pre = vm::prerequisites().map_err(Failed::from)?;
+    let out = out_dir("smoke");
+    // Written in the guest outside the results directory: must never reach the host.
+    let stray = PathBuf::from(format!("/etc/vm-guest-stray-{}", std::process::id()));
+    let script = format!(
+        r#"set -e
+o={out}
+uname -r > $o/uname
+cat /proc/mounts > $o/mounts
+modprobe -a ip_vs ip_vs_rr
+ipvsadm -A -t 10.96.0.10:80 -s rr
+ipvsadm -a -t 10.96.0.10:80 -r 10.0.0.2:8080 -m
+ipvsadm -a -t 10.96.0.10:80 -r 10.0.0.3:8080 -m
+ipvsadm -Ln > $o/ipvsadm
+{runner} probe --from 127.0.0.1 --to 127.0.0.1:9 --proto tcp > $o/probe
+echo written-in-the-guest > {stray}
+cat {stray} > $o/stray
+exit 42
+"#,
+        out = shell_quote(&out.display().to_string()),
+        runner = shell_quote(RUNNER),
+        stray = stray.display(),
+    );
+    let outcome = boot(&script, &out, Duration::from_secs(300))?;
+    let console = &outcome.console;
+    eprintln!(
+        "guest ran for {:.1} s (boot included)",
+        outcome.elapsed.as_secs_f64()
+    );
+    assert_eq!(outcome.status, 42, "exit status; console:\n{console}");
+
+    let host_release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let guest_release = read(&out, "uname");
+    assert_eq!(guest_release.trim(), pre.kernel.release);
+    assert_ne!(guest_release.trim(), host_release.trim(), "not our kernel");
+
+    let mounts = read(&out, "mounts");
+    for (fs_type, point) in [
+        ("cgroup2", "/sys/fs/cgroup"),
+        ("bpf", "/sys/fs/bpf"),
+        ("tmpfs", "/tmp"),
+        ("overlay", "/"),
+    ] {
+        assert!(
+            mounts.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.get(1) == Some(&point) && f.get(2) == Some(&fs_type)
+            }),
+            "{fs_type} at {point} in the guest:\n{mounts}"
+        );
+    }
+
+    // The guest kernel's IPVS table, as ipvsadm lists it.
+    let table = read(&out, "ipvsadm");
+    let service = table
+        .lines()
+        .position(|l| l.split_whitespace().collect::<Vec<_>>() == ["TCP", "10.96.0.10:80", "rr"])
+        .unwrap_or_else(|| panic!("virtual server missing:\n{table}"));
+    let real: Vec<&str> = table.lines().skip(service + 1).take(2).collect();
+    for backend in ["10.0.0.2:8080", "10.0.0.3:8080"] {
+        assert!(
+            real.iter()
+                .any(|l| l.contains(backend) && l.contains("Masq")),
+            "real server {backend}:\n{table}"
+        );
+    }
+
+    // The host-built runner ran in the guest, over the guest's loopback.
+    let probe: serde_json::Value = serde_json::from_str(read(&out, "probe").trim())
+        .unwrap_or_else(|e| panic!("probe output: {e}; console:\n{console}"));
+    assert_eq!(probe["outcome"], "refused");
+
+    assert_eq!(read(&out, "stray").trim(), "written-in-the-guest");
+    assert!(!stray.exists(), "{} leaked to the host", stray.display());
+    let _ = fs::remove_dir_all(&out);
+    Ok(())
+}
+
+/// Whether the agent has an ipvs proxier to test (until it lands, the agent falls back or
+/// cannot program IPVS, and the guest scenarios would only say so).
+fn ipvs_proxier_reason() -> Option<String> {
+    let dir = workspace().join("proxy-agent/src/proxier/ipvs");
+    (!dir.is_dir()).then(|| {
+        format!(
+            "the agent has no ipvs proxier yet ({} missing)",
+            dir.display()
+        )
+    })
+}
+
+/// The newest build of the ipvs_kernel test binary beside this one, if any.
+fn ipvs_kernel_binary() -> Option<PathBuf> {
+    let deps = std::env::current_exe().ok()?.parent()?.to_path_buf();
+    fs::read_dir(deps)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("ipvs_kernel-") && !name.contains('.')
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max()
+        .map(|(_, path)| path)
+}
+
+/// The IPv6 variants (tests/scenarios) the CI guest replays besides every shared (IPv4)
+/// file: each file costs 30-60 s under emulation, against about 2 s on the host, and the
+/// whole CI run must stay well under 45 minutes on 2 cores. These cover the ipvs paths
+/// IPv6 adds (ClusterIP, NodePort, externalIPs and LB IPs in one file, REJECT for TCP and
+/// UDP, persistence, dual-stack); `cargo xtask scenarios --mode ipvs` replays every file.
+const IPV6_FILES: &[&str] = &[
+    "v6-a1-overall.yaml",
+    "v6-b1-no-endpoints-reject.yaml",
+    "v6-k1-session-affinity.yaml",
+    "v6-n1-dual-stack.yaml",
+    "v6-x1-reject-udp-external.yaml",
+];
+
+/// What the guest runs for `ipvs_scenarios`; every part leaves its exit status and output
+/// in the results directory.
+fn ipvs_script(out: &Path, kernel_tests: Option<&Path>) -> String {
+    let o = shell_quote(&out.display().to_string());
+    let mut script = format!("o={o}\n");
+    let mut runner = vec![
+        RUNNER.to_string(),
+        "run".into(),
+        "--mode".into(),
+        "ipvs".into(),
+        "--ready-timeout-s".into(),
+        "90".into(),
+    ];
+    let shared = workspace().join("../shared/scenarios");
+    if let Ok(dir) = shared.canonicalize() {
+        runner.extend(["--dir".into(), dir.display().to_string()]);
+    }
+    let own = workspace().join("tests/scenarios");
+    for file in IPV6_FILES {
+        if own.join(file).is_file() {
+            runner.extend(["--file".into(), own.join(file).display().to_string()]);
+        }
+    }
+    script.push_str(&format!(
+        "{} > $o/scenarios.log 2> $o/scenarios.err; echo $? > $o/scenarios.rc\n",
+        vm::shell_words(&runner)
+    ));
+    if let Some(binary) = kernel_tests {
+        script.push_str(&format!(
+            "{} --test-threads=1 > $o/ipvs_kernel.log 2>&1; echo $? > $o/ipvs_kernel.rc\n",
+            shell_quote(&binary.display().to_string())
+        ));
+    }
+    script
+}
+
+fn ipvs_scenarios() -> Result<(), Failed> {
+    let kernel_tests = ipvs_kernel_binary();
+    let out = out_dir("ipvs");
+    let script = ipvs_script(&out, kernel_tests.as_deref());
+    let outcome = boot(&script, &out, Duration::from_secs(40 * 60))?;
+    eprintln!(
+        "guest ran for {:.1} s (boot included)",
+        outcome.elapsed.as_secs_f64()
+    );
+    let mut problems = Vec::new();
+    let log = read(&out, "scenarios.log");
+    let summary = log.lines().last().unwrap_or_default().to_string();
+    eprintln!("ipvs scenarios in the guest: {summary}");
+    if read(&out, "scenarios.rc").trim() != "0" {
+        let fails: Vec<&str> = log.lines().filter(|l| l.starts_with("FAIL")).collect();
+        problems.push(format!(
+            "scenario-runner --mode ipvs in the guest: {summary}\n{}\n{}",
+            fails.join("\n"),
+            read(&out, "scenarios.err")
+        ));
+    }
+    if let Some(binary) = &kernel_tests {
+        let log = read(&out, "ipvs_kernel.log");
+        if read(&out, "ipvs_kernel.rc").trim() != "0" {
+            problems.push(format!("{} in the guest failed:\n{log}", binary.display()));
+        } else {
+            eprintln!(
+                "ipvs_kernel in the guest: {}",
+                log.lines()
+                    .rev()
+                    .find(|l| l.contains("test result"))
+                    .unwrap_or("passed")
+            );
+        }
+    }
+    let _ = fs::remove_dir_all(&out);
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Failed::from(problems.join("\n\n")))
+    }
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let unavailable = vm::prerequisites().err();
+    let ipvs_skip = if vm::host_kernel_has_ipvs() {
+        Some("this host's kernel has IPVS: tests/tests/scenarios.rs runs ipvs mode here".into())
+    } else {
+        unavailable.clone().or_else(ipvs_proxier_reason)
+    };
+    if let Some(why) = &unavailable {
+        eprintln!("guest tests skipped: {why}");
+    }
+    if let Some(why) = &ipvs_skip {
+        eprintln!("guest::ipvs_scenarios skipped: {why}");
+    }
+    let trials = vec![
+        Trial::test(
+            "guest::boots_with_ipvs_and_runs_host_binaries",
+            boots_with_ipvs_and_runs_host_binaries,
+        )
+        .with_ignored_flag(unavailable.is_some()),
+        Trial::test("guest::ipvs_scenarios", ipvs_scenarios).with_ignored_flag(ipvs_skip.is_some()),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
