@@ -438,6 +438,7 @@ fn prepare(xdp_mode: Option<&str>) -> Option<(Scenario, RunOptions)> {
         timeout: Duration::from_secs(1),
         keep: false,
         dir_source: false,
+        trace_check: false,
     };
     Some((scenario, options))
 }

@@ -99,6 +99,7 @@ fn options(agent: Option<AgentOptions>) -> RunOptions {
         keep: false,
         // The stand-in agents below check the --source command line.
         dir_source: true,
+        trace_check: false,
     }
 }
 

@@ -36,7 +36,9 @@ fn scenario_files() -> Vec<PathBuf> {
     files
 }
 
-/// Modes replayed on this host, as (test name, runner arguments). `ebpf-xdp` is ebpf mode
+/// Modes replayed on this host, as (test name, runner arguments). In ebpf and iptables
+/// modes every flow is also asked of `proxy-agent trace`, whose answer must agree with
+/// what the probes saw (`--trace-check`). `ebpf-xdp` is ebpf mode
 /// with XDP generic on the uplink in front of tc. ipvs needs a kernel with IPVS: where this
 /// one has none, `ipvs-fallback` starts the agent in ipvs mode, requires that it fell back
 /// to iptables (its /proxyMode) and judges the flows as iptables; the real ipvs runs are
@@ -51,9 +53,9 @@ fn modes() -> Vec<(&'static str, &'static [&'static str])> {
         )
     };
     vec![
-        ("ebpf", &["--mode", "ebpf"]),
+        ("ebpf", &["--mode", "ebpf", "--trace-check"]),
         ("ebpf-xdp", &["--mode", "ebpf", "--xdp-mode", "generic"]),
-        ("iptables", &["--mode", "iptables"]),
+        ("iptables", &["--mode", "iptables", "--trace-check"]),
         ipvs,
     ]
 }

@@ -77,6 +77,11 @@ enum Command {
         /// fails every flow.
         #[arg(long, value_parser = parse_mode, conflicts_with = "no_agent")]
         expect_fallback: Option<Mode>,
+        /// After each flow, ask the running agent (`proxy-agent trace`) what it would do
+        /// with the flow, and fail the flow when its answer disagrees with what the probes
+        /// saw (ebpf and iptables modes).
+        #[arg(long, conflicts_with = "no_agent")]
+        trace_check: bool,
     },
     /// Serve echo/plain listeners (`echo/tcp/10.0.0.1:80`, `plain/udp/[fd00::1]:53`);
     /// prints READY once all are bound.
@@ -148,6 +153,7 @@ fn main() -> ExitCode {
             ready_timeout_s,
             xdp_mode,
             expect_fallback,
+            trace_check,
         } => {
             tests::scenario::readiness::set_time_scale(time_scale);
             let agent = if no_agent {
@@ -178,6 +184,7 @@ fn main() -> ExitCode {
                     timeout: Duration::from_millis(timeout_ms),
                     keep,
                     dir_source,
+                    trace_check,
                 };
                 let dirs = if dirs.is_empty() && files.is_empty() {
                     default_dirs()

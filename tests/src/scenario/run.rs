@@ -18,6 +18,7 @@ use super::{
     echo::sctp_supported,
     error::{Error, Result},
     format::{Change, Expectation, Flow, Mode, Proto, Scenario},
+    netns::Place,
     objects::{object_ref, with_node},
     outcome::{Attempt, Judge},
     placement::Placement,
@@ -42,6 +43,10 @@ pub struct RunOptions {
     /// Feed the agent from a manifest directory (`--source DIR`) instead of the test API
     /// server.
     pub dir_source: bool,
+    /// After each flow, ask the running agent's `proxy-agent trace` what it would do with
+    /// the flow, and fail the flow when that disagrees with what the probes saw (ebpf and
+    /// iptables modes).
+    pub trace_check: bool,
 }
 
 /// `base` with `overrides` laid over it; objects present in both merge key by key.
@@ -377,9 +382,45 @@ impl<'a> ScenarioEnv<'a> {
                 } else {
                     Status::Fail
                 };
-                (status, verdict.text)
+                match self
+                    .trace_disagreement(flow, &attempts, node_addresses)
+                    .await
+                {
+                    Some(why) => (
+                        Status::Fail,
+                        format!("{}; trace disagrees: {why}", verdict.text),
+                    ),
+                    None => (status, verdict.text),
+                }
             }
             Err(err) => (Status::Fail, format!("probe failed: {err}")),
+        }
+    }
+
+    /// With `trace_check`: why `proxy-agent trace` disagrees with what the probes saw, if
+    /// it does (see [`super::trace`]).
+    async fn trace_disagreement(
+        &self,
+        flow: &Flow,
+        attempts: &[Attempt],
+        node_addresses: &BTreeSet<IpAddr>,
+    ) -> Option<String> {
+        let checked = matches!(self.options.mode, Mode::Ebpf | Mode::Iptables);
+        let agent = self.options.agent.as_ref()?;
+        if !self.options.trace_check || !checked {
+            return None;
+        }
+        let place = Place {
+            netns: self.topology.node_ns.clone(),
+            cgroup: None,
+        };
+        let bpffs = bpffs_root(&self.topology.id);
+        match super::trace::trace_flow(&agent.binary, self.options.mode, &place, &bpffs, flow).await
+        {
+            Ok(trace) => {
+                super::trace::agreement(&trace, flow.from, flow.to, attempts, node_addresses).err()
+            }
+            Err(err) => Some(err.to_string()),
         }
     }
 

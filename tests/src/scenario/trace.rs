@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The trace hook: replays a scenario like [`super::run::run_scenario`] and, after each
-//! flow's probes, while the agent still runs, asks `proxy-agent trace` (inside the node
-//! namespace, on the run's pins) what it says about the same flow, then checks that the
-//! verdict agrees with what the probes really saw. [`agreement`] is pure.
+//! The trace check (`scenario-runner run --trace-check`): after each flow's probes, while
+//! the agent still runs, [`trace_flow`] asks `proxy-agent trace` (inside the node
+//! namespace, on the run's pins) what it says about the same flow, and [`agreement`]
+//! (pure) checks that the verdict agrees with what the probes really saw.
 
 use std::{
     collections::BTreeSet,
@@ -14,13 +14,10 @@ use std::{
 use serde::Deserialize;
 
 use super::{
-    agent::bpffs_root,
-    echo::sctp_supported,
     error::{Error, Result},
-    format::{Flow, Mode, Proto, Scenario},
+    format::{Flow, Mode},
     netns::Place,
-    outcome::{AnswerKind, Attempt, Judge, Outcome},
-    run::{RunOptions, ScenarioEnv},
+    outcome::{AnswerKind, Attempt, Outcome},
 };
 
 /// The parts of `proxy-agent trace --output json` the comparison needs.
@@ -42,22 +39,6 @@ pub struct TraceCandidate {
     pub port: u16,
     #[serde(default)]
     pub masquerade: bool,
-}
-
-/// One traced flow: the runner's judgement and whether trace agreed.
-#[derive(Debug, Clone)]
-pub struct TracedFlow {
-    pub scenario: String,
-    pub index: usize,
-    pub from: IpAddr,
-    pub to: SocketAddr,
-    pub proto: Proto,
-    /// The runner's own verdict on the flow (expectation met).
-    pub passed: bool,
-    pub seen: String,
-    pub trace: std::result::Result<TraceVerdict, String>,
-    /// `None` when trace agrees with the probes, else why not.
-    pub disagreement: Option<String>,
 }
 
 /// Runs `proxy-agent trace` for `flow` in `place` against the pins under `bpffs`.
@@ -154,62 +135,6 @@ pub fn agreement(
         }
     }
     Ok(())
-}
-
-/// Replays `scenario` in the options' mode with a trace after every flow. SCTP flows are
-/// left out where the kernel has no SCTP.
-pub async fn run_scenario_traced(
-    options: &RunOptions,
-    scenario: &Scenario,
-) -> Result<Vec<TracedFlow>> {
-    let agent = options
-        .agent
-        .as_ref()
-        .ok_or_else(|| Error::Setup("tracing needs an agent".into()))?;
-    let sctp = sctp_supported();
-    let mut env = ScenarioEnv::set_up(options, scenario, sctp).await?;
-    let bpffs = bpffs_root(&env.topology.id);
-    let place = Place {
-        netns: env.topology.node_ns.clone(),
-        cgroup: None,
-    };
-    let mut out = Vec::new();
-    for (n, stage) in scenario.stages.iter().enumerate() {
-        if n > 0 {
-            env.change(&stage.change).await?;
-        }
-        let node_addresses = env.topology.node_addresses()?;
-        for flow in stage.flows.iter().filter(|f| f.applies_to(options.mode)) {
-            if flow.proto == Proto::Sctp && !sctp {
-                continue;
-            }
-            let attempts = env.probe(flow).await?;
-            let judged = Judge {
-                flow,
-                node_addresses: &node_addresses,
-            }
-            .verdict(&attempts);
-            let trace = trace_flow(&agent.binary, options.mode, &place, &bpffs, flow)
-                .await
-                .map_err(|e| e.to_string());
-            let disagreement = match &trace {
-                Ok(t) => agreement(t, flow.from, flow.to, &attempts, &node_addresses).err(),
-                Err(e) => Some(e.clone()),
-            };
-            out.push(TracedFlow {
-                scenario: scenario.name.clone(),
-                index: flow.index,
-                from: flow.from,
-                to: flow.to,
-                proto: flow.proto,
-                passed: judged.pass,
-                seen: judged.text,
-                trace,
-                disagreement,
-            });
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
