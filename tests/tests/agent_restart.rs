@@ -150,7 +150,7 @@ async fn restart_and_backend_change(mode: Mode) {
         .start_agent(mode, Default::default(), true, runner)
         .await
         .unwrap();
-    assert_eq!(one_shot(&topology), format!("{FIRST}:9000"));
+    assert_eq!(one_shot(topology), format!("{FIRST}:9000"));
 
     // A long-lived connection, watched from a thread.
     let mut client = python(topology, CLIENT, STREAM_CLIENT, &[VIP, "9"])
@@ -176,7 +176,7 @@ async fn restart_and_backend_change(mode: Mode) {
     first.kill();
     let down_since = Instant::now();
     assert_eq!(
-        one_shot(&topology),
+        one_shot(topology),
         format!("{FIRST}:9000"),
         "a new connection while the agent is down"
     );
@@ -199,7 +199,7 @@ async fn restart_and_backend_change(mode: Mode) {
         })
         .await
         .unwrap();
-    assert_eq!(one_shot(&topology), format!("{SECOND}:9000"));
+    assert_eq!(one_shot(topology), format!("{SECOND}:9000"));
 
     let status = client.wait().unwrap();
     let lines: Vec<String> = rx.try_iter().collect();
