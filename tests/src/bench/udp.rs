@@ -275,7 +275,10 @@ mod tests {
     #[test]
     fn nobody_answering_is_loss_not_a_hang() {
         // Bound, then closed: nothing listens there.
-        let addr = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let addr = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let mut opts = UdpOptions::new(vec![addr], Duration::from_millis(100));
         opts.warmup = Duration::ZERO;
         let started = Instant::now();

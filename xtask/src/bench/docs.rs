@@ -303,6 +303,7 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
 
 /// `doc` with the text between the markers replaced by `section` (which carries the
 /// markers); appended when the markers are missing.
+#[cfg(test)]
 pub fn splice(doc: &str, section: &str) -> String {
     splice_between(doc, BEGIN, END, section)
 }

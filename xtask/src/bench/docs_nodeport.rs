@@ -63,9 +63,13 @@ impl<'a> View<'a> {
 
     /// Whether the attachment took (`None`: not asked for in this run).
     fn attached(&self, attach: &str) -> Option<bool> {
-        self.get(&format!("nodeport/{attach}/-"), "setup", "attached_as_asked")
-            .and_then(|r| r.value)
-            .map(|v| v > 0.5)
+        self.get(
+            &format!("nodeport/{attach}/-"),
+            "setup",
+            "attached_as_asked",
+        )
+        .and_then(|r| r.value)
+        .map(|v| v > 0.5)
     }
 
     fn ratio(&self, attach: &str, backend: &str, metric: &str) -> Option<f64> {
@@ -140,7 +144,11 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
                     fmt(direct.and_then(|r| r.value), 0),
                     fmt(nodeport.value, 0),
                     fmt(nodeport.ratio, 3),
-                    if metric == "conn_rate" { fmt(p99, 3) } else { String::new() },
+                    if metric == "conn_rate" {
+                        fmt(p99, 3)
+                    } else {
+                        String::new()
+                    },
                     loss.map_or(String::new(), |l| format!("{l:.2} %")),
                 );
             }
@@ -158,10 +166,12 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
                 .iter()
                 .flat_map(|(attach, _)| {
                     let v = &v;
-                    TRAFFIC.iter().map(move |(metric, _)| match v.attached(attach) {
-                        Some(false) => "not attached".to_string(),
-                        _ => fmt(v.ratio(attach, backend, metric), 3),
-                    })
+                    TRAFFIC
+                        .iter()
+                        .map(move |(metric, _)| match v.attached(attach) {
+                            Some(false) => "not attached".to_string(),
+                            _ => fmt(v.ratio(attach, backend, metric), 3),
+                        })
                 })
                 .collect();
             if cells.iter().all(|c| c == "–") {
@@ -210,9 +220,14 @@ mod tests {
         let rows = parse_csv(&lines.join("\n")).unwrap();
         let section = render_section(&rows, Path::new("/t/target/bench/nodeport.csv")).unwrap();
         assert!(section.starts_with(BEGIN) && section.trim_end().ends_with(END));
-        assert!(section.contains("- XDP native: the agent did not attach it"), "{section}");
         assert!(
-            section.contains("| local | UDP pkt/s | tc | 2 | 40000 | 37000 | 0.925 (0.90–0.95) |  | 0.10 % |"),
+            section.contains("- XDP native: the agent did not attach it"),
+            "{section}"
+        );
+        assert!(
+            section.contains(
+                "| local | UDP pkt/s | tc | 2 | 40000 | 37000 | 0.925 (0.90–0.95) |  | 0.10 % |"
+            ),
             "{section}"
         );
         assert!(

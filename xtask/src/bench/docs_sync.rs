@@ -67,7 +67,10 @@ impl<'a> View<'a> {
 
     fn baseline_of(&self, mode: &str, n: u32, metric: &str) -> Option<&'a Row> {
         self.rows.iter().copied().find(|r| {
-            r.mode.starts_with("raw-") && r.mode != mode && r.n == n && r.rep == "median"
+            r.mode.starts_with("raw-")
+                && r.mode != mode
+                && r.n == n
+                && r.rep == "median"
                 && r.metric == metric
         })
     }
@@ -90,7 +93,10 @@ impl<'a> View<'a> {
         self.rows
             .iter()
             .find(|r| {
-                r.mode == mode && r.n == n && r.rep == "setup" && r.metric == format!("{step}_input")
+                r.mode == mode
+                    && r.n == n
+                    && r.rep == "setup"
+                    && r.metric == format!("{step}_input")
             })
             .and_then(|r| r.value)
     }
@@ -155,7 +161,10 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
             }
         }
     }
-    let _ = writeln!(out, "\n| target (issue 5) | measured | holds |\n|---|---:|---|");
+    let _ = writeln!(
+        out,
+        "\n| target (issue 5) | measured | holds |\n|---|---:|---|"
+    );
     for (mode, n, label, ratio) in targets {
         let _ = writeln!(
             out,
@@ -205,8 +214,12 @@ mod tests {
         let tail = format!("6.1.0,Xeon x2,{run}");
         let mut lines = vec![HEADER.to_string()];
         for (rep, ratio) in [("0", "1.1000"), ("1", "1.3000")] {
-            lines.push(format!("sync,iptables,1000,{rep},full_sync_wall,110.0,ms,{ratio},{tail}"));
-            lines.push(format!("sync,raw-iptables-restore,1000,{rep},full_sync_wall,100.0,ms,1,{tail}"));
+            lines.push(format!(
+                "sync,iptables,1000,{rep},full_sync_wall,110.0,ms,{ratio},{tail}"
+            ));
+            lines.push(format!(
+                "sync,raw-iptables-restore,1000,{rep},full_sync_wall,100.0,ms,1,{tail}"
+            ));
         }
         for line in [
             "sync,iptables,1000,median,full_sync_wall,120.0,ms,1.2000",
@@ -229,9 +242,17 @@ mod tests {
             ),
             "{section}"
         );
-        assert!(section.contains("| iptables full sync (cold), N=1000: ≤ 1.2× raw restore | 1.200 | yes |"));
-        assert!(section.contains("| iptables one-service change, N=1000: ≤ 1.2× raw restore | 1.500 | **no** |"));
-        assert!(section.contains("| 2025-03-01T00:00:00Z | 6.1.0 | iptables | 1000 | 1.200 | 1.500 |"));
+        assert!(
+            section.contains(
+                "| iptables full sync (cold), N=1000: ≤ 1.2× raw restore | 1.200 | yes |"
+            )
+        );
+        assert!(section.contains(
+            "| iptables one-service change, N=1000: ≤ 1.2× raw restore | 1.500 | **no** |"
+        ));
+        assert!(
+            section.contains("| 2025-03-01T00:00:00Z | 6.1.0 | iptables | 1000 | 1.200 | 1.500 |")
+        );
         assert!(render_section(&[], Path::new("s.csv")).is_err());
     }
 }

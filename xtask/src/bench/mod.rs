@@ -279,10 +279,7 @@ fn regenerate_docs(csv: &Path, doc: &Path) -> anyhow::Result<()> {
 fn regenerate_section(
     csv: &Path,
     doc: &Path,
-    render: impl FnOnce(
-        &[docs::Row],
-        &Path,
-    ) -> anyhow::Result<(String, &'static str, &'static str)>,
+    render: impl FnOnce(&[docs::Row], &Path) -> anyhow::Result<(String, &'static str, &'static str)>,
 ) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(csv)
         .with_context(|| format!("reading {} (run the benchmark first)", csv.display()))?;

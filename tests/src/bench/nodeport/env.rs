@@ -132,7 +132,11 @@ impl XdpAttached {
     /// generic (skb), as the kernel's XDP_ATTACHED_* values).
     pub fn from_link_json(text: &str) -> XdpAttached {
         let links: Vec<Value> = serde_json::from_str(text).unwrap_or_default();
-        match links.first().and_then(|l| l.get("xdp")).and_then(|x| x.get("mode")) {
+        match links
+            .first()
+            .and_then(|l| l.get("xdp"))
+            .and_then(|x| x.get("mode"))
+        {
             None => XdpAttached::None,
             Some(mode) => match mode.as_u64() {
                 Some(1) => XdpAttached::Native,
@@ -200,8 +204,12 @@ impl NodeportEnv {
                 args.extend(["--cpu".into(), cpu.to_string()]);
             }
             let place = env.topology.client_place(IpAddr::V4(pod));
-            env.servers
-                .spawn_ready(&format!("server-{}", backend.as_str()), &place, loadgen, &args)?;
+            env.servers.spawn_ready(
+                &format!("server-{}", backend.as_str()),
+                &place,
+                loadgen,
+                &args,
+            )?;
         }
         let objects = env.objects.clone();
         env.source.apply_state(&objects)?;
@@ -215,12 +223,27 @@ impl NodeportEnv {
         let client = CLIENT_IP.to_string();
         ip_in(
             ext,
-            &["route", "replace", "192.168.0.0/24", "dev", "ext0", "src", &client],
+            &[
+                "route",
+                "replace",
+                "192.168.0.0/24",
+                "dev",
+                "ext0",
+                "src",
+                &client,
+            ],
         )?;
         ip_in(
             ext,
             &[
-                "route", "replace", "default", "via", &NODE_IP.to_string(), "dev", "ext0", "src",
+                "route",
+                "replace",
+                "default",
+                "via",
+                &NODE_IP.to_string(),
+                "dev",
+                "ext0",
+                "src",
                 &client,
             ],
         )?;
@@ -289,7 +312,10 @@ impl NodeportEnv {
     }
 
     pub fn xdp_attached(&self) -> Result<XdpAttached> {
-        let out = ip_in(&self.topology.node_ns, &["-j", "-d", "link", "show", "dev", UPLINK])?;
+        let out = ip_in(
+            &self.topology.node_ns,
+            &["-j", "-d", "link", "show", "dev", UPLINK],
+        )?;
         Ok(XdpAttached::from_link_json(&out))
     }
 
@@ -315,10 +341,13 @@ impl NodeportEnv {
     /// Runs `args` with `program` in the node's namespace (bpftool, ip).
     pub fn node_command(&self, program: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net={}", netns_path(&self.topology.node_ns).display()))
-            .arg("--")
-            .arg(program)
-            .args(args);
+        cmd.arg(format!(
+            "--net={}",
+            netns_path(&self.topology.node_ns).display()
+        ))
+        .arg("--")
+        .arg(program)
+        .args(args);
         cmd
     }
 }
@@ -346,7 +375,10 @@ mod tests {
         let generic = r#"[{"ifname":"eth0","xdp":{"mode":2,"prog":{"id":7}}}]"#;
         assert_eq!(XdpAttached::from_link_json(native), XdpAttached::Native);
         assert_eq!(XdpAttached::from_link_json(generic), XdpAttached::Generic);
-        assert_eq!(XdpAttached::from_link_json(r#"[{"ifname":"eth0"}]"#), XdpAttached::None);
+        assert_eq!(
+            XdpAttached::from_link_json(r#"[{"ifname":"eth0"}]"#),
+            XdpAttached::None
+        );
         assert!(XdpAttached::Native.matches(Attach::XdpNative));
         assert!(!XdpAttached::None.matches(Attach::XdpNative));
         assert!(XdpAttached::None.matches(Attach::Tc));

@@ -230,7 +230,10 @@ pub fn run_nodeport(opts: &NodeportOptions) -> Result<NodeportResults> {
     let env_info = Environment::detect();
     let (client_cpu, server_cpu) = opts.cpus();
     let watched: Vec<usize> = client_cpu.into_iter().chain(server_cpu).collect();
-    progress(opts, "building the namespaces (node, switch, external client, remote node, pods)");
+    progress(
+        opts,
+        "building the namespaces (node, switch, external client, remote node, pods)",
+    );
     let mut env = NodeportEnv::build(&opts.loadgen_binary, &opts.agent_binary, server_cpu)?;
     let run_id = env.topology.id.clone();
     let mut attach_states: Vec<AttachState> = Vec::new();
@@ -249,13 +252,21 @@ pub fn run_nodeport(opts: &NodeportOptions) -> Result<NodeportResults> {
             let seen = env.start_agent(attach, opts.sync_timeout)?;
             if !attach_states.iter().any(|s| s.attach == attach) {
                 let ok = seen.matches(attach);
-                let note = if ok { String::new() } else { env.agent_xdp_lines() };
+                let note = if ok {
+                    String::new()
+                } else {
+                    env.agent_xdp_lines()
+                };
                 progress(
                     opts,
                     &format!(
                         "{}: uplink shows XDP {seen:?}{}",
                         attach.as_str(),
-                        if ok { "" } else { " - not as asked, not measured" }
+                        if ok {
+                            ""
+                        } else {
+                            " - not as asked, not measured"
+                        }
                     ),
                 );
                 attach_states.push(AttachState { attach, seen, note });
@@ -294,7 +305,11 @@ pub fn run_nodeport(opts: &NodeportOptions) -> Result<NodeportResults> {
                             traffic.as_str(),
                             direct.rate,
                             nodeport.rate,
-                            if direct.rate > 0.0 { nodeport.rate / direct.rate } else { f64::NAN },
+                            if direct.rate > 0.0 {
+                                nodeport.rate / direct.rate
+                            } else {
+                                f64::NAN
+                            },
                             match &nodeport.first_error {
                                 Some(err) => format!(" [{} errors: {err}]", nodeport.errors),
                                 None => String::new(),
@@ -451,14 +466,20 @@ mod tests {
         opts.verbose = false;
         let results = run_nodeport(&opts).expect("quick nodeport bench");
         for attach in [Attach::Tc, Attach::XdpGeneric] {
-            let state = results.attach_states.iter().find(|s| s.attach == attach).unwrap();
+            let state = results
+                .attach_states
+                .iter()
+                .find(|s| s.attach == attach)
+                .unwrap();
             assert!(state.seen.matches(attach), "{state:?}");
             for backend in [Backend::Local, Backend::Remote] {
                 for traffic in [Traffic::Tcp, Traffic::Udp] {
                     let s = results
                         .samples
                         .iter()
-                        .find(|s| s.attach == attach && s.backend == backend && s.traffic == traffic)
+                        .find(|s| {
+                            s.attach == attach && s.backend == backend && s.traffic == traffic
+                        })
                         .unwrap_or_else(|| panic!("no sample {attach:?} {backend:?} {traffic:?}"));
                     assert!(s.direct.rate > 0.0, "{s:?}");
                     assert!(s.nodeport.rate > 0.0, "{s:?}");
@@ -474,6 +495,10 @@ mod tests {
             .filter(|n| n.starts_with(&format!("{}-", results.run_id)))
             .collect();
         assert!(left.is_empty(), "left behind: {left:?}");
-        assert!(!crate::scenario::topology::runs_dir().join(&results.run_id).exists());
+        assert!(
+            !crate::scenario::topology::runs_dir()
+                .join(&results.run_id)
+                .exists()
+        );
     }
 }

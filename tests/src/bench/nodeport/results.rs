@@ -17,6 +17,9 @@ use crate::bench::{
 
 pub const BENCH: &str = "nodeport";
 
+/// Reads one metric of a route's measurement.
+type MetricOf = fn(&Measured) -> Option<f64>;
+
 /// What one route of a client run measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measured {
@@ -136,7 +139,8 @@ impl NodeportResults {
                         .filter_map(|s| Some(s.nodeport.connect_p99_us? / s.direct.connect_p99_us?))
                         .filter(|r| r.is_finite())
                         .collect();
-                    let loss: Vec<f64> = of.iter().filter_map(|s| s.nodeport.loss_percent).collect();
+                    let loss: Vec<f64> =
+                        of.iter().filter_map(|s| s.nodeport.loss_percent).collect();
                     out.push(NodeportSummary {
                         attach,
                         backend,
@@ -169,7 +173,10 @@ impl NodeportResults {
             csv_field(&env.run)
         );
         let row = |mode: &str, rep: &str, metric: &str, value: f64, unit: &str, ratio: &str| {
-            format!("{BENCH},{mode},2,{rep},{metric},{},{unit},{ratio},{tail}", csv_num(value))
+            format!(
+                "{BENCH},{mode},2,{rep},{metric},{},{unit},{ratio},{tail}",
+                csv_num(value)
+            )
         };
         let mut rows = Vec::new();
         for state in &self.attach_states {
@@ -186,7 +193,7 @@ impl NodeportResults {
         for s in &self.samples {
             let rep = s.rep.to_string();
             let place = format!("{}/{}", s.attach.as_str(), s.backend.as_str());
-            let metrics: Vec<(&str, &str, fn(&Measured) -> Option<f64>)> = match s.traffic {
+            let metrics: Vec<(&str, &str, MetricOf)> = match s.traffic {
                 Traffic::Tcp => vec![
                     ("conn_rate", "conn/s", |m| Some(m.rate)),
                     ("connect_p50", "us", |m| m.connect_p50_us),
@@ -209,11 +216,25 @@ impl NodeportResults {
                     csv_num(n / d)
                 };
                 rows.push(row(&format!("direct/{place}"), &rep, metric, d, unit, "1"));
-                rows.push(row(&format!("nodeport/{place}"), &rep, metric, n, unit, &ratio));
+                rows.push(row(
+                    &format!("nodeport/{place}"),
+                    &rep,
+                    metric,
+                    n,
+                    unit,
+                    &ratio,
+                ));
             }
             if let Some(steal) = s.steal_percent {
                 let metric = format!("{}_cpu_steal", s.traffic.as_str());
-                rows.push(row(&format!("nodeport/{place}"), &rep, &metric, steal, "%", ""));
+                rows.push(row(
+                    &format!("nodeport/{place}"),
+                    &rep,
+                    &metric,
+                    steal,
+                    "%",
+                    "",
+                ));
             }
         }
         for sum in self.summary() {
@@ -222,7 +243,14 @@ impl NodeportResults {
                 Traffic::Tcp => ("conn_rate", "conn/s"),
                 Traffic::Udp => ("udp_pps", "pkt/s"),
             };
-            rows.push(row(&format!("direct/{place}"), "median", metric, sum.direct_rate, unit, "1"));
+            rows.push(row(
+                &format!("direct/{place}"),
+                "median",
+                metric,
+                sum.direct_rate,
+                unit,
+                "1",
+            ));
             rows.push(row(
                 &format!("nodeport/{place}"),
                 "median",
@@ -232,10 +260,24 @@ impl NodeportResults {
                 &csv_num(sum.rate_ratio),
             ));
             if let Some(p99) = sum.p99_ratio {
-                rows.push(row(&format!("nodeport/{place}"), "median", "connect_p99_ratio", p99, "x", ""));
+                rows.push(row(
+                    &format!("nodeport/{place}"),
+                    "median",
+                    "connect_p99_ratio",
+                    p99,
+                    "x",
+                    "",
+                ));
             }
             if let Some(loss) = sum.nodeport_loss_percent {
-                rows.push(row(&format!("nodeport/{place}"), "median", "udp_loss", loss, "%", ""));
+                rows.push(row(
+                    &format!("nodeport/{place}"),
+                    "median",
+                    "udp_loss",
+                    loss,
+                    "%",
+                    "",
+                ));
             }
         }
         rows
@@ -266,7 +308,16 @@ impl NodeportResults {
         let _ = writeln!(
             out,
             "{:<12} {:<7} {:<4} {:>5} {:>12} {:>12} {:>8} {:>15} {:>9} {:>7}",
-            "attach", "backend", "", "reps", "direct", "nodeport", "ratio", "ratio range", "p99 x", "loss %"
+            "attach",
+            "backend",
+            "",
+            "reps",
+            "direct",
+            "nodeport",
+            "ratio",
+            "ratio range",
+            "p99 x",
+            "loss %"
         );
         for s in self.summary() {
             let _ = writeln!(
@@ -282,7 +333,8 @@ impl NodeportResults {
                 s.rate_ratio_min,
                 s.rate_ratio_max,
                 s.p99_ratio.map_or("-".into(), |r| format!("{r:.3}")),
-                s.nodeport_loss_percent.map_or("-".into(), |l| format!("{l:.2}")),
+                s.nodeport_loss_percent
+                    .map_or("-".into(), |l| format!("{l:.2}")),
             );
             if s.nodeport_errors > 0 {
                 let _ = writeln!(
@@ -355,10 +407,34 @@ mod tests {
                 },
             ],
             samples: vec![
-                sample(Attach::Tc, Traffic::Tcp, 0, tcp(1000.0, 40.0), tcp(900.0, 60.0)),
-                sample(Attach::Tc, Traffic::Tcp, 1, tcp(1000.0, 40.0), tcp(800.0, 40.0)),
-                sample(Attach::Tc, Traffic::Tcp, 2, tcp(2000.0, 40.0), tcp(1900.0, 80.0)),
-                sample(Attach::Tc, Traffic::Udp, 0, udp(10000.0, 0.0), udp(9000.0, 1.0)),
+                sample(
+                    Attach::Tc,
+                    Traffic::Tcp,
+                    0,
+                    tcp(1000.0, 40.0),
+                    tcp(900.0, 60.0),
+                ),
+                sample(
+                    Attach::Tc,
+                    Traffic::Tcp,
+                    1,
+                    tcp(1000.0, 40.0),
+                    tcp(800.0, 40.0),
+                ),
+                sample(
+                    Attach::Tc,
+                    Traffic::Tcp,
+                    2,
+                    tcp(2000.0, 40.0),
+                    tcp(1900.0, 80.0),
+                ),
+                sample(
+                    Attach::Tc,
+                    Traffic::Udp,
+                    0,
+                    udp(10000.0, 0.0),
+                    udp(9000.0, 1.0),
+                ),
             ],
         }
     }
@@ -382,16 +458,31 @@ mod tests {
     fn csv_rows_name_route_attachment_and_backend() {
         let r = results();
         let rows = r.csv_rows();
-        assert!(rows[0].starts_with("nodeport,nodeport/tc/-,2,setup,attached_as_asked,1.0000,bool,,"));
-        assert!(rows[1].starts_with("nodeport,nodeport/xdp-native/-,2,setup,attached_as_asked,0.0000,"));
+        assert!(
+            rows[0].starts_with("nodeport,nodeport/tc/-,2,setup,attached_as_asked,1.0000,bool,,")
+        );
+        assert!(
+            rows[1].starts_with("nodeport,nodeport/xdp-native/-,2,setup,attached_as_asked,0.0000,")
+        );
         assert!(rows.contains(
             &"nodeport,nodeport/tc/local,2,0,conn_rate,900.0000,conn/s,0.9000,6.1.0,Some CPU x2,2025-01-02T03:04:05Z".to_string()
         ));
-        assert!(rows.iter().any(|r| r.starts_with("nodeport,direct/tc/local,2,0,udp_pps,10000.0000,pkt/s,1,")));
-        assert!(rows.iter().any(|r| r.starts_with("nodeport,nodeport/tc/local,2,median,conn_rate,900.0000,conn/s,0.9000,")));
+        assert!(
+            rows.iter()
+                .any(|r| r.starts_with("nodeport,direct/tc/local,2,0,udp_pps,10000.0000,pkt/s,1,"))
+        );
+        assert!(rows.iter().any(|r| {
+            r.starts_with("nodeport,nodeport/tc/local,2,median,conn_rate,900.0000,conn/s,0.9000,")
+        }));
         let columns = crate::bench::results::CSV_HEADER.split(',').count();
-        assert!(rows.iter().all(|r| r.split(',').count() == columns), "{rows:#?}");
+        assert!(
+            rows.iter().all(|r| r.split(',').count() == columns),
+            "{rows:#?}"
+        );
         let table = r.table();
-        assert!(table.contains("xdp-native: not attached as asked"), "{table}");
+        assert!(
+            table.contains("xdp-native: not attached as asked"),
+            "{table}"
+        );
     }
 }

@@ -230,7 +230,9 @@ pub fn run_sync(opts: &SyncOptions) -> Result<SyncResults> {
         ));
     }
     if opts.reps == 0 || opts.service_counts.is_empty() {
-        return Err(Error::Setup("need at least one rep and one service count".into()));
+        return Err(Error::Setup(
+            "need at least one rep and one service count".into(),
+        ));
     }
     for line in net::cleanup_stale()? {
         progress(opts, &format!("removed stale {line}"));
@@ -272,16 +274,20 @@ pub fn run_sync(opts: &SyncOptions) -> Result<SyncResults> {
             let raw_path = netns::netns_path(&pair.raw);
             let mut twin = proxier_over(Box::new(RecordingBackend), options);
             let mut proxier = proxier_over(
-                Box::new(CommandBackend::detect().map_err(|err| {
-                    Error::Setup(format!("iptables is not usable: {err}"))
-                })?),
+                Box::new(
+                    CommandBackend::detect()
+                        .map_err(|err| Error::Setup(format!("iptables is not usable: {err}")))?,
+                ),
                 options,
             );
 
             // Cold full sync.
             twin.sync(&world.request(true, &none, &stale))
                 .map_err(|err| Error::Setup(format!("generating the rules: {err}")))?;
-            let text = twin.last_restore_input(IpFamily::V4).unwrap_or("").to_string();
+            let text = twin
+                .last_restore_input(IpFamily::V4)
+                .unwrap_or("")
+                .to_string();
             let full = paired(
                 rep % 2 == 1,
                 || {
@@ -325,7 +331,10 @@ pub fn run_sync(opts: &SyncOptions) -> Result<SyncResults> {
                 let changed = world.toggle_one_endpoint(index);
                 twin.sync(&world.request(false, &changed, &stale))
                     .map_err(|err| Error::Setup(format!("generating the rules: {err}")))?;
-                let text = twin.last_restore_input(IpFamily::V4).unwrap_or("").to_string();
+                let text = twin
+                    .last_restore_input(IpFamily::V4)
+                    .unwrap_or("")
+                    .to_string();
                 let partial = paired(
                     (rep + k) % 2 == 0,
                     || {
@@ -402,7 +411,12 @@ mod tests {
     #[test]
     fn modes_parse_and_name_their_baseline() {
         assert_eq!("iptables".parse::<SyncMode>(), Ok(SyncMode::Iptables));
-        assert!("ebpf".parse::<SyncMode>().unwrap_err().contains("not measure"));
+        assert!(
+            "ebpf"
+                .parse::<SyncMode>()
+                .unwrap_err()
+                .contains("not measure")
+        );
         assert!("bogus".parse::<SyncMode>().is_err());
         assert_eq!(SyncMode::Iptables.baseline(), "raw-iptables-restore");
     }

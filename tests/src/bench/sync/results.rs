@@ -151,9 +151,13 @@ impl SyncResults {
         );
         let ours = self.mode.as_str();
         let base = self.mode.baseline();
-        let row = |mode: &str, n: u32, rep: &str, metric: &str, value: f64, unit: &str, ratio: &str| {
-            format!("{BENCH},{mode},{n},{rep},{metric},{},{unit},{ratio},{tail}", csv_num(value))
-        };
+        let row =
+            |mode: &str, n: u32, rep: &str, metric: &str, value: f64, unit: &str, ratio: &str| {
+                format!(
+                    "{BENCH},{mode},{n},{rep},{metric},{},{unit},{ratio},{tail}",
+                    csv_num(value)
+                )
+            };
         let mut rows = Vec::new();
         for s in &self.samples {
             let rep = s.rep_label();
@@ -165,7 +169,11 @@ impl SyncResults {
             ] {
                 let name = format!("{kind}_{metric}");
                 let (o, r) = (get(&s.ours), get(&s.raw));
-                let ratio = if r > 0.0 { csv_num(o / r) } else { String::new() };
+                let ratio = if r > 0.0 {
+                    csv_num(o / r)
+                } else {
+                    String::new()
+                };
                 rows.push(row(ours, s.services, &rep, &name, o, "ms", &ratio));
                 rows.push(row(base, s.services, &rep, &name, r, "ms", "1"));
             }
@@ -173,10 +181,42 @@ impl SyncResults {
         for sum in self.summary() {
             let n = sum.services;
             let kind = sum.kind;
-            rows.push(row(ours, n, "median", &format!("{kind}_wall"), sum.ours_wall_ms, "ms", &csv_num(sum.wall_ratio)));
-            rows.push(row(base, n, "median", &format!("{kind}_wall"), sum.raw_wall_ms, "ms", "1"));
-            rows.push(row(ours, n, "median", &format!("{kind}_cpu"), sum.ours_cpu_ms, "ms", &csv_num(sum.cpu_ratio)));
-            rows.push(row(base, n, "median", &format!("{kind}_cpu"), sum.raw_cpu_ms, "ms", "1"));
+            rows.push(row(
+                ours,
+                n,
+                "median",
+                &format!("{kind}_wall"),
+                sum.ours_wall_ms,
+                "ms",
+                &csv_num(sum.wall_ratio),
+            ));
+            rows.push(row(
+                base,
+                n,
+                "median",
+                &format!("{kind}_wall"),
+                sum.raw_wall_ms,
+                "ms",
+                "1",
+            ));
+            rows.push(row(
+                ours,
+                n,
+                "median",
+                &format!("{kind}_cpu"),
+                sum.ours_cpu_ms,
+                "ms",
+                &csv_num(sum.cpu_ratio),
+            ));
+            rows.push(row(
+                base,
+                n,
+                "median",
+                &format!("{kind}_cpu"),
+                sum.raw_cpu_ms,
+                "ms",
+                "1",
+            ));
         }
         for (n, step, bytes) in &self.input_bytes {
             rows.push(row(
@@ -212,7 +252,15 @@ impl SyncResults {
         let _ = writeln!(
             out,
             "{:>8}  {:<13} {:>7} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9}",
-            "services", "step", "samples", "ours ms", "raw ms", "ours cpu", "raw cpu", "wall x", "cpu x"
+            "services",
+            "step",
+            "samples",
+            "ours ms",
+            "raw ms",
+            "ours cpu",
+            "raw cpu",
+            "wall x",
+            "cpu x"
         );
         for s in self.summary() {
             let _ = writeln!(
@@ -229,7 +277,10 @@ impl SyncResults {
                 s.cpu_ratio
             );
         }
-        let _ = writeln!(out, "ratios measured in this run (medians of paired samples):");
+        let _ = writeln!(
+            out,
+            "ratios measured in this run (medians of paired samples):"
+        );
         for line in self.verdicts() {
             let _ = writeln!(out, "  {line}");
         }
@@ -314,7 +365,10 @@ mod tests {
         assert_eq!((s[1].kind, s[1].samples), ("partial_sync", 2));
         assert!((s[1].wall_ratio - 1.25).abs() < 1e-9);
         let v = results().verdicts();
-        assert!(v[0].starts_with("full_sync(N=1000) / raw restore = 1.300"), "{v:?}");
+        assert!(
+            v[0].starts_with("full_sync(N=1000) / raw restore = 1.300"),
+            "{v:?}"
+        );
         assert!(v[0].ends_with("does NOT hold"));
         assert!(v[1].ends_with("does NOT hold"));
     }
@@ -329,10 +383,20 @@ mod tests {
             rows[0],
             "sync,iptables,1000,0,full_sync_wall,110.0000,ms,1.1000,6.1.0,Some CPU x2,2025-01-02T03:04:05Z"
         );
-        assert!(rows[1].starts_with("sync,raw-iptables-restore,1000,0,full_sync_wall,100.0000,ms,1,"));
-        assert!(rows.iter().any(|r| r.starts_with("sync,iptables,1000,0.0,partial_sync_wall,30.0000,ms,1.5000,")));
-        assert!(rows.iter().any(|r| r.starts_with("sync,iptables,1000,median,full_sync_wall,130.0000,ms,1.3000,")));
-        assert!(rows.iter().any(|r| r.starts_with("sync,iptables,1000,setup,full_sync_input,123456.0000,bytes,,")));
+        assert!(
+            rows[1].starts_with("sync,raw-iptables-restore,1000,0,full_sync_wall,100.0000,ms,1,")
+        );
+        assert!(
+            rows.iter()
+                .any(|r| r
+                    .starts_with("sync,iptables,1000,0.0,partial_sync_wall,30.0000,ms,1.5000,"))
+        );
+        assert!(rows.iter().any(|r| {
+            r.starts_with("sync,iptables,1000,median,full_sync_wall,130.0000,ms,1.3000,")
+        }));
+        assert!(rows.iter().any(|r| {
+            r.starts_with("sync,iptables,1000,setup,full_sync_input,123456.0000,bytes,,")
+        }));
         let columns = crate::bench::results::CSV_HEADER.split(',').count();
         assert!(rows.iter().all(|r| r.split(',').count() == columns));
         assert!(r.table().contains("full_sync"));
