@@ -100,6 +100,21 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
          client run's NodePort value over its direct value (the two routes alternated in that run).\n",
         first.kernel, first.cpu
     );
+    let mut steal: Vec<f64> = view
+        .rows
+        .iter()
+        .filter(|r| r.metric.ends_with("_cpu_steal"))
+        .filter_map(|r| r.value)
+        .collect();
+    steal.sort_by(f64::total_cmp);
+    if let (Some(mid), Some(worst)) = (steal.get(steal.len() / 2), steal.last()) {
+        let _ = writeln!(
+            out,
+            "CPU time taken by the hypervisor (steal) on the client's and servers' CPUs during the
+             client runs: median {mid:.1} %, worst {worst:.1} %.
+"
+        );
+    }
     for (attach, label) in ATTACHES {
         if view.attached(attach) == Some(false) {
             let _ = writeln!(
@@ -214,6 +229,8 @@ mod tests {
             "nodeport,direct/tc/local,2,median,conn_rate,3000.0,conn/s,1",
             "nodeport,nodeport/tc/local,2,median,conn_rate,2700.0,conn/s,0.9000",
             "nodeport,nodeport/tc/local,2,median,connect_p99_ratio,1.2,x,",
+            "nodeport,nodeport/tc/local,2,0,udp_cpu_steal,0.5,%,",
+            "nodeport,nodeport/tc/local,2,1,udp_cpu_steal,2.5,%,",
         ] {
             lines.push(format!("{line},{tail}"));
         }

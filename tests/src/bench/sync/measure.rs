@@ -99,7 +99,10 @@ mod tests {
         // However busy the machine, the spinning thread got some CPU, and never more
         // than the time that passed (one thread, one CPU at a time).
         assert!(busy.cpu_self > Duration::ZERO, "{busy:?}");
-        assert!(busy.cpu_self <= busy.wall + Duration::from_millis(10), "{busy:?}");
+        assert!(
+            busy.cpu_self <= busy.wall + Duration::from_millis(10),
+            "{busy:?}"
+        );
         let ((), child) = measure(|| {
             let status = std::process::Command::new("sh")
                 .args(["-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"])
