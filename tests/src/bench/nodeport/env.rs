@@ -17,7 +17,6 @@
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
-    process::Command,
     time::{Duration, SystemTime},
 };
 
@@ -27,7 +26,7 @@ use crate::scenario::{
     Scenario,
     cluster::{ClusterSource, DirSource},
     format::{Change as StageChange, RawScenario},
-    netns::{Place, ip_in, netns_path, sysctl_in},
+    netns::{Place, ip_in, sysctl_in},
     objects::with_node,
     placement::Placement,
     readiness::Change,
@@ -336,19 +335,6 @@ impl NodeportEnv {
         if let Some(mut agent) = self.agent.take() {
             agent.stop();
         }
-    }
-
-    /// Runs `args` with `program` in the node's namespace (bpftool, ip).
-    pub fn node_command(&self, program: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!(
-            "--net={}",
-            netns_path(&self.topology.node_ns).display()
-        ))
-        .arg("--")
-        .arg(program)
-        .args(args);
-        cmd
     }
 }
 
