@@ -110,9 +110,8 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
     if let (Some(mid), Some(worst)) = (steal.get(steal.len() / 2), steal.last()) {
         let _ = writeln!(
             out,
-            "CPU time taken by the hypervisor (steal) on the client's and servers' CPUs during the
-             client runs: median {mid:.1} %, worst {worst:.1} %.
-"
+            "CPU time taken by the hypervisor (steal) on the client's and servers' CPUs during the\n\
+             client runs: median {mid:.1} %, worst {worst:.1} %.\n"
         );
     }
     for (attach, label) in ATTACHES {
