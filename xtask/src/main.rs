@@ -35,7 +35,7 @@ enum Task {
     },
     /// The README's test command: setup when needed, build everything, run every test.
     Test(test::TestArgs),
-    /// Benchmarks (root): `bench clusterip [--quick]`.
+    /// Benchmarks (root): `bench clusterip|nodeport|sync [--quick]`.
     Bench(bench::BenchArgs),
     /// The README's first command: setup when needed, build, then the agent in ebpf mode on
     /// a sandbox node (network namespaces and a cgroup of its own) with a few pods, requests

@@ -57,14 +57,33 @@ impl BenchAgent {
         manifests: &Path,
         bpffs_root: &Path,
     ) -> Result<Self> {
+        Self::start_with(
+            binary,
+            node,
+            run_dir,
+            manifests,
+            bpffs_root,
+            &config_fragment(),
+        )
+    }
+
+    /// [`start`](Self::start) with `fragment` as the configuration's settings (merged
+    /// under the ones the benchmark sets: mode, node name, bind addresses, pins, cgroup).
+    pub fn start_with(
+        binary: &Path,
+        node: Place,
+        run_dir: &Path,
+        manifests: &Path,
+        bpffs_root: &Path,
+        fragment: &Map<String, Value>,
+    ) -> Result<Self> {
         let cgroup = node
             .cgroup
             .clone()
             .ok_or_else(|| Error::Setup("the node has no cgroup".into()))?;
-        let fragment = config_fragment();
         let connection = AgentConnection::SourceDir(manifests.to_path_buf());
         let config = render_config(&ConfigInputs {
-            fragment: &fragment,
+            fragment,
             mode: Mode::Ebpf,
             node_name: NODE_NAME,
             connection: &connection,

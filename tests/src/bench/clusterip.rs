@@ -8,10 +8,8 @@
 
 use std::{
     fs,
-    io::Read as _,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::Stdio,
     thread,
     time::{Duration, Instant, SystemTime},
 };
@@ -20,7 +18,7 @@ use crate::scenario::readiness::Change;
 
 use super::{
     agent::BenchAgent,
-    cpustat,
+    client::run_json,
     error::{Error, Result},
     load::{ClientReport, allowed_cpus},
     manifests::{self, BACKEND_PORT, SERVICE_IP, SERVICE_PORT},
@@ -399,58 +397,15 @@ impl Runner<'_> {
         if let Some(cpu) = self.client_cpu {
             args.extend(["--cpu".into(), cpu.to_string()]);
         }
-        let cpu_before = cpustat::read(&self.watched_cpus);
-        let mut child = self
-            .net
-            .client_place()
-            .command(&self.opts.loadgen_binary, &args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(Error::io("starting the client"))?;
         let routes = u32::try_from(order.len()).unwrap_or(u32::MAX);
-        let deadline =
-            Instant::now() + routes * limits.duration + limits.warmup + Duration::from_secs(20);
-        let status = loop {
-            if let Some(status) = child
-                .try_wait()
-                .map_err(Error::io("waiting for the client"))?
-            {
-                break status;
-            }
-            if let Err(err) = signals::check() {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(err);
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(Error::Load("the client did not finish in time".into()));
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
-        let steal = match (cpu_before, cpustat::read(&self.watched_cpus)) {
-            (Some(before), Some(after)) => cpustat::steal_percent(before, after),
-            _ => None,
-        };
-        let mut stdout = String::new();
-        let mut stderr = String::new();
-        if let Some(mut out) = child.stdout.take() {
-            let _ = out.read_to_string(&mut stdout);
-        }
-        if let Some(mut err) = child.stderr.take() {
-            let _ = err.read_to_string(&mut stderr);
-        }
-        signals::check()?;
-        if !status.success() {
-            return Err(Error::Load(format!(
-                "the client failed ({status}): {}",
-                stderr.trim()
-            )));
-        }
-        let reports: Vec<ClientReport> = serde_json::from_str(stdout.trim())?;
+        let limit = routes * limits.duration + limits.warmup + Duration::from_secs(20);
+        let (reports, steal): (Vec<ClientReport>, _) = run_json(
+            &self.net.client_place(),
+            &self.opts.loadgen_binary,
+            &args,
+            limit,
+            &self.watched_cpus,
+        )?;
         if reports.len() != order.len() {
             return Err(Error::Load(format!(
                 "the client reported {} targets, not {}",

@@ -98,6 +98,9 @@ fn one_connection(target: &SockAddr, io_timeout: Duration, byte: u8) -> io::Resu
         Domain::IPV4
     };
     let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    // A blocking connect() gives up after the send timeout (Linux): a path that drops SYNs
+    // costs `io_timeout` per attempt, not the kernel's two minutes of retransmissions.
+    socket.set_write_timeout(Some(io_timeout))?;
     let started = Instant::now();
     socket.connect(target)?;
     let connect_time = started.elapsed();

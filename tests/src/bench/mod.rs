@@ -8,10 +8,20 @@
 //! orchestration ([`clusterip`]) needs root and a release build of the agent with its eBPF
 //! object (`cargo xtask bench clusterip` builds both).
 //!
+//! `nodeport`: UDP packets per second and TCP connection rate from an external client
+//! through a NodePort (tc, XDP generic, XDP native on the uplink) against the same client
+//! reaching the backend directly, for a local and a remote backend; built on the scenario
+//! runner's topology ([`udp`] is its UDP load).
+//!
+//! `sync`: how long a proxier takes to program N services (a cold full sync) and to apply
+//! a one-service change, against the raw tool that puts the same rules in the kernel
+//! (iptables mode: `iptables-restore` of the same text), in fresh network namespaces.
+//!
 //! Pure parts (statistics, manifests, results, CSV, the bpftool parser, names) are
 //! unit-tested without privileges; [`net`], [`agent`] and [`clusterip`] need root.
 
 pub mod agent;
+pub mod client;
 pub mod clusterip;
 pub mod cpustat;
 pub mod error;
@@ -19,9 +29,12 @@ pub mod load;
 pub mod manifests;
 pub mod maps;
 pub mod net;
+pub mod nodeport;
 pub mod results;
 pub mod signals;
 pub mod stats;
+pub mod sync;
+pub mod udp;
 
 pub use self::{
     clusterip::{BenchOptions, run_clusterip},

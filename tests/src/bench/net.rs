@@ -126,6 +126,83 @@ struct Managed {
     child: Child,
 }
 
+/// Long-running helpers (servers) of a run, each started in its place and waited for
+/// until it prints `READY`; killed (and reaped) on [`kill_all`](Self::kill_all) or drop.
+#[derive(Debug)]
+pub struct Processes {
+    /// Where their stderr logs go.
+    log_dir: PathBuf,
+    list: Vec<Managed>,
+}
+
+impl Processes {
+    pub fn new(log_dir: &Path) -> Self {
+        Processes {
+            log_dir: log_dir.to_path_buf(),
+            list: Vec::new(),
+        }
+    }
+
+    /// Starts `exe args` in `place` and waits (10 s at most) for its `READY` line.
+    pub fn spawn_ready(
+        &mut self,
+        name: &str,
+        place: &Place,
+        exe: &Path,
+        args: &[String],
+    ) -> Result<()> {
+        let log = self.log_dir.join(format!("{name}.log"));
+        let stderr =
+            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
+        let mut child = place
+            .command(exe, args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .map_err(Error::io(format!("starting {name}")))?;
+        let stdout = child.stdout.take();
+        self.list.push(Managed {
+            name: name.to_string(),
+            child,
+        });
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let mut line = String::new();
+            if let Some(out) = stdout {
+                let _ = BufReader::new(out).read_line(&mut line);
+            }
+            let _ = tx.send(line);
+        });
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) if line.trim() == "READY" => Ok(()),
+            other => Err(Error::Setup(format!(
+                "{name} did not start ({}): {}",
+                if other.is_ok() { "exited" } else { "timed out" },
+                fs::read_to_string(&log).unwrap_or_default().trim()
+            ))),
+        }
+    }
+
+    /// Kills and reaps every process; safe to call twice.
+    pub fn kill_all(&mut self) {
+        for managed in &mut self.list {
+            let _ = managed.child.kill();
+        }
+        for mut managed in self.list.drain(..) {
+            if let Err(err) = managed.child.wait() {
+                eprintln!("cleanup: waiting for {}: {err}", managed.name);
+            }
+        }
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
 /// The namespaces, cgroup and run directory of one benchmark run; removed on drop.
 #[derive(Debug)]
 pub struct BenchNet {
@@ -137,7 +214,7 @@ pub struct BenchNet {
     pub run_dir: PathBuf,
     namespaces: Vec<String>,
     cgroup_created: bool,
-    processes: Vec<Managed>,
+    processes: Processes,
     cleaned: bool,
 }
 
@@ -146,6 +223,7 @@ impl BenchNet {
     pub fn build(id: &str) -> Result<Self> {
         let cgroup = netns::cgroup2_root()?.join(format!("{id}-node"));
         let run_dir = runs_dir().join(id);
+        let processes = Processes::new(&run_dir);
         let mut net = BenchNet {
             id: id.to_string(),
             node_ns: format!("{id}-node"),
@@ -155,7 +233,7 @@ impl BenchNet {
             run_dir,
             namespaces: Vec::new(),
             cgroup_created: false,
-            processes: Vec::new(),
+            processes,
             cleaned: false,
         };
         fs::create_dir_all(&net.run_dir)
@@ -275,37 +353,7 @@ impl BenchNet {
         exe: &Path,
         args: &[String],
     ) -> Result<()> {
-        let log = self.run_dir.join(format!("{name}.log"));
-        let stderr =
-            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
-        let mut child = place
-            .command(exe, args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .map_err(Error::io(format!("starting {name}")))?;
-        let stdout = child.stdout.take();
-        self.processes.push(Managed {
-            name: name.to_string(),
-            child,
-        });
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            let mut line = String::new();
-            if let Some(out) = stdout {
-                let _ = BufReader::new(out).read_line(&mut line);
-            }
-            let _ = tx.send(line);
-        });
-        match rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(line) if line.trim() == "READY" => Ok(()),
-            other => Err(Error::Setup(format!(
-                "{name} did not start ({}): {}",
-                if other.is_ok() { "exited" } else { "timed out" },
-                fs::read_to_string(&log).unwrap_or_default().trim()
-            ))),
-        }
+        self.processes.spawn_ready(name, place, exe, args)
     }
 
     /// Removes everything; safe to call twice. Errors are printed, not returned: this runs
@@ -315,14 +363,7 @@ impl BenchNet {
             return;
         }
         self.cleaned = true;
-        for managed in &mut self.processes {
-            let _ = managed.child.kill();
-        }
-        for managed in &mut self.processes {
-            if let Err(err) = managed.child.wait() {
-                eprintln!("cleanup: waiting for {}: {err}", managed.name);
-            }
-        }
+        self.processes.kill_all();
         if self.cgroup_created
             && let Err(err) = netns::remove_cgroup(&self.cgroup)
         {

@@ -310,16 +310,42 @@ pub struct BenchResults {
 }
 
 /// A CSV field without the separators.
-fn field(text: &str) -> String {
+pub fn csv_field(text: &str) -> String {
     text.replace([',', '\n', '\r'], ";")
 }
 
-fn num(value: f64) -> String {
+/// A CSV number (empty when not finite).
+pub fn csv_num(value: f64) -> String {
     if value.is_finite() {
         format!("{value:.4}")
     } else {
         String::new()
     }
+}
+
+/// Appends `rows` to the CSV at `path`, writing the header first when the file is new.
+/// Every benchmark writes the same columns ([`CSV_HEADER`]).
+pub fn append_csv_rows(path: &Path, rows: &[String]) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    }
+    let fresh = fs::metadata(path).map_or(true, |m| m.len() == 0);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(Error::io(format!("opening {}", path.display())))?;
+    let mut text = String::new();
+    if fresh {
+        text.push_str(CSV_HEADER);
+        text.push('\n');
+    }
+    for row in rows {
+        text.push_str(row);
+        text.push('\n');
+    }
+    file.write_all(text.as_bytes())
+        .map_err(Error::io(format!("writing {}", path.display())))
 }
 
 impl BenchResults {
@@ -329,15 +355,15 @@ impl BenchResults {
         let env = &self.env;
         let tail = format!(
             "{},{},{}",
-            field(&env.kernel),
-            field(&env.cpu),
-            field(&env.run)
+            csv_field(&env.kernel),
+            csv_field(&env.cpu),
+            csv_field(&env.run)
         );
         let row =
             |mode: &str, n: u32, rep: &str, metric: &str, value: f64, unit: &str, ratio: &str| {
                 format!(
                     "{BENCH},{mode},{n},{rep},{metric},{},{unit},{ratio},{tail}",
-                    num(value)
+                    csv_num(value)
                 )
             };
         let mut rows = Vec::new();
@@ -361,7 +387,7 @@ impl BenchResults {
                 let ratio = match (s.route, partner) {
                     (Route::Direct, _) => "1".to_string(),
                     (Route::ClusterIp, Some(d)) if metric.of(&d.report) > 0.0 => {
-                        num(metric.of(&s.report) / metric.of(&d.report))
+                        csv_num(metric.of(&s.report) / metric.of(&d.report))
                     }
                     _ => String::new(),
                 };
@@ -415,7 +441,7 @@ impl BenchResults {
                     metric.name(),
                     m.clusterip,
                     metric.unit(),
-                    &num(m.ratio),
+                    &csv_num(m.ratio),
                 ));
             }
         }
@@ -433,26 +459,7 @@ impl BenchResults {
 
     /// Appends the rows to `path`, writing the header first when the file is new.
     pub fn append_csv(&self, path: &Path) -> Result<()> {
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
-        }
-        let fresh = fs::metadata(path).map_or(true, |m| m.len() == 0);
-        let mut file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(Error::io(format!("opening {}", path.display())))?;
-        let mut text = String::new();
-        if fresh {
-            text.push_str(CSV_HEADER);
-            text.push('\n');
-        }
-        for row in self.csv_rows() {
-            text.push_str(&row);
-            text.push('\n');
-        }
-        file.write_all(text.as_bytes())
-            .map_err(Error::io(format!("writing {}", path.display())))
+        append_csv_rows(path, &self.csv_rows())
     }
 
     /// The human-readable report.

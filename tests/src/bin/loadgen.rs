@@ -1,18 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `loadgen`: the benchmark load generator (`serve`, `client`) and the ClusterIP
-//! benchmark that runs them in network namespaces (`bench-clusterip`, root only).
+//! `loadgen`: the benchmark load generator (`serve`, `client`, `udp-client`) and the
+//! benchmarks that run them in network namespaces (`bench-clusterip`, `bench-nodeport`,
+//! `bench-sync`; root only).
 //!
 //! ```text
 //! loadgen serve --listen 10.244.1.2:8080 [--cpu 1]        # prints READY, answers forever
 //! loadgen client --target 10.244.1.2:8080 --target 10.96.0.10:80 --seconds 3 [--cpu 0]
 //! sudo loadgen bench-clusterip [--quick] [--csv FILE]     # see `cargo xtask bench clusterip`
+//! loadgen udp-client --target 10.180.0.1:8080 --target 192.168.0.2:30081 --seconds 2
+//! sudo loadgen bench-nodeport [--quick] [--csv FILE]     # see `cargo xtask bench nodeport`
+//! sudo loadgen bench-sync --mode iptables [--quick]     # see `cargo xtask bench sync`
 //! sudo loadgen cleanup-stale                              # after a run was SIGKILLed
 //! ```
 #![forbid(unsafe_code)]
 
 use std::{
     io::Write as _,
-    net::{SocketAddr, TcpListener},
+    net::{SocketAddr, TcpListener, UdpSocket},
     path::PathBuf,
     process::ExitCode,
     time::Duration,
@@ -23,7 +27,10 @@ use clap::{Parser, Subcommand};
 use tests::bench::{
     BenchOptions, Error,
     load::{ClientOptions, pin_to_cpu, run_client, serve},
-    net, run_clusterip, signals,
+    nodeport::{self, Attach, Backend, NodeportOptions, run_nodeport},
+    run_clusterip, signals,
+    sync::{SyncMode, SyncOptions, run_sync},
+    udp::{UdpOptions, run_udp_client, serve_udp},
 };
 
 #[derive(Parser)]
@@ -39,7 +46,30 @@ enum Command {
     Serve {
         #[arg(long)]
         listen: SocketAddr,
+        /// Also echo UDP datagrams on the same address (a second thread).
+        #[arg(long)]
+        udp: bool,
         /// Pin to this CPU.
+        #[arg(long)]
+        cpu: Option<usize>,
+    },
+    /// Keep a window of small datagrams in flight to each target (alternating slices) and
+    /// print answered datagrams per second and loss per target as one JSON array.
+    UdpClient {
+        #[arg(long = "target", required = true)]
+        targets: Vec<SocketAddr>,
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 100)]
+        slice_ms: u64,
+        #[arg(long, default_value_t = 300)]
+        warmup_ms: u64,
+        /// Datagrams in flight per target.
+        #[arg(long, default_value_t = 16)]
+        window: u32,
+        /// Payload bytes per datagram.
+        #[arg(long, default_value_t = 18)]
+        payload: usize,
         #[arg(long)]
         cpu: Option<usize>,
     },
@@ -90,6 +120,62 @@ enum Command {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
+    /// The NodePort benchmark (root): an external client through a NodePort (tc, XDP
+    /// generic, XDP native) against the same client straight to the backend, UDP and TCP,
+    /// local and remote backend.
+    BenchNodeport {
+        /// The agent binary (default: proxy-agent beside this binary).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// 1 rep of 0.5 s, tc and XDP generic: proves the bench works, not the speed.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        reps: Option<u32>,
+        /// Seconds per route and client run.
+        #[arg(long)]
+        seconds: Option<f64>,
+        /// Attachments, comma-separated (default tc,xdp-generic,xdp-native).
+        #[arg(long, value_delimiter = ',')]
+        attach: Vec<Attach>,
+        /// Backends, comma-separated (default local,remote).
+        #[arg(long, value_delimiter = ',')]
+        backends: Vec<Backend>,
+        /// UDP datagrams in flight.
+        #[arg(long)]
+        window: Option<u32>,
+        #[arg(long)]
+        client_cpu: Option<usize>,
+        #[arg(long)]
+        server_cpu: Option<usize>,
+        /// Append the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// The sync benchmark (root): full and one-service-change sync time of a proxier
+    /// against the raw restore of the same rules, in fresh network namespaces.
+    BenchSync {
+        /// The proxier measured (iptables).
+        #[arg(long, default_value = "iptables")]
+        mode: SyncMode,
+        /// 1 rep at 1,000 services with 2 changes: proves the bench works, not the speed.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        reps: Option<u32>,
+        /// Service counts, comma-separated (default 1000,10000; quick: 1000).
+        #[arg(long, value_delimiter = ',')]
+        services: Vec<u32>,
+        /// Endpoints per service (default 4).
+        #[arg(long)]
+        endpoints: Option<u8>,
+        /// One-service changes per rep (default 5).
+        #[arg(long)]
+        changes: Option<u32>,
+        /// Append the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
     /// Remove namespaces, cgroups, pins and files of benchmark runs whose process died.
     CleanupStale,
 }
@@ -106,12 +192,17 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Serve { listen, cpu } => {
+        Command::Serve { listen, udp, cpu } => {
             if let Some(cpu) = cpu {
                 pin_to_cpu(cpu)?;
             }
             let listener =
                 TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
+            if udp {
+                let socket =
+                    UdpSocket::bind(listen).with_context(|| format!("binding {listen}/udp"))?;
+                std::thread::spawn(move || serve_udp(&socket));
+            }
             println!("READY");
             std::io::stdout().flush()?;
             serve(&listener, Duration::from_secs(2)).context("serving")?;
@@ -197,8 +288,144 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::UdpClient {
+            targets,
+            seconds,
+            slice_ms,
+            warmup_ms,
+            window,
+            payload,
+            cpu,
+        } => {
+            if let Some(cpu) = cpu {
+                pin_to_cpu(cpu)?;
+            }
+            let mut opts = UdpOptions::new(
+                targets,
+                Duration::try_from_secs_f64(seconds).context("--seconds")?,
+            );
+            opts.slice = Duration::from_millis(slice_ms);
+            opts.warmup = Duration::from_millis(warmup_ms);
+            opts.window = window;
+            opts.payload = payload;
+            let reports = run_udp_client(&opts).context("UDP client")?;
+            println!("{}", serde_json::to_string(&reports)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchNodeport {
+            agent,
+            quick,
+            reps,
+            seconds,
+            attach,
+            backends,
+            window,
+            client_cpu,
+            server_cpu,
+            csv,
+        } => {
+            let here = std::env::current_exe().context("locating this binary")?;
+            let agent = match agent {
+                Some(path) => path,
+                None => here
+                    .parent()
+                    .map(|dir| dir.join("proxy-agent"))
+                    .context("locating proxy-agent")?,
+            };
+            let mut opts = if quick {
+                NodeportOptions::quick(agent, here)
+            } else {
+                NodeportOptions::full(agent, here)
+            };
+            if let Some(reps) = reps {
+                opts.reps = reps;
+            }
+            if let Some(seconds) = seconds {
+                opts.rep_duration = Duration::try_from_secs_f64(seconds).context("--seconds")?;
+            }
+            if !attach.is_empty() {
+                opts.attaches = attach;
+            }
+            if !backends.is_empty() {
+                opts.backends = backends;
+            }
+            if let Some(window) = window {
+                opts.udp_window = window;
+            }
+            opts.client_cpu = client_cpu;
+            opts.server_cpu = server_cpu;
+            signals::watch()?;
+            let started = std::time::Instant::now();
+            let results = match run_nodeport(&opts) {
+                Ok(results) => results,
+                Err(Error::Interrupted(signal)) => {
+                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
+                    return Ok(ExitCode::from(130));
+                }
+                Err(err) => return Err(err.into()),
+            };
+            print!("{}", results.table());
+            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
+            if let Some(csv) = csv {
+                results.append_csv(&csv)?;
+                println!(
+                    "appended {} rows to {}",
+                    results.csv_rows().len(),
+                    csv.display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchSync {
+            mode,
+            quick,
+            reps,
+            services,
+            endpoints,
+            changes,
+            csv,
+        } => {
+            let mut opts = if quick {
+                SyncOptions::quick(mode)
+            } else {
+                SyncOptions::full(mode)
+            };
+            if let Some(reps) = reps {
+                opts.reps = reps;
+            }
+            if !services.is_empty() {
+                opts.service_counts = services;
+            }
+            if let Some(endpoints) = endpoints {
+                opts.endpoints_per_service = endpoints;
+            }
+            if let Some(changes) = changes {
+                opts.partial_changes = changes;
+            }
+            signals::watch()?;
+            let started = std::time::Instant::now();
+            let results = match run_sync(&opts) {
+                Ok(results) => results,
+                Err(Error::Interrupted(signal)) => {
+                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
+                    return Ok(ExitCode::from(130));
+                }
+                Err(err) => return Err(err.into()),
+            };
+            print!("{}", results.table());
+            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
+            if let Some(csv) = csv {
+                results.append_csv(&csv)?;
+                println!(
+                    "appended {} rows to {}",
+                    results.csv_rows().len(),
+                    csv.display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::CleanupStale => {
-            for line in net::cleanup_stale()? {
+            for line in nodeport::cleanup_stale()? {
                 println!("removed {line}");
             }
             Ok(ExitCode::SUCCESS)

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The ClusterIP section of docs/benchmarks.md, generated from the benchmark's CSV
+//! The CSV reader and section splicing every benchmark's docs share, and the ClusterIP
+//! section of docs/benchmarks.md, generated from the benchmark's CSV
 //! (columns `bench,mode,N,rep,metric,value,unit,ratio_to_baseline,kernel,cpu,run`): the
 //! latest run in detail, every run in a history table. Only the text between the markers
 //! is replaced; the rest of the page is written by hand.
@@ -84,17 +85,17 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-fn find<'a>(rows: &[&'a Row], mode: &str, n: u32, metric: &str) -> Option<&'a Row> {
+pub fn find<'a>(rows: &[&'a Row], mode: &str, n: u32, metric: &str) -> Option<&'a Row> {
     rows.iter()
         .copied()
         .find(|r| r.mode == mode && r.n == n && r.rep == "median" && r.metric == metric)
 }
 
-fn fmt(value: Option<f64>, decimals: usize) -> String {
+pub fn fmt(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "–".to_string(), |v| format!("{v:.decimals$}"))
 }
 
-fn verdict(ok: Option<bool>) -> &'static str {
+pub fn verdict(ok: Option<bool>) -> &'static str {
     match ok {
         Some(true) => "yes",
         Some(false) => "**no**",
@@ -302,11 +303,18 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
 
 /// `doc` with the text between the markers replaced by `section` (which carries the
 /// markers); appended when the markers are missing.
+#[cfg(test)]
 pub fn splice(doc: &str, section: &str) -> String {
-    if let (Some(begin), Some(end)) = (doc.find(BEGIN), doc.find(END))
+    splice_between(doc, BEGIN, END, section)
+}
+
+/// `doc` with the text between `begin` and `end` (markers included) replaced by
+/// `section`; appended when the markers are missing.
+pub fn splice_between(doc: &str, begin_marker: &str, end_marker: &str, section: &str) -> String {
+    if let (Some(begin), Some(end)) = (doc.find(begin_marker), doc.find(end_marker))
         && begin < end
     {
-        let after = &doc[end + END.len()..];
+        let after = &doc[end + end_marker.len()..];
         let after = after.strip_prefix('\n').unwrap_or(after);
         return format!("{}{section}{after}", &doc[..begin]);
     }

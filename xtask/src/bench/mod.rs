@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `cargo xtask bench clusterip [--quick]`: builds the agent and the load generator in
-//! release mode (the eBPF object required), runs the benchmark as root inside network
-//! namespaces (`loadgen bench-clusterip`, see tests/src/bench), appends its rows to
-//! target/bench/clusterip.csv and regenerates the ClusterIP section of
-//! docs/benchmarks.md from that CSV. `--quick` (1 rep of 1 s, 1 and 100 services) writes
-//! target/bench/clusterip-quick.csv and leaves the docs alone.
+//! `cargo xtask bench <suite> [--quick]`: builds the agent and the load generator in
+//! release mode (the eBPF object required), runs the suite as root inside network
+//! namespaces (`loadgen bench-<suite>`, see tests/src/bench), appends its rows to
+//! target/bench/<suite>.csv and regenerates the suite's section of docs/benchmarks.md
+//! from that CSV. `--quick` runs a small slice, writes target/bench/<suite>-quick.csv and
+//! leaves the docs alone. Suites: `clusterip` (socket LB), `nodeport` (external traffic
+//! through tc / XDP), `sync` (control-plane cost of a proxier against the raw tool).
 
 mod docs;
+mod docs_nodeport;
+mod docs_sync;
 
 use std::{
     path::{Path, PathBuf},
@@ -32,6 +35,52 @@ pub enum Bench {
     /// Connection rate and connect() latency through a ClusterIP (socket LB) against the
     /// same client connecting straight to the backend, with 1 and 10,000 services.
     Clusterip(ClusteripArgs),
+    /// UDP packets/s and TCP connection rate from an external namespace through a
+    /// NodePort (tc, XDP generic, XDP native) against direct-to-backend, local and remote
+    /// backend.
+    Nodeport(NodeportArgs),
+    /// Full and one-service-change sync time of a proxier against the raw restore of the
+    /// same rules, at 1,000 and 10,000 services x 4 endpoints.
+    Sync(SyncArgs),
+}
+
+#[derive(Args)]
+pub struct NodeportArgs {
+    /// 1 rep of 0.5 s per route, tc and XDP generic: proves the bench still works; its
+    /// numbers mean nothing and the docs are left alone.
+    #[arg(long)]
+    pub quick: bool,
+    /// Reps (default 5).
+    #[arg(long)]
+    pub reps: Option<u32>,
+    /// Seconds per route and client run (default 2).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Attachments, comma-separated (default tc,xdp-generic,xdp-native).
+    #[arg(long)]
+    pub attach: Option<String>,
+    /// Only regenerate docs/benchmarks.md from the CSV; no build, no run.
+    #[arg(long, conflicts_with = "quick")]
+    pub report_only: bool,
+}
+
+#[derive(Args)]
+pub struct SyncArgs {
+    /// The proxier measured (iptables; the others are not measured yet).
+    #[arg(long, default_value = "iptables")]
+    pub mode: String,
+    /// 1 rep at 1,000 services with 2 changes; the docs are left alone.
+    #[arg(long)]
+    pub quick: bool,
+    /// Reps (default 5).
+    #[arg(long)]
+    pub reps: Option<u32>,
+    /// Service counts, comma-separated (default 1000,10000).
+    #[arg(long)]
+    pub services: Option<String>,
+    /// Only regenerate docs/benchmarks.md from the CSV; no build, no run.
+    #[arg(long, conflicts_with = "quick")]
+    pub report_only: bool,
 }
 
 #[derive(Args)]
@@ -60,11 +109,12 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
-pub fn csv_path(quick: bool) -> PathBuf {
+/// target/bench/<suite>.csv, or <suite>-quick.csv.
+pub fn csv_path(suite: &str, quick: bool) -> PathBuf {
     let name = if quick {
-        "clusterip-quick.csv"
+        format!("{suite}-quick.csv")
     } else {
-        "clusterip.csv"
+        format!("{suite}.csv")
     };
     target_dir().join("bench").join(name)
 }
@@ -76,22 +126,48 @@ pub fn docs_path() -> PathBuf {
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     match &args.bench {
         Bench::Clusterip(args) => clusterip(args),
+        Bench::Nodeport(args) => nodeport(args),
+        Bench::Sync(args) => sync(args),
+    }
+}
+
+/// Root, the toolchain, and a release build of the agent (with its eBPF object) and of
+/// the load generator.
+fn prepare() -> anyhow::Result<()> {
+    if !is_root() {
+        bail!("the benchmark needs root (network namespaces, cgroups, eBPF): run it with sudo");
+    }
+    setup::ensure_ready()?;
+    step("building the agent and the load generator (release, eBPF object required)");
+    run_cmd(
+        cargo()
+            .args(["build", "--release", "-p", "proxy-agent", "-p", "tests"])
+            .env("PROXY_REQUIRE_EBPF", "1"),
+    )
+}
+
+/// `loadgen <subcommand> --csv <csv>` from the release build.
+fn loadgen(subcommand: &str, csv: &Path) -> Command {
+    let release = target_dir().join("release");
+    let mut cmd = Command::new(release.join("loadgen"));
+    cmd.arg(subcommand).arg("--csv").arg(csv);
+    cmd
+}
+
+/// Runs a benchmark command; exit status 130 means it was interrupted (and cleaned up).
+fn run_loadgen(cmd: &mut Command) -> anyhow::Result<()> {
+    let exit = status(cmd)?;
+    match exit.code() {
+        Some(0) => Ok(()),
+        Some(130) => bail!("the benchmark was interrupted (it cleaned up after itself)"),
+        _ => bail!("the benchmark failed ({exit})"),
     }
 }
 
 fn clusterip(args: &ClusteripArgs) -> anyhow::Result<()> {
-    let csv = csv_path(args.quick);
+    let csv = csv_path("clusterip", args.quick);
     if !args.report_only {
-        if !is_root() {
-            bail!("the benchmark needs root (network namespaces, cgroups, eBPF): run it with sudo");
-        }
-        setup::ensure_ready()?;
-        step("building the agent and the load generator (release, eBPF object required)");
-        run_cmd(
-            cargo()
-                .args(["build", "--release", "-p", "proxy-agent", "-p", "tests"])
-                .env("PROXY_REQUIRE_EBPF", "1"),
-        )?;
+        prepare()?;
         step("running the ClusterIP benchmark");
         run_bench(args, &csv)?;
     }
@@ -102,14 +178,82 @@ fn clusterip(args: &ClusteripArgs) -> anyhow::Result<()> {
     regenerate_docs(&csv, &docs_path())
 }
 
+fn nodeport(args: &NodeportArgs) -> anyhow::Result<()> {
+    let csv = csv_path("nodeport", args.quick);
+    if !args.report_only {
+        prepare()?;
+        step("running the NodePort benchmark");
+        let release = target_dir().join("release");
+        let mut cmd = loadgen("bench-nodeport", &csv);
+        cmd.arg("--agent").arg(release.join("proxy-agent"));
+        if args.quick {
+            cmd.arg("--quick");
+        }
+        if let Some(reps) = args.reps {
+            cmd.args(["--reps", &reps.to_string()]);
+        }
+        if let Some(seconds) = args.seconds {
+            cmd.args(["--seconds", &seconds.to_string()]);
+        }
+        if let Some(attach) = &args.attach {
+            cmd.args(["--attach", attach]);
+        }
+        run_loadgen(&mut cmd)?;
+    }
+    if args.quick {
+        return Ok(());
+    }
+    step("regenerating docs/benchmarks.md from the CSV");
+    regenerate_section(&csv, &docs_path(), |rows, csv| {
+        Ok((
+            docs_nodeport::render_section(rows, csv)?,
+            docs_nodeport::BEGIN,
+            docs_nodeport::END,
+        ))
+    })
+}
+
+fn sync(args: &SyncArgs) -> anyhow::Result<()> {
+    if args.mode != "iptables" {
+        bail!(
+            "`bench sync --mode {}`: only iptables mode is measured so far",
+            args.mode
+        );
+    }
+    let csv = csv_path("sync", args.quick);
+    if !args.report_only {
+        prepare()?;
+        step("running the sync benchmark (iptables mode against raw iptables-restore)");
+        let mut cmd = loadgen("bench-sync", &csv);
+        cmd.args(["--mode", &args.mode]);
+        if args.quick {
+            cmd.arg("--quick");
+        }
+        if let Some(reps) = args.reps {
+            cmd.args(["--reps", &reps.to_string()]);
+        }
+        if let Some(services) = &args.services {
+            cmd.args(["--services", services]);
+        }
+        run_loadgen(&mut cmd)?;
+    }
+    if args.quick {
+        return Ok(());
+    }
+    step("regenerating docs/benchmarks.md from the CSV");
+    regenerate_section(&csv, &docs_path(), |rows, csv| {
+        Ok((
+            docs_sync::render_section(rows, csv)?,
+            docs_sync::BEGIN,
+            docs_sync::END,
+        ))
+    })
+}
+
 fn run_bench(args: &ClusteripArgs, csv: &Path) -> anyhow::Result<()> {
     let release = target_dir().join("release");
-    let mut cmd = Command::new(release.join("loadgen"));
-    cmd.arg("bench-clusterip")
-        .arg("--agent")
-        .arg(release.join("proxy-agent"))
-        .arg("--csv")
-        .arg(csv);
+    let mut cmd = loadgen("bench-clusterip", csv);
+    cmd.arg("--agent").arg(release.join("proxy-agent"));
     if args.quick {
         cmd.arg("--quick");
     }
@@ -122,20 +266,26 @@ fn run_bench(args: &ClusteripArgs, csv: &Path) -> anyhow::Result<()> {
     if let Some(services) = &args.services {
         cmd.args(["--services", services]);
     }
-    let exit = status(&mut cmd)?;
-    match exit.code() {
-        Some(0) => Ok(()),
-        Some(130) => bail!("the benchmark was interrupted (it cleaned up after itself)"),
-        _ => bail!("the benchmark failed ({exit})"),
-    }
+    run_loadgen(&mut cmd)
 }
 
 fn regenerate_docs(csv: &Path, doc: &Path) -> anyhow::Result<()> {
+    regenerate_section(csv, doc, |rows, csv| {
+        Ok((docs::render_section(rows, csv)?, docs::BEGIN, docs::END))
+    })
+}
+
+/// Replaces one generated section of `doc` with what `render` makes of the CSV's rows.
+fn regenerate_section(
+    csv: &Path,
+    doc: &Path,
+    render: impl FnOnce(&[docs::Row], &Path) -> anyhow::Result<(String, &'static str, &'static str)>,
+) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(csv)
         .with_context(|| format!("reading {} (run the benchmark first)", csv.display()))?;
-    let section = docs::render_section(&docs::parse_csv(&text)?, csv)?;
+    let (section, begin, end) = render(&docs::parse_csv(&text)?, csv)?;
     let current = std::fs::read_to_string(doc).unwrap_or_default();
-    let updated = docs::splice(&current, &section);
+    let updated = docs::splice_between(&current, begin, end, &section);
     if let Some(dir) = doc.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
