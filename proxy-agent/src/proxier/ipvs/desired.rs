@@ -20,9 +20,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::sets::{SetEntry, SetKind};
-use crate::model::{
-    Endpoint, NamespacedName, Protocol, ServicePort, ServicePortName, categorize_endpoints,
-};
+use crate::model::{Endpoint, NamespacedName, Protocol, ServicePortName, categorize_endpoints};
 use crate::proxier::{FamilyState, NodeContext};
 
 /// The scheduler when none is configured.
@@ -359,37 +357,24 @@ pub fn build(state: &FamilyState, node: &NodeContext, scheduler: &str) -> Family
 }
 
 /// The addresses NodePorts are served on: nodePortAddresses, or every address of the
-/// family on the node except loopback, link-local and the service addresses the node
-/// holds on kube-ipvs0 (upstream takes the local addresses minus kube-ipvs0's).
+/// family on the node except loopback and link-local ones (the node's addresses never
+/// include kube-ipvs0's, see [`crate::node::host_addresses`]).
 pub fn nodeport_ips(state: &FamilyState, node: &NodeContext) -> Vec<IpAddr> {
     let family = state.family;
-    if let Some(addresses) = node.nodeport_addresses_of(family) {
-        return addresses
-            .into_iter()
-            .filter(|ip| !ip.is_loopback())
-            .collect();
-    }
-    let service_ips: BTreeSet<IpAddr> = state
-        .services
-        .iter()
-        .flat_map(|(_, svc)| service_addresses(svc))
-        .collect();
-    let mut ips: Vec<IpAddr> = node
-        .host_addresses
-        .iter()
-        .filter(|ip| family.contains(ip) && !ip.is_loopback() && !is_link_local(ip))
-        .filter(|ip| !service_ips.contains(ip) || node.primary_ips.iter().any(|p| p == **ip))
-        .copied()
-        .collect();
+    let mut ips: Vec<IpAddr> = match node.nodeport_addresses_of(family) {
+        Some(addresses) => addresses,
+        None => node
+            .host_addresses
+            .iter()
+            .filter(|ip| family.contains(ip) && !is_link_local(ip))
+            .copied()
+            .collect(),
+    };
+    // NodePorts on loopback would need route_localnet, which the ipvs mode never sets.
+    ips.retain(|ip| !ip.is_loopback());
     ips.sort();
     ips.dedup();
     ips
-}
-
-fn service_addresses(svc: &ServicePort) -> impl Iterator<Item = IpAddr> + '_ {
-    std::iter::once(svc.cluster_ip)
-        .chain(svc.external_ips.iter().copied())
-        .chain(svc.load_balancer_vips())
 }
 
 fn is_link_local(ip: &IpAddr) -> bool {
