@@ -61,7 +61,7 @@ fn rules_match_the_sets_in_use() {
         "empty sets are not matched"
     );
     assert_eq!(
-        nat_lines.iter().filter(|l| l.ends_with("-j ACCEPT")).last(),
+        nat_lines.iter().rfind(|l| l.ends_with("-j ACCEPT")),
         Some(&"-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT")
     );
     assert!(nat.contains("-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"));
