@@ -245,7 +245,8 @@ impl Cluster {
                 &format!(
                     "ip link add {host_if} type veth peer name eth0 netns {pod} && \
                      ip addr add {host}/{prefix} dev {host_if}{nodad} && ip link set {host_if} up && \
-                     sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.{host_if}.rp_filter=0",
+                     sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.{host_if}.rp_filter=0 \
+                     net.ipv6.conf.all.forwarding=1",
                     pod = pod.name
                 ),
             );

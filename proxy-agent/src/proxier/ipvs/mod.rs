@@ -131,14 +131,7 @@ impl IpvsProxier {
     /// iptables binaries; the first sync will be full.
     pub fn new(config: IpvsConfig, sysctl: &mut dyn Sysctl) -> Result<Self> {
         let mut table = IpvsSocket::open()?;
-        setup::apply(sysctl, config.strict_arp, true).or_else(|err| match err {
-            // IPv6 may be disabled on the node; the rest must work.
-            Error::Sysctl {
-                name: setup::IPV6_FORWARDING,
-                ..
-            } => setup::apply(sysctl, config.strict_arp, false),
-            other => Err(other),
-        })?;
+        setup::apply(sysctl, config.strict_arp)?;
         let t = config.timeouts;
         if t.tcp > 0 || t.tcp_fin > 0 || t.udp > 0 {
             table.set_timeouts(&t)?;

@@ -5,7 +5,8 @@
 //! - `vs/expire_nodest_conn=1`, `vs/expire_quiescent_template=1`: connections to a
 //!   deleted (or weight-0, for persistence templates) real server end on their next
 //!   packet rather than hanging;
-//! - `ip_forward=1` (and IPv6 forwarding when IPv6 is synced);
+//! - `ip_forward=1`; IPv6 forwarding is the network plugin's business (turning it on
+//!   makes the host ignore router advertisements), so it is only checked and logged;
 //! - strictARP: `arp_ignore=1`, `arp_announce=2`, so the node does not answer ARP for
 //!   the addresses on kube-ipvs0 (needed behind L2 load balancers).
 
@@ -32,14 +33,19 @@ fn ensure(sysctl: &mut dyn Sysctl, name: &'static str, value: &str) -> Result<()
     }
 }
 
-/// Applies the settings; `ipv6` when an IPv6 family is synced.
-pub fn apply(sysctl: &mut dyn Sysctl, strict_arp: bool, ipv6: bool) -> Result<(), Error> {
+/// Applies the settings.
+pub fn apply(sysctl: &mut dyn Sysctl, strict_arp: bool) -> Result<(), Error> {
     ensure(sysctl, VS_CONNTRACK, "1")?;
     ensure(sysctl, VS_EXPIRE_NODEST_CONN, "1")?;
     ensure(sysctl, VS_EXPIRE_QUIESCENT_TEMPLATE, "1")?;
     ensure(sysctl, IP_FORWARD, "1")?;
-    if ipv6 {
-        ensure(sysctl, IPV6_FORWARDING, "1")?;
+    if let Ok(value) = sysctl.read(IPV6_FORWARDING)
+        && value == "0"
+    {
+        tracing::warn!(
+            sysctl = IPV6_FORWARDING,
+            "IPv6 forwarding is off: IPv6 services are not reachable from other hosts"
+        );
     }
     if strict_arp {
         ensure(sysctl, ARP_IGNORE, "1")?;
@@ -72,16 +78,16 @@ mod tests {
     }
 
     #[test]
-    fn strict_arp_only_when_configured() {
+    fn settings_and_strict_arp_only_when_configured() {
         let mut sysctl = FakeSysctl::default();
-        apply(&mut sysctl, false, false).unwrap();
+        apply(&mut sysctl, false).unwrap();
         assert_eq!(sysctl.0[VS_CONNTRACK], "1");
         assert_eq!(sysctl.0[VS_EXPIRE_NODEST_CONN], "1");
         assert!(!sysctl.0.contains_key(ARP_IGNORE));
-        assert!(!sysctl.0.contains_key(IPV6_FORWARDING));
-        apply(&mut sysctl, true, true).unwrap();
+        sysctl.0.insert(IPV6_FORWARDING.into(), "0".into());
+        apply(&mut sysctl, true).unwrap();
         assert_eq!(sysctl.0[ARP_IGNORE], "1");
         assert_eq!(sysctl.0[ARP_ANNOUNCE], "2");
-        assert_eq!(sysctl.0[IPV6_FORWARDING], "1");
+        assert_eq!(sysctl.0[IPV6_FORWARDING], "0", "left to the network plugin");
     }
 }
