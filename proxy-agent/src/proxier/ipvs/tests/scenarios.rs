@@ -225,3 +225,45 @@ fn every_scenario_state_is_consistent() {
         }
     }
 }
+
+#[test]
+fn terminating_endpoints_with_external_policy_local() {
+    let states = states("i1-terminating-etp-local.yaml");
+    let first = lines(&states[0]);
+    assert_has(
+        &first,
+        &[
+            // Ready endpoints first: the cluster set inside, the local ones outside.
+            "VS TCP 172.30.1.1:80 rr persist=- -> 10.0.1.1:80,10.0.1.2:80,10.0.1.5:80",
+            "VS TCP 1.2.3.4:80 rr persist=- -> 10.0.1.1:80,10.0.1.2:80",
+        ],
+    );
+    // The slice deleted: empty virtual servers (IPVS rejects).
+    assert_has(
+        &lines(&states[1]),
+        &[
+            "VS TCP 172.30.1.1:80 rr persist=- -> ",
+            "VS TCP 1.2.3.4:80 rr persist=- -> ",
+        ],
+    );
+    let second = lines(&states[2]);
+    assert_has(
+        &second,
+        &[
+            "VS TCP 172.30.1.1:80 rr persist=- -> 10.0.1.5:80",
+            // No ready local endpoint: the serving, terminating local ones; never the
+            // one that is not serving.
+            "VS TCP 1.2.3.4:80 rr persist=- -> 10.0.1.2:80,10.0.1.3:80",
+        ],
+    );
+    assert_eq!(count(&second, "DROP "), 0);
+}
+
+#[test]
+fn topology_hints_filter_the_cluster_endpoints() {
+    let got = lines(&states("m1-topology-hints-auto.yaml")[0]);
+    assert_has(
+        &got,
+        &["VS TCP 172.30.0.41:80 rr persist=- -> 10.1.2.3:80,10.1.2.6:80"],
+    );
+}
