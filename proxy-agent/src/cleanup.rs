@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use ipnet::IpNet;
 use tracing::{info, warn};
 
 use crate::config::ProxyMode;
@@ -37,6 +38,27 @@ pub fn cleanup_iptables() -> CleanupReport {
     report
 }
 
+/// Removes the iptables mode's chains the ipvs mode does not share (ipvs mode starting).
+pub fn cleanup_iptables_only() -> CleanupReport {
+    let mut report = CleanupReport::default();
+    match crate::proxier::iptables::cleanup_iptables_only_chains() {
+        Ok(r) => report.removed += r.chains_deleted + r.rules_deleted,
+        Err(e) => report.errors.push(format!("iptables: {e}")),
+    }
+    report
+}
+
+/// Removes the ipvs mode's chains, ipsets, kube-ipvs0 and the virtual servers outside
+/// `exclude`; with `only_if_present`, only when the mode left something behind.
+pub fn cleanup_ipvs(exclude: &[IpNet], only_if_present: bool) -> CleanupReport {
+    let mut report = CleanupReport::default();
+    match crate::proxier::ipvs::cleanup::cleanup(exclude, only_if_present) {
+        Ok(r) => report.removed += r.total(),
+        Err(e) => report.errors.push(format!("ipvs: {e}")),
+    }
+    report
+}
+
 fn log(mode: &str, report: &CleanupReport) -> bool {
     info!(mode, removed = report.removed, "cleaned up");
     for e in &report.errors {
@@ -45,20 +67,33 @@ fn log(mode: &str, report: &CleanupReport) -> bool {
     report.errors.is_empty()
 }
 
-/// Every mode's cleanup. Returns whether everything went.
-pub fn cleanup_all(bpffs_root: &Path) -> bool {
+/// Every mode's cleanup. Returns whether everything went. The ipvs part goes first: its
+/// sets can only go once no rule refers to them, and it removes its own rules.
+pub fn cleanup_all(bpffs_root: &Path, ipvs_exclude: &[IpNet]) -> bool {
     let ebpf = log("ebpf", &cleanup_ebpf(bpffs_root));
+    let ipvs = log("ipvs", &cleanup_ipvs(ipvs_exclude, false));
     let iptables = log("iptables", &cleanup_iptables());
-    ebpf && iptables
+    ebpf && ipvs && iptables
 }
 
 /// When a mode starts, what the other modes left behind goes (switching modes leaves no
 /// trace of the previous one).
-pub fn cleanup_other_modes(running: ProxyMode, bpffs_root: &Path) {
+pub fn cleanup_other_modes(running: ProxyMode, bpffs_root: &Path, ipvs_exclude: &[IpNet]) {
     if running != ProxyMode::Ebpf && bpffs_root.exists() {
         log("ebpf", &cleanup_ebpf(bpffs_root));
     }
-    if running != ProxyMode::Iptables {
-        log("iptables", &cleanup_iptables());
+    if running != ProxyMode::Ipvs {
+        // First: the iptables cleanup below would leave rules that use the sets.
+        log("ipvs", &cleanup_ipvs(ipvs_exclude, true));
+    }
+    match running {
+        ProxyMode::Iptables => {}
+        // The chains both modes share are rewritten by ipvs mode's first sync.
+        ProxyMode::Ipvs => {
+            log("iptables", &cleanup_iptables_only());
+        }
+        _ => {
+            log("iptables", &cleanup_iptables());
+        }
     }
 }

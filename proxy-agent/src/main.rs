@@ -68,7 +68,8 @@ fn main() -> std::process::ExitCode {
     }
     if resolved.options.cleanup {
         let root = proxy_agent::agent::bpffs_root(&resolved);
-        return if proxy_agent::cleanup::cleanup_all(&root) {
+        let exclude = proxy_agent::proxier::ipvs::ipvs_config(&resolved.config).exclude_cidrs;
+        return if proxy_agent::cleanup::cleanup_all(&root, &exclude) {
             std::process::ExitCode::SUCCESS
         } else {
             std::process::ExitCode::from(1)

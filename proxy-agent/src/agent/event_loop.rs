@@ -31,6 +31,7 @@ use crate::{
             loader::{LoadOptions, MapSizes},
         },
         iptables::{IptablesConfig, IptablesProxier},
+        ipvs::{IpvsProxier, ipvs_config},
     },
     runner::SyncRunner,
     service_health::ServiceHealthServers,
@@ -235,6 +236,12 @@ impl EventLoop {
                         .map_err(|e| e.to_string())?;
                 Ok(Box::new(proxier))
             }
+            ProxyMode::Ipvs => {
+                let config = ipvs_config(&self.resolved.config);
+                let proxier = IpvsProxier::new(config, &mut ProcSysctl::default())
+                    .map_err(|e| e.to_string())?;
+                Ok(Box::new(proxier))
+            }
             other => Err(format!(
                 "{} mode is not available in this build yet",
                 other.as_str()
@@ -287,7 +294,11 @@ impl EventLoop {
             requested = choice.requested.as_str(),
             "proxier running"
         );
-        crate::cleanup::cleanup_other_modes(choice.mode, &super::bpffs_root(&self.resolved));
+        crate::cleanup::cleanup_other_modes(
+            choice.mode,
+            &super::bpffs_root(&self.resolved),
+            &crate::proxier::ipvs::ipvs_config(&self.resolved.config).exclude_cidrs,
+        );
         let mut service_health =
             ServiceHealthServers::new(self.health.clone(), node.nodeport_addresses.clone());
 

@@ -3,8 +3,6 @@
 //! fallback (ipvs -> iptables, as the seed documents; ebpf -> iptables), logged loudly;
 //! `--strict-mode` turns fallback into an exit with the reason.
 
-use std::path::Path;
-
 use tracing::error;
 
 use super::{AgentError, Result, node_facts::NodeFacts};
@@ -56,18 +54,21 @@ pub fn iptables_unavailable() -> Option<String> {
     (!found).then(|| "iptables-restore is not installed".to_string())
 }
 
-/// Why ipvs mode cannot run here, if it cannot: the kernel must have IPVS (its /proc entry
-/// appears with the ip_vs module) and ipset must work.
+/// Why ipvs mode cannot run here, if it cannot: the kernel must answer the IPVS generic
+/// netlink family (asking for it loads the ip_vs module when the kernel has one) and
+/// ipset must be able to talk to the kernel.
 pub fn ipvs_unavailable() -> Option<String> {
-    if !Path::new("/proc/net/ip_vs").exists() {
-        return Some(
-            "the kernel has no IPVS support (ip_vs module not loaded or not built)".into(),
-        );
+    use crate::proxier::ipvs::{genl::IpvsSocket, ipset::IpsetCommand, ipset::IpsetError};
+    if let Err(err) = IpvsSocket::open() {
+        return Some(match err.errno() {
+            Some(nix::errno::Errno::ENOENT) => "the kernel has no IPVS support (the IPVS generic netlink family is unknown and no ip_vs module could be loaded)".to_string(),
+            _ => format!("the kernel's IPVS interface cannot be used: {err}"),
+        });
     }
-    let ipset = std::process::Command::new("ipset").arg("version").output();
-    match ipset {
-        Ok(out) if out.status.success() => None,
-        _ => Some("ipset is not usable".into()),
+    match IpsetCommand::probe() {
+        Ok(_) => None,
+        Err(IpsetError::Spawn(_)) => Some("ipset is not installed".to_string()),
+        Err(err) => Some(format!("ipset is not usable: {err}")),
     }
 }
 

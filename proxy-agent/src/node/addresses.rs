@@ -84,6 +84,10 @@ pub fn host_addresses() -> Vec<IpAddr> {
     let mut out = Vec::new();
     if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
         for ifa in addrs {
+            // The ipvs mode's dummy interface holds service addresses, not the node's.
+            if ifa.interface_name == crate::proxier::ipvs::kernel::DUMMY_DEVICE {
+                continue;
+            }
             let Some(addr) = ifa.address else { continue };
             if let Some(sin) = addr.as_sockaddr_in() {
                 out.push(IpAddr::V4(sin.ip()));

@@ -20,6 +20,8 @@ use crate::{
 pub mod conntrack;
 pub mod ebpf;
 pub mod iptables;
+pub mod ipvs;
+pub mod netlink;
 
 /// The model of one IP family, as the event loop keeps it.
 #[derive(Debug)]

@@ -15,21 +15,16 @@ use nix::sys::time::TimeVal;
 
 use super::{ConntrackCleaner, Entry, Error, Filter, Result, Tuple};
 use crate::model::IpFamily;
-
-const NLMSG_HDRLEN: usize = 16;
-const NFGENMSG_LEN: usize = 4;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
+use crate::proxier::netlink::{
+    Malformed, Message, MessageBuilder, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, attrs, split_messages,
+};
 #[cfg(test)]
-const NLM_F_MULTI: u16 = 0x2;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
+use crate::proxier::netlink::{NLM_F_MULTI, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, take4};
+
+const NFGENMSG_LEN: usize = 4;
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
-const NLA_F_NESTED: u16 = 1 << 15;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
@@ -55,64 +50,20 @@ fn af(family: IpFamily) -> u8 {
     }
 }
 
-fn align4(len: usize) -> usize {
-    (len + 3) & !3
-}
-
-/// Builds one netlink message.
-struct MessageBuilder {
-    buf: Vec<u8>,
-    nests: Vec<usize>,
-}
-
-impl MessageBuilder {
-    fn new(msg_type: u16, flags: u16, seq: u32, family: u8) -> Self {
-        let mut buf = Vec::with_capacity(128);
-        buf.extend_from_slice(&0u32.to_ne_bytes()); // length, patched in finish()
-        buf.extend_from_slice(&((NFNL_SUBSYS_CTNETLINK << 8) | msg_type).to_ne_bytes());
-        buf.extend_from_slice(&flags.to_ne_bytes());
-        buf.extend_from_slice(&seq.to_ne_bytes());
-        buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel's
-        buf.extend_from_slice(&[family, 0]); // nfgenmsg: family, NFNETLINK_V0
-        buf.extend_from_slice(&0u16.to_be_bytes()); // res_id
-        Self {
-            buf,
-            nests: Vec::new(),
-        }
-    }
-
-    fn attr(&mut self, attr_type: u16, payload: &[u8]) {
-        let len = 4 + payload.len();
-        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.buf.extend_from_slice(&attr_type.to_ne_bytes());
-        self.buf.extend_from_slice(payload);
-        self.buf.resize(align4(self.buf.len()), 0);
-    }
-
-    fn begin_nested(&mut self, attr_type: u16) {
-        self.nests.push(self.buf.len());
-        self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf
-            .extend_from_slice(&(attr_type | NLA_F_NESTED).to_ne_bytes());
-    }
-
-    fn end_nested(&mut self) {
-        if let Some(start) = self.nests.pop() {
-            let len = (self.buf.len() - start) as u16;
-            self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-        }
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        let len = self.buf.len() as u32;
-        self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
-        self.buf
-    }
+/// A ctnetlink message: the subsystem in the type's high byte, then `nfgenmsg` (family,
+/// NFNETLINK_V0, res_id 0).
+fn ct_message(msg_type: u16, flags: u16, seq: u32, family: u8) -> MessageBuilder {
+    MessageBuilder::new(
+        (NFNL_SUBSYS_CTNETLINK << 8) | msg_type,
+        flags,
+        seq,
+        &[family, 0, 0, 0],
+    )
 }
 
 /// A dump of every entry of every family.
 pub fn dump_request(seq: u32) -> Vec<u8> {
-    MessageBuilder::new(
+    ct_message(
         IPCTNL_MSG_CT_GET,
         NLM_F_REQUEST | NLM_F_DUMP,
         seq,
@@ -123,7 +74,7 @@ pub fn dump_request(seq: u32) -> Vec<u8> {
 
 /// Deletes `entry`, identified by its original tuple (and zone).
 pub fn delete_request(entry: &Entry, seq: u32) -> Vec<u8> {
-    let mut msg = MessageBuilder::new(
+    let mut msg = ct_message(
         IPCTNL_MSG_CT_DELETE,
         NLM_F_REQUEST | NLM_F_ACK,
         seq,
@@ -177,60 +128,27 @@ pub enum Reply<'a> {
 }
 
 /// Splits a datagram into messages.
-pub fn parse_replies(mut data: &[u8]) -> Result<Vec<Reply<'_>>> {
-    let mut out = Vec::new();
-    while data.len() >= NLMSG_HDRLEN {
-        let len = u32::from_ne_bytes(take4(data, 0)) as usize;
-        if len < NLMSG_HDRLEN || len > data.len() {
-            return Err(Error::Malformed("message length"));
-        }
-        let msg_type = u16::from_ne_bytes([data[4], data[5]]);
-        let body = &data[NLMSG_HDRLEN..len];
-        out.push(match msg_type {
-            NLMSG_DONE => Reply::Done,
-            NLMSG_ERROR => {
-                if body.len() < 4 {
-                    return Err(Error::Malformed("error message"));
+pub fn parse_replies(data: &[u8]) -> Result<Vec<Reply<'_>>> {
+    let messages = split_messages(data).map_err(|Malformed(what)| Error::Malformed(what))?;
+    messages
+        .into_iter()
+        .map(|message| {
+            Ok(match message {
+                Message::Done(_) => Reply::Done,
+                Message::Error(code) => Reply::Error(code),
+                Message::Data { msg_type, body } if msg_type >> 8 == NFNL_SUBSYS_CTNETLINK => {
+                    if body.len() < NFGENMSG_LEN {
+                        return Err(Error::Malformed("nfgenmsg"));
+                    }
+                    Reply::Entry {
+                        family: body[0],
+                        attrs: &body[NFGENMSG_LEN..],
+                    }
                 }
-                Reply::Error(i32::from_ne_bytes(take4(body, 0)))
-            }
-            t if t >> 8 == NFNL_SUBSYS_CTNETLINK => {
-                if body.len() < NFGENMSG_LEN {
-                    return Err(Error::Malformed("nfgenmsg"));
-                }
-                Reply::Entry {
-                    family: body[0],
-                    attrs: &body[NFGENMSG_LEN..],
-                }
-            }
-            _ => Reply::Other,
-        });
-        data = &data[align4(len).min(data.len())..];
-    }
-    Ok(out)
-}
-
-fn take4(data: &[u8], at: usize) -> [u8; 4] {
-    let mut out = [0; 4];
-    out.copy_from_slice(&data[at..at + 4]);
-    out
-}
-
-/// Iterates netlink attributes: (type without flags, payload).
-fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if data.len() < 4 {
-            return None;
-        }
-        let len = u16::from_ne_bytes([data[0], data[1]]) as usize;
-        let attr_type = u16::from_ne_bytes([data[2], data[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > data.len() {
-            return None;
-        }
-        let payload = &data[4..len];
-        data = &data[align4(len).min(data.len())..];
-        Some((attr_type, payload))
-    })
+                Message::Data { .. } => Reply::Other,
+            })
+        })
+        .collect()
 }
 
 /// Decodes a dumped entry; `None` for entries this cleanup has no use for (no ports,
@@ -447,7 +365,7 @@ mod tests {
 
     /// A dumped entry as the kernel sends it: both tuples, the zone.
     fn dumped(entry: &Entry) -> Vec<u8> {
-        let mut msg = MessageBuilder::new(0, NLM_F_MULTI, 1, af(entry.family));
+        let mut msg = ct_message(0, NLM_F_MULTI, 1, af(entry.family));
         for (attr, t) in [
             (CTA_TUPLE_ORIG, &entry.orig),
             (CTA_TUPLE_REPLY, &entry.reply),
@@ -487,9 +405,7 @@ mod tests {
         v6.reply.src = "fd00::1".parse().unwrap();
         v6.reply.dst = "fd00::2".parse().unwrap();
         datagram.extend(dumped(&v6));
-        let done = MessageBuilder::new(0, NLM_F_MULTI, 1, 0).finish();
-        let mut done = done;
-        done[4..6].copy_from_slice(&NLMSG_DONE.to_ne_bytes());
+        let done = MessageBuilder::new(NLMSG_DONE, NLM_F_MULTI, 1, &0i32.to_ne_bytes()).finish();
         datagram.extend(done);
         let replies = parse_replies(&datagram).unwrap();
         assert_eq!(replies.len(), 3);
@@ -539,9 +455,7 @@ mod tests {
 
     #[test]
     fn errors_and_truncation() {
-        let mut ack = MessageBuilder::new(0, 0, 1, 0).finish();
-        ack[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
-        ack[NLMSG_HDRLEN..NLMSG_HDRLEN + 4].copy_from_slice(&(-2i32).to_ne_bytes());
+        let ack = MessageBuilder::new(NLMSG_ERROR, 0, 1, &(-2i32).to_ne_bytes()).finish();
         assert_eq!(parse_replies(&ack).unwrap(), vec![Reply::Error(-2)]);
         let mut bad = ack.clone();
         bad[0..4].copy_from_slice(&1000u32.to_ne_bytes());

@@ -41,9 +41,32 @@ fn fixed_chains(table: Table) -> &'static [&'static str] {
     }
 }
 
-fn ours(table: Table, chain: &str) -> bool {
+/// Every chain of this mode.
+pub fn ours(table: Table, chain: &str) -> bool {
     fixed_chains(table).contains(&chain) || (table == Table::Nat && is_service_chain(chain))
 }
+
+/// The chains only this mode has: what goes when the ipvs mode, which shares the other
+/// chain names, takes over (it rewrites the shared ones itself).
+pub fn iptables_only(table: Table, chain: &str) -> bool {
+    match table {
+        Table::Nat => {
+            [KUBE_NODEPORTS, KUBE_PROXY_CANARY].contains(&chain) || is_service_chain(chain)
+        }
+        Table::Filter => [
+            KUBE_SERVICES,
+            KUBE_EXTERNAL_SERVICES,
+            KUBE_NODEPORTS,
+            KUBE_PROXY_CANARY,
+            KUBE_FIREWALL,
+        ]
+        .contains(&chain),
+        Table::Mangle => chain == KUBE_PROXY_CANARY,
+    }
+}
+
+/// Which chains a cleanup removes.
+pub type ChainFilter = fn(Table, &str) -> bool;
 
 /// What a cleanup removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -55,8 +78,18 @@ pub struct CleanupReport {
 /// The restore input that removes our chains and every rule jumping to them from
 /// `saved` (one table's `iptables-save` output); `None` when there is nothing of ours.
 pub fn cleanup_input(table: Table, saved: &str, report: &mut CleanupReport) -> Option<String> {
+    cleanup_input_of(table, saved, report, ours)
+}
+
+/// [`cleanup_input`] for the chains `which` selects.
+pub fn cleanup_input_of(
+    table: Table,
+    saved: &str,
+    report: &mut CleanupReport,
+    which: ChainFilter,
+) -> Option<String> {
     let chains: BTreeSet<&str> = chains_in_save(saved)
-        .filter(|chain| ours(table, chain))
+        .filter(|chain| which(table, chain))
         .collect();
     if chains.is_empty() {
         return None;
@@ -96,6 +129,15 @@ pub fn cleanup_with(
     backend: &mut dyn IptablesBackend,
     families: &[IpFamily],
 ) -> Result<CleanupReport, Error> {
+    cleanup_chains_with(backend, families, ours)
+}
+
+/// Removes the chains `which` selects (and the rules jumping to them) from `families`.
+pub fn cleanup_chains_with(
+    backend: &mut dyn IptablesBackend,
+    families: &[IpFamily],
+    which: ChainFilter,
+) -> Result<CleanupReport, Error> {
     let mut report = CleanupReport::default();
     let mut first_error = None;
     for &family in families {
@@ -103,12 +145,14 @@ pub fn cleanup_with(
             let result = backend
                 .save(family, table)
                 .map_err(|source| Error::List { family, source })
-                .and_then(|saved| match cleanup_input(table, &saved, &mut report) {
-                    Some(input) => backend
-                        .restore(family, &input)
-                        .map_err(|source| Error::Restore { family, source }),
-                    None => Ok(()),
-                });
+                .and_then(
+                    |saved| match cleanup_input_of(table, &saved, &mut report, which) {
+                        Some(input) => backend
+                            .restore(family, &input)
+                            .map_err(|source| Error::Restore { family, source }),
+                        None => Ok(()),
+                    },
+                );
             if let Err(err) = result {
                 tracing::error!(%family, %table, reason = %err, "iptables cleanup failed");
                 first_error.get_or_insert(err);

@@ -3,14 +3,13 @@
 //! completes the input with what only the kernel can tell (missing jump rules, stale
 //! chains), restores it, and watches for flushes.
 
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 
 use super::Error;
 use super::exec::{ExecError, IptablesBackend, lines_around};
-use super::jumps::{FLUSH_WITNESSES, JUMPS, Jump, LOCALNET_JUMPS, Table};
+use super::jumps::{FLUSH_WITNESSES, JUMPS, Jump, LOCALNET_JUMPS, Table, write_missing_jumps};
 use super::names::{KUBE_PROXY_CANARY, is_service_chain};
 use super::rules::{
     self, FamilyContext, Generated, Model, Probabilities, RestoreBuffers, RuleCache, RuleOptions,
@@ -194,34 +193,18 @@ impl FamilyProxier {
         } else {
             JUMPS.iter().collect()
         };
-        let mut listed: HashMap<(Table, &str), String> = HashMap::new();
-        let mut added = 0;
-        for jump in jumps {
-            let listing = match listed.entry((jump.table, jump.from)) {
-                Entry::Occupied(entry) => entry.into_mut(),
-                Entry::Vacant(entry) => entry.insert(
-                    backend
-                        .list_chain(self.family, jump.table, jump.from)
-                        .map_err(|source| Error::List {
-                            family: self.family,
-                            source,
-                        })?
-                        .unwrap_or_default(),
-                ),
-            };
-            if listing.lines().any(|line| jump.matches(line)) {
-                continue;
-            }
-            let rules = match jump.table {
-                Table::Nat => &mut self.buffers.nat_rules,
-                _ => &mut self.buffers.filter_rules,
-            };
-            let _ = write!(rules, "-I {} ", jump.from);
-            jump.write_spec(rules);
-            rules.push('\n');
-            added += 1;
-        }
-        Ok(added)
+        let buffers = &mut self.buffers;
+        write_missing_jumps(
+            backend,
+            self.family,
+            jumps,
+            &mut buffers.nat_rules,
+            &mut buffers.filter_rules,
+        )
+        .map_err(|source| Error::List {
+            family: self.family,
+            source,
+        })
     }
 
     /// Whether someone removed our rules since the last sync: the canary chain is gone

@@ -2,7 +2,12 @@
 //! The rules that hook this mode's chains into the built-in chains, shared by the full
 //! sync (which inserts the missing ones), the flush check and the cleanup.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::fmt::Write as _;
+
+use super::exec::{ExecError, IptablesBackend};
+use crate::model::IpFamily;
 
 use super::names::{
     KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING,
@@ -198,6 +203,41 @@ impl Jump {
         }
         self.comment.is_empty() || rest.contains(self.comment)
     }
+}
+
+/// Writes `-I` lines for the jumps of `jumps` that the kernel's built-in chains lack into
+/// `nat` and `filter` (restore input lines). Returns how many were missing.
+pub fn write_missing_jumps<'j>(
+    backend: &mut dyn IptablesBackend,
+    family: IpFamily,
+    jumps: impl IntoIterator<Item = &'j Jump>,
+    nat: &mut String,
+    filter: &mut String,
+) -> Result<usize, ExecError> {
+    let mut listed: HashMap<(Table, &str), String> = HashMap::new();
+    let mut added = 0;
+    for jump in jumps {
+        let listing = match listed.entry((jump.table, jump.from)) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(
+                backend
+                    .list_chain(family, jump.table, jump.from)?
+                    .unwrap_or_default(),
+            ),
+        };
+        if listing.lines().any(|line| jump.matches(line)) {
+            continue;
+        }
+        let rules = match jump.table {
+            Table::Nat => &mut *nat,
+            _ => &mut *filter,
+        };
+        let _ = write!(rules, "-I {} ", jump.from);
+        jump.write_spec(rules);
+        rules.push('\n');
+        added += 1;
+    }
+    Ok(added)
 }
 
 /// The `-j` target of a saved rule.

@@ -22,7 +22,7 @@ pub mod setup;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::time::Duration;
 
@@ -208,4 +208,15 @@ impl Proxier for IptablesProxier {
 pub fn cleanup_leftovers() -> Result<CleanupReport> {
     let mut backend = CommandBackend::detect().map_err(Error::Detect)?;
     cleanup_with(&mut backend, &[IpFamily::V4, IpFamily::V6])
+}
+
+/// Removes only the chains the ipvs mode does not share (when ipvs mode takes over: it
+/// rewrites the shared chains on its first sync).
+pub fn cleanup_iptables_only_chains() -> Result<CleanupReport> {
+    let mut backend = CommandBackend::detect().map_err(Error::Detect)?;
+    cleanup::cleanup_chains_with(
+        &mut backend,
+        &[IpFamily::V4, IpFamily::V6],
+        cleanup::iptables_only,
+    )
 }

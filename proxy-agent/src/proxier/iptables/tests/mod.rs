@@ -6,7 +6,7 @@
 mod golden;
 mod partial;
 mod proxier;
-mod scenario;
+pub(crate) mod scenario;
 
 use std::collections::BTreeMap;
 
