@@ -59,3 +59,15 @@ pub fn object_name(meta: &ObjectMeta) -> NamespacedName {
         meta.name.clone().unwrap_or_default(),
     )
 }
+
+/// The longest part of an API-supplied value a log line or refusal reason repeats.
+const QUOTED_MAX_CHARS: usize = 64;
+
+/// `text` quoted for a log line or a refusal reason, cut short when long: an object may
+/// carry megabytes in a field, and one bad value must not turn into a megabyte log line.
+pub(crate) fn quoted(text: &str) -> String {
+    match text.char_indices().nth(QUOTED_MAX_CHARS) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &text[..cut], text.len()),
+    }
+}

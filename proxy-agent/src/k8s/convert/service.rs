@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
-use super::{object_name, parse_cidr_sloppy, parse_ip_sloppy, should_proxy_service};
+use super::{object_name, parse_cidr_sloppy, parse_ip_sloppy, quoted, should_proxy_service};
 use crate::model::{
     InvalidObject, IpFamily, LoadBalancerIngress, LoadBalancerIpMode, NamespacedName, ObjectKind,
     Protocol, ServicePort, ServicePortName, SessionAffinity,
@@ -52,7 +52,12 @@ pub fn service_ports(
     match service_type {
         TYPE_EXTERNAL_NAME => return Ok(Vec::new()),
         TYPE_CLUSTER_IP | TYPE_NODE_PORT | TYPE_LOAD_BALANCER => {}
-        other => return Err(invalid(format!("unknown spec.type {other:?}"))),
+        other => {
+            return Err(invalid(format!(
+                "unknown spec.type {q_other}",
+                q_other = quoted(other)
+            )));
+        }
     }
 
     let Some(cluster_ip) = cluster_ip_for_family(spec, family).map_err(invalid)? else {
@@ -100,32 +105,62 @@ pub fn service_ports(
     let load_balancer_source_ranges = source_ranges(spec, family, &name);
     let load_balancer_ingress = load_balancer_ingress(svc, family, &name).map_err(invalid)?;
 
+    // The API server refuses a repeated port name, a repeated (port, protocol) and a
+    // repeated (nodePort, protocol). Upstream kube-proxy relies on that and would program
+    // two rules for one frontend, the first silently winning; here one frontend can only
+    // have one service port, so such an object is refused whole.
     let mut names_seen = HashSet::new();
+    let mut frontends_seen = HashSet::new();
+    let mut node_ports_seen = HashSet::new();
     let mut ports = Vec::new();
     for spec_port in spec.ports.as_deref().unwrap_or_default() {
         let port_name = spec_port.name.clone().unwrap_or_default();
         if !names_seen.insert(port_name.clone()) {
-            return Err(invalid(format!("duplicate port name {port_name:?}")));
+            return Err(invalid(format!(
+                "duplicate port name {q_port_name}",
+                q_port_name = quoted(&port_name)
+            )));
         }
         let protocol = match spec_port.protocol.as_deref() {
             None => Protocol::Tcp,
-            Some(text) => Protocol::from_api(text)
-                .ok_or_else(|| invalid(format!("port {port_name:?}: unknown protocol {text:?}")))?,
+            Some(text) => Protocol::from_api(text).ok_or_else(|| {
+                invalid(format!(
+                    "port {q_port_name}: unknown protocol {q_text}",
+                    q_port_name = quoted(&port_name),
+                    q_text = quoted(text)
+                ))
+            })?,
         };
         let port = port_number(spec_port.port).ok_or_else(|| {
             invalid(format!(
-                "port {port_name:?}: port {} is out of range",
-                spec_port.port
+                "port {q_port_name}: port {} is out of range",
+                spec_port.port,
+                q_port_name = quoted(&port_name)
             ))
         })?;
         let node_port = match spec_port.node_port.unwrap_or(0) {
             0 => None,
             value => Some(port_number(value).ok_or_else(|| {
                 invalid(format!(
-                    "port {port_name:?}: nodePort {value} is out of range"
+                    "port {q_port_name}: nodePort {value} is out of range",
+                    q_port_name = quoted(&port_name)
                 ))
             })?),
         };
+        if !frontends_seen.insert((port, protocol)) {
+            return Err(invalid(format!(
+                "port {q_port_name}: duplicate port {port}/{protocol}",
+                q_port_name = quoted(&port_name)
+            )));
+        }
+        if let Some(node_port) = node_port
+            && !node_ports_seen.insert((node_port, protocol))
+        {
+            return Err(invalid(format!(
+                "port {q_port_name}: duplicate nodePort {node_port}/{protocol}",
+                q_port_name = quoted(&port_name)
+            )));
+        }
         ports.push((
             ServicePortName::new(name.clone(), port_name, protocol),
             ServicePort {
@@ -162,7 +197,12 @@ fn cluster_ip_for_family(spec: &ServiceSpec, family: IpFamily) -> Result<Option<
         return Ok(None);
     }
     let parse = |text: &str, field: &str| {
-        parse_ip_sloppy(text).ok_or_else(|| format!("{field} {text:?} is not an IP address"))
+        parse_ip_sloppy(text).ok_or_else(|| {
+            format!(
+                "{field} {q_text} is not an IP address",
+                q_text = quoted(text)
+            )
+        })
     };
     let primary_ip = parse(primary, "clusterIP")?;
 
@@ -177,8 +217,9 @@ fn cluster_ip_for_family(spec: &ServiceSpec, family: IpFamily) -> Result<Option<
             .collect::<Result<Vec<_>, _>>()?;
         if ips[0] != primary_ip {
             return Err(format!(
-                "clusterIP {primary:?} is not clusterIPs[0] {:?}",
-                cluster_ips[0]
+                "clusterIP {} is not clusterIPs[0] {}",
+                quoted(primary),
+                quoted(&cluster_ips[0])
             ));
         }
         ips
@@ -192,7 +233,8 @@ fn cluster_ip_for_family(spec: &ServiceSpec, family: IpFamily) -> Result<Option<
     let families = families
         .iter()
         .map(|text| {
-            IpFamily::from_api(text).ok_or_else(|| format!("unknown ipFamilies entry {text:?}"))
+            IpFamily::from_api(text)
+                .ok_or_else(|| format!("unknown ipFamilies entry {q_text}", q_text = quoted(text)))
         })
         .collect::<Result<Vec<_>, _>>()?;
     for (index, (ip, ip_family)) in ips.iter().zip(&families).enumerate() {
@@ -212,7 +254,10 @@ fn traffic_policy_is_local(value: Option<&str>, field: &str) -> Result<bool, Str
     match value {
         None | Some("Cluster") => Ok(false),
         Some("Local") => Ok(true),
-        Some(other) => Err(format!("unknown {field} {other:?}")),
+        Some(other) => Err(format!(
+            "unknown {field} {q_other}",
+            q_other = quoted(other)
+        )),
     }
 }
 
@@ -236,7 +281,10 @@ fn session_affinity(spec: &ServiceSpec) -> Result<Option<SessionAffinity>, Strin
             };
             Ok(Some(SessionAffinity { timeout_seconds }))
         }
-        Some(other) => Err(format!("unknown sessionAffinity {other:?}")),
+        Some(other) => Err(format!(
+            "unknown sessionAffinity {q_other}",
+            q_other = quoted(other)
+        )),
     }
 }
 
@@ -248,7 +296,7 @@ fn external_ips(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) -> 
         .filter_map(|text| {
             let ip = parse_ip_sloppy(text);
             if ip.is_none() && !text.trim().is_empty() {
-                tracing::warn!(service = %name, ip = %text, "skipping invalid external IP");
+                tracing::warn!(service = %name, ip = %quoted(text), "skipping invalid external IP");
             }
             ip
         })
@@ -266,7 +314,7 @@ fn source_ranges(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) ->
         .filter_map(|text| {
             let net = parse_cidr_sloppy(text);
             if net.is_none() && !text.is_empty() {
-                tracing::warn!(service = %name, cidr = %text, "skipping invalid load balancer source range");
+                tracing::warn!(service = %name, cidr = %quoted(text), "skipping invalid load balancer source range");
             }
             net
         })
@@ -295,12 +343,14 @@ fn load_balancer_ingress(
             Some("Proxy") => LoadBalancerIpMode::Proxy,
             Some(other) => {
                 return Err(format!(
-                    "load balancer ingress {text}: unknown ipMode {other:?}"
+                    "load balancer ingress {}: unknown ipMode {}",
+                    quoted(text),
+                    quoted(other)
                 ));
             }
         };
         let Some(ip) = parse_ip_sloppy(text) else {
-            tracing::warn!(service = %name, ip = %text, "skipping invalid load balancer ingress IP");
+            tracing::warn!(service = %name, ip = %quoted(text), "skipping invalid load balancer ingress IP");
             continue;
         };
         if family.contains(&ip) {
