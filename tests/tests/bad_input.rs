@@ -411,7 +411,10 @@ async fn bad_objects_are_refused_once_and_good_ones_all_reach_the_model() {
 
     // A bad object updated without changing why it is bad is not reported again; a new
     // good service still reaches the model.
-    let mut bad = server.get::<Service>(Some("ns2"), "bad-port").unwrap();
+    let mut bad = server
+        .get::<Service>(Some("ns2"), "bad-port")
+        .unwrap()
+        .expect("stored");
     bad.metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)

@@ -199,7 +199,11 @@ fn mutate_json(rng: &mut Rng, doc: &Value, interesting: &[Value]) -> Value {
 fn mutate_bytes(rng: &mut Rng, data: &[u8]) -> Vec<u8> {
     let mut out = data.to_vec();
     for _ in 0..=rng.below(4) {
-        let at = if out.is_empty() { 0 } else { rng.below(out.len()) };
+        let at = if out.is_empty() {
+            0
+        } else {
+            rng.below(out.len())
+        };
         match rng.below(4) {
             0 if !out.is_empty() => out[at] ^= 1 << rng.below(8),
             1 => out.insert(at, *rng.pick(b"0123456789:.-/\"{}[],x\xff\xc3 \n")),
@@ -286,17 +290,21 @@ fn service_json_seeds_and_mutations() {
 
 #[test]
 fn endpoint_slice_json_seeds_and_mutations() {
-    run("endpoint_slice_json", fuzz::endpoint_slice_json, &|name, outcome| {
-        let want = match name {
-            "ipv4.json" | "unicode.json" => Outcome::Accepted(1),
-            "ipv6.json" => Outcome::Accepted(2),
-            // Both ports share a name: one service port (upstream merges them).
-            "duplicate_ports.json" => Outcome::Accepted(1),
-            "fqdn.json" | "no_label.json" => Outcome::Accepted(0),
-            _ => Outcome::Rejected,
-        };
-        assert_eq!(outcome, want, "{name}");
-    });
+    run(
+        "endpoint_slice_json",
+        fuzz::endpoint_slice_json,
+        &|name, outcome| {
+            let want = match name {
+                "ipv4.json" | "unicode.json" => Outcome::Accepted(1),
+                "ipv6.json" => Outcome::Accepted(2),
+                // Both ports share a name: one service port (upstream merges them).
+                "duplicate_ports.json" => Outcome::Accepted(1),
+                "fqdn.json" | "no_label.json" => Outcome::Accepted(0),
+                _ => Outcome::Rejected,
+            };
+            assert_eq!(outcome, want, "{name}");
+        },
+    );
 }
 
 #[test]
