@@ -11,9 +11,9 @@ use proxy_agent::fuzz::{self, Outcome};
 use serde_json::Value;
 
 /// Mutated inputs per target.
-const MUTATIONS: usize = 3000;
+const MUTATIONS: usize = 2000;
 /// Upper bound on one target's mutation phase (a slow machine stops early).
-const TIME_BUDGET: Duration = Duration::from_secs(60);
+const TIME_BUDGET: Duration = Duration::from_secs(30);
 
 fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -152,7 +152,8 @@ fn node_mut<'a>(value: &'a mut Value, path: &[PathStep]) -> &'a mut Value {
 }
 
 /// One structural mutation of a JSON document: replace a node, drop a key, duplicate an
-/// array item, or grow an array to thousands of copies.
+/// array item, or grow an array to hundreds of copies (two grown arrays multiply: a
+/// slice's ports times its endpoints).
 fn mutate_json(rng: &mut Rng, doc: &Value, interesting: &[Value]) -> Value {
     let mut doc = doc.clone();
     let mut all = Vec::new();
@@ -184,7 +185,7 @@ fn mutate_json(rng: &mut Rng, doc: &Value, interesting: &[Value]) -> Value {
                     && items.len() < 10
                 {
                     let item = items[0].clone();
-                    items.resize(2000, item);
+                    items.resize(300, item);
                 }
             }
         }
@@ -241,6 +242,7 @@ fn run(target: &str, entry: fn(&[u8]) -> Outcome, expect: &dyn Fn(&str, Outcome)
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ target.len() as u64);
     let started = Instant::now();
     let mut counts = [0usize; 3];
+    let mut slowest = Duration::ZERO;
     let mut done = 0;
     while done < MUTATIONS && started.elapsed() < TIME_BUDGET {
         let index = rng.below(seeds.len());
@@ -254,7 +256,10 @@ fn run(target: &str, entry: fn(&[u8]) -> Outcome, expect: &dyn Fn(&str, Outcome)
                 serde_json::to_vec(&doc).unwrap()
             }
         };
-        match entry(&input) {
+        let one = Instant::now();
+        let outcome = entry(&input);
+        slowest = slowest.max(one.elapsed());
+        match outcome {
             Outcome::Undecodable => counts[0] += 1,
             Outcome::Rejected => counts[1] += 1,
             Outcome::Accepted(_) => counts[2] += 1,
@@ -262,13 +267,13 @@ fn run(target: &str, entry: fn(&[u8]) -> Outcome, expect: &dyn Fn(&str, Outcome)
         done += 1;
     }
     eprintln!(
-        "{target}: {done} mutations in {:?}: {} undecodable, {} rejected, {} accepted",
+        "{target}: {done} mutations in {:?} (slowest {slowest:?}): {} undecodable, {} rejected, {} accepted",
         started.elapsed(),
         counts[0],
         counts[1],
         counts[2]
     );
-    assert!(done >= 500, "{target}: only {done} mutations ran");
+    assert!(done >= 300, "{target}: only {done} mutations ran");
     // The mutations reach past decoding, into both refusal and acceptance.
     assert!(counts[1] > 0 && counts[2] > 0, "{target}: {counts:?}");
 }
