@@ -565,3 +565,19 @@ fn the_wrong_document_type_is_refused_before_its_fields() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_qps_that_is_not_a_number_is_refused() {
+    for value in [".nan", ".inf", "-.inf"] {
+        let text = document(&[("clientConnection.qps", value)]);
+        let mut config = parse_str(&text, Path::new("c.yaml")).unwrap();
+        apply_defaults(&mut config);
+        let errors: Vec<String> = validate(&config).iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 1, "{value}: {errors:?}");
+        assert!(
+            errors[0].starts_with("clientConnection.qps: Invalid value: "),
+            "{}",
+            errors[0]
+        );
+    }
+}
