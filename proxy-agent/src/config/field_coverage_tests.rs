@@ -99,8 +99,11 @@ enum Bad {
     Accepted,
 }
 
+/// Other settings a case needs, as (field path, YAML value).
+type Context = &'static [(&'static str, &'static str)];
+
 /// (field path, a bad-but-well-typed YAML value, other settings it needs, outcome).
-const OUT_OF_RANGE: &[(&str, &str, &[(&str, &str)], Bad)] = &[
+const OUT_OF_RANGE: &[(&str, &str, Context, Bad)] = &[
     // Gate names are not interpreted by this agent (a documented difference).
     ("featureGates", "{NoSuchGate: true}", &[], Bad::Accepted),
     ("clientConnection.kubeconfig", "\"\"", &[], Bad::Accepted),

@@ -33,7 +33,26 @@ pub fn service_ports(
     svc: &Service,
     family: IpFamily,
 ) -> Result<Vec<(ServicePortName, ServicePort)>, InvalidObject> {
+    convert(svc, family, true)
+}
+
+/// [`service_ports`] without its warnings about skipped entries: for the previous version
+/// of a service, which was converted (and its entries reported) when it was current.
+pub fn service_ports_quietly(
+    svc: &Service,
+    family: IpFamily,
+) -> Result<Vec<(ServicePortName, ServicePort)>, InvalidObject> {
+    convert(svc, family, false)
+}
+
+fn convert(
+    svc: &Service,
+    family: IpFamily,
+    warn: bool,
+) -> Result<Vec<(ServicePortName, ServicePort)>, InvalidObject> {
     let name = object_name(&svc.metadata);
+    // Where to report skipped entries; `None` reports nothing.
+    let log_as = warn.then_some(&name);
     let invalid = |reason: String| {
         InvalidObject::new(ObjectKind::Service, &name.namespace, &name.name, reason)
     };
@@ -87,7 +106,9 @@ pub fn service_ports(
     let health_check_node_port = if service_type == TYPE_LOAD_BALANCER && external_policy_local {
         match spec.health_check_node_port.unwrap_or(0) {
             0 => {
-                tracing::error!(service = %name, "service needs a health check node port but has none");
+                if let Some(name) = log_as {
+                    tracing::error!(service = %name, "service needs a health check node port but has none");
+                }
                 None
             }
             port => {
@@ -101,9 +122,9 @@ pub fn service_ports(
     };
 
     let session_affinity = session_affinity(spec).map_err(invalid)?;
-    let external_ips = external_ips(spec, family, &name);
-    let load_balancer_source_ranges = source_ranges(spec, family, &name);
-    let load_balancer_ingress = load_balancer_ingress(svc, family, &name).map_err(invalid)?;
+    let external_ips = external_ips(spec, family, log_as);
+    let load_balancer_source_ranges = source_ranges(spec, family, log_as);
+    let load_balancer_ingress = load_balancer_ingress(svc, family, log_as).map_err(invalid)?;
 
     // The API server refuses a repeated port name, a repeated (port, protocol) and a
     // repeated (nodePort, protocol). Upstream kube-proxy relies on that and would program
@@ -288,14 +309,20 @@ fn session_affinity(spec: &ServiceSpec) -> Result<Option<SessionAffinity>, Strin
     }
 }
 
-fn external_ips(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) -> Vec<IpAddr> {
+fn external_ips(
+    spec: &ServiceSpec,
+    family: IpFamily,
+    log_as: Option<&NamespacedName>,
+) -> Vec<IpAddr> {
     spec.external_ips
         .as_deref()
         .unwrap_or_default()
         .iter()
         .filter_map(|text| {
             let ip = parse_ip_sloppy(text);
-            if ip.is_none() && !text.trim().is_empty() {
+            if let (None, Some(name)) = (ip, log_as)
+                && !text.trim().is_empty()
+            {
                 tracing::warn!(service = %name, ip = %quoted(text), "skipping invalid external IP");
             }
             ip
@@ -304,7 +331,11 @@ fn external_ips(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) -> 
         .collect()
 }
 
-fn source_ranges(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) -> Vec<ipnet::IpNet> {
+fn source_ranges(
+    spec: &ServiceSpec,
+    family: IpFamily,
+    log_as: Option<&NamespacedName>,
+) -> Vec<ipnet::IpNet> {
     // API validation has long let whitespace around the ranges through.
     spec.load_balancer_source_ranges
         .as_deref()
@@ -313,7 +344,9 @@ fn source_ranges(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) ->
         .map(|text| text.trim())
         .filter_map(|text| {
             let net = parse_cidr_sloppy(text);
-            if net.is_none() && !text.is_empty() {
+            if let (None, Some(name)) = (net, log_as)
+                && !text.is_empty()
+            {
                 tracing::warn!(service = %name, cidr = %quoted(text), "skipping invalid load balancer source range");
             }
             net
@@ -325,7 +358,7 @@ fn source_ranges(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) ->
 fn load_balancer_ingress(
     svc: &Service,
     family: IpFamily,
-    name: &NamespacedName,
+    log_as: Option<&NamespacedName>,
 ) -> Result<Vec<LoadBalancerIngress>, String> {
     let ingress = svc
         .status
@@ -350,7 +383,9 @@ fn load_balancer_ingress(
             }
         };
         let Some(ip) = parse_ip_sloppy(text) else {
-            tracing::warn!(service = %name, ip = %quoted(text), "skipping invalid load balancer ingress IP");
+            if let Some(name) = log_as {
+                tracing::warn!(service = %name, ip = %quoted(text), "skipping invalid load balancer ingress IP");
+            }
             continue;
         };
         if family.contains(&ip) {

@@ -256,3 +256,67 @@ fn big_slice(count: u32) -> EndpointSlice {
     }
     builder.build()
 }
+
+/// Log output captured for one test.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+#[test]
+fn a_skipped_entry_is_logged_once_per_version_not_again_as_the_previous_one() {
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut map = ServicePortMap::new();
+        let v1 = mk_service("ns1", "svc")
+            .cluster_ip("172.30.0.9")
+            .port("http", 80, "TCP")
+            .external_ips(&["bogus", "192.168.0.9"])
+            .build();
+        tracker.update(None, Some(&v1));
+        map.apply(&mut tracker);
+        let v2 = mk_service("ns1", "svc")
+            .cluster_ip("172.30.0.9")
+            .port("http", 80, "TCP")
+            .port("https", 443, "TCP")
+            .external_ips(&["bogus", "192.168.0.9"])
+            .build();
+        tracker.update(Some(&v1), Some(&v2));
+        map.apply(&mut tracker);
+        assert_eq!(map.len(), 2);
+    });
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("skipping invalid external IP"))
+        .collect();
+    assert_eq!(lines.len(), 2, "one per version converted: {text}");
+    assert!(
+        lines
+            .iter()
+            .all(|line| line.contains("ns1/svc") && line.contains("\"bogus\"")),
+        "{lines:?}"
+    );
+}
