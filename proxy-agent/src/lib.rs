@@ -11,6 +11,7 @@ pub mod agent;
 pub mod cleanup;
 pub mod config;
 pub mod ebpf_object;
+pub mod fuzz;
 pub mod health;
 pub mod inspect;
 pub mod k8s;

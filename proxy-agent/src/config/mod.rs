@@ -321,4 +321,6 @@ fn config_warnings(config: &KubeProxyConfiguration, effective: &Effective) -> Ve
 }
 
 #[cfg(test)]
+mod field_coverage_tests;
+#[cfg(test)]
 mod tests;

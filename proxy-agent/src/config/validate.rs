@@ -82,6 +82,15 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
     ) {
         errors.push(invalid_mode(&config.mode));
     }
+    // Upstream decodes through JSON, which has no NaN or infinity: such a qps never gets
+    // past its decoder. Ours reads YAML directly, so it is refused here.
+    if !config.client_connection.qps.is_finite() {
+        errors.push(FieldError::invalid(
+            "clientConnection.qps",
+            config.client_connection.qps,
+            "must be a finite number",
+        ));
+    }
     if config.client_connection.burst < 0 {
         errors.push(FieldError::invalid(
             "clientConnection.burst",

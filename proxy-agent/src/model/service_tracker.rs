@@ -142,9 +142,10 @@ fn into_service_ports(ports: Vec<(ServicePortName, ServicePort)>) -> ServicePort
         .collect()
 }
 
-/// The previous version was reported (or accepted) when it was current.
+/// The previous version was reported (or accepted), and its skipped entries logged, when
+/// it was current.
 fn convert_quietly(svc: &Service, family: IpFamily) -> ServicePorts {
-    convert::service_ports(svc, family)
+    convert::service_ports_quietly(svc, family)
         .map(into_service_ports)
         .unwrap_or_default()
 }

@@ -8,7 +8,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
-    ANNOTATION_LAST_CHANGE_TRIGGER_TIME, LABEL_SERVICE_NAME, object_name, parse_ip_sloppy,
+    ANNOTATION_LAST_CHANGE_TRIGGER_TIME, LABEL_SERVICE_NAME, object_name, parse_ip_sloppy, quoted,
 };
 use crate::model::{
     InvalidObject, IpFamily, NamespacedName, ObjectKind, Protocol, SliceEndpoint, SliceInfo,
@@ -68,8 +68,12 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
     }
     let address_family = match slice.address_type.as_str() {
         ADDRESS_TYPE_FQDN => return Ok(None),
-        text => IpFamily::from_api(text)
-            .ok_or_else(|| invalid(format!("unknown addressType {text:?}")))?,
+        text => IpFamily::from_api(text).ok_or_else(|| {
+            invalid(format!(
+                "unknown addressType {q_text}",
+                q_text = quoted(text)
+            ))
+        })?,
     };
     let Some((service, slice_name)) = endpoint_slice_keys(slice) else {
         tracing::warn!(
@@ -91,13 +95,22 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
                 tracing::warn!(endpoint_slice = %object, port = %name, "ignoring EndpointSlice port without a number");
                 continue;
             }
-            Some(value) => u16::try_from(value)
-                .map_err(|_| invalid(format!("port {name:?}: {value} is out of range")))?,
+            Some(value) => u16::try_from(value).map_err(|_| {
+                invalid(format!(
+                    "port {q_name}: {value} is out of range",
+                    q_name = quoted(&name)
+                ))
+            })?,
         };
         let protocol = match port.protocol.as_deref() {
             None => Protocol::Tcp,
-            Some(text) => Protocol::from_api(text)
-                .ok_or_else(|| invalid(format!("port {name:?}: unknown protocol {text:?}")))?,
+            Some(text) => Protocol::from_api(text).ok_or_else(|| {
+                invalid(format!(
+                    "port {q_name}: unknown protocol {q_text}",
+                    q_name = quoted(&name),
+                    q_text = quoted(text)
+                ))
+            })?,
         };
         ports.push(SlicePort {
             name,
@@ -113,8 +126,12 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
             tracing::warn!(endpoint_slice = %object, "ignoring endpoint without addresses");
             continue;
         };
-        let ip = parse_ip_sloppy(address)
-            .ok_or_else(|| invalid(format!("endpoint address {address:?} is not an IP address")))?;
+        let ip = parse_ip_sloppy(address).ok_or_else(|| {
+            invalid(format!(
+                "endpoint address {q_address} is not an IP address",
+                q_address = quoted(address)
+            ))
+        })?;
         if !address_family.contains(&ip) {
             return Err(invalid(format!(
                 "endpoint address {address} is not of addressType {address_family}"
@@ -157,7 +174,7 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
             if time.is_none() {
                 tracing::warn!(
                     endpoint_slice = %object,
-                    value = %text,
+                    value = %quoted(text),
                     "ignoring unparsable {ANNOTATION_LAST_CHANGE_TRIGGER_TIME} annotation"
                 );
             }

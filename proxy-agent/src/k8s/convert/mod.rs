@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use endpointslice::{endpoint_slice_info, endpoint_slice_keys};
 pub use ip::{parse_cidr_sloppy, parse_ip_sloppy};
 pub use objects::{ClusterObject, objects_from_value, parse_objects};
-pub use service::service_ports;
+pub use service::{service_ports, service_ports_quietly};
 
 use crate::model::NamespacedName;
 
@@ -58,4 +58,16 @@ pub fn object_name(meta: &ObjectMeta) -> NamespacedName {
         meta.namespace.clone().unwrap_or_default(),
         meta.name.clone().unwrap_or_default(),
     )
+}
+
+/// The longest part of an API-supplied value a log line or refusal reason repeats.
+const QUOTED_MAX_CHARS: usize = 64;
+
+/// `text` quoted for a log line or a refusal reason, cut short when long: an object may
+/// carry megabytes in a field, and one bad value must not turn into a megabyte log line.
+pub(crate) fn quoted(text: &str) -> String {
+    match text.char_indices().nth(QUOTED_MAX_CHARS) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &text[..cut], text.len()),
+    }
 }

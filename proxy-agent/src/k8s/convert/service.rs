@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
-use super::{object_name, parse_cidr_sloppy, parse_ip_sloppy, should_proxy_service};
+use super::{object_name, parse_cidr_sloppy, parse_ip_sloppy, quoted, should_proxy_service};
 use crate::model::{
     InvalidObject, IpFamily, LoadBalancerIngress, LoadBalancerIpMode, NamespacedName, ObjectKind,
     Protocol, ServicePort, ServicePortName, SessionAffinity,
@@ -33,7 +33,26 @@ pub fn service_ports(
     svc: &Service,
     family: IpFamily,
 ) -> Result<Vec<(ServicePortName, ServicePort)>, InvalidObject> {
+    convert(svc, family, true)
+}
+
+/// [`service_ports`] without its warnings about skipped entries: for the previous version
+/// of a service, which was converted (and its entries reported) when it was current.
+pub fn service_ports_quietly(
+    svc: &Service,
+    family: IpFamily,
+) -> Result<Vec<(ServicePortName, ServicePort)>, InvalidObject> {
+    convert(svc, family, false)
+}
+
+fn convert(
+    svc: &Service,
+    family: IpFamily,
+    warn: bool,
+) -> Result<Vec<(ServicePortName, ServicePort)>, InvalidObject> {
     let name = object_name(&svc.metadata);
+    // Where to report skipped entries; `None` reports nothing.
+    let log_as = warn.then_some(&name);
     let invalid = |reason: String| {
         InvalidObject::new(ObjectKind::Service, &name.namespace, &name.name, reason)
     };
@@ -52,7 +71,12 @@ pub fn service_ports(
     match service_type {
         TYPE_EXTERNAL_NAME => return Ok(Vec::new()),
         TYPE_CLUSTER_IP | TYPE_NODE_PORT | TYPE_LOAD_BALANCER => {}
-        other => return Err(invalid(format!("unknown spec.type {other:?}"))),
+        other => {
+            return Err(invalid(format!(
+                "unknown spec.type {q_other}",
+                q_other = quoted(other)
+            )));
+        }
     }
 
     let Some(cluster_ip) = cluster_ip_for_family(spec, family).map_err(invalid)? else {
@@ -82,7 +106,9 @@ pub fn service_ports(
     let health_check_node_port = if service_type == TYPE_LOAD_BALANCER && external_policy_local {
         match spec.health_check_node_port.unwrap_or(0) {
             0 => {
-                tracing::error!(service = %name, "service needs a health check node port but has none");
+                if let Some(name) = log_as {
+                    tracing::error!(service = %name, "service needs a health check node port but has none");
+                }
                 None
             }
             port => {
@@ -96,36 +122,66 @@ pub fn service_ports(
     };
 
     let session_affinity = session_affinity(spec).map_err(invalid)?;
-    let external_ips = external_ips(spec, family, &name);
-    let load_balancer_source_ranges = source_ranges(spec, family, &name);
-    let load_balancer_ingress = load_balancer_ingress(svc, family, &name).map_err(invalid)?;
+    let external_ips = external_ips(spec, family, log_as);
+    let load_balancer_source_ranges = source_ranges(spec, family, log_as);
+    let load_balancer_ingress = load_balancer_ingress(svc, family, log_as).map_err(invalid)?;
 
+    // The API server refuses a repeated port name, a repeated (port, protocol) and a
+    // repeated (nodePort, protocol). Upstream kube-proxy relies on that and would program
+    // two rules for one frontend, the first silently winning; here one frontend can only
+    // have one service port, so such an object is refused whole.
     let mut names_seen = HashSet::new();
+    let mut frontends_seen = HashSet::new();
+    let mut node_ports_seen = HashSet::new();
     let mut ports = Vec::new();
     for spec_port in spec.ports.as_deref().unwrap_or_default() {
         let port_name = spec_port.name.clone().unwrap_or_default();
         if !names_seen.insert(port_name.clone()) {
-            return Err(invalid(format!("duplicate port name {port_name:?}")));
+            return Err(invalid(format!(
+                "duplicate port name {q_port_name}",
+                q_port_name = quoted(&port_name)
+            )));
         }
         let protocol = match spec_port.protocol.as_deref() {
             None => Protocol::Tcp,
-            Some(text) => Protocol::from_api(text)
-                .ok_or_else(|| invalid(format!("port {port_name:?}: unknown protocol {text:?}")))?,
+            Some(text) => Protocol::from_api(text).ok_or_else(|| {
+                invalid(format!(
+                    "port {q_port_name}: unknown protocol {q_text}",
+                    q_port_name = quoted(&port_name),
+                    q_text = quoted(text)
+                ))
+            })?,
         };
         let port = port_number(spec_port.port).ok_or_else(|| {
             invalid(format!(
-                "port {port_name:?}: port {} is out of range",
-                spec_port.port
+                "port {q_port_name}: port {} is out of range",
+                spec_port.port,
+                q_port_name = quoted(&port_name)
             ))
         })?;
         let node_port = match spec_port.node_port.unwrap_or(0) {
             0 => None,
             value => Some(port_number(value).ok_or_else(|| {
                 invalid(format!(
-                    "port {port_name:?}: nodePort {value} is out of range"
+                    "port {q_port_name}: nodePort {value} is out of range",
+                    q_port_name = quoted(&port_name)
                 ))
             })?),
         };
+        if !frontends_seen.insert((port, protocol)) {
+            return Err(invalid(format!(
+                "port {q_port_name}: duplicate port {port}/{protocol}",
+                q_port_name = quoted(&port_name)
+            )));
+        }
+        if let Some(node_port) = node_port
+            && !node_ports_seen.insert((node_port, protocol))
+        {
+            return Err(invalid(format!(
+                "port {q_port_name}: duplicate nodePort {node_port}/{protocol}",
+                q_port_name = quoted(&port_name)
+            )));
+        }
         ports.push((
             ServicePortName::new(name.clone(), port_name, protocol),
             ServicePort {
@@ -162,7 +218,12 @@ fn cluster_ip_for_family(spec: &ServiceSpec, family: IpFamily) -> Result<Option<
         return Ok(None);
     }
     let parse = |text: &str, field: &str| {
-        parse_ip_sloppy(text).ok_or_else(|| format!("{field} {text:?} is not an IP address"))
+        parse_ip_sloppy(text).ok_or_else(|| {
+            format!(
+                "{field} {q_text} is not an IP address",
+                q_text = quoted(text)
+            )
+        })
     };
     let primary_ip = parse(primary, "clusterIP")?;
 
@@ -177,8 +238,9 @@ fn cluster_ip_for_family(spec: &ServiceSpec, family: IpFamily) -> Result<Option<
             .collect::<Result<Vec<_>, _>>()?;
         if ips[0] != primary_ip {
             return Err(format!(
-                "clusterIP {primary:?} is not clusterIPs[0] {:?}",
-                cluster_ips[0]
+                "clusterIP {} is not clusterIPs[0] {}",
+                quoted(primary),
+                quoted(&cluster_ips[0])
             ));
         }
         ips
@@ -192,7 +254,8 @@ fn cluster_ip_for_family(spec: &ServiceSpec, family: IpFamily) -> Result<Option<
     let families = families
         .iter()
         .map(|text| {
-            IpFamily::from_api(text).ok_or_else(|| format!("unknown ipFamilies entry {text:?}"))
+            IpFamily::from_api(text)
+                .ok_or_else(|| format!("unknown ipFamilies entry {q_text}", q_text = quoted(text)))
         })
         .collect::<Result<Vec<_>, _>>()?;
     for (index, (ip, ip_family)) in ips.iter().zip(&families).enumerate() {
@@ -212,7 +275,10 @@ fn traffic_policy_is_local(value: Option<&str>, field: &str) -> Result<bool, Str
     match value {
         None | Some("Cluster") => Ok(false),
         Some("Local") => Ok(true),
-        Some(other) => Err(format!("unknown {field} {other:?}")),
+        Some(other) => Err(format!(
+            "unknown {field} {q_other}",
+            q_other = quoted(other)
+        )),
     }
 }
 
@@ -236,19 +302,28 @@ fn session_affinity(spec: &ServiceSpec) -> Result<Option<SessionAffinity>, Strin
             };
             Ok(Some(SessionAffinity { timeout_seconds }))
         }
-        Some(other) => Err(format!("unknown sessionAffinity {other:?}")),
+        Some(other) => Err(format!(
+            "unknown sessionAffinity {q_other}",
+            q_other = quoted(other)
+        )),
     }
 }
 
-fn external_ips(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) -> Vec<IpAddr> {
+fn external_ips(
+    spec: &ServiceSpec,
+    family: IpFamily,
+    log_as: Option<&NamespacedName>,
+) -> Vec<IpAddr> {
     spec.external_ips
         .as_deref()
         .unwrap_or_default()
         .iter()
         .filter_map(|text| {
             let ip = parse_ip_sloppy(text);
-            if ip.is_none() && !text.trim().is_empty() {
-                tracing::warn!(service = %name, ip = %text, "skipping invalid external IP");
+            if let (None, Some(name)) = (ip, log_as)
+                && !text.trim().is_empty()
+            {
+                tracing::warn!(service = %name, ip = %quoted(text), "skipping invalid external IP");
             }
             ip
         })
@@ -256,7 +331,11 @@ fn external_ips(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) -> 
         .collect()
 }
 
-fn source_ranges(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) -> Vec<ipnet::IpNet> {
+fn source_ranges(
+    spec: &ServiceSpec,
+    family: IpFamily,
+    log_as: Option<&NamespacedName>,
+) -> Vec<ipnet::IpNet> {
     // API validation has long let whitespace around the ranges through.
     spec.load_balancer_source_ranges
         .as_deref()
@@ -265,8 +344,10 @@ fn source_ranges(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) ->
         .map(|text| text.trim())
         .filter_map(|text| {
             let net = parse_cidr_sloppy(text);
-            if net.is_none() && !text.is_empty() {
-                tracing::warn!(service = %name, cidr = %text, "skipping invalid load balancer source range");
+            if let (None, Some(name)) = (net, log_as)
+                && !text.is_empty()
+            {
+                tracing::warn!(service = %name, cidr = %quoted(text), "skipping invalid load balancer source range");
             }
             net
         })
@@ -277,7 +358,7 @@ fn source_ranges(spec: &ServiceSpec, family: IpFamily, name: &NamespacedName) ->
 fn load_balancer_ingress(
     svc: &Service,
     family: IpFamily,
-    name: &NamespacedName,
+    log_as: Option<&NamespacedName>,
 ) -> Result<Vec<LoadBalancerIngress>, String> {
     let ingress = svc
         .status
@@ -295,12 +376,16 @@ fn load_balancer_ingress(
             Some("Proxy") => LoadBalancerIpMode::Proxy,
             Some(other) => {
                 return Err(format!(
-                    "load balancer ingress {text}: unknown ipMode {other:?}"
+                    "load balancer ingress {}: unknown ipMode {}",
+                    quoted(text),
+                    quoted(other)
                 ));
             }
         };
         let Some(ip) = parse_ip_sloppy(text) else {
-            tracing::warn!(service = %name, ip = %text, "skipping invalid load balancer ingress IP");
+            if let Some(name) = log_as {
+                tracing::warn!(service = %name, ip = %quoted(text), "skipping invalid load balancer ingress IP");
+            }
             continue;
         };
         if family.contains(&ip) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Model tests; objects come from [`crate::k8s::fixtures`].
 
+mod bad_input;
 mod endpoints;
 mod scenarios;
 mod service_tracker;
