@@ -126,6 +126,16 @@ fn attach_one(program: &mut Xdp, mode: XdpMode, device: &str, pin: &PathBuf) -> 
         }
     }
     let flags = match mode {
+        XdpMode::Native if is_veth(device) => {
+            // A veth drops the frames native XDP transmits (XDP_TX to a backend on another
+            // node) unless its peer runs XDP too, which is not ours to decide: generic
+            // XDP does the same work without that condition.
+            warn!(
+                %device,
+                "native XDP on a veth would drop traffic to remote backends; using generic XDP on it"
+            );
+            AttachMode::Skb
+        }
         XdpMode::Native => AttachMode::Driver,
         _ => AttachMode::Skb,
     };
@@ -133,6 +143,14 @@ fn attach_one(program: &mut Xdp, mode: XdpMode, device: &str, pin: &PathBuf) -> 
     let link = program.take_link(id).map_err(|e| e.to_string())?;
     let link = FdLink::try_from(link).map_err(|e| format!("not a bpf link: {e}"))?;
     pin_link(link, pin)
+}
+
+/// Whether `device` is a veth (asked over rtnetlink; unknown counts as not).
+fn is_veth(device: &str) -> bool {
+    crate::proxier::netlink::route::RouteSocket::open()
+        .and_then(|mut socket| socket.link_kind(device))
+        .map(|kind| kind.as_deref() == Some("veth"))
+        .unwrap_or(false)
 }
 
 /// Points the pinned link at the newly loaded program (atomically, in the kernel).

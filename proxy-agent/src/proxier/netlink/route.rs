@@ -117,6 +117,16 @@ pub fn parse_address(body: &[u8]) -> Option<(u32, IpAddr)> {
     Some((index, address?))
 }
 
+/// IFLA_LINKINFO / IFLA_INFO_KIND of a link message's attributes.
+fn link_kind_of(link_attrs: &[u8]) -> Option<String> {
+    attrs(link_attrs)
+        .filter(|(t, _)| *t == IFLA_LINKINFO)
+        .flat_map(|(_, info)| attrs(info))
+        .find(|(t, _)| *t == IFLA_INFO_KIND)
+        .and_then(|(_, kind)| string(kind))
+        .map(str::to_string)
+}
+
 /// The rtnetlink operations on one link.
 #[derive(Debug)]
 pub struct RouteSocket {
@@ -146,6 +156,23 @@ impl RouteSocket {
                 })
                 .and_then(|a| a.body[4..8].try_into().ok().map(i32::from_ne_bytes))
                 .and_then(|index| u32::try_from(index).ok())),
+            Err(err) if err.errno() == Some(Errno::ENODEV) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The kind of link `name` (`veth`, `dummy`, `bridge`, ...; `None` for a physical
+    /// device, which has no link info, or when there is no such link).
+    pub fn link_kind(&mut self, name: &str) -> Result<Option<String>, NetlinkError> {
+        let seq = self.socket.next_seq();
+        match self
+            .socket
+            .request(&link_by_name_request(RTM_GETLINK, name, seq), "get link")
+        {
+            Ok(answers) => Ok(answers
+                .iter()
+                .filter(|a| a.msg_type == RTM_NEWLINK && a.body.len() >= IFINFOMSG_LEN)
+                .find_map(|a| link_kind_of(&a.body[IFINFOMSG_LEN..]))),
             Err(err) if err.errno() == Some(Errno::ENODEV) => Ok(None),
             Err(err) => Err(err),
         }
@@ -253,6 +280,15 @@ mod tests {
         assert_eq!(
             (kind[0].0, string(kind[0].1)),
             (IFLA_INFO_KIND, Some("dummy"))
+        );
+        // A link message carries the same attributes: its kind is read back.
+        assert_eq!(
+            link_kind_of(&body[IFINFOMSG_LEN..]).as_deref(),
+            Some("dummy")
+        );
+        assert_eq!(
+            link_kind_of(&body[IFINFOMSG_LEN..][..found[0].1.len() + 4]),
+            None
         );
     }
 
