@@ -140,42 +140,41 @@ impl RouteSocket {
         })
     }
 
-    /// The index of link `name`, `None` when there is none.
-    pub fn link_index(&mut self, name: &str) -> Result<Option<u32>, NetlinkError> {
+    /// The RTM_NEWLINK body (ifinfomsg and attributes) of link `name`, `None` when there
+    /// is no such link.
+    fn link(&mut self, name: &str) -> Result<Option<Vec<u8>>, NetlinkError> {
         let seq = self.socket.next_seq();
         match self
             .socket
             .request(&link_by_name_request(RTM_GETLINK, name, seq), "get link")
         {
             Ok(answers) => Ok(answers
-                .iter()
+                .into_iter()
                 .filter(|a| a.msg_type == RTM_NEWLINK && a.body.len() >= IFINFOMSG_LEN)
                 .find(|a| {
                     attrs(&a.body[IFINFOMSG_LEN..])
                         .any(|(t, p)| t == IFLA_IFNAME && string(p) == Some(name))
                 })
-                .and_then(|a| a.body[4..8].try_into().ok().map(i32::from_ne_bytes))
-                .and_then(|index| u32::try_from(index).ok())),
+                .map(|a| a.body)),
             Err(err) if err.errno() == Some(Errno::ENODEV) => Ok(None),
             Err(err) => Err(err),
         }
     }
 
+    /// The index of link `name`, `None` when there is none.
+    pub fn link_index(&mut self, name: &str) -> Result<Option<u32>, NetlinkError> {
+        Ok(self
+            .link(name)?
+            .and_then(|body| body[4..8].try_into().ok().map(i32::from_ne_bytes))
+            .and_then(|index| u32::try_from(index).ok()))
+    }
+
     /// The kind of link `name` (`veth`, `dummy`, `bridge`, ...; `None` for a physical
     /// device, which has no link info, or when there is no such link).
     pub fn link_kind(&mut self, name: &str) -> Result<Option<String>, NetlinkError> {
-        let seq = self.socket.next_seq();
-        match self
-            .socket
-            .request(&link_by_name_request(RTM_GETLINK, name, seq), "get link")
-        {
-            Ok(answers) => Ok(answers
-                .iter()
-                .filter(|a| a.msg_type == RTM_NEWLINK && a.body.len() >= IFINFOMSG_LEN)
-                .find_map(|a| link_kind_of(&a.body[IFINFOMSG_LEN..]))),
-            Err(err) if err.errno() == Some(Errno::ENODEV) => Ok(None),
-            Err(err) => Err(err),
-        }
+        Ok(self
+            .link(name)?
+            .and_then(|body| link_kind_of(&body[IFINFOMSG_LEN..])))
     }
 
     /// Makes sure dummy link `name` exists; returns its index.
