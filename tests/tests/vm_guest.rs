@@ -8,6 +8,11 @@
 //!   over every shared scenario and the main IPv6 variants ([`IPV6_FILES`]), then the privileged ipvs_kernel test binary when there is
 //!   one. Fails with the runner's FAIL lines. Skipped with the reason when this host runs
 //!   ipvs itself (tests/tests/scenarios.rs then does), or the agent has no ipvs proxier yet.
+//! - `guest::sctp_scenarios`: ONE boot replaying every scenario file that has an SCTP flow
+//!   (shared and own) in ebpf mode (XDP off, and XDP generic) and in iptables mode, where this
+//!   host's kernel cannot make SCTP sockets and the host replay reports those flows SKIP.
+//!   Every flow must PASS; a SKIP in the guest fails. It also proves the eBPF programs load
+//!   on an older kernel (Debian 12's 6.1), whose verifier is stricter about stack size.
 //!
 //! A host that cannot boot the guest (qemu, kernel or busybox-static missing: `cargo xtask
 //! setup` installs them) skips both with the reason.
@@ -19,6 +24,10 @@ use std::{
 };
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use tests::scenario::{
+    echo::sctp_supported,
+    format::{Proto, Scenario},
+};
 use xtask::vm::{self, VmOptions, VmOutcome, shell_quote};
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
@@ -251,6 +260,101 @@ fn ipvs_scenarios() -> Result<(), Failed> {
     }
 }
 
+/// Scenario files (shared, then own) with at least one SCTP flow.
+fn sctp_scenario_files() -> Vec<PathBuf> {
+    let ws = workspace();
+    let mut files = Vec::new();
+    for dir in [ws.join("../shared/scenarios"), ws.join("tests/scenarios")] {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut found: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .filter(|p| Scenario::load(p).is_ok_and(|s| s.flows().any(|f| f.proto == Proto::Sctp)))
+            .collect();
+        found.sort();
+        files.extend(found);
+    }
+    files
+}
+
+/// The modes `sctp_scenarios` replays, as (name, runner arguments): those the host replays
+/// (tests/tests/scenarios.rs) that can run on the guest's kernel without IPVS in the way.
+const SCTP_MODES: &[(&str, &[&str])] = &[
+    ("ebpf", &["--mode", "ebpf", "--trace-check"]),
+    ("ebpf-xdp", &["--mode", "ebpf", "--xdp-mode", "generic"]),
+    ("iptables", &["--mode", "iptables", "--trace-check"]),
+];
+
+fn sctp_script(out: &Path, files: &[PathBuf]) -> String {
+    let o = shell_quote(&out.display().to_string());
+    // Loaded up front so that a missing module shows as such, not as SKIPped flows.
+    let mut script = format!("o={o}\nmodprobe sctp > $o/modprobe.log 2>&1\n");
+    for (name, args) in SCTP_MODES {
+        let mut runner = vec![RUNNER.to_string(), "run".into()];
+        runner.extend(args.iter().map(|a| a.to_string()));
+        runner.extend(["--ready-timeout-s".into(), "90".into()]);
+        for file in files {
+            runner.extend(["--file".into(), file.display().to_string()]);
+        }
+        script.push_str(&format!(
+            "{} > $o/{name}.log 2> $o/{name}.err; echo $? > $o/{name}.rc\n",
+            vm::shell_words(&runner)
+        ));
+    }
+    script
+}
+
+fn sctp_scenarios() -> Result<(), Failed> {
+    let files = sctp_scenario_files();
+    if files.is_empty() {
+        return Err("no scenario file has an SCTP flow: nothing for this test to show".into());
+    }
+    let out = out_dir("sctp");
+    let outcome = boot(
+        &sctp_script(&out, &files),
+        &out,
+        Duration::from_secs(20 * 60),
+    )?;
+    eprintln!(
+        "guest ran for {:.1} s (boot included), {} files",
+        outcome.elapsed.as_secs_f64(),
+        files.len()
+    );
+    let mut problems = Vec::new();
+    for (name, _) in SCTP_MODES {
+        let log = read(&out, &format!("{name}.log"));
+        let summary = log.lines().last().unwrap_or_default().to_string();
+        let sctp_passed = log
+            .lines()
+            .filter(|l| l.starts_with("PASS") && l.contains("/sctp:"))
+            .count();
+        eprintln!("{name} in the guest: {summary}; SCTP flows passed: {sctp_passed}");
+        let not_passed: Vec<&str> = log
+            .lines()
+            .filter(|l| l.starts_with("FAIL") || l.starts_with("SKIP"))
+            .collect();
+        if read(&out, &format!("{name}.rc")).trim() != "0" || !not_passed.is_empty() {
+            problems.push(format!(
+                "scenario-runner {name} in the guest: {summary}\n{}\n{}\nmodprobe sctp: {}",
+                not_passed.join("\n"),
+                read(&out, &format!("{name}.err")),
+                read(&out, "modprobe.log")
+            ));
+        } else if sctp_passed == 0 {
+            problems.push(format!("{name}: no SCTP flow passed in the guest:\n{log}"));
+        }
+    }
+    let _ = fs::remove_dir_all(&out);
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Failed::from(problems.join("\n\n")))
+    }
+}
+
 fn main() {
     let args = Arguments::from_args();
     let unavailable = vm::prerequisites().err();
@@ -265,6 +369,14 @@ fn main() {
     if let Some(why) = &ipvs_skip {
         eprintln!("guest::ipvs_scenarios skipped: {why}");
     }
+    let sctp_skip = if sctp_supported() {
+        Some("this host's kernel makes SCTP sockets: tests/tests/scenarios.rs replays them".into())
+    } else {
+        unavailable.clone()
+    };
+    if let Some(why) = &sctp_skip {
+        eprintln!("guest::sctp_scenarios skipped: {why}");
+    }
     let trials = vec![
         Trial::test(
             "guest::boots_with_ipvs_and_runs_host_binaries",
@@ -272,6 +384,7 @@ fn main() {
         )
         .with_ignored_flag(unavailable.is_some()),
         Trial::test("guest::ipvs_scenarios", ipvs_scenarios).with_ignored_flag(ipvs_skip.is_some()),
+        Trial::test("guest::sctp_scenarios", sctp_scenarios).with_ignored_flag(sctp_skip.is_some()),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

@@ -12,6 +12,8 @@ use super::{
     reply,
     route::Next,
 };
+use aya_ebpf::programs::TcContext;
+
 use crate::{
     lb::{Client, Frontend, V4, V6, lookup_frontend, select_backend},
     maps::CT_SCRATCH,
@@ -68,7 +70,38 @@ fn run<C: PacketIo, F: AddrRewrite + Masquerade>(ctx: &C) -> i32 {
             None => C::PASS,
         };
     }
-    new_flow::<C, F>(ctx, p, ct::config())
+    match new_flow::<C, F>(ctx, p, ct::config(), false) {
+        NewFlow::Done(action) => action,
+        NewFlow::Reject => ctx.reject::<F>(p),
+    }
+}
+
+/// Per-packet load balancing of what a pod sends that no socket program saw: SCTP, for
+/// which the kernel runs no cgroup connect or sendmsg hook. Clients are on this node, so
+/// frontends are looked up as the socket programs do (the internal scope of a frontend that
+/// has two). Replies come back through [`reply`], on the backend's device or the uplink.
+#[inline(never)]
+pub fn from_pod<F: AddrRewrite + Masquerade>(ctx: &TcContext, p: &Packet<F::Addr>) -> i32 {
+    if let Some(v) = forward_entry::<F>(p) {
+        return match plan_forward::<TcContext, F>(ctx, p, v) {
+            Some(plan) => forward::<TcContext, F>(ctx, p, v, plan),
+            None => TcContext::PASS,
+        };
+    }
+    match new_flow::<TcContext, F>(ctx, p, ct::config(), true) {
+        NewFlow::Done(action) => action,
+        NewFlow::Reject => ctx.reject::<F>(p),
+    }
+}
+
+/// What became of a packet that belongs to no flow yet.
+enum NewFlow {
+    /// The program's return code.
+    Done(i32),
+    /// Answer it (TCP RST, ICMP unreachable). Built by the caller, so that the answer's frame
+    /// sits beside new_flow's, not under it: nested, the two came to exactly the 512 bytes
+    /// of combined stack the verifier allows.
+    Reject,
 }
 
 #[inline(never)]
@@ -95,37 +128,38 @@ fn new_flow<C: PacketIo, F: AddrRewrite + Masquerade>(
     ctx: &C,
     p: &Packet<F::Addr>,
     cfg: &proxy_common::LbConfig,
-) -> i32 {
+    internal: bool,
+) -> NewFlow {
     if p.later_fragment {
         // Its first fragment made no flow: nothing to join.
-        return C::DROP;
+        return NewFlow::Done(C::DROP);
     }
-    let (svc, key) = match lookup_frontend::<F>(p.daddr, p.dport, p.proto, false) {
-        Frontend::None => return C::PASS,
-        Frontend::Drop => return C::DROP,
-        Frontend::Reject => return ctx.reject::<F>(p),
+    let (svc, key) = match lookup_frontend::<F>(p.daddr, p.dport, p.proto, internal) {
+        Frontend::None => return NewFlow::Done(C::PASS),
+        Frontend::Drop => return NewFlow::Done(C::DROP),
+        Frontend::Reject => return NewFlow::Reject,
         Frontend::Service { svc, key } => (svc, key),
     };
     if svc.flags & svc_flags::SOURCE_RANGES != 0 && !F::source_allowed(svc.rev_nat_id, p.saddr) {
-        return C::DROP;
+        return NewFlow::Done(C::DROP);
     }
     if svc.count == 0 {
         if svc.flags & svc_flags::DROP_NO_ENDPOINTS != 0 {
-            return C::DROP;
+            return NewFlow::Done(C::DROP);
         }
-        return ctx.reject::<F>(p);
+        return NewFlow::Reject;
     }
     let Some((backend_id, backend)) = select_backend::<F>(&svc, &key, Client::Addr(p.saddr)) else {
-        return C::DROP;
+        return NewFlow::Done(C::DROP);
     };
     let (baddr, bport) = F::backend_target(&backend);
     if p.proto == proto::SCTP && bport != p.dport {
         // SCTP's CRC32c covers the ports and cannot be patched incrementally.
-        return C::DROP;
+        return NewFlow::Done(C::DROP);
     }
     // Built in per-CPU scratch space: the stack is too small for it.
     let Some(v) = CT_SCRATCH.get_ptr_mut(0) else {
-        return C::DROP;
+        return NewFlow::Done(C::DROP);
     };
     // SAFETY: a per-CPU slot; networking programs do not preempt each other on one CPU.
     let v = unsafe { &mut *v };
@@ -146,10 +180,10 @@ fn new_flow<C: PacketIo, F: AddrRewrite + Masquerade>(
     let masq = F::masq(cfg);
     if svc.flags & svc_flags::MASQUERADE != 0 && masq != F::zero() {
         let Some(port) = ct::snat_port::<F>(cfg, v, masq, p.proto) else {
-            return C::DROP;
+            return NewFlow::Done(C::DROP);
         };
         if p.proto == proto::SCTP && port != p.sport {
-            return C::DROP;
+            return NewFlow::Done(C::DROP);
         }
         v.flags |= CT_F_SNAT;
         v.snat_addr = F::to16(masq);
@@ -158,12 +192,12 @@ fn new_flow<C: PacketIo, F: AddrRewrite + Masquerade>(
     // Where it goes is settled before anything is recorded: a layer that does not take
     // the flow (XDP) leaves no trace of it.
     let Some(plan) = plan_forward::<C, F>(ctx, p, v) else {
-        return C::PASS;
+        return NewFlow::Done(C::PASS);
     };
     if !ct::create::<F>(v, p.proto) {
-        return C::DROP;
+        return NewFlow::Done(C::DROP);
     }
-    forward::<C, F>(ctx, p, v, plan)
+    NewFlow::Done(forward::<C, F>(ctx, p, v, plan))
 }
 
 /// Where a forward packet of the flow goes once translated.

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 //! Ingress on the node's other devices (pods): answers of local backends to translated
-//! north-south flows are translated back and sent to the client. Everything else passes.
+//! flows are translated back and sent to the client; SCTP to a frontend is load-balanced
+//! per packet (no socket program sees SCTP). Everything else passes.
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::proto;
 
 use super::{
     icmp,
+    ingress::{self, Masquerade},
     nat::AddrRewrite,
     parse::{self, ETH_P_IP, ETH_P_IPV6},
     reply,
@@ -24,7 +26,7 @@ pub fn handle(ctx: &TcContext) -> i32 {
 
 // One frame per family: inlining both into the program would add their stacks up.
 #[inline(never)]
-fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
+fn run<F: AddrRewrite + Masquerade>(ctx: &TcContext) -> i32 {
     let Some(p) = super::parse_into::<TcContext, F>(ctx) else {
         return TC_ACT_OK;
     };
@@ -36,6 +38,7 @@ fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
     }
     match reply::lookup::<F>(p) {
         Some(v) => reply::translate::<TcContext, F>(ctx, p, v),
+        None if p.proto == proto::SCTP => ingress::from_pod::<F>(ctx, p),
         None => TC_ACT_OK,
     }
 }
