@@ -29,7 +29,7 @@ use tests::bench::{
     load::{ClientOptions, pin_to_cpu, run_client, serve},
     nodeport::{self, Attach, Backend, NodeportOptions, run_nodeport},
     run_clusterip, signals,
-    sync::{SyncMode, SyncOptions, run_sync},
+    sync::{IptablesCommands, SyncMode, SyncOptions, run_sync},
     udp::{UdpOptions, run_udp_client, serve_udp},
 };
 
@@ -169,6 +169,10 @@ enum Command {
         /// Endpoints per service (default 4).
         #[arg(long)]
         endpoints: Option<u8>,
+        /// The iptables commands both sides run: `path` (PATH's `iptables*`, as the agent),
+        /// `legacy` (`iptables-legacy*`) or `nft` (`iptables-nft*`).
+        #[arg(long, default_value = "path")]
+        iptables: IptablesCommands,
         /// One-service changes per rep (default 5).
         #[arg(long)]
         changes: Option<u32>,
@@ -382,6 +386,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             reps,
             services,
             endpoints,
+            iptables,
             changes,
             csv,
         } => {
@@ -399,6 +404,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             if let Some(endpoints) = endpoints {
                 opts.endpoints_per_service = endpoints;
             }
+            opts.iptables = iptables;
             if let Some(changes) = changes {
                 opts.partial_changes = changes;
             }

@@ -78,6 +78,9 @@ pub struct SyncArgs {
     /// Service counts, comma-separated (default 1000,10000).
     #[arg(long)]
     pub services: Option<String>,
+    /// The iptables commands both sides run: path (PATH's, as the agent), legacy, nft.
+    #[arg(long)]
+    pub iptables: Option<String>,
     /// Only regenerate docs/benchmarks.md from the CSV; no build, no run.
     #[arg(long, conflicts_with = "quick")]
     pub report_only: bool,
@@ -234,6 +237,9 @@ fn sync(args: &SyncArgs) -> anyhow::Result<()> {
         }
         if let Some(services) = &args.services {
             cmd.args(["--services", services]);
+        }
+        if let Some(iptables) = &args.iptables {
+            cmd.args(["--iptables", iptables]);
         }
         run_loadgen(&mut cmd)?;
     }

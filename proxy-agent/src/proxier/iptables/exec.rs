@@ -149,7 +149,14 @@ const XTABLES_LOCK: &str = "/run/xtables.lock";
 impl CommandBackend {
     /// Detects the iptables version and variant from `iptables --version`.
     pub fn detect() -> Result<Self, ExecError> {
-        let output = run("iptables", &["--version"], None)?;
+        Self::detect_named("iptables", "ip6tables")
+    }
+
+    /// As [`Self::detect`], with other command names: `iptables-legacy` stands for
+    /// `iptables-legacy`, `iptables-legacy-save` and `iptables-legacy-restore`. The agent
+    /// uses PATH's; the sync benchmark names a variant to measure it.
+    pub fn detect_named(iptables: &str, ip6tables: &str) -> Result<Self, ExecError> {
+        let output = run(iptables, &["--version"], None)?;
         let version = Version::parse(&output).ok_or_else(|| ExecError::Output {
             program: "iptables --version".into(),
             detail: output.trim().to_string(),
@@ -163,6 +170,7 @@ impl CommandBackend {
             version = %format_args!("{}.{}.{}", version.major, version.minor, version.patch),
             variant,
             random_fully = version.has_random_fully(),
+            command = iptables,
             "using the iptables binaries on PATH"
         );
         let tools = |prefix: &str| Tools {
@@ -173,8 +181,8 @@ impl CommandBackend {
             restore_waits: version.restore_waits(),
         };
         Ok(Self {
-            v4: tools("iptables"),
-            v6: tools("ip6tables"),
+            v4: tools(iptables),
+            v6: tools(ip6tables),
             version,
             lock_path: XTABLES_LOCK.into(),
         })

@@ -24,7 +24,7 @@ use proxy_agent::{
         conntrack::NetlinkConntrack,
         iptables::{
             CommandBackend, ExecError, IptablesBackend, IptablesConfig, IptablesProxier,
-            RuleOptions, jumps::Table,
+            RuleOptions, exec::Variant, jumps::Table,
         },
     },
 };
@@ -76,9 +76,45 @@ impl std::str::FromStr for SyncMode {
     }
 }
 
+/// Which iptables commands both sides run: PATH's `iptables*` (whatever variant the host
+/// chose, as the agent does), or a named variant's `iptables-legacy*` / `iptables-nft*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IptablesCommands {
+    #[default]
+    Path,
+    Legacy,
+    Nft,
+}
+
+impl IptablesCommands {
+    /// The IPv4 and IPv6 command names.
+    pub fn names(self) -> (&'static str, &'static str) {
+        match self {
+            IptablesCommands::Path => ("iptables", "ip6tables"),
+            IptablesCommands::Legacy => ("iptables-legacy", "ip6tables-legacy"),
+            IptablesCommands::Nft => ("iptables-nft", "ip6tables-nft"),
+        }
+    }
+}
+
+impl std::str::FromStr for IptablesCommands {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "path" => Ok(IptablesCommands::Path),
+            "legacy" => Ok(IptablesCommands::Legacy),
+            "nft" => Ok(IptablesCommands::Nft),
+            other => Err(format!(
+                "unknown iptables variant {other:?} (path, legacy, nft)"
+            )),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SyncOptions {
     pub mode: SyncMode,
+    pub iptables: IptablesCommands,
     pub service_counts: Vec<u32>,
     pub endpoints_per_service: u8,
     pub reps: u32,
@@ -93,6 +129,7 @@ impl SyncOptions {
     pub fn full(mode: SyncMode) -> Self {
         SyncOptions {
             mode,
+            iptables: IptablesCommands::Path,
             service_counts: vec![1_000, 10_000],
             endpoints_per_service: 4,
             reps: 5,
@@ -138,9 +175,9 @@ impl IptablesBackend for RecordingBackend {
 /// the xtables lock itself), so the baseline pays for the same options.
 const RESTORE_ARGS: [&str; 6] = ["-w", "5", "-W", "100000", "--noflush", "--counters"];
 
-/// `iptables-restore` of `input` in the calling thread's namespace.
-fn raw_restore(input: &str) -> Result<()> {
-    let mut child = std::process::Command::new("iptables-restore")
+/// `<iptables>-restore` of `input` in the calling thread's namespace.
+fn raw_restore(iptables: &str, input: &str) -> Result<()> {
+    let mut child = std::process::Command::new(format!("{iptables}-restore"))
         .args(RESTORE_ARGS)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -237,8 +274,17 @@ pub fn run_sync(opts: &SyncOptions) -> Result<SyncResults> {
     for line in net::cleanup_stale()? {
         progress(opts, &format!("removed stale {line}"));
     }
-    let backend = CommandBackend::detect()
-        .map_err(|err| Error::Setup(format!("iptables is not usable: {err}")))?;
+    let (v4_command, v6_command) = opts.iptables.names();
+    let detect = || {
+        CommandBackend::detect_named(v4_command, v6_command)
+            .map_err(|err| Error::Setup(format!("{v4_command} is not usable: {err}")))
+    };
+    let backend = detect()?;
+    let variant = match backend.version.variant {
+        Variant::Nft => "nft",
+        Variant::Legacy => "legacy",
+        Variant::Unknown => "unknown",
+    };
     if !backend.version.has_random_fully() {
         return Err(Error::Setup(
             "iptables older than 1.6.2: the baseline's restore options would differ".into(),
@@ -273,13 +319,7 @@ pub fn run_sync(opts: &SyncOptions) -> Result<SyncResults> {
             let ours_path = netns::netns_path(&pair.ours);
             let raw_path = netns::netns_path(&pair.raw);
             let mut twin = proxier_over(Box::new(RecordingBackend), options);
-            let mut proxier = proxier_over(
-                Box::new(
-                    CommandBackend::detect()
-                        .map_err(|err| Error::Setup(format!("iptables is not usable: {err}")))?,
-                ),
-                options,
-            );
+            let mut proxier = proxier_over(Box::new(detect()?), options);
 
             // Cold full sync.
             twin.sync(&world.request(true, &none, &stale))
@@ -299,7 +339,7 @@ pub fn run_sync(opts: &SyncOptions) -> Result<SyncResults> {
                 },
                 || {
                     let (restored, cost) =
-                        in_netns_scoped(&raw_path, || measure(|| raw_restore(&text)))?;
+                        in_netns_scoped(&raw_path, || measure(|| raw_restore(v4_command, &text)))?;
                     restored?;
                     Ok(cost)
                 },
@@ -345,8 +385,9 @@ pub fn run_sync(opts: &SyncOptions) -> Result<SyncResults> {
                         Ok(cost)
                     },
                     || {
-                        let (restored, cost) =
-                            in_netns_scoped(&raw_path, || measure(|| raw_restore(&text)))?;
+                        let (restored, cost) = in_netns_scoped(&raw_path, || {
+                            measure(|| raw_restore(v4_command, &text))
+                        })?;
                         restored?;
                         Ok(cost)
                     },
@@ -380,6 +421,7 @@ pub fn run_sync(opts: &SyncOptions) -> Result<SyncResults> {
         run_id: id,
         env,
         mode: opts.mode,
+        variant: variant.to_string(),
         endpoints_per_service: opts.endpoints_per_service,
         input_bytes,
         samples,

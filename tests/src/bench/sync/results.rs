@@ -88,6 +88,9 @@ pub struct SyncResults {
     pub run_id: String,
     pub env: Environment,
     pub mode: SyncMode,
+    /// The iptables variant both sides ran (`nft`, `legacy`): part of each side's name in
+    /// the results, as the two differ by orders of magnitude at 10,000 services.
+    pub variant: String,
     pub endpoints_per_service: u8,
     /// Size of the restore input of the first full sync and first change at each N.
     pub input_bytes: Vec<(u32, Step, usize)>,
@@ -149,8 +152,8 @@ impl SyncResults {
             csv_field(&env.cpu),
             csv_field(&env.run)
         );
-        let ours = self.mode.as_str();
-        let base = self.mode.baseline();
+        let (ours, base) = self.labels();
+        let (ours, base) = (ours.as_str(), base.as_str());
         let row =
             |mode: &str, n: u32, rep: &str, metric: &str, value: f64, unit: &str, ratio: &str| {
                 format!(
@@ -232,6 +235,18 @@ impl SyncResults {
         rows
     }
 
+    /// The names of the two sides: `iptables-nft` and `raw-iptables-nft-restore`.
+    pub fn labels(&self) -> (String, String) {
+        let variant = &self.variant;
+        let mode = self.mode.as_str();
+        (
+            format!("{mode}-{variant}"),
+            self.mode
+                .baseline()
+                .replacen(mode, &format!("{mode}-{variant}"), 1),
+        )
+    }
+
     pub fn append_csv(&self, path: &std::path::Path) -> Result<()> {
         append_csv_rows(path, &self.csv_rows())
     }
@@ -242,8 +257,8 @@ impl SyncResults {
         let _ = writeln!(
             out,
             "sync benchmark ({} mode vs {}), {} ({}; kernel {}; {} endpoints per service)",
-            self.mode.as_str(),
-            self.mode.baseline(),
+            self.labels().0,
+            self.labels().1,
             self.env.run,
             self.env.cpu,
             self.env.kernel,
@@ -339,6 +354,7 @@ mod tests {
                 run: "2025-01-02T03:04:05Z".into(),
             },
             mode: SyncMode::Iptables,
+            variant: "nft".into(),
             endpoints_per_service: 4,
             input_bytes: vec![(1000, Step::Full, 123_456)],
             samples: vec![
@@ -381,21 +397,20 @@ mod tests {
         assert_eq!(rows.len(), 5 * 6 + 2 * 4 + 1);
         assert_eq!(
             rows[0],
-            "sync,iptables,1000,0,full_sync_wall,110.0000,ms,1.1000,6.1.0,Some CPU x2,2025-01-02T03:04:05Z"
+            "sync,iptables-nft,1000,0,full_sync_wall,110.0000,ms,1.1000,6.1.0,Some CPU x2,2025-01-02T03:04:05Z"
         );
         assert!(
-            rows[1].starts_with("sync,raw-iptables-restore,1000,0,full_sync_wall,100.0000,ms,1,")
-        );
-        assert!(
-            rows.iter()
-                .any(|r| r
-                    .starts_with("sync,iptables,1000,0.0,partial_sync_wall,30.0000,ms,1.5000,"))
+            rows[1]
+                .starts_with("sync,raw-iptables-nft-restore,1000,0,full_sync_wall,100.0000,ms,1,")
         );
         assert!(rows.iter().any(|r| {
-            r.starts_with("sync,iptables,1000,median,full_sync_wall,130.0000,ms,1.3000,")
+            r.starts_with("sync,iptables-nft,1000,0.0,partial_sync_wall,30.0000,ms,1.5000,")
         }));
         assert!(rows.iter().any(|r| {
-            r.starts_with("sync,iptables,1000,setup,full_sync_input,123456.0000,bytes,,")
+            r.starts_with("sync,iptables-nft,1000,median,full_sync_wall,130.0000,ms,1.3000,")
+        }));
+        assert!(rows.iter().any(|r| {
+            r.starts_with("sync,iptables-nft,1000,setup,full_sync_input,123456.0000,bytes,,")
         }));
         let columns = crate::bench::results::CSV_HEADER.split(',').count();
         assert!(rows.iter().all(|r| r.split(',').count() == columns));
