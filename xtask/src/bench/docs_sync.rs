@@ -65,7 +65,14 @@ impl<'a> View<'a> {
             .find(|r| r.mode == mode && r.n == n && r.rep == "median" && r.metric == metric)
     }
 
+    /// The baseline row beside `mode`'s: `raw-<mode>-restore` (the same iptables variant),
+    /// or, in runs from before the variant was named, the run's only `raw-*`.
     fn baseline_of(&self, mode: &str, n: u32, metric: &str) -> Option<&'a Row> {
+        let own = format!("raw-{mode}-restore");
+        let same = |r: &&Row| r.mode == own && r.n == n && r.rep == "median" && r.metric == metric;
+        if let Some(row) = self.rows.iter().copied().find(same) {
+            return Some(row);
+        }
         self.rows.iter().copied().find(|r| {
             r.mode.starts_with("raw-")
                 && r.mode != mode
@@ -121,25 +128,31 @@ impl<'a> View<'a> {
     }
 }
 
-/// The latest run that measured `n` services, for each service count any run measured:
-/// a large count may be run on its own (fewer reps), without losing the smaller ones.
-fn latest_per_count<'a>(rows: &'a [Row], runs: &[&'a str]) -> Vec<(u32, &'a str)> {
-    let counts: BTreeSet<u32> = rows
+/// The latest run that measured each (mode, service count) any run measured: a large count,
+/// or another iptables variant, may be run on its own without hiding the others.
+fn latest_per_mode_and_count<'a>(
+    rows: &'a [Row],
+    runs: &[&'a str],
+) -> Vec<(&'a str, u32, &'a str)> {
+    let keys: BTreeSet<(&str, u32)> = rows
         .iter()
-        .filter(|r| r.bench == "sync" && r.rep == "median")
-        .map(|r| r.n)
+        .filter(|r| r.bench == "sync" && r.rep == "median" && !r.mode.starts_with("raw-"))
+        .map(|r| (r.mode.as_str(), r.n))
         .collect();
-    counts
-        .into_iter()
-        .filter_map(|n| {
+    keys.into_iter()
+        .filter_map(|(mode, n)| {
             runs.iter()
                 .rev()
                 .find(|run| {
                     rows.iter().any(|r| {
-                        r.bench == "sync" && r.run == **run && r.n == n && r.rep == "median"
+                        r.bench == "sync"
+                            && r.run == **run
+                            && r.mode == mode
+                            && r.n == n
+                            && r.rep == "median"
                     })
                 })
-                .map(|run| (n, *run))
+                .map(|run| (mode, n, *run))
         })
         .collect()
 }
@@ -149,7 +162,7 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
     let runs = runs_of(rows);
     let latest = *runs.last().context("the CSV holds no sync run")?;
     let first = View::new(rows, latest).rows[0];
-    let per_count = latest_per_count(rows, &runs);
+    let per_count = latest_per_mode_and_count(rows, &runs);
     let file = csv
         .file_name()
         .map_or("the CSV".into(), |f| f.to_string_lossy().into_owned());
@@ -162,7 +175,7 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
     let _ = writeln!(out, "### Latest results\n");
     let sources: Vec<String> = per_count
         .iter()
-        .map(|(n, run)| format!("N={n} from the run of {run}"))
+        .map(|(mode, n, run)| format!("{mode} N={n} from the run of {run}"))
         .collect();
     let _ = writeln!(
         out,
@@ -179,10 +192,10 @@ pub fn render_section(rows: &[Row], csv: &Path) -> anyhow::Result<String> {
          |---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut targets = Vec::new();
-    for (n, run) in &per_count {
-        let n = *n;
+    for (mode, n, run) in &per_count {
+        let (mode, n) = (*mode, *n);
         let view = View::new(rows, run);
-        for mode in view.modes() {
+        {
             for (step, label) in STEPS {
                 let wall = format!("{step}_wall");
                 let cpu = format!("{step}_cpu");
@@ -291,9 +304,9 @@ mod tests {
         let rows = parse_csv(&lines.join("\n")).unwrap();
         let section = render_section(&rows, Path::new("/t/target/bench/sync.csv")).unwrap();
         assert!(section.starts_with(BEGIN) && section.trim_end().ends_with(END));
-        assert!(
-            section.contains("### Latest results\n\nN=1000 from the run of 2025-03-01T00:00:00Z.")
-        );
+        assert!(section.contains(
+            "### Latest results\n\niptables N=1000 from the run of 2025-03-01T00:00:00Z."
+        ));
         assert!(
             section.contains(
                 "| iptables | 1000 | full sync (cold) | 2 | 120.0 | 100.0 | 1.200 (1.10–1.30) | 110.0 / 100.0 = 1.100 | 90.0 | 85.0 | 1.050 | 200 KiB |"

@@ -107,8 +107,10 @@ impl FamilyProxier {
         };
         self.input.clear();
         if full {
-            outcome.deleted = self.delete_stale_kernel_chains(backend, &generated, sync_period);
-            self.add_missing_jumps(backend, &ctx)?;
+            let (deleted, saved_nat) =
+                self.delete_stale_kernel_chains(backend, &generated, sync_period);
+            outcome.deleted = deleted;
+            self.add_missing_jumps(backend, &ctx, saved_nat.as_deref())?;
             // The canary tells a later check that nobody deleted our chains.
             let _ = writeln!(self.buffers.filter_chains, ":{KUBE_PROXY_CANARY} - [0:0]");
             let _ = writeln!(self.buffers.nat_chains, ":{KUBE_PROXY_CANARY} - [0:0]");
@@ -153,24 +155,25 @@ impl FamilyProxier {
     /// Per-service chains in the kernel that no service owns any more (from before a
     /// restart, or left by a failed sync). Listing the nat table is slow on big hosts, so
     /// in large clusters it happens at most once per sync period, as upstream does.
+    /// Returns how many chains it deletes, and the nat table as saved when it was listed.
     fn delete_stale_kernel_chains(
         &mut self,
         backend: &mut dyn IptablesBackend,
         generated: &Generated,
         sync_period: Duration,
-    ) -> usize {
+    ) -> (usize, Option<String>) {
         let due = !generated.large_cluster
             || self
                 .last_stale_scan
                 .is_none_or(|at| at.elapsed() > sync_period);
         if !due {
-            return 0;
+            return (0, None);
         }
         let saved = match backend.save(self.family, Table::Nat) {
             Ok(saved) => saved,
             Err(err) => {
                 tracing::error!(family = %self.family, reason = %err, "iptables-save failed: stale chains will not be deleted");
-                return 0;
+                return (0, None);
             }
         };
         self.last_stale_scan = Some(Instant::now());
@@ -178,15 +181,18 @@ impl FamilyProxier {
         let stale: Vec<&str> = chains_in_save(&saved)
             .filter(|chain| is_service_chain(chain) && !active.contains(*chain))
             .collect();
-        self.buffers.delete_chains(stale)
+        let deleted = self.buffers.delete_chains(stale);
+        (deleted, Some(saved))
     }
 
     /// Inserts, at the top of the built-in chains, the jumps to our chains that are not
-    /// there (first sync, or someone flushed). Returns how many.
+    /// there (first sync, or someone flushed). Returns how many. `saved_nat`: the nat table
+    /// as this sync saved it, read instead of listing its chains again.
     fn add_missing_jumps(
         &mut self,
         backend: &mut dyn IptablesBackend,
         ctx: &FamilyContext<'_>,
+        saved_nat: Option<&str>,
     ) -> Result<usize, Error> {
         let jumps: Vec<&Jump> = if ctx.localhost_nodeports {
             JUMPS.iter().chain(LOCALNET_JUMPS).collect()
@@ -198,6 +204,7 @@ impl FamilyProxier {
             backend,
             self.family,
             jumps,
+            saved_nat.map(|text| (Table::Nat, text)),
             &mut buffers.nat_rules,
             &mut buffers.filter_rules,
         )

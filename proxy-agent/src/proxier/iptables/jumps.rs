@@ -211,6 +211,7 @@ pub fn write_missing_jumps<'j>(
     backend: &mut dyn IptablesBackend,
     family: IpFamily,
     jumps: impl IntoIterator<Item = &'j Jump>,
+    saved: Option<(Table, &str)>,
     nat: &mut String,
     filter: &mut String,
 ) -> Result<usize, ExecError> {
@@ -219,11 +220,13 @@ pub fn write_missing_jumps<'j>(
     for jump in jumps {
         let listing = match listed.entry((jump.table, jump.from)) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(
-                backend
+            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(match saved {
+                // The table was just saved: its rules are there, no command needed.
+                Some((table, text)) if table == jump.table => rules_of(text, jump.from),
+                _ => backend
                     .list_chain(family, jump.table, jump.from)?
                     .unwrap_or_default(),
-            ),
+            }),
         };
         if listing.lines().any(|line| jump.matches(line)) {
             continue;
@@ -238,6 +241,18 @@ pub fn write_missing_jumps<'j>(
         added += 1;
     }
     Ok(added)
+}
+
+/// The `-A <chain> ...` lines of `chain` in `iptables-save` output, as `iptables -S <chain>`
+/// lists them.
+fn rules_of(saved: &str, chain: &str) -> String {
+    let prefix = format!("-A {chain} ");
+    let mut out = String::new();
+    for line in saved.lines().filter(|l| l.starts_with(&prefix)) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// The `-j` target of a saved rule.

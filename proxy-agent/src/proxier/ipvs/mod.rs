@@ -209,6 +209,7 @@ impl IpvsProxier {
                     self.parts.iptables.as_mut(),
                     family,
                     rules::JUMPS,
+                    None,
                     &mut extra_nat,
                     &mut extra_filter,
                 )

@@ -322,8 +322,16 @@ pub fn run_sync(opts: &SyncOptions) -> Result<SyncResults> {
             let mut proxier = proxier_over(Box::new(detect()?), options);
 
             // Cold full sync.
-            twin.sync(&world.request(true, &none, &stale))
-                .map_err(|err| Error::Setup(format!("generating the rules: {err}")))?;
+            let (generated, generation) =
+                measure(|| twin.sync(&world.request(true, &none, &stale)));
+            generated.map_err(|err| Error::Setup(format!("generating the rules: {err}")))?;
+            progress(
+                opts,
+                &format!(
+                    "N={services} rep {rep} generating the full sync's rules alone (no kernel): {:.0} ms",
+                    ms(generation.wall)
+                ),
+            );
             let text = twin
                 .last_restore_input(IpFamily::V4)
                 .unwrap_or("")

@@ -279,3 +279,46 @@ objects:
     assert!(!v4.contains("fd00"), "IPv4 rules carry no IPv6 service");
     assert!(fake.lock().restores.iter().any(|(f, _)| *f == IpFamily::V6));
 }
+
+#[test]
+fn a_full_sync_reads_nat_jumps_from_its_own_save() {
+    let scenario = simple();
+    let fake = SharedFake::default();
+    let (mut proxier, _) = new_proxier(&fake);
+    let mut replay = scenario.replay();
+    let step = replay.apply(&scenario.states[0]);
+    sync(&mut proxier, &replay, &step, true);
+    fake.lock().calls.clear();
+    // A flush of the nat jumps: the next full sync must see it in the table it saved.
+    fake.lock()
+        .table(IpFamily::V4, Table::Nat)
+        .chains
+        .insert("PREROUTING".into(), Vec::new());
+    sync(&mut proxier, &replay, &step, true);
+    let lock = fake.lock();
+    assert!(
+        !lock
+            .calls
+            .iter()
+            .any(|c| c.starts_with("list") && c.contains("nat")),
+        "nat chains listed again after the save: {:?}",
+        lock.calls
+    );
+    assert!(
+        lock.calls
+            .iter()
+            .any(|c| c.starts_with("save") && c.contains("nat")),
+        "{:?}",
+        lock.calls
+    );
+    drop(lock);
+    let prerouting = fake
+        .lock()
+        .chain(IpFamily::V4, Table::Nat, "PREROUTING")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        prerouting.iter().any(|r| r.contains("-j KUBE-SERVICES")),
+        "the flushed jump is back: {prerouting:?}"
+    );
+}
