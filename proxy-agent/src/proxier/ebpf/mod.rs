@@ -14,6 +14,7 @@ pub mod ids;
 pub mod loader;
 pub mod maps;
 pub mod names;
+pub mod resize;
 pub mod xdp;
 
 use proxy_common::LbConfig;
