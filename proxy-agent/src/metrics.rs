@@ -33,9 +33,11 @@ pub struct Metrics {
     pub sync_failures_total: IntCounter,
     healthz_total: IntCounterVec,
     livez_total: IntCounterVec,
-    /// Ours: entries and capacity per BPF map, fallbacks taken, objects rejected.
+    /// Ours: entries and capacity per BPF map, services left out of full maps, fallbacks
+    /// taken, objects rejected.
     pub map_entries: GaugeVec,
     pub map_capacity: GaugeVec,
+    pub services_not_programmed: IntGauge,
     pub fallbacks_total: IntCounterVec,
     pub objects_rejected_total: IntCounterVec,
 }
@@ -223,6 +225,16 @@ impl Metrics {
                     &["map"]
                 )
             ),
+            services_not_programmed: register!(
+                r,
+                IntGauge::with_opts(
+                    Opts::new(
+                        "ebpf_services_not_programmed",
+                        "Services left out of the BPF maps because a map is full"
+                    )
+                    .namespace(NS)
+                )
+            ),
             fallbacks_total: register!(
                 r,
                 IntCounterVec::new(
@@ -382,6 +394,19 @@ mod tests {
             page.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"16.384\"} 1")
         );
         assert!(page.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total 1"));
+    }
+
+    #[test]
+    fn full_maps_are_visible() {
+        let m = Metrics::new();
+        m.services_not_programmed.set(3);
+        m.map_entries.with_label_values(&["SVC4_V1"]).set(8.0);
+        m.map_capacity.with_label_values(&["SVC4_V1"]).set(8.0);
+        let page = m.render();
+        assert!(page.contains("# TYPE kubeproxy_ebpf_services_not_programmed gauge"));
+        assert!(page.contains("kubeproxy_ebpf_services_not_programmed 3"));
+        assert!(page.contains("kubeproxy_ebpf_map_entries{map=\"SVC4_V1\"} 8"));
+        assert!(page.contains("kubeproxy_ebpf_map_capacity{map=\"SVC4_V1\"} 8"));
     }
 
     #[test]

@@ -53,8 +53,13 @@ pub struct EventLoop {
     pending_stale: StaleConntrack,
     pending_trigger_times: Vec<SystemTime>,
     runner_sync_period: Duration,
-    /// Events on the Node (fallbacks, refused objects).
+    /// Events on the Node (fallbacks, refused objects, full maps).
     events: EventSink,
+    /// The last sync left services out of full maps.
+    not_programmed: bool,
+    /// Services were left out while the same sync freed entries: another sync soon may fit
+    /// them (a sync's deletions free room only for the next).
+    follow_up: bool,
 }
 
 impl EventLoop {
@@ -78,6 +83,8 @@ impl EventLoop {
             runner: SyncRunner::new(min_sync, sync),
             runner_sync_period: sync,
             events: EventSink::disabled(),
+            not_programmed: false,
+            follow_up: false,
             node_name,
             resolved: resolved.clone(),
             synced: HashSet::new(),
@@ -347,6 +354,9 @@ impl EventLoop {
                     if let Some(run) = self.runner.due(now) {
                         let ok = self.sync(proxier.as_mut(), &node, run.full, &mut service_health);
                         self.runner.completed(now, ok);
+                        if std::mem::take(&mut self.follow_up) {
+                            self.runner.request(Instant::now());
+                        }
                     }
                 }
                 _ = host_refresh.tick() => {
@@ -459,6 +469,9 @@ impl EventLoop {
                     .no_local_endpoints
                     .with_label_values(&["external"])
                     .set(stats.no_local_endpoints_external as f64);
+                super::capacity::report(&stats, self.not_programmed, &self.metrics, &self.events);
+                self.not_programmed = stats.not_programmed > 0;
+                self.follow_up = stats.not_programmed > 0 && stats.deleted > 0;
                 for t in self.pending_trigger_times.drain(..) {
                     if let Ok(d) = now.duration_since(t) {
                         self.metrics.network_programming.observe(d.as_secs_f64());

@@ -3,6 +3,7 @@
 //! with fallback, process settings, health and metrics), then one event loop that owns the
 //! model and the proxier.
 
+mod capacity;
 mod event_loop;
 mod mode;
 mod node_facts;

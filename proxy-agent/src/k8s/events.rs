@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Kubernetes Events on this Node for what an operator must see without reading the
-//! agent's log: a proxy-mode fallback, and objects the model refused (`kubectl describe
-//! node` shows both). Publishing never blocks the event loop: events go through a bounded
+//! agent's log: a proxy-mode fallback, objects the model refused, and services left out
+//! because a BPF map is full (`kubectl describe node` shows them). Publishing never blocks the event loop: events go through a bounded
 //! channel to a task that posts them, and a rate limiter keeps a flapping object or a
 //! flood of bad objects from flooding the API server (as client-go's spam filter does).
 
@@ -18,7 +18,10 @@ use kube::{
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::model::{InvalidObject, ObjectKind};
+use crate::{
+    model::{InvalidObject, ObjectKind},
+    proxier::FullMap,
+};
 
 /// The reporting controller named in every event.
 pub const REPORTING_CONTROLLER: &str = "kube-proxy-ebpf";
@@ -38,6 +41,15 @@ pub enum NodeEvent {
     },
     /// An object the model refused; it contributes nothing, the rest still syncs.
     ObjectRejected(InvalidObject),
+    /// Services left out of the dataplane because maps are full; the rest is programmed.
+    MapFull {
+        /// How many services are left out.
+        services: usize,
+        /// The first few of them.
+        examples: Vec<String>,
+        /// Each full map, its capacity and the setting that raises it.
+        maps: Vec<FullMap>,
+    },
 }
 
 impl NodeEvent {
@@ -51,6 +63,7 @@ impl NodeEvent {
                 ObjectKind::Node => "InvalidNode",
                 ObjectKind::ServiceCidr => "InvalidServiceCIDR",
             },
+            NodeEvent::MapFull { .. } => "MapFull",
         }
     }
 
@@ -58,7 +71,7 @@ impl NodeEvent {
     pub fn action(&self) -> &'static str {
         match self {
             NodeEvent::ModeFallback { .. } => "StartProxier",
-            NodeEvent::ObjectRejected(_) => "Sync",
+            NodeEvent::ObjectRejected(_) | NodeEvent::MapFull { .. } => "Sync",
         }
     }
 
@@ -76,6 +89,26 @@ impl NodeEvent {
                 "{} {}/{} ignored: {}",
                 o.kind, o.namespace, o.name, o.reason
             ),
+            NodeEvent::MapFull {
+                services,
+                examples,
+                maps,
+            } => {
+                let maps: Vec<String> = maps
+                    .iter()
+                    .map(|m| format!("{} (capacity {}, {})", m.map, m.capacity, m.setting))
+                    .collect();
+                let more = match services.saturating_sub(examples.len()) {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                };
+                format!(
+                    "{services} services not programmed, BPF maps full: {}; not programmed: \
+                     {}{more}. Raise the capacities and restart the agent",
+                    maps.join(", "),
+                    examples.join(", ")
+                )
+            }
         };
         truncate(note, NOTE_MAX_BYTES)
     }
@@ -107,6 +140,8 @@ impl NodeEvent {
             NodeEvent::ObjectRejected(o) => {
                 format!("{}/{}/{}", o.kind, o.namespace, o.name)
             }
+            // The news is that maps are full, whichever services it hits this time.
+            NodeEvent::MapFull { .. } => "map-full".into(),
         }
     }
 }
@@ -304,6 +339,28 @@ mod tests {
             "proxy mode ipvs cannot run on this node (the kernel has no IPVS support); running iptables mode instead"
         );
         assert!(e.related().is_none());
+    }
+
+    #[test]
+    fn full_maps_name_the_maps_their_settings_and_the_first_services() {
+        let e = NodeEvent::MapFull {
+            services: 7,
+            examples: vec!["ns1/svc-c".into(), "ns1/svc-d".into()],
+            maps: vec![FullMap {
+                map: "SVC4_V1",
+                capacity: 8,
+                setting: "ebpf.mapSizes.services",
+            }],
+        };
+        assert_eq!(e.reason(), "MapFull");
+        assert_eq!(e.action(), "Sync");
+        assert!(e.related().is_none());
+        assert_eq!(
+            e.note(),
+            "7 services not programmed, BPF maps full: SVC4_V1 (capacity 8, \
+             ebpf.mapSizes.services); not programmed: ns1/svc-c, ns1/svc-d and 5 more. Raise \
+             the capacities and restart the agent"
+        );
     }
 
     #[test]

@@ -140,8 +140,34 @@ pub struct SyncStats {
     /// Services with a Local traffic policy and no local endpoint.
     pub no_local_endpoints_internal: usize,
     pub no_local_endpoints_external: usize,
-    /// Objects that did not fit (full maps); the rest was programmed.
+    /// Services (distinct names) left out, in one family or all, because a map was full;
+    /// the rest was programmed. They are retried at every sync.
     pub not_programmed: usize,
+    /// The first few of them (`namespace/name`, sorted), for the log and the Node event.
+    pub not_programmed_examples: Vec<String>,
+    /// The maps that had no room for them.
+    pub full_maps: Vec<FullMap>,
+    /// Entries and capacity of each map the agent fills (ebpf mode).
+    pub map_usage: Vec<MapUsage>,
+}
+
+/// A map that could not take every service.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FullMap {
+    /// The map's pinned name (e.g. `SVC4_V1`).
+    pub map: &'static str,
+    pub capacity: usize,
+    /// The configuration field that sets its capacity (e.g. `ebpf.mapSizes.services`).
+    pub setting: &'static str,
+}
+
+/// How full one map is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapUsage {
+    pub map: &'static str,
+    /// Entries the agent keeps in it.
+    pub entries: usize,
+    pub capacity: usize,
 }
 
 /// A failed sync; the runner retries it with a full sync.

@@ -11,6 +11,11 @@
 //! Partial syncs diff each changed service against what was written for it; full syncs
 //! compare everything with what the maps actually hold, which repairs drift and adopts the
 //! maps a previous agent left behind without rewriting identical entries.
+//!
+//! When the maps are full, services are admitted whole or not at all, in a fixed order
+//! (see [`admission`]): what does not fit is reported and retried at every sync.
+
+mod admission;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -21,8 +26,10 @@ use ipnet::IpNet;
 use proxy_common::{SCOPE_EXTERNAL, SCOPE_INTERNAL, SvcValue, svc_flags};
 use tracing::{debug, warn};
 
+use self::admission::Refusals;
 use super::{
-    desired::{BackendAddr, DesiredService, FrontendKey, Scope, desired_service},
+    budget::{Budget, PerMap},
+    desired::{BackendAddr, DesiredService, FrontendKey, Scope},
     entries::{BackendEntry, Snapshot, SvcEntryKey},
     ids::{Exhausted, IdAllocator},
     maps::{LbMaps, MapOpError},
@@ -36,8 +43,6 @@ use crate::{
 pub enum ApplyError {
     #[error(transparent)]
     Map(#[from] MapOpError),
-    #[error(transparent)]
-    Ids(#[from] Exhausted),
 }
 
 /// One map operation.
@@ -83,6 +88,8 @@ pub struct ApplyState {
     nodeport_addrs: HashSet<IpAddr>,
     svc_cidrs: HashSet<IpNet>,
     adopted: bool,
+    /// Services that did not fit at the last sync: tried again at every sync until they do.
+    deferred: HashSet<(IpFamily, NamespacedName)>,
 }
 
 fn v6(addr: &IpAddr) -> bool {
@@ -103,6 +110,7 @@ impl ApplyState {
             nodeport_addrs: HashSet::new(),
             svc_cidrs: HashSet::new(),
             adopted: false,
+            deferred: HashSet::new(),
         }
     }
 
@@ -126,20 +134,20 @@ impl ApplyState {
         self.adopted = true;
     }
 
-    /// Acquires ids for `desired` and builds its entries. Frontends another service owns
-    /// already are skipped with a warning (first come, first served).
+    /// Acquires ids for `desired` and builds its entries into `out` (which holds what was
+    /// acquired even when an id runs out, so that it can be released). Frontends another
+    /// service owns already are skipped with a warning (first come, first served). Backend
+    /// entries to write go to `ops` only: they are remembered once the service is admitted.
     fn build(
         &mut self,
         family: IpFamily,
         service: &NamespacedName,
         desired: &DesiredService,
+        out: &mut AppliedService,
         ops: &mut Plan,
-    ) -> Result<AppliedService, ApplyError> {
-        let mut out = AppliedService {
-            no_local_internal: desired.no_local_internal,
-            no_local_external: desired.no_local_external,
-            ..Default::default()
-        };
+    ) -> Result<(), Exhausted> {
+        out.no_local_internal = desired.no_local_internal;
+        out.no_local_external = desired.no_local_external;
         for frontend in &desired.frontends {
             let owner = (family, service.clone());
             match self.owners.get(&frontend.key) {
@@ -162,6 +170,7 @@ impl ApplyState {
                     frontend.key.addr,
                     frontend.key.port,
                 ));
+                ops.fresh_rev_nat.insert(rev_nat_id);
             }
             self.owners.insert(frontend.key, owner);
             out.frontends.push(frontend.key);
@@ -171,7 +180,7 @@ impl ApplyState {
                 scopes.push((SCOPE_INTERNAL, internal));
             }
             for (scope_id, scope) in scopes {
-                let ids = self.backend_slots(scope, &mut out, ops)?;
+                let ids = self.backend_slots(scope, out, ops)?;
                 for (i, id) in ids.iter().enumerate() {
                     out.svc.insert(
                         SvcEntryKey {
@@ -225,16 +234,16 @@ impl ApplyState {
                 },
             );
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// Acquires the backend ids of one scope (writing new or changed backends).
+    /// Acquires the backend ids of one scope (planning writes of new or changed backends).
     fn backend_slots(
         &mut self,
         scope: &Scope,
         out: &mut AppliedService,
         ops: &mut Plan,
-    ) -> Result<Vec<u32>, ApplyError> {
+    ) -> Result<Vec<u32>, Exhausted> {
         let mut ids = Vec::with_capacity(scope.backends.len());
         for b in &scope.backends {
             let entry = BackendEntry {
@@ -242,12 +251,20 @@ impl ApplyState {
                 local: b.local,
                 terminating: b.terminating,
             };
+            let fresh = self.backend_ids.get(&b.addr).is_none();
             let id = self.backend_ids.acquire(&b.addr)? as u32;
-            if self.backend_entries.get(&b.addr) != Some(&entry) {
-                self.backend_entries.insert(b.addr, entry);
+            out.backends.push(b.addr);
+            if fresh {
+                ops.fresh_backends.insert(id);
+            }
+            let known = ops
+                .backend_entries
+                .get(&b.addr)
+                .or_else(|| self.backend_entries.get(&b.addr));
+            if known != Some(&entry) {
+                ops.backend_entries.insert(b.addr, entry);
                 ops.backend_puts.push(Op::PutBackend(id, entry));
             }
-            out.backends.push(b.addr);
             ids.push(id);
         }
         Ok(ids)
@@ -297,9 +314,33 @@ struct Plan {
     /// rev_nat ids whose affinity entries must go (frontend gone or backends removed).
     dead_rev_nat: HashSet<u16>,
     dead_affinity: HashSet<(u16, u32)>,
+    /// Backend entries the plan writes, remembered by the state once they are admitted.
+    backend_entries: HashMap<BackendAddr, BackendEntry>,
+    /// Ids handed out for the first time by this plan (their entries are new).
+    fresh_backends: HashSet<u32>,
+    fresh_rev_nat: HashSet<u16>,
 }
 
 impl Plan {
+    /// Takes over the operations of `other` (an admitted service's).
+    fn absorb(&mut self, other: Plan) {
+        self.backend_puts.extend(other.backend_puts);
+        self.rev_nat_puts.extend(other.rev_nat_puts);
+        self.range_puts.extend(other.range_puts);
+        self.svc_puts.extend(other.svc_puts);
+        self.node_puts.extend(other.node_puts);
+        self.svc_dels.extend(other.svc_dels);
+        self.range_dels.extend(other.range_dels);
+        self.rev_nat_dels.extend(other.rev_nat_dels);
+        self.backend_dels.extend(other.backend_dels);
+        self.node_dels.extend(other.node_dels);
+        self.dead_rev_nat.extend(other.dead_rev_nat);
+        self.dead_affinity.extend(other.dead_affinity);
+        self.backend_entries.extend(other.backend_entries);
+        self.fresh_backends.extend(other.fresh_backends);
+        self.fresh_rev_nat.extend(other.fresh_rev_nat);
+    }
+
     fn diff_service(&mut self, old: &AppliedService, new: &AppliedService) {
         for (k, v) in &new.svc {
             if old.svc.get(k) != Some(v) {
@@ -454,33 +495,24 @@ impl ApplyState {
         {
             self.adopt(actual);
         }
+        let capacity = PerMap::capacities(maps)?;
+        let in_maps = match &actual {
+            Some(actual) => PerMap::entries_of(actual),
+            None => self.entries(),
+        };
+        let mut budget = Budget::new(capacity, in_maps);
         let mut plan = Plan::default();
-        for state in families {
-            let family = state.family;
-            let services: Vec<NamespacedName> = if full {
-                let mut all: HashSet<NamespacedName> = state.services.services().cloned().collect();
-                all.extend(
-                    self.services
-                        .keys()
-                        .filter(|(f, _)| *f == family)
-                        .map(|(_, s)| s.clone()),
-                );
-                all.into_iter().collect()
-            } else {
-                changed.iter().cloned().collect()
-            };
-            for service in services {
-                let desired = desired_service(&service, state, node);
-                let new = self.build(family, &service, &desired, &mut plan)?;
-                let key = (family, service.clone());
-                let old = self.services.remove(&key).unwrap_or_default();
-                plan.diff_service(&old, &new);
-                self.release(family, &service, &old, &mut plan);
-                if !new.svc.is_empty() {
-                    self.services.insert(key, new);
-                }
-            }
+        let mut refusals = Refusals::default();
+        for candidate in self.candidates(families, node, changed, full, actual.as_ref()) {
+            self.admit(
+                candidate,
+                actual.as_ref(),
+                &mut budget,
+                &mut plan,
+                &mut refusals,
+            );
         }
+        self.deferred = refusals.services.iter().cloned().collect();
         let (addrs, cidrs) = desired_node(families, node);
         for a in addrs.difference(&self.nodeport_addrs) {
             plan.node_puts.push(Op::PutNodePortAddr(*a));
@@ -498,8 +530,11 @@ impl ApplyState {
         self.svc_cidrs = cidrs;
 
         // Ids adopted from the maps that no service claimed: their entries go below.
-        for (_, id) in self.backend_ids.drop_unreferenced() {
+        for (addr, id) in self.backend_ids.drop_unreferenced() {
             debug!(id, "dropping an adopted backend id nothing uses");
+            // Forgotten with its id, or a later service with this backend would find the
+            // entry "already written" under an id whose entry is gone.
+            self.backend_entries.remove(&addr);
         }
         for (_, id) in self.rev_nat_ids.drop_unreferenced() {
             plan.dead_rev_nat.insert(id as u16);
@@ -532,7 +567,10 @@ impl ApplyState {
                 .values()
                 .filter(|s| s.no_local_external)
                 .count(),
-            not_programmed: 0,
+            not_programmed: refusals.distinct_services(),
+            not_programmed_examples: refusals.examples(),
+            full_maps: refusals.full_maps(&budget),
+            map_usage: self.entries().usage(budget.capacity()),
         })
     }
 
@@ -553,6 +591,11 @@ impl ApplyState {
             .filter(|k| self.owners.get(*k) == Some(&owner))
             .filter_map(|k| self.rev_nat_ids.get(k).map(|id| (*k, id as u16)))
             .collect()
+    }
+
+    /// Services that did not fit at the last sync (they are tried again at the next).
+    pub fn deferred(&self) -> impl Iterator<Item = &NamespacedName> {
+        self.deferred.iter().map(|(_, s)| s)
     }
 
     /// Every (family, service) with entries in the maps.

@@ -16,23 +16,27 @@ use crate::{
     k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
     model::{IpFamily, NamespacedName},
     node::NodeAddresses,
-    proxier::NodeContext,
+    proxier::{NodeContext, SyncStats},
     state::ClusterState,
 };
 
-const TCP: u8 = 6;
+pub(super) const TCP: u8 = 6;
 
-struct Harness {
-    cluster: ClusterState,
-    node: NodeContext,
-    apply: ApplyState,
-    maps: LbMaps,
+pub(super) struct Harness {
+    pub(super) cluster: ClusterState,
+    pub(super) node: NodeContext,
+    pub(super) apply: ApplyState,
+    pub(super) maps: LbMaps,
     log: OpLog,
 }
 
 impl Harness {
-    fn new() -> Self {
-        let (maps, log) = LbMaps::in_memory(1024);
+    pub(super) fn new() -> Self {
+        Self::with_maps(LbMaps::in_memory(1024), ApplyState::new(1024, 1024))
+    }
+
+    /// A harness over `maps` (with their log) and `apply`.
+    pub(super) fn with_maps((maps, log): (LbMaps, OpLog), apply: ApplyState) -> Self {
         Self {
             cluster: ClusterState::new(&[IpFamily::V4], "node-a"),
             node: NodeContext {
@@ -44,29 +48,35 @@ impl Harness {
                 host_addresses: vec!["192.168.0.2".parse().unwrap()],
                 ..Default::default()
             },
-            apply: ApplyState::new(1024, 1024),
+            apply,
             maps,
             log,
         }
     }
 
-    fn service(&mut self, svc: k8s_openapi::api::core::v1::Service) {
+    pub(super) fn service(&mut self, svc: k8s_openapi::api::core::v1::Service) {
         self.cluster.service(&Arc::new(svc), false);
     }
 
-    fn delete_service(&mut self, svc: k8s_openapi::api::core::v1::Service) {
+    pub(super) fn delete_service(&mut self, svc: k8s_openapi::api::core::v1::Service) {
         self.cluster.service(&Arc::new(svc), true);
     }
 
-    fn slice(&mut self, slice: k8s_openapi::api::discovery::v1::EndpointSlice) {
+    pub(super) fn slice(&mut self, slice: k8s_openapi::api::discovery::v1::EndpointSlice) {
         self.cluster.endpoint_slice(&slice, false);
     }
 
     /// Applies pending changes and syncs; returns the logged map operations.
-    fn sync(&mut self, full: bool) -> Vec<LoggedOp> {
+    pub(super) fn sync(&mut self, full: bool) -> Vec<LoggedOp> {
+        self.sync_with_stats(full).0
+    }
+
+    /// Applies pending changes and syncs; returns the logged map operations and the stats.
+    pub(super) fn sync_with_stats(&mut self, full: bool) -> (Vec<LoggedOp>, SyncStats) {
         let changes = self.cluster.apply_pending();
         self.log.lock().unwrap().clear();
-        self.apply
+        let stats = self
+            .apply
             .sync(
                 &mut self.maps,
                 self.cluster.families(),
@@ -75,10 +85,16 @@ impl Harness {
                 full,
             )
             .expect("sync succeeds");
-        self.log.lock().unwrap().clone()
+        (self.log.lock().unwrap().clone(), stats)
     }
 
-    fn svc(&self, addr: &str, port: u16, scope: u8, slot: u16) -> Option<proxy_common::SvcValue> {
+    pub(super) fn svc(
+        &self,
+        addr: &str,
+        port: u16,
+        scope: u8,
+        slot: u16,
+    ) -> Option<proxy_common::SvcValue> {
         let snapshot = self.maps.snapshot().unwrap();
         snapshot
             .svc
@@ -94,7 +110,7 @@ impl Harness {
             .copied()
     }
 
-    fn backends_of(&self, addr: &str, port: u16, scope: u8) -> Vec<String> {
+    pub(super) fn backends_of(&self, addr: &str, port: u16, scope: u8) -> Vec<String> {
         let snapshot = self.maps.snapshot().unwrap();
         let Some(slot0) = self.svc(addr, port, scope, 0) else {
             return Vec::new();

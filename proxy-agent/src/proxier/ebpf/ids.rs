@@ -75,6 +75,15 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
         Some(id)
     }
 
+    /// Makes `id` available again at once: it was handed out and released by a plan that
+    /// was thrown away, so no entry of it is written, and none is deleted.
+    pub fn forget(&mut self, id: u64) {
+        if let Some(pos) = self.released.iter().position(|r| *r == id) {
+            self.released.swap_remove(pos);
+            self.free.push(id);
+        }
+    }
+
     /// Makes the ids released so far available again (after their map entries are gone).
     pub fn recycle(&mut self) {
         self.free.append(&mut self.released);
@@ -151,6 +160,16 @@ mod tests {
         assert_ne!(c, a);
         ids.recycle();
         assert_eq!(ids.acquire(&"d").unwrap(), a);
+    }
+
+    #[test]
+    fn a_forgotten_id_is_free_at_once() {
+        let mut ids = IdAllocator::new("backend", 1);
+        let a = ids.acquire(&"a").unwrap();
+        ids.release(&"a");
+        assert!(ids.acquire(&"b").is_err());
+        ids.forget(a);
+        assert_eq!(ids.acquire(&"b").unwrap(), a);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Loading the embedded object, pinning its maps and attaching its programs so that they
 //! outlive the agent: maps and links are pinned under the bpffs root, and a restarted agent
-//! reuses the maps and swaps each link for a new one without a gap (the new link is attached
+//! reuses the maps (moving those whose configured size changed into new ones, see
+//! [`super::resize`]) and swaps each link for a new one without a gap (the new link is attached
 //! and pinned before the old pin is replaced, so both run for an instant; the second sees an
 //! already translated address and leaves it alone).
 
@@ -21,7 +22,10 @@ use aya::{
 use proxy_common::{LB_CFG_READY, LbConfig, maps as names};
 use tracing::{debug, info, warn};
 
-use super::maps::{KernelHash, KernelLpm, LbMaps};
+use super::{
+    maps::{KernelHash, KernelLpm, LbMaps},
+    resize::{self, PinPlan, Resizable},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -230,35 +234,29 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
     create_dir(&maps_dir)?;
     create_dir(&links_dir)?;
 
-    let pins: Vec<(&'static str, PathBuf)> =
-        names::ALL.iter().map(|n| (*n, maps_dir.join(n))).collect();
-    let reused = pins.iter().filter(|(_, p)| p.exists()).count();
-    let mut loader = EbpfLoader::new();
-    for (name, path) in &pins {
-        loader.map_pin_path(name, path.as_path());
-    }
-    let sizes = opts.map_sizes;
-    for (name, size) in [
-        (names::SVC4, sizes.services),
-        (names::SVC6, sizes.services),
-        (names::BACKENDS4, sizes.backends),
-        (names::BACKENDS6, sizes.backends),
-        (names::REV_NAT4, sizes.rev_nat),
-        (names::REV_NAT6, sizes.rev_nat),
-        (names::SOCK_REV_NAT4, sizes.sock_rev_nat),
-        (names::SOCK_REV_NAT6, sizes.sock_rev_nat),
-        (names::AFFINITY, sizes.affinity),
-        (names::CT4, sizes.conntrack),
-        (names::CT6, sizes.conntrack),
-        (names::SRC_RANGES4, sizes.source_ranges),
-        (names::SRC_RANGES6, sizes.source_ranges),
-    ] {
-        loader.map_max_entries(name, size);
-    }
-    let mut ebpf = loader.load(crate::ebpf_object::bytes())?;
+    // Maps whose size changed are loaded anew beside their pins, filled from them, and
+    // take their place once the programs using them are attached (see `resize`).
+    let reused = names::ALL
+        .iter()
+        .filter(|n| maps_dir.join(n).exists())
+        .count();
+    let resizable = resize::resizable(&opts.map_sizes);
+    let mut plans = resize::plan(&maps_dir, &resizable);
+    let mut ebpf = loop {
+        let ebpf = load_object(&maps_dir, &resizable, &plans)?;
+        if resize::copy_over(&maps_dir, &resizable, &mut plans) {
+            break ebpf;
+        }
+        // A map could not be filled: it is kept, and the object loaded again to use it.
+    };
+    let resizing = plans
+        .iter()
+        .filter(|p| matches!(p, PinPlan::Resize { .. }))
+        .count();
     info!(
         root = %opts.bpffs_root.display(),
-        reused_maps = reused,
+        reused_maps = reused.saturating_sub(resizing),
+        resizing_maps = resizing,
         "eBPF object loaded, maps pinned"
     );
 
@@ -312,6 +310,12 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
     )?;
     // After tc: what XDP passes on must find tc in place.
     let xdp_devices = super::xdp::attach(&mut ebpf, opts.xdp, &opts.devices, &links_dir);
+    // Every program now runs against the new maps: they take the old maps' pins.
+    resize::complete(&maps_dir, &resizable, &plans).map_err(|source| LoadError::Io {
+        what: "replacing the pin of a resized map under",
+        path: maps_dir.clone(),
+        source,
+    })?;
 
     let maps = take_maps(&mut ebpf)?;
     let config = take_array(&mut ebpf, names::LB_CONFIG)?;
@@ -328,6 +332,19 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         pod_devices: pods,
         xdp_devices,
     })
+}
+
+/// Loads the embedded object: maps at their pins (a resized map at its staging pin), with
+/// the configured capacities.
+fn load_object(maps_dir: &Path, resizable: &[Resizable], plans: &[PinPlan]) -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    for name in names::ALL {
+        loader.map_pin_path(name, resize::pin_path(maps_dir, name, resizable, plans));
+    }
+    for map in resizable {
+        loader.map_max_entries(map.name, map.wanted.max_entries);
+    }
+    Ok(loader.load(crate::ebpf_object::bytes())?)
 }
 
 impl Loaded {

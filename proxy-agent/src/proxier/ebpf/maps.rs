@@ -10,7 +10,7 @@ use std::{
 };
 
 use aya::maps::{
-    HashMap as AyaHash, MapData, MapError,
+    HashMap as AyaHash, IterableMap, MapData, MapError,
     lpm_trie::{Key as LpmKey, LpmTrie},
 };
 use proxy_common::{
@@ -36,6 +36,8 @@ pub type Result<T, E = MapOpError> = std::result::Result<T, E>;
 /// One map, keyed and valued by plain-old-data types.
 pub trait KvMap<K, V>: Send {
     fn name(&self) -> &'static str;
+    /// max_entries: how many entries the map can hold.
+    fn capacity(&self) -> Result<usize>;
     fn get(&self, key: &K) -> Result<Option<V>>;
     fn put(&mut self, key: &K, value: &V) -> Result<()>;
     /// Deleting a missing key is not an error.
@@ -61,6 +63,15 @@ fn is_not_found(e: &MapError) -> bool {
     }
 }
 
+/// The kernel's max_entries of a loaded map (a reused pin keeps the size it was created
+/// with, whatever the object asks for).
+fn kernel_capacity(name: &'static str, map: &MapData) -> Result<usize> {
+    let info = map
+        .info()
+        .map_err(|source| kernel_err(name, "info", source))?;
+    Ok(usize::try_from(info.max_entries()).unwrap_or(usize::MAX))
+}
+
 /// A kernel hash (or LRU hash) map.
 pub struct KernelHash<K: aya::Pod, V: aya::Pod> {
     name: &'static str,
@@ -76,6 +87,9 @@ impl<K: aya::Pod, V: aya::Pod> KernelHash<K, V> {
 impl<K: aya::Pod + Send, V: aya::Pod + Send> KvMap<K, V> for KernelHash<K, V> {
     fn name(&self) -> &'static str {
         self.name
+    }
+    fn capacity(&self) -> Result<usize> {
+        kernel_capacity(self.name, self.map.map())
     }
     fn get(&self, key: &K) -> Result<Option<V>> {
         match self.map.get(key, 0) {
@@ -132,6 +146,9 @@ impl<D: aya::Pod> KernelLpm<D> {
 impl<D: aya::Pod + Send> KvMap<Prefix<D>, u8> for KernelLpm<D> {
     fn name(&self) -> &'static str {
         self.name
+    }
+    fn capacity(&self) -> Result<usize> {
+        kernel_capacity(self.name, self.map.map())
     }
     fn get(&self, key: &Prefix<D>) -> Result<Option<u8>> {
         match self.map.get(&LpmKey::new(key.len, key.data), 0) {
@@ -209,6 +226,9 @@ where
     fn name(&self) -> &'static str {
         self.name
     }
+    fn capacity(&self) -> Result<usize> {
+        Ok(self.capacity)
+    }
     fn get(&self, key: &K) -> Result<Option<V>> {
         Ok(self.entries.get(key).cloned())
     }
@@ -270,23 +290,36 @@ pub struct LbMaps {
 impl LbMaps {
     /// Fake maps sharing one operation log, with the given capacity each.
     pub fn in_memory(capacity: usize) -> (Self, OpLog) {
+        Self::in_memory_with(|_| capacity)
+    }
+
+    /// Fake maps sharing one operation log, each with the capacity `capacity_of` gives
+    /// its name.
+    pub fn in_memory_with(capacity_of: impl Fn(&'static str) -> usize) -> (Self, OpLog) {
         use proxy_common::maps::*;
         let log: OpLog = Arc::default();
-        let l = || log.clone();
+        fn mem<K, V>(
+            name: &'static str,
+            capacity_of: &impl Fn(&'static str) -> usize,
+            log: &OpLog,
+        ) -> Box<MemMap<K, V>> {
+            Box::new(MemMap::new(name, capacity_of(name), log.clone()))
+        }
+        let (c, l) = (&capacity_of, &log);
         let maps = Self {
-            svc4: Box::new(MemMap::new(SVC4, capacity, l())),
-            svc6: Box::new(MemMap::new(SVC6, capacity, l())),
-            backends4: Box::new(MemMap::new(BACKENDS4, capacity, l())),
-            backends6: Box::new(MemMap::new(BACKENDS6, capacity, l())),
-            rev_nat4: Box::new(MemMap::new(REV_NAT4, capacity, l())),
-            rev_nat6: Box::new(MemMap::new(REV_NAT6, capacity, l())),
-            affinity: Box::new(MemMap::new(AFFINITY, capacity, l())),
-            svc_cidrs4: Box::new(MemMap::new(SVC_CIDRS4, capacity, l())),
-            svc_cidrs6: Box::new(MemMap::new(SVC_CIDRS6, capacity, l())),
-            nodeport_addrs4: Box::new(MemMap::new(NODEPORT_ADDRS4, capacity, l())),
-            nodeport_addrs6: Box::new(MemMap::new(NODEPORT_ADDRS6, capacity, l())),
-            src_ranges4: Box::new(MemMap::new(SRC_RANGES4, capacity, l())),
-            src_ranges6: Box::new(MemMap::new(SRC_RANGES6, capacity, l())),
+            svc4: mem(SVC4, c, l),
+            svc6: mem(SVC6, c, l),
+            backends4: mem(BACKENDS4, c, l),
+            backends6: mem(BACKENDS6, c, l),
+            rev_nat4: mem(REV_NAT4, c, l),
+            rev_nat6: mem(REV_NAT6, c, l),
+            affinity: mem(AFFINITY, c, l),
+            svc_cidrs4: mem(SVC_CIDRS4, c, l),
+            svc_cidrs6: mem(SVC_CIDRS6, c, l),
+            nodeport_addrs4: mem(NODEPORT_ADDRS4, c, l),
+            nodeport_addrs6: mem(NODEPORT_ADDRS6, c, l),
+            src_ranges4: mem(SRC_RANGES4, c, l),
+            src_ranges6: mem(SRC_RANGES6, c, l),
         };
         (maps, log)
     }

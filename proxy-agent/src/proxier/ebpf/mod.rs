@@ -7,12 +7,14 @@
 //! full syncs, against what the maps hold).
 
 pub mod apply;
+pub mod budget;
 pub mod desired;
 pub mod entries;
 pub mod ids;
 pub mod loader;
 pub mod maps;
 pub mod names;
+pub mod resize;
 pub mod xdp;
 
 use proxy_common::LbConfig;
@@ -56,12 +58,24 @@ impl EbpfProxier {
                 None
             }
         };
+        let max_backends = id_space(loaded.maps.backends4.capacity(), opts.map_sizes.backends);
+        let max_rev_nat = id_space(loaded.maps.rev_nat4.capacity(), opts.map_sizes.rev_nat);
         Ok(Self {
             loaded,
-            state: ApplyState::new(opts.map_sizes.backends, opts.map_sizes.rev_nat),
+            state: ApplyState::new(max_backends, max_rev_nat),
             names,
         })
     }
+}
+
+/// How many ids to hand out for a map: its configured size, or the size it was loaded with
+/// when larger (a map kept at its old size keeps the ids of all its entries).
+fn id_space(loaded: maps::Result<usize>, configured: u32) -> u32 {
+    loaded
+        .ok()
+        .and_then(|c| u32::try_from(c).ok())
+        .unwrap_or(configured)
+        .max(configured)
 }
 
 /// Seconds of CLOCK_MONOTONIC_COARSE, the clock of `bpf_ktime_get_coarse_ns`.
@@ -121,6 +135,9 @@ impl Proxier for EbpfProxier {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError> {
+        // Services refused before are tried again: their names must follow if they get in.
+        let mut touched = request.changed.clone();
+        touched.extend(self.state.deferred().cloned());
         let stats = self
             .state
             .sync(
@@ -132,7 +149,7 @@ impl Proxier for EbpfProxier {
             )
             .map_err(|e| SyncError::new("ebpf", e))?;
         if let Some(names) = &mut self.names
-            && let Err(e) = names.sync(request.families, &self.state, request.changed, request.full)
+            && let Err(e) = names.sync(request.families, &self.state, &touched, request.full)
         {
             // Names are for people reading the maps; the dataplane is in place. The next
             // full sync writes them again.
@@ -142,5 +159,7 @@ impl Proxier for EbpfProxier {
     }
 }
 
+#[cfg(test)]
+mod apply_capacity_tests;
 #[cfg(test)]
 mod apply_tests;

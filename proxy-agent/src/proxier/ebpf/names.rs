@@ -14,16 +14,19 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    fs,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::Path,
 };
 
-use aya::maps::{HashMap as AyaHash, Map as AyaMap, MapData};
+use aya::maps::{HashMap as AyaHash, Map as AyaMap, MapData, MapInfo};
+use tracing::{info, warn};
 
 use super::{
     apply::ApplyState,
     desired::{FrontendKey, proto_number},
     maps::{KernelHash, KvMap, MapOpError},
+    resize,
 };
 use crate::{
     model::{IpFamily, NamespacedName, ServicePort},
@@ -169,30 +172,74 @@ pub struct NamesTable {
     loaded: bool,
 }
 
-/// Opens the pinned table under `maps_dir`, creating and pinning it on first use.
+/// Opens the pinned table under `maps_dir`, creating and pinning it on first use, and
+/// giving it a new size when `max_entries` changed.
 pub fn open_or_create(maps_dir: &Path, max_entries: u32) -> Result<NamesTable, MapOpError> {
     let path = maps_dir.join(SVC_NAMES);
+    if !path.exists() {
+        create_pinned(&path, max_entries)?;
+    } else if let Ok(info) = MapInfo::from_pin(&path)
+        && info.max_entries() != max_entries
+    {
+        resize_table(maps_dir, &path, max_entries);
+    }
+    Ok(NamesTable::new(Box::new(open(&path)?)))
+}
+
+fn create_pinned(path: &Path, max_entries: u32) -> Result<(), MapOpError> {
+    // `pin` consumes the handle: the pin is then opened like an existing one.
+    let created = AyaHash::<MapData, u32, NameValue>::create(max_entries, 0).map_err(|source| {
+        MapOpError::Kernel {
+            map: SVC_NAMES,
+            op: "create",
+            source,
+        }
+    })?;
+    created.pin(path).map_err(|error| MapOpError::Kernel {
+        map: SVC_NAMES,
+        op: "pin",
+        source: aya::maps::MapError::PinError {
+            name: Some(SVC_NAMES.into()),
+            error,
+        },
+    })
+}
+
+fn open(path: &Path) -> Result<KernelHash<u32, NameValue>, MapOpError> {
     let kernel = |source| MapOpError::Kernel {
         map: SVC_NAMES,
         op: "open",
         source,
     };
-    if !path.exists() {
-        // `pin` consumes the handle: the pin is then opened like an existing one.
-        let created = AyaHash::<MapData, u32, NameValue>::create(max_entries, 0).map_err(kernel)?;
-        created.pin(&path).map_err(|error| MapOpError::Kernel {
-            map: SVC_NAMES,
-            op: "pin",
-            source: aya::maps::MapError::PinError {
-                name: Some(SVC_NAMES.into()),
-                error,
-            },
-        })?;
-    }
-    let data = MapData::from_pin(&path).map_err(kernel)?;
+    let data = MapData::from_pin(path).map_err(kernel)?;
     let map: AyaHash<MapData, u32, NameValue> =
         AyaHash::try_from(AyaMap::from_map_data(data).map_err(kernel)?).map_err(kernel)?;
-    Ok(NamesTable::new(Box::new(KernelHash::new(SVC_NAMES, map))))
+    Ok(KernelHash::new(SVC_NAMES, map))
+}
+
+/// Replaces the table by one of `max_entries` with the same entries (its size follows
+/// `ebpf.mapSizes.revNat`). Only `inspect` reads it: when that fails, the old one stays.
+fn resize_table(maps_dir: &Path, path: &Path, max_entries: u32) {
+    let staging = resize::staging_pin(maps_dir, SVC_NAMES);
+    let _ = fs::remove_file(&staging);
+    let moved = (|| {
+        let old = open(path)?;
+        create_pinned(&staging, max_entries)?;
+        let mut new = open(&staging)?;
+        resize::copy_entries(&old, &mut new, false)
+    })();
+    let outcome = moved.map_err(|e| e.to_string()).and_then(|entries| {
+        fs::rename(&staging, path)
+            .map(|()| entries)
+            .map_err(|e| e.to_string())
+    });
+    match outcome {
+        Ok(entries) => info!(map = SVC_NAMES, to = max_entries, entries, "map resized"),
+        Err(e) => {
+            let _ = fs::remove_file(&staging);
+            warn!(map = SVC_NAMES, error = %e, "the names table keeps its size");
+        }
+    }
 }
 
 impl NamesTable {
@@ -275,16 +322,7 @@ pub fn read_pinned(maps_dir: &Path) -> Result<HashMap<(bool, u16), PortRef>, Map
     if !path.exists() {
         return Ok(HashMap::new());
     }
-    let kernel = |source| MapOpError::Kernel {
-        map: SVC_NAMES,
-        op: "open",
-        source,
-    };
-    let data = MapData::from_pin(&path).map_err(kernel)?;
-    let map: AyaHash<MapData, u32, NameValue> =
-        AyaHash::try_from(AyaMap::from_map_data(data).map_err(kernel)?).map_err(kernel)?;
-    let table = KernelHash::new(SVC_NAMES, map);
-    Ok(table
+    Ok(open(&path)?
         .entries()?
         .into_iter()
         .map(|(k, v)| (split_key(k), decode(&v)))

@@ -1,0 +1,380 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Which services go into the maps when not all of them fit, and in what order.
+//!
+//! Services that have entries in the maps come first, so that nothing programmed is ever
+//! pushed out by a newcomer; then the others, by family and name, so that the same cluster
+//! always gets the same choice. Each service is admitted whole or refused whole: a refused
+//! service writes nothing, and what it had in the maps stays as it was (stale, but
+//! consistent: every slot 0 still points at slots and backends that exist). A restarted
+//! agent reads what its predecessor programmed back from the maps, so it keeps the same
+//! services and never deletes one it cannot fit any more.
+
+use std::collections::BTreeSet;
+
+use proxy_common::{SCOPE_EXTERNAL, SCOPE_INTERNAL, SvcValue};
+use tracing::debug;
+
+use super::{AppliedService, ApplyState, Plan, v6};
+use crate::{
+    model::{IpFamily, NamespacedName},
+    proxier::{
+        FamilyState, FullMap, NodeContext,
+        ebpf::{
+            budget::{Budget, Demand, MapKind, PerMap},
+            desired::{BackendAddr, DesiredService, FrontendKey, desired_service},
+            entries::{Snapshot, SvcEntryKey},
+            ids::Exhausted,
+        },
+    },
+};
+
+/// How many refused services the report names.
+const EXAMPLES: usize = 5;
+
+/// One service of one family to bring in line.
+pub(super) struct Candidate {
+    family: IpFamily,
+    service: NamespacedName,
+    desired: DesiredService,
+    /// What it has in the maps now.
+    old: AppliedService,
+}
+
+/// The services one sync refused and the maps that had no room for them.
+#[derive(Debug, Default)]
+pub(super) struct Refusals {
+    pub services: BTreeSet<(IpFamily, NamespacedName)>,
+    maps: BTreeSet<(MapKind, IpFamily)>,
+}
+
+impl Refusals {
+    fn add(&mut self, family: IpFamily, service: NamespacedName, short: Vec<MapKind>) {
+        for kind in short {
+            self.maps.insert((kind, family));
+        }
+        self.services.insert((family, service));
+    }
+
+    fn names(&self) -> BTreeSet<&NamespacedName> {
+        self.services.iter().map(|(_, s)| s).collect()
+    }
+
+    /// Services refused in at least one family.
+    pub fn distinct_services(&self) -> usize {
+        self.names().len()
+    }
+
+    /// The first few refused services, sorted.
+    pub fn examples(&self) -> Vec<String> {
+        self.names()
+            .into_iter()
+            .take(EXAMPLES)
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    pub fn full_maps(&self, budget: &Budget) -> Vec<FullMap> {
+        self.maps
+            .iter()
+            .map(|(kind, family)| budget.full_map(*kind, *family))
+            .collect()
+    }
+}
+
+/// The map an exhausted id allocator stands for (its ids are the map's keys).
+fn exhausted_map(e: &Exhausted) -> MapKind {
+    if e.kind == "rev_nat" {
+        MapKind::RevNat
+    } else {
+        MapKind::Backends
+    }
+}
+
+fn family_of(addr: &std::net::IpAddr) -> IpFamily {
+    if addr.is_ipv6() {
+        IpFamily::V6
+    } else {
+        IpFamily::V4
+    }
+}
+
+impl ApplyState {
+    /// The services this sync must look at (every one when `full`; otherwise the changed
+    /// ones and those refused before), with what each has in the maps, in admission order.
+    pub(super) fn candidates(
+        &mut self,
+        families: &[FamilyState],
+        node: &NodeContext,
+        changed: &std::collections::HashSet<NamespacedName>,
+        full: bool,
+        actual: Option<&Snapshot>,
+    ) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        for state in families {
+            let family = state.family;
+            let known = self
+                .services
+                .keys()
+                .chain(self.deferred.iter())
+                .filter(|(f, _)| *f == family)
+                .map(|(_, s)| s.clone());
+            let services: BTreeSet<NamespacedName> = if full {
+                state.services.services().cloned().chain(known).collect()
+            } else {
+                let deferred = self
+                    .deferred
+                    .iter()
+                    .filter(|(f, _)| *f == family)
+                    .map(|(_, s)| s.clone());
+                changed.iter().cloned().chain(deferred).collect()
+            };
+            for service in services {
+                let desired = desired_service(&service, state, node);
+                let old = match self.services.remove(&(family, service.clone())) {
+                    Some(old) => old,
+                    None => actual
+                        .map(|a| self.adopt_service(family, &service, &desired, a))
+                        .unwrap_or_default(),
+                };
+                out.push(Candidate {
+                    family,
+                    service,
+                    desired,
+                    old,
+                });
+            }
+        }
+        out.sort_by(|a, b| {
+            (a.old.svc.is_empty(), a.family, &a.service).cmp(&(
+                b.old.svc.is_empty(),
+                b.family,
+                &b.service,
+            ))
+        });
+        out
+    }
+
+    /// Plans `candidate` if its entries fit in the room left, or keeps what it had.
+    pub(super) fn admit(
+        &mut self,
+        candidate: Candidate,
+        actual: Option<&Snapshot>,
+        budget: &mut Budget,
+        plan: &mut Plan,
+        refusals: &mut Refusals,
+    ) {
+        let Candidate {
+            family,
+            service,
+            desired,
+            old,
+        } = candidate;
+        let mut trial = Plan::default();
+        let mut new = AppliedService::default();
+        let verdict = match self.build(family, &service, &desired, &mut new, &mut trial) {
+            Ok(()) => budget.take(family, &self.demand(family, &new, &old, &trial, actual)),
+            Err(exhausted) => Err(vec![exhausted_map(&exhausted)]),
+        };
+        match verdict {
+            Ok(()) => {
+                self.backend_entries
+                    .extend(trial.backend_entries.iter().map(|(a, e)| (*a, *e)));
+                plan.absorb(trial);
+                plan.diff_service(&old, &new);
+                self.release(family, &service, &old, plan);
+                if !new.svc.is_empty() {
+                    self.services.insert((family, service), new);
+                }
+            }
+            Err(short) => {
+                debug!(%service, ?family, maps = ?short, "service does not fit in the maps");
+                // Nothing of `new` is written: its references go (ids it was the first to
+                // take are free again at once), `old` stays as it was.
+                self.release(family, &service, &new, &mut Plan::default());
+                for id in &trial.fresh_backends {
+                    self.backend_ids.forget(u64::from(*id));
+                }
+                for id in &trial.fresh_rev_nat {
+                    self.rev_nat_ids.forget(u64::from(*id));
+                }
+                if !old.svc.is_empty() {
+                    self.services.insert((family, service.clone()), old);
+                }
+                refusals.add(family, service, short);
+            }
+        }
+    }
+
+    /// The entries `new` adds to the maps: those not in them already (`actual` on a full
+    /// sync; otherwise what the service had, and ids handed out for the first time).
+    fn demand(
+        &self,
+        family: IpFamily,
+        new: &AppliedService,
+        old: &AppliedService,
+        trial: &Plan,
+        actual: Option<&Snapshot>,
+    ) -> Demand {
+        let Some(actual) = actual else {
+            return Demand {
+                svc_entries: new.svc.keys().filter(|k| !old.svc.contains_key(k)).count(),
+                src_ranges: new.src_ranges.difference(&old.src_ranges).count(),
+                backends: trial.fresh_backends.iter().copied().collect(),
+                rev_nat: trial.fresh_rev_nat.iter().copied().collect(),
+            };
+        };
+        let is_v6 = family == IpFamily::V6;
+        Demand {
+            svc_entries: new
+                .svc
+                .keys()
+                .filter(|k| !actual.svc.contains_key(k))
+                .count(),
+            src_ranges: new
+                .src_ranges
+                .iter()
+                .filter(|r| !actual.src_ranges.contains(r))
+                .count(),
+            backends: new
+                .backends
+                .iter()
+                .filter_map(|addr| self.backend_ids.get(addr))
+                .map(|id| id as u32)
+                .filter(|id| !actual.backends.contains_key(&(is_v6, *id)))
+                .collect(),
+            rev_nat: new
+                .frontends
+                .iter()
+                .filter_map(|key| self.rev_nat_ids.get(key))
+                .map(|id| id as u16)
+                .filter(|id| !actual.rev_nat.contains_key(&(is_v6, *id)))
+                .collect(),
+        }
+    }
+
+    /// The entries the maps hold by the agent's account (what the last sync left).
+    pub(super) fn entries(&self) -> PerMap {
+        let mut out = PerMap::default();
+        for ((family, _), applied) in &self.services {
+            out.add(MapKind::Services, *family, applied.svc.len());
+            out.add(MapKind::SourceRanges, *family, applied.src_ranges.len());
+        }
+        for addr in self.backend_entries.keys() {
+            if self.backend_ids.get(addr).is_some() {
+                out.add(MapKind::Backends, family_of(&addr.addr), 1);
+            }
+        }
+        for key in self.owners.keys() {
+            if self.rev_nat_ids.get(key).is_some() {
+                out.add(MapKind::RevNat, family_of(&key.addr), 1);
+            }
+        }
+        out
+    }
+
+    /// What a previous agent programmed for `service`, read back from the maps with one
+    /// reference on each id it uses: the entries of its desired frontends whose rev_nat
+    /// ids were adopted, and of its ClusterIP wildcards. A frontend whose entries do not
+    /// match the adopted ids is left out (a full sync rewrites it).
+    fn adopt_service(
+        &mut self,
+        family: IpFamily,
+        service: &NamespacedName,
+        desired: &DesiredService,
+        actual: &Snapshot,
+    ) -> AppliedService {
+        let owner = (family, service.clone());
+        let mut out = AppliedService::default();
+        for frontend in &desired.frontends {
+            let key = frontend.key;
+            if self.owners.get(&key).is_some_and(|o| *o != owner) {
+                continue;
+            }
+            let slot0 = SvcEntryKey {
+                frontend: key,
+                scope: SCOPE_EXTERNAL,
+                slot: 0,
+            };
+            let Some(rev_nat_id) = actual.svc.get(&slot0).map(|v| v.rev_nat_id) else {
+                continue;
+            };
+            if self.rev_nat_ids.get(&key) != Some(u64::from(rev_nat_id)) {
+                continue;
+            }
+            let entries: Vec<(SvcEntryKey, SvcValue)> = actual
+                .svc
+                .iter()
+                .filter(|(k, _)| k.frontend == key)
+                .map(|(k, v)| (*k, *v))
+                .collect();
+            let Some(backends) = self.adopted_backends(&entries, actual, v6(&key.addr)) else {
+                continue;
+            };
+            if self.rev_nat_ids.acquire(&key).is_err() {
+                continue;
+            }
+            self.owners.insert(key, owner.clone());
+            out.frontends.push(key);
+            for addr in backends {
+                if self.backend_ids.acquire(&addr).is_ok() {
+                    out.backends.push(addr);
+                }
+            }
+            for scope in [SCOPE_EXTERNAL, SCOPE_INTERNAL] {
+                let affinity = entries
+                    .iter()
+                    .any(|(k, v)| k.scope == scope && k.slot == 0 && v.backend_id != 0);
+                if affinity {
+                    let ids = entries
+                        .iter()
+                        .filter(|(k, _)| k.scope == scope && k.slot > 0)
+                        .map(|(_, v)| v.backend_id)
+                        .collect();
+                    out.affinity.push((rev_nat_id, ids));
+                }
+            }
+            out.svc.extend(entries);
+            out.src_ranges.extend(
+                actual
+                    .src_ranges
+                    .iter()
+                    .filter(|(id, _)| *id == rev_nat_id)
+                    .copied(),
+            );
+        }
+        for ip in &desired.wildcards {
+            let key = SvcEntryKey {
+                frontend: FrontendKey {
+                    addr: *ip,
+                    port: 0,
+                    proto: 0,
+                },
+                scope: SCOPE_EXTERNAL,
+                slot: 0,
+            };
+            if let Some(value) = actual.svc.get(&key) {
+                out.svc.insert(key, *value);
+            }
+        }
+        out
+    }
+
+    /// The backend addresses of a frontend's slots, if every slot points at a backend whose
+    /// id was adopted for that address.
+    fn adopted_backends(
+        &self,
+        entries: &[(SvcEntryKey, SvcValue)],
+        actual: &Snapshot,
+        is_v6: bool,
+    ) -> Option<Vec<BackendAddr>> {
+        entries
+            .iter()
+            .filter(|(k, _)| k.slot > 0)
+            .map(|(_, v)| {
+                let entry = actual.backends.get(&(is_v6, v.backend_id))?;
+                (self.backend_ids.get(&entry.addr) == Some(u64::from(v.backend_id)))
+                    .then_some(entry.addr)
+            })
+            .collect()
+    }
+}
