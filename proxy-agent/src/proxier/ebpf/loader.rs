@@ -25,6 +25,7 @@ use tracing::{debug, info, warn};
 use super::{
     maps::{KernelHash, KernelLpm, LbMaps},
     resize::{self, PinPlan, Resizable},
+    upgrade,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -153,7 +154,7 @@ pub fn pod_devices(uplinks: &[String]) -> Vec<String> {
     out
 }
 
-/// A loaded and attached dataplane.
+/// A loaded dataplane, attached unless a layout upgrade waits for its first full sync.
 pub struct Loaded {
     /// Keeps the programs' fds; the links live on in their pins.
     ebpf: Ebpf,
@@ -167,6 +168,9 @@ pub struct Loaded {
     pod_devices: Vec<String>,
     /// Uplinks XDP runs on.
     pub xdp_devices: Vec<String>,
+    /// Set until the programs are attached (at once, or after the first full sync of a
+    /// layout upgrade: see [`super::upgrade`]).
+    pending: Option<PendingAttach>,
 }
 
 impl Loaded {
@@ -223,7 +227,8 @@ fn create_dir(path: &Path) -> Result<()> {
     })
 }
 
-/// Loads the embedded object, pins (or reuses) the maps and attaches every program.
+/// Loads the embedded object, pins (or reuses) the maps and attaches every program (or,
+/// on a layout upgrade, leaves that to [`Loaded::attach_pending`] after the first full sync).
 pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
     if let Some(reason) = crate::ebpf_object::unavailable_reason() {
         return Err(LoadError::Unavailable(reason));
@@ -240,6 +245,9 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         .iter()
         .filter(|n| maps_dir.join(n).exists())
         .count();
+    // An earlier layout's programs keep serving until this layout's maps are filled
+    // (asked before loading, which pins this layout's maps).
+    let defer = upgrade::deferred_attach(&maps_dir, &links_dir);
     let resizable = resize::resizable(&opts.map_sizes);
     let mut plans = resize::plan(&maps_dir, &resizable);
     let mut ebpf = loop {
@@ -260,68 +268,11 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         "eBPF object loaded, maps pinned"
     );
 
-    let cgroup = fs::File::open(&opts.cgroup).map_err(|source| LoadError::Io {
-        what: "opening cgroup",
-        path: opts.cgroup.clone(),
-        source,
-    })?;
-    for name in SOCK_PROGRAMS {
-        let program: &mut CgroupSockAddr = ebpf
-            .program_mut(name)
-            .ok_or(LoadError::MissingProgram { name })?
-            .try_into()
-            .map_err(|source| LoadError::Program { name, source })?;
-        program
-            .load()
-            .map_err(|source| LoadError::Program { name, source })?;
-        let link_id = program
-            .attach(&cgroup, CgroupAttachMode::Single)
-            .map_err(|source| LoadError::Program { name, source })?;
-        let link = program
-            .take_link(link_id)
-            .map_err(|source| LoadError::Program { name, source })?;
-        let link: FdLink = link
-            .try_into()
-            .map_err(|source| LoadError::Link { name, source })?;
-        replace_pinned_link(&links_dir, name, link)?;
-    }
-    info!(cgroup = %opts.cgroup.display(), "socket programs attached");
-    attach_tc(
-        &mut ebpf,
-        UPLINK_INGRESS,
-        TcAttachType::Ingress,
-        &opts.devices,
-        &links_dir,
-    )?;
-    attach_tc(
-        &mut ebpf,
-        UPLINK_EGRESS,
-        TcAttachType::Egress,
-        &opts.devices,
-        &links_dir,
-    )?;
-    let pods = pod_devices(&opts.devices);
-    attach_tc(
-        &mut ebpf,
-        POD_INGRESS,
-        TcAttachType::Ingress,
-        &pods,
-        &links_dir,
-    )?;
-    // After tc: what XDP passes on must find tc in place.
-    let xdp_devices = super::xdp::attach(&mut ebpf, opts.xdp, &opts.devices, &links_dir);
-    // Every program now runs against the new maps: they take the old maps' pins.
-    resize::complete(&maps_dir, &resizable, &plans).map_err(|source| LoadError::Io {
-        what: "replacing the pin of a resized map under",
-        path: maps_dir.clone(),
-        source,
-    })?;
-
     let maps = take_maps(&mut ebpf)?;
     let config = take_array(&mut ebpf, names::LB_CONFIG)?;
     let ct4 = take_raw_hash(&mut ebpf, names::CT4)?;
     let ct6 = take_raw_hash(&mut ebpf, names::CT6)?;
-    Ok(Loaded {
+    let mut loaded = Loaded {
         ebpf,
         maps,
         config,
@@ -329,9 +280,107 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         ct6,
         links_dir,
         uplinks: opts.devices.clone(),
-        pod_devices: pods,
-        xdp_devices,
-    })
+        pod_devices: Vec::new(),
+        xdp_devices: Vec::new(),
+        pending: Some(PendingAttach {
+            cgroup: opts.cgroup.clone(),
+            xdp: opts.xdp,
+            maps_dir,
+            resizable,
+            plans,
+        }),
+    };
+    if defer {
+        info!(
+            "map layout upgrade: the running programs keep serving from the earlier layout's maps until the first full sync has filled the new ones"
+        );
+    } else {
+        loaded.attach_pending()?;
+    }
+    Ok(loaded)
+}
+
+/// What attaching the programs needs, kept from loading until it happens.
+struct PendingAttach {
+    cgroup: PathBuf,
+    xdp: crate::config::XdpMode,
+    maps_dir: PathBuf,
+    resizable: Vec<Resizable>,
+    plans: Vec<PinPlan>,
+}
+
+impl Loaded {
+    /// Whether the programs wait for the maps to be filled (a layout upgrade).
+    pub fn programs_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Attaches every program (replacing the links of an earlier agent), completes the
+    /// resizes and, after a layout upgrade, removes the earlier layout's maps. Does nothing
+    /// when already attached.
+    pub fn attach_pending(&mut self) -> Result<()> {
+        let Some(pending) = self.pending.take() else {
+            return Ok(());
+        };
+        let (ebpf, links_dir) = (&mut self.ebpf, &self.links_dir);
+        let cgroup = fs::File::open(&pending.cgroup).map_err(|source| LoadError::Io {
+            what: "opening cgroup",
+            path: pending.cgroup.clone(),
+            source,
+        })?;
+        for name in SOCK_PROGRAMS {
+            let program: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or(LoadError::MissingProgram { name })?
+                .try_into()
+                .map_err(|source| LoadError::Program { name, source })?;
+            program
+                .load()
+                .map_err(|source| LoadError::Program { name, source })?;
+            let link_id = program
+                .attach(&cgroup, CgroupAttachMode::Single)
+                .map_err(|source| LoadError::Program { name, source })?;
+            let link = program
+                .take_link(link_id)
+                .map_err(|source| LoadError::Program { name, source })?;
+            let link: FdLink = link
+                .try_into()
+                .map_err(|source| LoadError::Link { name, source })?;
+            replace_pinned_link(links_dir, name, link)?;
+        }
+        info!(cgroup = %pending.cgroup.display(), "socket programs attached");
+        attach_tc(
+            ebpf,
+            UPLINK_INGRESS,
+            TcAttachType::Ingress,
+            &self.uplinks,
+            links_dir,
+        )?;
+        attach_tc(
+            ebpf,
+            UPLINK_EGRESS,
+            TcAttachType::Egress,
+            &self.uplinks,
+            links_dir,
+        )?;
+        let pods = pod_devices(&self.uplinks);
+        attach_tc(ebpf, POD_INGRESS, TcAttachType::Ingress, &pods, links_dir)?;
+        self.pod_devices = pods;
+        // After tc: what XDP passes on must find tc in place.
+        self.xdp_devices = super::xdp::attach(ebpf, pending.xdp, &self.uplinks, links_dir);
+        // Every program now runs against the new maps: they take the old maps' pins.
+        resize::complete(&pending.maps_dir, &pending.resizable, &pending.plans).map_err(
+            |source| LoadError::Io {
+                what: "replacing the pin of a resized map under",
+                path: pending.maps_dir.clone(),
+                source,
+            },
+        )?;
+        if let Err(e) = upgrade::remove_other_layouts(&pending.maps_dir) {
+            warn!(error = %e, "could not look for the maps of an earlier layout");
+        }
+        Ok(())
+    }
 }
 
 /// Loads the embedded object: maps at their pins (a resized map at its staging pin), with
@@ -351,6 +400,9 @@ impl Loaded {
     /// Attaches the pod-side program to devices that appeared since the last look and drops
     /// the links of devices that went away. Returns the devices added.
     pub fn refresh_pod_devices(&mut self) -> Result<Vec<String>> {
+        if self.pending.is_some() {
+            return Ok(Vec::new());
+        }
         let now = pod_devices(&self.uplinks);
         let added: Vec<String> = now
             .iter()

@@ -15,6 +15,7 @@ pub mod loader;
 pub mod maps;
 pub mod names;
 pub mod resize;
+pub mod upgrade;
 pub mod xdp;
 
 use proxy_common::LbConfig;
@@ -148,6 +149,13 @@ impl Proxier for EbpfProxier {
                 request.full,
             )
             .map_err(|e| SyncError::new("ebpf", e))?;
+        if request.full && self.loaded.programs_pending() {
+            // A layout upgrade: the new maps hold every service now.
+            self.loaded
+                .attach_pending()
+                .map_err(|e| SyncError::new("ebpf", e))?;
+            info!(xdp_devices = ?self.loaded.xdp_devices, "programs of the new map layout attached");
+        }
         if let Some(names) = &mut self.names
             && let Err(e) = names.sync(request.families, &self.state, &touched, request.full)
         {
