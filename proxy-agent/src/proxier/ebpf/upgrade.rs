@@ -31,7 +31,7 @@ fn layout_of(name: &str) -> Option<(&str, u32)> {
 }
 
 /// Pins among `pinned` that hold another layout of one of this agent's maps.
-pub fn other_layouts<'a>(pinned: &'a [String]) -> Vec<&'a str> {
+pub fn other_layouts(pinned: &[String]) -> Vec<&str> {
     let current: Vec<(&str, u32)> = names::ALL
         .iter()
         .chain(std::iter::once(&SVC_NAMES))
