@@ -30,6 +30,7 @@ pub mod echo;
 pub mod error;
 pub mod format;
 pub mod http;
+pub mod ipvs_check;
 pub mod netns;
 pub mod objects;
 pub mod outcome;

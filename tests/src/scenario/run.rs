@@ -226,6 +226,10 @@ pub async fn run_scenario(
                 scenario.name, options.mode
             );
         }
+        let ipvs_lacks = match &node_addresses {
+            Ok(_) => env.ipvs_lacks().await,
+            Err(_) => None,
+        };
         for flow in applicable(n) {
             let r = match &node_addresses {
                 _ if unsupported(flow) => skip(flow),
@@ -237,7 +241,10 @@ pub async fn run_scenario(
                 ),
                 Ok(addrs) => {
                     let (status, text) = env.run_flow(flow, addrs).await;
-                    report(scenario, flow, status, text)
+                    match &ipvs_lacks {
+                        Some(why) => report(scenario, flow, Status::Fail, format!("{text}; {why}")),
+                        None => report(scenario, flow, status, text),
+                    }
                 }
             };
             push(r, &mut out);
@@ -362,6 +369,45 @@ impl<'a> ScenarioEnv<'a> {
             Some(agent) => agent.wait_synced(change).await,
             None => Ok(()),
         }
+    }
+
+    /// ipvs mode: the stage's ClusterIP and externalIP ports that `ipvsadm -Ln` in the node
+    /// namespace does not show as virtual servers (see [`super::ipvs_check`]).
+    pub async fn ipvs_lacks(&self) -> Option<String> {
+        if self.options.mode != Mode::Ipvs || self.agent.is_none() {
+            return None;
+        }
+        let families: BTreeSet<bool> = self
+            .scenario
+            .node
+            .addresses
+            .iter()
+            .map(|a| a.addr().is_ipv6())
+            .collect();
+        let expected = super::ipvs_check::expected_virtual_servers(&self.state, &families);
+        let place = Place {
+            netns: self.topology.node_ns.clone(),
+            cgroup: None,
+        };
+        let command = place.command(std::path::Path::new("ipvsadm"), &["-Ln".to_string()]);
+        let output = match tokio::process::Command::from(command)
+            .stdin(Stdio::null())
+            .output()
+            .await
+        {
+            Ok(o) if o.status.success() => o,
+            Ok(o) => {
+                return Some(format!(
+                    "ipvsadm -Ln failed ({}): {}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ));
+            }
+            Err(e) => return Some(format!("ipvsadm -Ln could not run: {e}")),
+        };
+        let shown = super::ipvs_check::parse_ipvsadm(&String::from_utf8_lossy(&output.stdout));
+        let missing = super::ipvs_check::missing(&expected, &shown);
+        (!missing.is_empty()).then(|| format!("ipvsadm -Ln lacks virtual servers {missing:?}"))
     }
 
     /// Probes `flow` and judges the attempts.
