@@ -49,6 +49,9 @@ pub fn section_names(elf: &[u8]) -> Option<Vec<String>> {
 pub const EM_BPF: u16 = 247;
 
 #[cfg(test)]
+mod stack_budget;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

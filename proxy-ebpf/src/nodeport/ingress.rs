@@ -64,13 +64,24 @@ fn run<C: PacketIo, F: AddrRewrite + Masquerade>(ctx: &C) -> i32 {
     if let Some(v) = reply_entry::<F>(p) {
         return reply::translate::<C, F>(ctx, p, v);
     }
+    balance::<C, F>(ctx, p, false)
+}
+
+/// A packet towards a frontend: its flow's translation, or a new flow's. `internal`: the
+/// client is on this node (see [`lookup_frontend`]).
+#[inline(always)]
+fn balance<C: PacketIo, F: AddrRewrite + Masquerade>(
+    ctx: &C,
+    p: &Packet<F::Addr>,
+    internal: bool,
+) -> i32 {
     if let Some(v) = forward_entry::<F>(p) {
         return match plan_forward::<C, F>(ctx, p, v) {
             Some(plan) => forward::<C, F>(ctx, p, v, plan),
             None => C::PASS,
         };
     }
-    match new_flow::<C, F>(ctx, p, ct::config(), false) {
+    match new_flow::<C, F>(ctx, p, ct::config(), internal) {
         NewFlow::Done(action) => action,
         NewFlow::Reject => ctx.reject::<F>(p),
     }
@@ -82,16 +93,7 @@ fn run<C: PacketIo, F: AddrRewrite + Masquerade>(ctx: &C) -> i32 {
 /// has two). Replies come back through [`reply`], on the backend's device or the uplink.
 #[inline(never)]
 pub fn from_pod<F: AddrRewrite + Masquerade>(ctx: &TcContext, p: &Packet<F::Addr>) -> i32 {
-    if let Some(v) = forward_entry::<F>(p) {
-        return match plan_forward::<TcContext, F>(ctx, p, v) {
-            Some(plan) => forward::<TcContext, F>(ctx, p, v, plan),
-            None => TcContext::PASS,
-        };
-    }
-    match new_flow::<TcContext, F>(ctx, p, ct::config(), true) {
-        NewFlow::Done(action) => action,
-        NewFlow::Reject => ctx.reject::<F>(p),
-    }
+    balance::<TcContext, F>(ctx, p, true)
 }
 
 /// What became of a packet that belongs to no flow yet.
