@@ -180,7 +180,9 @@ pub async fn run_scenario(
             scenario,
             flow,
             Status::Skip,
-            "kernel has no SCTP support".into(),
+            "kernel has no SCTP support (the suite replays SCTP flows in the qemu guest: \
+             guest::sctp_scenarios in tests/tests/vm_guest.rs)"
+                .into(),
         )
     };
     // The full error (with the agent's log) is printed once; flows get its first line.
