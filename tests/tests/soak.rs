@@ -441,17 +441,32 @@ struct Usage {
     fds: usize,
 }
 
-/// The agent is the one `proxy-agent` process in the node's cgroup.
+/// The agent is the `proxy-agent` process in the node's cgroup whose parent is not one:
+/// a command it is starting (iptables-restore) bears its name until it execs.
 fn agent_pid(topology: &Topology) -> i32 {
-    let pids: Vec<i32> = netns::cgroup_pids(&topology.cgroup)
+    let named: Vec<i32> = netns::cgroup_pids(&topology.cgroup)
         .into_iter()
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/comm"))
                 .is_ok_and(|c| c.trim() == "proxy-agent")
         })
         .collect();
-    assert_eq!(pids.len(), 1, "one agent in the node cgroup: {pids:?}");
-    pids[0]
+    let parent = |pid: &i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("PPid:"))
+                    .and_then(|v| v.trim().parse::<i32>().ok())
+            })
+    };
+    let agents: Vec<i32> = named
+        .iter()
+        .copied()
+        .filter(|pid| parent(pid).is_none_or(|p| !named.contains(&p)))
+        .collect();
+    assert_eq!(agents.len(), 1, "one agent in the node cgroup: {named:?}");
+    agents[0]
 }
 
 fn usage(pid: i32, since: Instant) -> Usage {
