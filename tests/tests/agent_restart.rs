@@ -178,18 +178,30 @@ struct IpvsBefore {
     counts: std::collections::BTreeMap<String, u64>,
 }
 
+/// Waits until the counts show both connections so far (the first one-shot and the
+/// long-lived one): the kernel folds its per-CPU counters into what it lists only every
+/// couple of seconds.
 fn ipvs_before(node: &TestNode) -> IpvsBefore {
     let table = node.ipvs_table().unwrap();
-    let counts = node.ipvs_connection_counts().unwrap();
     let service = format!("TCP {VIP}:80");
     assert!(
         table
             .iter()
-            .any(|l| l.starts_with(&format!("{service} rr")))
-            && counts.get(&service).is_some_and(|c| *c > 0),
-        "the virtual server and its traffic: {table:#?} {counts:#?}"
+            .any(|l| l.starts_with(&format!("{service} rr"))),
+        "the virtual server: {table:#?}"
     );
-    IpvsBefore { table, counts }
+    let deadline = Instant::now() + Duration::from_secs(10) * time_scale();
+    loop {
+        let counts = node.ipvs_connection_counts().unwrap();
+        if counts.get(&service).is_some_and(|c| *c >= 2) {
+            return IpvsBefore { table, counts };
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the virtual server counts both connections: {counts:#?}"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The restarted agent kept the table: the same lines, and no count back at zero (or
