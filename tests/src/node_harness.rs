@@ -6,8 +6,9 @@
 //! Dropping it removes everything.
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
-    process::Stdio,
+    process::{Command, Stdio},
     time::{Duration, SystemTime},
 };
 
@@ -17,9 +18,9 @@ use crate::scenario::{
     Error, Mode, Result, Scenario,
     agent::{Agent, AgentOptions, ConfigInputs, bpffs_root},
     cluster::{ApiServerStore, ClusterSource, Tracked},
-    netns::Place,
+    netns::{Place, in_netns},
     placement::Placement,
-    readiness::Change,
+    readiness::{Change, set_time_scale},
     run::merged_config,
     topology::Topology,
 };
@@ -85,6 +86,79 @@ pub fn scenario_header(name: &str, node: &str) -> String {
     )
 }
 
+/// How much slower than a normal machine this one runs: `SCENARIO_TIME_SCALE` (the
+/// emulated guest of `cargo xtask vm` sets 10), 1 when unset. Tests stretch their waits
+/// and timing assertions by it rather than loosening them everywhere.
+pub fn time_scale() -> u32 {
+    std::env::var("SCENARIO_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Why the agent cannot run ipvs mode here, if it cannot: the kernel has no IPVS (asked
+/// over generic netlink from a fresh namespace, which loads ip_vs where it is a module),
+/// or `ipvsadm` (the tests read the table with it) or `ipset` is missing. The qemu guest
+/// of `cargo xtask vm` has all three (tests/tests/vm_guest.rs runs the ipvs tests there).
+pub fn ipvs_missing() -> Option<String> {
+    let ns = crate::privileged::TempNetns::new("kpe-ipvs-probe");
+    let kernel = in_netns(&ns.name, || {
+        Ok(proxy_agent::proxier::ipvs::genl::IpvsSocket::open()
+            .err()
+            .map(|err| err.to_string()))
+    });
+    match kernel {
+        Ok(Some(err)) => return Some(format!("no IPVS in this kernel ({err})")),
+        Err(err) => return Some(format!("cannot probe for IPVS: {err}")),
+        Ok(None) => {}
+    }
+    [("ipvsadm", "-v"), ("ipset", "version")]
+        .iter()
+        .find(|(tool, arg)| Command::new(tool).arg(arg).output().is_err())
+        .map(|(tool, _)| format!("{tool} is not installed"))
+}
+
+/// One line of the IPVS table as `ipvsadm -Ln` lists it, without its connection counts:
+/// a virtual server (`TCP 172.30.0.41:80 rr`) or one of its real servers (`TCP
+/// 172.30.0.41:80 -> 10.180.0.1:9000 Masq 1`: forwarding method and weight).
+pub type IpvsLine = String;
+
+/// Parses `ipvsadm -Ln` into [`IpvsLine`]s, or `ipvsadm -Ln --stats --exact` into the
+/// cumulative connection count of each virtual and real server (keyed like the lines,
+/// without scheduler, method or weight).
+fn parse_ipvsadm(text: &str, stats: bool) -> BTreeMap<IpvsLine, u64> {
+    let mut table = BTreeMap::new();
+    let mut service = String::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            [proto, addr, rest @ ..] if ["TCP", "UDP", "SCTP", "FWM"].contains(proto) => {
+                service = format!("{proto} {addr}");
+                if stats {
+                    let conns = rest.first().and_then(|c| c.parse().ok()).unwrap_or(0);
+                    table.insert(service.clone(), conns);
+                } else {
+                    table.insert(words.join(" "), 0);
+                }
+            }
+            ["->", addr, rest @ ..] if *addr != "RemoteAddress:Port" => {
+                let key = if stats {
+                    format!("{service} -> {addr}")
+                } else {
+                    // Forward and Weight; ActiveConn and InActConn change with traffic.
+                    let kept: Vec<&str> = rest.iter().take(2).copied().collect();
+                    format!("{service} -> {addr} {}", kept.join(" "))
+                };
+                let conns = rest.first().and_then(|c| c.parse().ok()).unwrap_or(0);
+                table.insert(key, if stats { conns } else { 0 });
+            }
+            _ => {}
+        }
+    }
+    table
+}
+
 /// One entry of a pinned BPF map as bpftool prints it with BTF.
 #[derive(Clone, Debug)]
 pub struct MapEntry {
@@ -120,6 +194,8 @@ impl TestNode {
         let text = format!("{header}\nobjects:\n{indented}flows:\n{flows}\n");
         let path = dir.join(format!("{name}.yaml"));
         std::fs::write(&path, text).map_err(Error::io(format!("writing {}", path.display())))?;
+        // The runner's own waits (settling, links coming up) stretch like the tests'.
+        set_time_scale(time_scale());
         let scenario = Scenario::load(&path)?;
         let placement = Placement::plan(&scenario)?;
         let topology = Topology::build(&scenario.node, &placement, false)?;
@@ -176,7 +252,7 @@ impl TestNode {
             mode,
             extra_args: Vec::new(),
             config_overrides,
-            ready_timeout: Duration::from_secs(20),
+            ready_timeout: Duration::from_secs(20) * time_scale(),
         };
         let mut agent = Agent::start(
             &options,
@@ -246,11 +322,59 @@ impl TestNode {
     }
 }
 
+impl TestNode {
+    /// The node's IPVS table (`ipvsadm -Ln`, see [`IpvsLine`]).
+    pub fn ipvs_table(&self) -> Result<BTreeSet<IpvsLine>> {
+        let text = self.output("ipvsadm", &["-Ln"])?;
+        Ok(parse_ipvsadm(&text, false).into_keys().collect())
+    }
+
+    /// The cumulative connection count of each virtual and real server (`ipvsadm -Ln
+    /// --stats --exact`): one deleted and added again starts again from zero.
+    pub fn ipvs_connection_counts(&self) -> Result<BTreeMap<IpvsLine, u64>> {
+        let text = self.output("ipvsadm", &["-Ln", "--stats", "--exact"])?;
+        Ok(parse_ipvsadm(&text, true))
+    }
+}
+
 impl Drop for TestNode {
     fn drop(&mut self) {
         self.topology.cleanup();
         // Pins left by kept agents (unpinning a link detaches its program).
         let _ = std::fs::remove_dir_all(self.bpffs_root());
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipvsadm_listings_are_parsed() {
+        let table = "IP Virtual Server version 1.2.1 (size=4096)\n\
+            Prot LocalAddress:Port Scheduler Flags\n  \
+            -> RemoteAddress:Port           Forward Weight ActiveConn InActConn\n\
+            TCP  172.30.0.41:80 rr persistent 10800\n  \
+            -> 10.180.0.1:9000              Masq    1      1          0\n  \
+            -> 10.180.0.2:9000              Masq    0      0          3\n";
+        let lines: Vec<String> = parse_ipvsadm(table, false).into_keys().collect();
+        assert_eq!(
+            lines,
+            [
+                "TCP 172.30.0.41:80 -> 10.180.0.1:9000 Masq 1",
+                "TCP 172.30.0.41:80 -> 10.180.0.2:9000 Masq 0",
+                "TCP 172.30.0.41:80 rr persistent 10800",
+            ]
+        );
+        let stats = "IP Virtual Server version 1.2.1 (size=4096)\n\
+            Prot LocalAddress:Port               Conns   InPkts  OutPkts  InBytes OutBytes\n  \
+            -> RemoteAddress:Port\n\
+            TCP  172.30.0.41:80                      3       20       18     1234     1300\n  \
+            -> 10.180.0.1:9000                     2       12       11      800      900\n";
+        let counts = parse_ipvsadm(stats, true);
+        assert_eq!(counts["TCP 172.30.0.41:80"], 3);
+        assert_eq!(counts["TCP 172.30.0.41:80 -> 10.180.0.1:9000"], 2);
+        assert_eq!(counts.len(), 2);
     }
 }

@@ -5,7 +5,12 @@
 //!   second frontend's backend count rewritten with `bpftool map update`, come back
 //!   exactly as they were;
 //! - iptables: a service's jump in KUBE-SERVICES deleted and its endpoint chain flushed
-//!   with `iptables` come back exactly as they were.
+//!   with `iptables` come back exactly as they were;
+//! - ipvs (`ipvs.syncPeriod`, stretched by `SCENARIO_TIME_SCALE` where the machine is
+//!   slow): a real server deleted with `ipvsadm -d` and a whole virtual server deleted
+//!   with `ipvsadm -D` come back exactly as they were. Where the kernel has no IPVS it
+//!   skips with the reason; the qemu guest (tests/tests/vm_guest.rs,
+//!   `guest::ipvs_scenarios`) runs it.
 
 use std::{
     collections::BTreeSet,
@@ -15,7 +20,9 @@ use std::{
 
 use serde_json::{Map, Value, json};
 use tests::{
-    node_harness::{MapEntry, TestNode, node_yaml, scenario_header, service_yaml},
+    node_harness::{
+        MapEntry, TestNode, ipvs_missing, node_yaml, scenario_header, service_yaml, time_scale,
+    },
     require_root,
     scenario::Mode,
 };
@@ -57,28 +64,38 @@ fn node(name: &str) -> TestNode {
 }
 
 fn fast_periodic_sync() -> Map<String, Value> {
+    periodic_sync("iptables", SYNC_PERIOD)
+}
+
+/// `section.syncPeriod: period` (the mode's own section: ebpf mode reads iptables').
+fn periodic_sync(section: &str, period: Duration) -> Map<String, Value> {
     let mut overrides = Map::new();
     overrides.insert(
-        "iptables".into(),
-        json!({"syncPeriod": format!("{}s", SYNC_PERIOD.as_secs()), "minSyncPeriod": "0s"}),
+        section.into(),
+        json!({"syncPeriod": format!("{}s", period.as_secs()), "minSyncPeriod": "0s"}),
     );
     overrides
 }
 
 /// Polls `read` until it returns `want`, for at most one sync period plus slack; returns
 /// how long it took.
-fn wait_for<T: PartialEq + std::fmt::Debug>(want: &T, mut read: impl FnMut() -> T) -> Duration {
+fn wait_for<T: PartialEq + std::fmt::Debug>(want: &T, read: impl FnMut() -> T) -> Duration {
+    wait_within(SYNC_PERIOD + SLACK, want, read)
+}
+
+fn wait_within<T: PartialEq + std::fmt::Debug>(
+    limit: Duration,
+    want: &T,
+    mut read: impl FnMut() -> T,
+) -> Duration {
     let start = Instant::now();
     loop {
         let seen = read();
         if &seen == want {
             return start.elapsed();
         }
-        if start.elapsed() > SYNC_PERIOD + SLACK {
-            panic!(
-                "not repaired within {:?}:\nwant {want:#?}\nseen {seen:#?}",
-                SYNC_PERIOD + SLACK
-            );
+        if start.elapsed() > limit {
+            panic!("not repaired within {limit:?}:\nwant {want:#?}\nseen {seen:#?}");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -229,4 +246,59 @@ async fn iptables_rules_deleted_behind_the_agents_back_are_repaired() {
 
     let took = wait_for(&rules, || kube_rules(&node));
     eprintln!("iptables rules repaired after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipvs_servers_deleted_behind_the_agents_back_are_repaired() {
+    require_root!();
+    if let Some(reason) = ipvs_missing() {
+        eprintln!(
+            "SKIP {}: {reason}; the IPVS guest runs it (guest::ipvs_scenarios in \
+             tests/tests/vm_guest.rs, or cargo xtask vm)",
+            module_path!()
+        );
+        return;
+    }
+    // The guest's emulated CPU is 10-60x slower: one sync there takes seconds.
+    let period = SYNC_PERIOD * time_scale();
+    let slack = SLACK * time_scale();
+    let node = node("drift-ipvs");
+    let agent = node
+        .start_agent(
+            Mode::Ipvs,
+            periodic_sync("ipvs", period),
+            false,
+            Path::new(RUNNER),
+        )
+        .await
+        .unwrap();
+    agent.check_running_mode(Mode::Ipvs).await.unwrap();
+    let table = node.ipvs_table().unwrap();
+    let real_server = "TCP 172.30.0.61:80 -> 10.182.0.1:9000 Masq 1";
+    let second = "TCP 172.30.0.62:80";
+    assert!(
+        table.contains(real_server) && table.iter().any(|l| l.starts_with(&format!("{second} rr"))),
+        "{table:#?}"
+    );
+
+    // Failures show as the listing below still holding what was deleted.
+    node.output(
+        "ipvsadm",
+        &["-d", "-t", "172.30.0.61:80", "-r", "10.182.0.1:9000"],
+    )
+    .unwrap();
+    node.output("ipvsadm", &["-D", "-t", "172.30.0.62:80"])
+        .unwrap();
+    let broken = node.ipvs_table().unwrap();
+    assert!(
+        !broken.contains(real_server),
+        "the real server is gone: {broken:#?}"
+    );
+    assert!(
+        !broken.iter().any(|l| l.starts_with(second)),
+        "the virtual server is gone: {broken:#?}"
+    );
+
+    let took = wait_within(period + slack, &table, || node.ipvs_table().unwrap());
+    eprintln!("ipvs servers repaired after {took:?} (sync period {period:?})");
 }

@@ -5,9 +5,13 @@
 //!   (the guest's own kernel, ip_vs loads and ipvsadm programs it, a host-built binary
 //!   runs, writes stay in the guest, the exit status comes back).
 //! - `guest::ipvs_scenarios`: ONE boot for all ipvs work: the scenario runner in ipvs mode
-//!   over every shared scenario and the main IPv6 variants ([`IPV6_FILES`]), then the privileged ipvs_kernel test binary when there is
-//!   one. Fails with the runner's FAIL lines. Skipped with the reason when this host runs
-//!   ipvs itself (tests/tests/scenarios.rs then does), or the agent has no ipvs proxier yet.
+//!   over every shared scenario and the main IPv6 variants ([`IPV6_FILES`]), then the
+//!   privileged ipvs_kernel test binary, and the ipvs tests of the agent_restart and
+//!   drift_repair binaries ([`GUEST_TEST_BINARIES`]), each when built. Fails with the
+//!   runner's FAIL lines and the failing binaries' output (a skipped ipvs test fails: the
+//!   guest has IPVS). Skipped with the reason when this host runs ipvs itself
+//!   (tests/tests/scenarios.rs and those binaries then do), or the agent has no ipvs
+//!   proxier yet.
 //! - `guest::sctp_scenarios`: ONE boot replaying every scenario file that has an SCTP flow
 //!   (shared and own) in ebpf mode (XDP off, and XDP generic) and in iptables mode, where this
 //!   host's kernel cannot make SCTP sockets and the host replay reports those flows SKIP.
@@ -155,13 +159,24 @@ fn ipvs_proxier_reason() -> Option<String> {
 
 /// The newest build of the ipvs_kernel test binary beside this one, if any.
 fn ipvs_kernel_binary() -> Option<PathBuf> {
+    test_binary("ipvs_kernel")
+}
+
+/// The test binaries (beside ipvs_kernel) whose ipvs tests the guest runs, as (binary,
+/// filter selecting them): they skip on a host without IPVS.
+const GUEST_TEST_BINARIES: &[(&str, &str)] = &[("agent_restart", "ipvs"), ("drift_repair", "ipvs")];
+
+/// The newest build of test binary `name` beside this one, if any.
+fn test_binary(name: &str) -> Option<PathBuf> {
     let deps = std::env::current_exe().ok()?.parent()?.to_path_buf();
+    let prefix = format!("{name}-");
     fs::read_dir(deps)
         .ok()?
         .flatten()
         .filter(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            name.starts_with("ipvs_kernel-") && !name.contains('.')
+            let file = e.file_name().to_string_lossy().into_owned();
+            file.strip_prefix(&prefix)
+                .is_some_and(|hash| hash.chars().all(|c| c.is_ascii_hexdigit()))
         })
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .max()
@@ -182,8 +197,12 @@ const IPV6_FILES: &[&str] = &[
 ];
 
 /// What the guest runs for `ipvs_scenarios`; every part leaves its exit status and output
-/// in the results directory.
-fn ipvs_script(out: &Path, kernel_tests: Option<&Path>) -> String {
+/// in the results directory. `other_tests`: (name, binary, filter) of [`GUEST_TEST_BINARIES`].
+fn ipvs_script(
+    out: &Path,
+    kernel_tests: Option<&Path>,
+    other_tests: &[(&str, PathBuf, &str)],
+) -> String {
     let o = shell_quote(&out.display().to_string());
     let mut script = format!("o={o}\n");
     let mut runner = vec![
@@ -214,13 +233,52 @@ fn ipvs_script(out: &Path, kernel_tests: Option<&Path>) -> String {
             shell_quote(&binary.display().to_string())
         ));
     }
+    for (name, binary, filter) in other_tests {
+        script.push_str(&format!(
+            "{} {} --test-threads=1 > $o/{name}.log 2>&1; echo $? > $o/{name}.rc\n",
+            shell_quote(&binary.display().to_string()),
+            shell_quote(filter)
+        ));
+    }
     script
+}
+
+/// Why the guest's run of test binary `name` (its log and exit status in `out`) failed,
+/// if it did: a nonzero exit, or a test that skipped (the guest has IPVS) or never ran.
+fn guest_test_problem(out: &Path, name: &str, binary: &Path) -> Option<String> {
+    let log = read(out, &format!("{name}.log"));
+    let result = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("test result"))
+        .unwrap_or_default();
+    let why = if read(out, &format!("{name}.rc")).trim() != "0" {
+        "failed"
+    } else if log.lines().any(|l| l.starts_with("SKIP")) {
+        "skipped a test"
+    } else if result.is_empty() || result.contains(" 0 passed") {
+        "ran no test"
+    } else {
+        eprintln!("{name} (ipvs) in the guest: {result}");
+        return None;
+    };
+    Some(format!("{} in the guest {why}:\n{log}", binary.display()))
 }
 
 fn ipvs_scenarios() -> Result<(), Failed> {
     let kernel_tests = ipvs_kernel_binary();
+    let other_tests: Vec<(&str, PathBuf, &str)> = GUEST_TEST_BINARIES
+        .iter()
+        .filter_map(|(name, filter)| match test_binary(name) {
+            Some(binary) => Some((*name, binary, *filter)),
+            None => {
+                eprintln!("{name} is not built: its ipvs tests do not run in the guest");
+                None
+            }
+        })
+        .collect();
     let out = out_dir("ipvs");
-    let script = ipvs_script(&out, kernel_tests.as_deref());
+    let script = ipvs_script(&out, kernel_tests.as_deref(), &other_tests);
     let outcome = boot(&script, &out, Duration::from_secs(40 * 60))?;
     eprintln!(
         "guest ran for {:.1} s (boot included)",
@@ -251,6 +309,9 @@ fn ipvs_scenarios() -> Result<(), Failed> {
                     .unwrap_or("passed")
             );
         }
+    }
+    for (name, binary, _) in &other_tests {
+        problems.extend(guest_test_problem(&out, name, binary));
     }
     let _ = fs::remove_dir_all(&out);
     if problems.is_empty() {
