@@ -6,4 +6,5 @@ pub mod apiserver;
 pub mod bench;
 pub mod node_harness;
 pub mod privileged;
+pub mod python_backend;
 pub mod scenario;

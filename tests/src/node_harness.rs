@@ -273,6 +273,19 @@ impl TestNode {
         Ok(agent)
     }
 
+    /// Makes `objects` the cluster's state and waits until `agent` synced it.
+    pub async fn apply_and_sync(&mut self, agent: &mut Agent, objects: &[Value]) -> Result<()> {
+        let started = SystemTime::now();
+        self.source.apply_state(objects)?;
+        agent
+            .wait_synced(Change {
+                started,
+                at: SystemTime::now(),
+                initial: false,
+            })
+            .await
+    }
+
     /// Runs `program args` in the node namespace (outside its cgroup) and returns its
     /// standard output; a failure to start is an error, a nonzero exit is not.
     pub fn output(&self, program: &str, args: &[&str]) -> Result<String> {

@@ -14,7 +14,6 @@
 
 use std::{
     io::{BufRead, BufReader},
-    net::IpAddr,
     path::Path,
     process::{Child, ChildStdin, Stdio},
     sync::mpsc,
@@ -24,8 +23,9 @@ use std::{
 
 use tests::{
     node_harness::{TestNode, ipvs_missing, node_yaml, scenario_header, service_yaml, time_scale},
+    python_backend::{python, start_backend},
     require_root,
-    scenario::{Mode, cluster::ClusterSource, readiness::Change, topology::Topology},
+    scenario::{Mode, topology::Topology},
 };
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
@@ -62,21 +62,6 @@ fn values(yaml: &str) -> Vec<serde_json::Value> {
     serde_yaml::from_str(yaml).unwrap()
 }
 
-/// A line-echo server: every line comes back with the server's address in front.
-const STREAM_ECHO: &str = r#"
-import socket, sys, threading
-def serve(c):
-    own = "%s:%d" % c.getsockname()[:2]
-    f = c.makefile("rwb", buffering=0)
-    for line in f:
-        f.write(("%s %s" % (own, line.decode())).encode())
-l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind((sys.argv[1], 9000)); l.listen(16); print("ready", flush=True)
-while True:
-    c, _ = l.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
-
 /// One long-lived connection: a line every 100 ms until its standard input closes (or
 /// `argv[3]` seconds pass); prints each answer or the error.
 const STREAM_CLIENT: &str = r#"
@@ -106,26 +91,6 @@ s = socket.create_connection((sys.argv[1], 80), timeout=float(sys.argv[2]))
 s.sendall(b"hello\n")
 print(s.makefile().readline().split()[0])
 "#;
-
-fn python(topology: &Topology, ip: &str, script: &str, args: &[&str]) -> std::process::Command {
-    let place = topology.client_place(ip.parse::<IpAddr>().unwrap());
-    let mut all = vec!["-c".to_string(), script.to_string()];
-    all.extend(args.iter().map(|a| a.to_string()));
-    place.command(Path::new("python3"), &all)
-}
-
-fn start_backend(topology: &Topology, ip: &str) -> Child {
-    let mut child = python(topology, ip, STREAM_ECHO, &[ip])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
-    child
-}
 
 /// A socket timeout for the clients: 2 s, stretched on slow machines.
 fn socket_timeout() -> String {
@@ -307,16 +272,10 @@ async fn restart_and_backend_change(mode: Mode) {
 
     // The backend leaves the service: the established connection stays with it, new
     // connections go to the new backend.
-    let started = SystemTime::now();
-    node.source.apply_state(&values(&objects(SECOND))).unwrap();
-    second
-        .wait_synced(Change {
-            started,
-            at: SystemTime::now(),
-            initial: false,
-        })
+    node.apply_and_sync(&mut second, &values(&objects(SECOND)))
         .await
         .unwrap();
+    let topology = &node.topology;
     assert_eq!(one_shot(topology), format!("{SECOND}:9000"));
     let changed_at = SystemTime::now();
     // The connection keeps talking for a while after the change.

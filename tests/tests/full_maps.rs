@@ -13,10 +13,9 @@
 
 use std::{
     collections::BTreeSet,
-    io::{BufRead, BufReader},
-    net::{IpAddr, Ipv4Addr},
+    net::Ipv4Addr,
     path::Path,
-    process::{Child, Stdio},
+    process::Child,
     sync::mpsc,
     thread,
     time::{Duration, Instant, SystemTime},
@@ -26,8 +25,9 @@ use proxy_common::{Ct4Key, CtValue};
 use serde_json::{Map, Value, json};
 use tests::{
     node_harness::{MapEntry, TestNode, node_yaml, scenario_header, service_yaml},
+    python_backend::{python, start_backend, watch},
     require_root,
-    scenario::{Mode, cluster::ClusterSource, readiness::Change, topology::Topology},
+    scenario::{Mode, topology::Topology},
 };
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
@@ -99,21 +99,6 @@ fn map_sizes(services: u32, conntrack: u32) -> Map<String, Value> {
     overrides
 }
 
-/// A line-echo server: every line comes back with the server's address in front.
-const STREAM_ECHO: &str = r#"
-import socket, sys, threading
-def serve(c):
-    own = "%s:%d" % c.getsockname()[:2]
-    f = c.makefile("rwb", buffering=0)
-    for line in f:
-        f.write(("%s %s" % (own, line.decode())).encode())
-l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind((sys.argv[1], 9000)); l.listen(16); print("ready", flush=True)
-while True:
-    c, _ = l.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
-
 /// One long-lived connection: a line every 100 ms until killed; prints each answer or
 /// the error.
 const STREAM_CLIENT: &str = r#"
@@ -158,39 +143,6 @@ try:
 except Exception as e:
     print("ERR %s" % e)
 "#;
-
-fn python(topology: &Topology, ip: &str, script: &str, args: &[&str]) -> std::process::Command {
-    let place = topology.client_place(ip.parse::<IpAddr>().unwrap());
-    let mut all = vec!["-c".to_string(), script.to_string()];
-    all.extend(args.iter().map(|a| a.to_string()));
-    place.command(Path::new("python3"), &all)
-}
-
-fn start_backend(topology: &Topology, ip: &str) -> Child {
-    let mut child = python(topology, ip, STREAM_ECHO, &[ip])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
-    child
-}
-
-/// Starts `command` and forwards each line it prints.
-fn watch(mut command: std::process::Command) -> (Child, mpsc::Receiver<String>) {
-    let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel::<String>();
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    (child, rx)
-}
 
 /// Stops a watched client; returns its answers `(time, backend)` after checking that none
 /// failed.
@@ -398,14 +350,7 @@ async fn full_maps_program_what_fits_and_a_restart_with_room_takes_the_rest_with
 
     // One more service while the map is full: it is refused, nothing programmed changes.
     let programmed = lb_entries(&node);
-    let started = SystemTime::now();
-    node.source.apply_state(&values(&objects(6))).unwrap();
-    first
-        .wait_synced(Change {
-            started,
-            at: SystemTime::now(),
-            initial: false,
-        })
+    node.apply_and_sync(&mut first, &values(&objects(6)))
         .await
         .unwrap();
     wait_not_programmed(&node, 4);

@@ -39,9 +39,7 @@ use tests::{
     scenario::{
         Mode,
         agent::Agent,
-        cluster::ClusterSource,
         netns::{self, bind_tcp_listener_in, in_netns},
-        readiness::Change,
         topology::Topology,
     },
 };
@@ -508,15 +506,7 @@ async fn iptables_endpoint_churn_under_traffic_fails_no_connection_and_keeps_mem
 /// Applies the churn's current state and waits for the agent's sync.
 async fn apply(node: &mut TestNode, agent: &mut Agent, churn: &Churn) -> Applied {
     let started = SystemTime::now();
-    node.source.apply_state(&churn.objects()).unwrap();
-    agent
-        .wait_synced(Change {
-            started,
-            at: SystemTime::now(),
-            initial: false,
-        })
-        .await
-        .unwrap();
+    node.apply_and_sync(agent, &churn.objects()).await.unwrap();
     Applied {
         started: epoch(started),
         synced: epoch(SystemTime::now()),
