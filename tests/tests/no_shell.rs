@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+//! No shell command is ever built from API-supplied strings. The agent starts two external
+//! programs, by fixed name and with each argument its own argv entry, never through a shell:
+//! `ipset` (ipvs mode, its input on stdin) and the iptables commands (`iptables`,
+//! `iptables-save`, `iptables-restore` and the ip6tables ones, names fixed when iptables is
+//! detected). Checked on the agent's sources: a new place that starts a process, or a shell,
+//! fails this test until it is reviewed and listed here.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every `Command::new(...)` of the agent that starts a process (clap's `Command` builds
+/// the command line parser and is left out), as `file: argument`.
+fn process_spawns(src: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files.sort();
+    let mut out = Vec::new();
+    for file in files {
+        let text = fs::read_to_string(&file).unwrap();
+        if !text.contains("process::") {
+            continue;
+        }
+        let name = file.strip_prefix(src).unwrap().display().to_string();
+        for (at, _) in text.match_indices("Command::new(") {
+            let rest = &text[at + "Command::new(".len()..];
+            let arg: String = rest.chars().take_while(|c| *c != ')').collect();
+            out.push(format!("{name}: {}", arg.trim()));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_agent_starts_only_ipset_and_iptables_and_never_a_shell() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proxy-agent/src");
+    assert_eq!(
+        process_spawns(&src),
+        [
+            "proxier/iptables/exec.rs: program",
+            "proxier/ipvs/ipset.rs: \"ipset\"",
+        ]
+    );
+    // exec.rs's `program` is one of the names fixed at detection.
+    let exec = fs::read_to_string(src.join("proxier/iptables/exec.rs")).unwrap();
+    for fixed in [
+        "save: format!(\"{prefix}-save\")",
+        "restore: format!(\"{prefix}-restore\")",
+        "Self::detect_named(\"iptables\", \"ip6tables\")",
+    ] {
+        assert!(exec.contains(fixed), "exec.rs no longer has {fixed}");
+    }
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let named: usize = files
+        .iter()
+        .map(|f| {
+            fs::read_to_string(f)
+                .unwrap()
+                .matches("detect_named(")
+                .count()
+        })
+        .sum();
+    assert_eq!(named, 2, "the agent names no iptables commands but PATH's");
+    for file in files {
+        let text = fs::read_to_string(&file).unwrap();
+        for shell in ["\"/bin/sh\"", "\"sh\")", "\"bash\"", "\"-c\""] {
+            assert!(
+                !text.contains(shell),
+                "{} mentions {shell}: the agent never runs a shell",
+                file.display()
+            );
+        }
+    }
+}
