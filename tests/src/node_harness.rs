@@ -25,6 +25,16 @@ use crate::scenario::{
     topology::Topology,
 };
 
+/// Runs `bpftool args` (maps are reached by their pins: no namespace needed) and asserts
+/// that it succeeded.
+pub fn bpftool(args: &[&str]) {
+    let status = Command::new("bpftool")
+        .args(args)
+        .status()
+        .expect("bpftool runs");
+    assert!(status.success(), "bpftool {args:?}");
+}
+
 /// A Node object (YAML list item) with one InternalIP and the 10.0.0.0/8 pod CIDR the
 /// harness's scenarios use.
 pub fn node_yaml(name: &str, address: &str) -> String {

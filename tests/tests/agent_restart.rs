@@ -22,7 +22,7 @@ use std::{
 };
 
 use tests::{
-    node_harness::{TestNode, ipvs_missing, node_yaml, scenario_header, service_yaml, time_scale},
+    node_harness::{TestNode, node_yaml, scenario_header, service_yaml, time_scale},
     python_backend::{python, start_backend},
     require_root,
     scenario::{Mode, topology::Topology},
@@ -126,14 +126,7 @@ async fn iptables_established_connections_survive_a_restart_and_a_backend_change
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ipvs_established_connections_survive_a_restart_and_a_backend_change() {
     require_root!();
-    if let Some(reason) = ipvs_missing() {
-        eprintln!(
-            "SKIP {}: {reason}; the IPVS guest runs it (guest::ipvs_scenarios in \
-             tests/tests/vm_guest.rs, or cargo xtask vm)",
-            module_path!()
-        );
-        return;
-    }
+    tests::require_ipvs!();
     restart_and_backend_change(Mode::Ipvs).await;
 }
 

@@ -21,7 +21,7 @@ use std::{
 use serde_json::{Map, Value, json};
 use tests::{
     node_harness::{
-        MapEntry, TestNode, ipvs_missing, node_yaml, scenario_header, service_yaml, time_scale,
+        MapEntry, TestNode, bpftool, node_yaml, scenario_header, service_yaml, time_scale,
     },
     require_root,
     scenario::Mode,
@@ -107,14 +107,6 @@ fn formatted(node: &TestNode, map: &str) -> BTreeSet<String> {
         .iter()
         .map(MapEntry::formatted)
         .collect()
-}
-
-fn bpftool(args: &[&str]) {
-    let status = std::process::Command::new("bpftool")
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(status.success(), "bpftool {args:?}");
 }
 
 /// Runs `bpftool map <verb> pinned <map> key hex <key> [value hex <value>]`.
@@ -251,14 +243,7 @@ async fn iptables_rules_deleted_behind_the_agents_back_are_repaired() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ipvs_servers_deleted_behind_the_agents_back_are_repaired() {
     require_root!();
-    if let Some(reason) = ipvs_missing() {
-        eprintln!(
-            "SKIP {}: {reason}; the IPVS guest runs it (guest::ipvs_scenarios in \
-             tests/tests/vm_guest.rs, or cargo xtask vm)",
-            module_path!()
-        );
-        return;
-    }
+    tests::require_ipvs!();
     // The guest's emulated CPU is 10-60x slower: one sync there takes seconds.
     let period = SYNC_PERIOD * time_scale();
     let slack = SLACK * time_scale();

@@ -24,7 +24,7 @@ use std::{
 use proxy_common::{Ct4Key, CtValue};
 use serde_json::{Map, Value, json};
 use tests::{
-    node_harness::{MapEntry, TestNode, node_yaml, scenario_header, service_yaml},
+    node_harness::{MapEntry, TestNode, bpftool, node_yaml, scenario_header, service_yaml},
     python_backend::{python, start_backend, watch},
     require_root,
     scenario::{Mode, topology::Topology},
@@ -181,14 +181,6 @@ fn conntrack_marker() -> (Vec<String>, Vec<String>) {
     value[expires..expires + 4].copy_from_slice(&0x7fff_ffffu32.to_ne_bytes());
     let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect();
     (hex(&key), hex(&value))
-}
-
-fn bpftool(args: &[&str]) {
-    let status = std::process::Command::new("bpftool")
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(status.success(), "bpftool {args:?}");
 }
 
 /// The formatted value of the CT4 entry with raw key `key`.

@@ -219,15 +219,7 @@ impl ApplyState {
         }
         for ip in &desired.wildcards {
             out.svc.insert(
-                SvcEntryKey {
-                    frontend: FrontendKey {
-                        addr: *ip,
-                        port: 0,
-                        proto: 0,
-                    },
-                    scope: SCOPE_EXTERNAL,
-                    slot: 0,
-                },
+                SvcEntryKey::wildcard(*ip),
                 SvcValue {
                     flags: svc_flags::WILDCARD,
                     ..Default::default()

@@ -27,6 +27,21 @@ pub struct SvcEntryKey {
     pub slot: u16,
 }
 
+impl SvcEntryKey {
+    /// The ClusterIP wildcard entry of `ip` (any port, any protocol).
+    pub fn wildcard(ip: IpAddr) -> Self {
+        SvcEntryKey {
+            frontend: FrontendKey {
+                addr: ip,
+                port: 0,
+                proto: 0,
+            },
+            scope: proxy_common::SCOPE_EXTERNAL,
+            slot: 0,
+        }
+    }
+}
+
 /// A backend as stored: address and flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BackendEntry {

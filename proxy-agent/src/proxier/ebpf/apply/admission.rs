@@ -21,7 +21,7 @@ use crate::{
         FamilyState, FullMap, NodeContext,
         ebpf::{
             budget::{Budget, Demand, MapKind, PerMap},
-            desired::{BackendAddr, DesiredService, FrontendKey, desired_service},
+            desired::{BackendAddr, DesiredService, desired_service},
             entries::{Snapshot, SvcEntryKey},
             ids::Exhausted,
         },
@@ -343,15 +343,7 @@ impl ApplyState {
             );
         }
         for ip in &desired.wildcards {
-            let key = SvcEntryKey {
-                frontend: FrontendKey {
-                    addr: *ip,
-                    port: 0,
-                    proto: 0,
-                },
-                scope: SCOPE_EXTERNAL,
-                slot: 0,
-            };
+            let key = SvcEntryKey::wildcard(*ip);
             if let Some(value) = actual.svc.get(&key) {
                 out.svc.insert(key, *value);
             }
