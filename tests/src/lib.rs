@@ -4,6 +4,7 @@
 
 pub mod apiserver;
 pub mod bench;
+pub mod model_feed;
 pub mod node_harness;
 pub mod privileged;
 pub mod python_backend;

@@ -13,17 +13,23 @@ use k8s_openapi::api::core::v1::Service;
 use proxy_agent::{
     k8s::{
         fixtures::{mk_endpoint, mk_endpointslice, mk_node, mk_service},
-        watch::{Change, ClusterEvent, spawn_watchers},
+        watch::spawn_watchers,
     },
-    model::{IpFamily, ObjectKind},
+    model::ObjectKind,
     state::ClusterState,
 };
-use tests::apiserver::TestApiServer;
-use tokio::sync::{mpsc, watch};
+use tests::{
+    apiserver::TestApiServer,
+    model_feed::{Model, Reports, feed},
+};
+use tokio::sync::mpsc;
 
-/// Service ports per family as "V4 ns/name:port/PROTO" -> "clusterIP:port [endpoints]";
-/// long endpoint lists are summarised (count, first, last, and a digest of all of them).
-type Model = BTreeMap<String, String>;
+/// How long the model may take to converge.
+const WAIT: Duration = Duration::from_secs(30);
+
+// The model: service ports per family as "V4 ns/name:port/PROTO" -> "clusterIP:port
+// [endpoints]"; long endpoint lists are summarised (count, first, last, and a digest of all
+// of them).
 
 fn endpoint_list(mut endpoints: Vec<String>) -> String {
     endpoints.sort();
@@ -65,102 +71,6 @@ fn render(state: &ClusterState) -> Model {
         }
     }
     out
-}
-
-/// (kind, "ns/name", reason) of every refusal reported, in order.
-type Reports = Vec<(ObjectKind, String, String)>;
-
-struct Consumer {
-    model: watch::Receiver<Model>,
-    reports: watch::Receiver<Reports>,
-}
-
-fn consume(mut rx: mpsc::Receiver<ClusterEvent>) -> Consumer {
-    let (model_tx, model) = watch::channel(Model::new());
-    let (reports_tx, reports) = watch::channel(Reports::new());
-    tokio::spawn(async move {
-        let mut state = ClusterState::new(&[IpFamily::V4, IpFamily::V6], "node-a");
-        let mut all_reports = Reports::new();
-        while let Some(event) = rx.recv().await {
-            match event {
-                ClusterEvent::Service(Change::Upsert(s)) => {
-                    state.service(&s, false);
-                }
-                ClusterEvent::Service(Change::Delete(s)) => {
-                    state.service(&s, true);
-                }
-                ClusterEvent::EndpointSlice(Change::Upsert(s)) => {
-                    state.endpoint_slice(&s, false);
-                }
-                ClusterEvent::EndpointSlice(Change::Delete(s)) => {
-                    state.endpoint_slice(&s, true);
-                }
-                _ => {}
-            }
-            for rejected in state.take_rejected() {
-                all_reports.push((
-                    rejected.kind,
-                    rejected.object_name().to_string(),
-                    rejected.reason,
-                ));
-            }
-            state.apply_pending();
-            let _ = model_tx.send(render(&state));
-            let _ = reports_tx.send(all_reports.clone());
-        }
-    });
-    Consumer { model, reports }
-}
-
-impl Consumer {
-    async fn converged(&mut self, want: &Model, what: &str) {
-        let result = tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                if *self.model.borrow_and_update() == *want {
-                    return;
-                }
-                if self.model.changed().await.is_err() {
-                    panic!("the consumer stopped");
-                }
-            }
-        })
-        .await;
-        if result.is_err() {
-            panic!(
-                "{what}: the model did not converge\nwant: {want:#?}\nhave: {:#?}",
-                *self.model.borrow()
-            );
-        }
-    }
-
-    /// Waits until the refusals reported are `want` (bad objects change no model entry, so
-    /// a converged model does not mean they were all seen).
-    async fn reported(&mut self, want: &Reports, what: &str) {
-        let result = tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                self.reports.borrow_and_update();
-                if self.sorted_reports() == *want {
-                    return;
-                }
-                if self.reports.changed().await.is_err() {
-                    panic!("the consumer stopped");
-                }
-            }
-        })
-        .await;
-        if result.is_err() {
-            panic!(
-                "{what}: reports\nwant: {want:#?}\nhave: {:#?}",
-                self.sorted_reports()
-            );
-        }
-    }
-
-    fn sorted_reports(&self) -> Reports {
-        let mut reports = self.reports.borrow().clone();
-        reports.sort();
-        reports
-    }
 }
 
 fn entry(model: &mut Model, key: &str, value: &str) {
@@ -427,10 +337,12 @@ async fn bad_objects_are_refused_once_and_good_ones_all_reach_the_model() {
 
     let (tx, rx) = mpsc::channel(1024);
     spawn_watchers(server.client().unwrap(), "node-a", tx);
-    let mut consumer = consume(rx);
+    let mut consumer = feed(rx, render);
     let mut want = expected_good();
-    consumer.converged(&want, "initial list").await;
-    consumer.reported(&expected_reports(), "initial list").await;
+    consumer.converged(&want, WAIT, "initial list").await;
+    consumer
+        .reported(&expected_reports(), WAIT, "initial list")
+        .await;
 
     // A bad object updated without changing why it is bad is not reported again; a new
     // good service still reaches the model.
@@ -452,7 +364,9 @@ async fn bad_objects_are_refused_once_and_good_ones_all_reach_the_model() {
         )
         .unwrap();
     entry(&mut want, "V4 ns1/late:p/TCP", "172.30.0.16:82 []");
-    consumer.converged(&want, "after a late service").await;
+    consumer
+        .converged(&want, WAIT, "after a late service")
+        .await;
     assert_eq!(consumer.sorted_reports(), expected_reports());
 
     // Fixing a refused object brings it in; fixing a refused slice adds its endpoints.
@@ -472,6 +386,6 @@ async fn bad_objects_are_refused_once_and_good_ones_all_reach_the_model() {
         "V4 ns1/web:http/TCP",
         "172.30.0.10:80 [10.0.1.1:8080,10.0.1.2:8080,10.0.1.7:8080]",
     );
-    consumer.converged(&want, "after fixes").await;
+    consumer.converged(&want, WAIT, "after fixes").await;
     assert_eq!(consumer.sorted_reports(), expected_reports());
 }

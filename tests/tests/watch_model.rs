@@ -10,13 +10,19 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proxy_agent::{
     k8s::{
         fixtures::{mk_endpoint, mk_endpointslice, mk_node, mk_service},
-        watch::{Change, ClusterEvent, spawn_watchers},
+        watch::spawn_watchers,
     },
     model::IpFamily,
     state::ClusterState,
 };
-use tests::apiserver::{ServerConfig, TestApiServer, Verb};
-use tokio::sync::{mpsc, watch};
+use tests::{
+    apiserver::{ServerConfig, TestApiServer, Verb},
+    model_feed::feed,
+};
+use tokio::sync::mpsc;
+
+/// How long the model may take to converge.
+const WAIT: Duration = Duration::from_secs(20);
 
 /// The model as comparable text: every service port and its endpoints.
 fn render(state: &ClusterState) -> BTreeMap<String, String> {
@@ -55,69 +61,6 @@ fn expected(server: &TestApiServer) -> BTreeMap<String, String> {
     }
     state.apply_pending();
     render(&state)
-}
-
-/// Feeds watch events into a ClusterState; publishes the rendered model and counts
-/// deletions.
-struct Consumer {
-    model: watch::Receiver<BTreeMap<String, String>>,
-    deletes: watch::Receiver<usize>,
-}
-
-fn consume(mut rx: mpsc::Receiver<ClusterEvent>) -> Consumer {
-    let (model_tx, model) = watch::channel(BTreeMap::new());
-    let (deletes_tx, deletes) = watch::channel(0usize);
-    tokio::spawn(async move {
-        let mut state = ClusterState::new(&[IpFamily::V4, IpFamily::V6], "node-a");
-        let mut deletes = 0;
-        while let Some(event) = rx.recv().await {
-            match event {
-                ClusterEvent::Service(Change::Upsert(s)) => {
-                    state.service(&s, false);
-                }
-                ClusterEvent::Service(Change::Delete(s)) => {
-                    deletes += 1;
-                    state.service(&s, true);
-                }
-                ClusterEvent::EndpointSlice(Change::Upsert(s)) => {
-                    state.endpoint_slice(&s, false);
-                }
-                ClusterEvent::EndpointSlice(Change::Delete(s)) => {
-                    deletes += 1;
-                    state.endpoint_slice(&s, true);
-                }
-                _ => {}
-            }
-            state.apply_pending();
-            let _ = model_tx.send(render(&state));
-            let _ = deletes_tx.send(deletes);
-        }
-    });
-    Consumer { model, deletes }
-}
-
-impl Consumer {
-    /// Waits until the model equals what the server holds.
-    async fn converged(&mut self, server: &TestApiServer, what: &str) {
-        let want = expected(server);
-        let result = tokio::time::timeout(Duration::from_secs(20), async {
-            loop {
-                if *self.model.borrow_and_update() == want {
-                    return;
-                }
-                if self.model.changed().await.is_err() {
-                    panic!("the consumer stopped");
-                }
-            }
-        })
-        .await;
-        if result.is_err() {
-            panic!(
-                "{what}: the model did not converge\nwant: {want:#?}\nhave: {:#?}",
-                *self.model.borrow()
-            );
-        }
-    }
 }
 
 fn web(ports: &[(&str, i32)], eps: &[(&str, &str)]) -> (Service, EndpointSlice) {
@@ -172,8 +115,10 @@ async fn watch_and_model_converge_through_changes_drops_outages_and_410() {
 
     let (tx, rx) = mpsc::channel(1024);
     spawn_watchers(server.client().unwrap(), "node-a", tx);
-    let mut consumer = consume(rx);
-    consumer.converged(&server, "initial list").await;
+    let mut consumer = feed(rx, render);
+    consumer
+        .converged(&expected(&server), WAIT, "initial list")
+        .await;
     assert!(
         consumer
             .model
@@ -190,16 +135,18 @@ async fn watch_and_model_converge_through_changes_drops_outages_and_410() {
     );
     server.apply(&svc2).unwrap();
     server.apply(&slice2).unwrap();
-    consumer.converged(&server, "update").await;
+    consumer.converged(&expected(&server), WAIT, "update").await;
     server.delete::<Service>(Some("ns2"), "other").unwrap();
-    consumer.converged(&server, "delete").await;
+    consumer.converged(&expected(&server), WAIT, "delete").await;
 
     // A dropped watch: the watchers resume, no relist needed.
     server.drop_watches();
     let (svc3, slice3) = web(&[("http", 8080)], &[("10.0.1.9", "node-a")]);
     server.apply(&svc3).unwrap();
     server.apply(&slice3).unwrap();
-    consumer.converged(&server, "after a dropped watch").await;
+    consumer
+        .converged(&expected(&server), WAIT, "after a dropped watch")
+        .await;
 
     // An outage during which history is compacted: the watch comes back to a 410 Gone and
     // the watchers relist. Objects that did not change must not flap.
@@ -230,7 +177,7 @@ async fn watch_and_model_converge_through_changes_drops_outages_and_410() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     server.set_unavailable(false);
     consumer
-        .converged(&server, "after an outage and a 410 Gone")
+        .converged(&expected(&server), WAIT, "after an outage and a 410 Gone")
         .await;
     assert!(
         server.request_count(Verb::List, "services") > lists_before,
@@ -250,5 +197,7 @@ async fn watch_and_model_converge_through_changes_drops_outages_and_410() {
     server
         .delete::<EndpointSlice>(Some("ns1"), "web-1")
         .unwrap();
-    consumer.converged(&server, "delete after the relist").await;
+    consumer
+        .converged(&expected(&server), WAIT, "delete after the relist")
+        .await;
 }
