@@ -34,6 +34,17 @@ pub fn current_netns_cookie() -> io::Result<u64> {
     netns_cookie(&socket)
 }
 
+/// Hands the heap's free memory back to the kernel (glibc's `malloc_trim`): after a full
+/// sync has dropped a snapshot of every map entry, the agent's resident set returns to
+/// what it holds.
+pub fn trim_heap() {
+    // SAFETY: malloc_trim only walks and releases the allocator's own free memory; it
+    // takes no pointers and may be called at any time from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

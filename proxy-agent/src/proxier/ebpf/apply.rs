@@ -28,7 +28,7 @@ use tracing::{debug, warn};
 
 use self::admission::Refusals;
 use super::{
-    budget::{Budget, PerMap},
+    budget::{Budget, MapKind, PerMap},
     desired::{BackendAddr, DesiredService, FrontendKey, Scope},
     entries::{BackendEntry, Snapshot, SvcEntryKey},
     ids::{Exhausted, IdAllocator},
@@ -90,6 +90,14 @@ pub struct ApplyState {
     adopted: bool,
     /// Services that did not fit at the last sync: tried again at every sync until they do.
     deferred: HashSet<(IpFamily, NamespacedName)>,
+    /// The entries of each budgeted map after the last sync, kept up to date from what
+    /// each sync adds and deletes, so that a partial sync costs what its services cost,
+    /// not a count over every service. None until the first sync and after a failed one
+    /// (then counted afresh); every full sync counts the maps themselves.
+    counted: Option<PerMap>,
+    /// Services in `services` with no local endpoint for a Local internal / external
+    /// traffic policy (kept as they come and go, for the same reason as `counted`).
+    no_local: (usize, usize),
 }
 
 fn v6(addr: &IpAddr) -> bool {
@@ -111,6 +119,8 @@ impl ApplyState {
             svc_cidrs: HashSet::new(),
             adopted: false,
             deferred: HashSet::new(),
+            counted: None,
+            no_local: (0, 0),
         }
     }
 
@@ -414,6 +424,18 @@ fn desired_node(families: &[FamilyState], node: &NodeContext) -> (HashSet<IpAddr
     (addrs, cidrs)
 }
 
+/// The budgeted map entry an op deletes (every delete removes an entry that is there).
+fn deleted_entry(op: &Op) -> Option<(MapKind, IpFamily)> {
+    let family = |v6: bool| if v6 { IpFamily::V6 } else { IpFamily::V4 };
+    match op {
+        Op::DelSvc(k) => Some((MapKind::Services, family(k.frontend.addr.is_ipv6()))),
+        Op::DelSrcRange(_, net) => Some((MapKind::SourceRanges, family(net.addr().is_ipv6()))),
+        Op::DelRevNat(v6, _) => Some((MapKind::RevNat, family(*v6))),
+        Op::DelBackend(v6, _) => Some((MapKind::Backends, family(*v6))),
+        _ => None,
+    }
+}
+
 fn execute(maps: &mut LbMaps, ops: &[Op]) -> Result<(usize, usize), MapOpError> {
     let (mut written, mut deleted) = (0, 0);
     for op in ops {
@@ -488,9 +510,10 @@ impl ApplyState {
             self.adopt(actual);
         }
         let capacity = PerMap::capacities(maps)?;
-        let in_maps = match &actual {
-            Some(actual) => PerMap::entries_of(actual),
-            None => self.entries(),
+        let in_maps = match (&actual, self.counted.take()) {
+            (Some(actual), _) => PerMap::entries_of(actual),
+            (None, Some(counted)) => counted,
+            (None, None) => self.entries(),
         };
         let mut budget = Budget::new(capacity, in_maps);
         let mut plan = Plan::default();
@@ -544,26 +567,45 @@ impl ApplyState {
         self.backend_ids.recycle();
         self.rev_nat_ids.recycle();
         let (written, deleted) = executed?;
+        // At the peak the maps held what they had plus what was admitted; the deletes
+        // came after.
+        let mut counted = budget.used().clone();
+        for op in &ops {
+            if let Some((kind, family)) = deleted_entry(op) {
+                counted.sub(kind, family, 1);
+            }
+        }
+        let map_usage = counted.usage(budget.capacity());
+        self.counted = Some(counted);
         let affinity_removed = clean_affinity(maps, &dead_frontends, &dead_pairs)?;
         Ok(SyncStats {
             services: self.services.len(),
             written,
             deleted: deleted + affinity_removed,
-            no_local_endpoints_internal: self
-                .services
-                .values()
-                .filter(|s| s.no_local_internal)
-                .count(),
-            no_local_endpoints_external: self
-                .services
-                .values()
-                .filter(|s| s.no_local_external)
-                .count(),
+            no_local_endpoints_internal: self.no_local.0,
+            no_local_endpoints_external: self.no_local.1,
             not_programmed: refusals.distinct_services(),
             not_programmed_examples: refusals.examples(),
             full_maps: refusals.full_maps(&budget),
-            map_usage: self.entries().usage(budget.capacity()),
+            map_usage,
         })
+    }
+
+    /// Takes a service's record out (it is put back, or replaced, by [`Self::put_service`]).
+    fn take_service(&mut self, key: &(IpFamily, NamespacedName)) -> Option<AppliedService> {
+        let old = self.services.remove(key)?;
+        self.no_local.0 -= usize::from(old.no_local_internal);
+        self.no_local.1 -= usize::from(old.no_local_external);
+        Some(old)
+    }
+
+    fn put_service(&mut self, key: (IpFamily, NamespacedName), applied: AppliedService) {
+        self.no_local.0 += usize::from(applied.no_local_internal);
+        self.no_local.1 += usize::from(applied.no_local_external);
+        if let Some(old) = self.services.insert(key, applied) {
+            self.no_local.0 -= usize::from(old.no_local_internal);
+            self.no_local.1 -= usize::from(old.no_local_external);
+        }
     }
 
     /// The frontends programmed for `service` in `family` with their rev_nat ids (the

@@ -8,6 +8,7 @@ use proxy_common::{SCOPE_EXTERNAL, SCOPE_INTERNAL, svc_flags};
 
 use super::{
     apply::ApplyState,
+    budget::MapKind,
     desired::FrontendKey,
     entries::SvcEntryKey,
     maps::{LbMaps, Op as LoggedOp, OpLog},
@@ -85,6 +86,23 @@ impl Harness {
                 full,
             )
             .expect("sync succeeds");
+        // The entry counts the agent keeps from sync to sync are those its own account
+        // gives when counted afresh (the full count a partial sync no longer makes).
+        let counted = self.apply.entries();
+        for usage in &stats.map_usage {
+            let (kind, family) = MapKind::ALL
+                .into_iter()
+                .flat_map(|k| [(k, IpFamily::V4), (k, IpFamily::V6)])
+                .find(|(k, f)| k.map_name(*f) == usage.map)
+                .expect("a budgeted map");
+            assert_eq!(
+                usage.entries,
+                counted.get(kind, family),
+                "{} entries after a {} sync",
+                usage.map,
+                if full { "full" } else { "partial" }
+            );
+        }
         (self.log.lock().unwrap().clone(), stats)
     }
 

@@ -83,6 +83,11 @@ impl PerMap {
         *self.0.entry((kind, family)).or_default() += n;
     }
 
+    pub fn sub(&mut self, kind: MapKind, family: IpFamily, n: usize) {
+        let count = self.0.entry((kind, family)).or_default();
+        *count = count.saturating_sub(n);
+    }
+
     /// The capacity (max_entries) of each map.
     pub fn capacities(maps: &LbMaps) -> Result<Self> {
         let mut out = Self::default();
@@ -218,6 +223,12 @@ impl Budget {
 
     pub fn capacity(&self) -> &PerMap {
         &self.capacity
+    }
+
+    /// The entries in the maps at the peak of the sync: those there at its start and
+    /// those taken for admitted services.
+    pub fn used(&self) -> &PerMap {
+        &self.used
     }
 
     /// The report of a map that had no room.

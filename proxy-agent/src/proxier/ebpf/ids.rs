@@ -3,7 +3,10 @@
 //! its id for as long as something refers to it, a freed id is reused, and ids found in the
 //! pinned maps at start-up are adopted so that a restart changes nothing.
 
-use std::{collections::HashMap, hash::Hash};
+use std::{
+    collections::{HashMap, HashSet},
+    hash::Hash,
+};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("no free {kind} id left (all {max} in use)")]
@@ -19,11 +22,18 @@ pub struct IdAllocator<K> {
     kind: &'static str,
     max: u64,
     by_key: HashMap<K, (u64, usize)>,
+    /// The ids in `by_key` (adopting tells a taken id in constant time: a restart adopts
+    /// every entry of the maps).
+    taken: HashSet<u64>,
     free: Vec<u64>,
     /// Ids released since the last [`IdAllocator::recycle`]: not handed out again until
     /// then, so that one sync never deletes the entry of an id it also gave away anew.
     released: Vec<u64>,
     next: u64,
+    /// Keys adopted and not acquired since: [`IdAllocator::drop_unreferenced`] has work
+    /// only while some are left (it runs at every sync; a scan of every key would make a
+    /// one-service sync cost as much as all services).
+    unreferenced: usize,
 }
 
 impl<K: Clone + Eq + Hash> IdAllocator<K> {
@@ -32,15 +42,20 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
             kind,
             max,
             by_key: HashMap::new(),
+            taken: HashSet::new(),
             free: Vec::new(),
             released: Vec::new(),
             next: 1,
+            unreferenced: 0,
         }
     }
 
     /// The id of `key`, taking one reference (allocating on first use).
     pub fn acquire(&mut self, key: &K) -> Result<u64, Exhausted> {
         if let Some((id, refs)) = self.by_key.get_mut(key) {
+            if *refs == 0 {
+                self.unreferenced = self.unreferenced.saturating_sub(1);
+            }
             *refs += 1;
             return Ok(*id);
         }
@@ -58,6 +73,7 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
             }
         };
         self.by_key.insert(key.clone(), (id, 1));
+        self.taken.insert(id);
         Ok(id)
     }
 
@@ -71,6 +87,7 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
         }
         let id = *id;
         self.by_key.remove(key);
+        self.taken.remove(&id);
         self.released.push(id);
         Some(id)
     }
@@ -96,10 +113,12 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
     /// Registers an id found in the maps at start-up, with no reference yet; the first
     /// `acquire` of `key` then returns it. Ids above `max` or already taken are ignored.
     pub fn adopt(&mut self, key: K, id: u64) -> bool {
-        if id == 0 || id > self.max || self.by_key.values().any(|(i, _)| *i == id) {
+        if id == 0 || id > self.max || self.taken.contains(&id) || self.by_key.contains_key(&key) {
             return false;
         }
         self.by_key.insert(key, (id, 0));
+        self.taken.insert(id);
+        self.unreferenced += 1;
         self.free.retain(|f| *f != id);
         if id >= self.next {
             // Ids skipped over become free.
@@ -112,6 +131,10 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
     /// Drops adopted ids that nothing acquired (the service went away while the agent was
     /// down); returns their keys and ids so the caller can delete their map entries.
     pub fn drop_unreferenced(&mut self) -> Vec<(K, u64)> {
+        if self.unreferenced == 0 {
+            return Vec::new();
+        }
+        self.unreferenced = 0;
         let stale: Vec<(K, u64)> = self
             .by_key
             .iter()
@@ -120,6 +143,7 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
             .collect();
         for (key, id) in &stale {
             self.by_key.remove(key);
+            self.taken.remove(id);
             self.released.push(*id);
         }
         stale

@@ -163,6 +163,10 @@ impl Proxier for EbpfProxier {
             // full sync writes them again.
             warn!(error = %e, "writing the service names table");
         }
+        if request.full {
+            // A full sync read every map entry into memory and dropped it again.
+            crate::sys::trim_heap();
+        }
         Ok(stats)
     }
 }

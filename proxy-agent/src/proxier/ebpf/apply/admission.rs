@@ -130,7 +130,7 @@ impl ApplyState {
             };
             for service in services {
                 let desired = desired_service(&service, state, node);
-                let old = match self.services.remove(&(family, service.clone())) {
+                let old = match self.take_service(&(family, service.clone())) {
                     Some(old) => old,
                     None => actual
                         .map(|a| self.adopt_service(family, &service, &desired, a))
@@ -183,7 +183,7 @@ impl ApplyState {
                 plan.diff_service(&old, &new);
                 self.release(family, &service, &old, plan);
                 if !new.svc.is_empty() {
-                    self.services.insert((family, service), new);
+                    self.put_service((family, service), new);
                 }
             }
             Err(short) => {
@@ -198,7 +198,7 @@ impl ApplyState {
                     self.rev_nat_ids.forget(u64::from(*id));
                 }
                 if !old.svc.is_empty() {
-                    self.services.insert((family, service.clone()), old);
+                    self.put_service((family, service.clone()), old);
                 }
                 refusals.add(family, service, short);
             }
@@ -253,7 +253,7 @@ impl ApplyState {
     }
 
     /// The entries the maps hold by the agent's account (what the last sync left).
-    pub(super) fn entries(&self) -> PerMap {
+    pub(in crate::proxier::ebpf) fn entries(&self) -> PerMap {
         let mut out = PerMap::default();
         for ((family, _), applied) in &self.services {
             out.add(MapKind::Services, *family, applied.svc.len());
