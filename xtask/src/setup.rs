@@ -26,6 +26,8 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     "iputils-ping",
     "kmod",
+    // The benchmark report's PNG plots draw their text with DejaVu Sans.
+    "fonts-dejavu-core",
     // The test VM with a kernel that has IPVS (`cargo xtask vm`, ../shared/ipvs-vm.md):
     // qemu under TCG, Debian's kernel (ip_vs as modules), the initramfs' busybox and cpio,
     // and ipvsadm to look at the guest's IPVS table.

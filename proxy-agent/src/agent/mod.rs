@@ -13,7 +13,7 @@ use std::{net::SocketAddr, path::PathBuf};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-pub use self::mode::{ModeChoice, choose_mode};
+pub use self::mode::{ModeChoice, choose_mode, ipvs_unavailable};
 use crate::{
     config::{ProxyMode, Resolved},
     health::ProxyHealth,

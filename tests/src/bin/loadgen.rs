@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! `loadgen`: the benchmark load generator (`serve`, `client`, `udp-client`) and the
 //! benchmarks that run them in network namespaces (`bench-clusterip`, `bench-nodeport`,
-//! `bench-sync`; root only).
+//! `bench-sync`, `bench-sync-modes`; root only).
 //!
 //! ```text
 //! loadgen serve --listen 10.244.1.2:8080 [--cpu 1]        # prints READY, answers forever
@@ -9,7 +9,8 @@
 //! sudo loadgen bench-clusterip [--quick] [--csv FILE]     # see `cargo xtask bench clusterip`
 //! loadgen udp-client --target 10.180.0.1:8080 --target 192.168.0.2:30081 --seconds 2
 //! sudo loadgen bench-nodeport [--quick] [--csv FILE]     # see `cargo xtask bench nodeport`
-//! sudo loadgen bench-sync --mode iptables [--quick]     # see `cargo xtask bench sync`
+//! sudo loadgen bench-sync --mode iptables [--quick]     # see `cargo xtask bench sync-iptables`
+//! sudo loadgen bench-sync-modes [--quick] [--csv FILE]   # see `cargo xtask bench sync`
 //! sudo loadgen cleanup-stale                              # after a run was SIGKILLed
 //! ```
 #![forbid(unsafe_code)]
@@ -29,7 +30,10 @@ use tests::bench::{
     load::{ClientOptions, pin_to_cpu, run_client, serve},
     nodeport::{self, Attach, Backend, NodeportOptions, run_nodeport},
     run_clusterip, signals,
-    sync::{IptablesCommands, SyncMode, SyncOptions, run_sync},
+    sync::{
+        IptablesCommands, SyncMode, SyncOptions, run_sync,
+        suite::{SideKind, SuiteOptions, run_suite},
+    },
     udp::{UdpOptions, run_udp_client, serve_udp},
 };
 
@@ -176,6 +180,26 @@ enum Command {
         /// One-service changes per rep (default 5).
         #[arg(long)]
         changes: Option<u32>,
+        /// Append the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// The sync suite (root): ebpf, iptables and ipvs-fallback against raw restores of
+    /// kube-proxy-shaped rules (iptables-legacy-restore, nft -f): a cold full sync, add one
+    /// service, remove one endpoint, scale one service 4 -> 40, at N services x 4.
+    BenchSyncModes {
+        /// 1 rep at 1,000 services: proves the suite works, not the speed.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        reps: Option<u32>,
+        /// Service counts, comma-separated (default 1000,10000,50000; quick: 1000).
+        #[arg(long, value_delimiter = ',')]
+        services: Vec<u32>,
+        /// Sides, comma-separated (default: all of ebpf, iptables, ipvs-fallback,
+        /// kube-proxy-iptables, kube-proxy-nft).
+        #[arg(long, value_delimiter = ',')]
+        sides: Vec<SideKind>,
         /// Append the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -411,6 +435,50 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             signals::watch()?;
             let started = std::time::Instant::now();
             let results = match run_sync(&opts) {
+                Ok(results) => results,
+                Err(Error::Interrupted(signal)) => {
+                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
+                    return Ok(ExitCode::from(130));
+                }
+                Err(err) => return Err(err.into()),
+            };
+            print!("{}", results.table());
+            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
+            if let Some(csv) = csv {
+                results.append_csv(&csv)?;
+                println!(
+                    "appended {} rows to {}",
+                    results.csv_rows().len(),
+                    csv.display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchSyncModes {
+            quick,
+            reps,
+            services,
+            sides,
+            csv,
+        } => {
+            let mut opts = if quick {
+                SuiteOptions::quick()
+            } else {
+                SuiteOptions::full()
+            };
+            if let Some(reps) = reps {
+                opts.reps = reps;
+                opts.reps_large = reps;
+            }
+            if !services.is_empty() {
+                opts.service_counts = services;
+            }
+            if !sides.is_empty() {
+                opts.sides = sides;
+            }
+            signals::watch()?;
+            let started = std::time::Instant::now();
+            let results = match run_suite(&opts) {
                 Ok(results) => results,
                 Err(Error::Interrupted(signal)) => {
                     eprintln!("loadgen: interrupted by {signal}; cleaned up");

@@ -46,18 +46,26 @@ fn cpu_of(who: UsageWho) -> Duration {
     }
 }
 
+/// The calling thread's CPU time, to the nanosecond (getrusage counts in scheduler ticks,
+/// too coarse for a one-service sync of a fraction of a millisecond).
+fn thread_cpu() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or(Duration::ZERO)
+}
+
 /// Runs `step` on the calling thread and measures it. Children are counted process-wide:
 /// the caller must be the only thread of the process that waits for children meanwhile
 /// (the benchmark runs one step at a time).
 pub fn measure<T>(step: impl FnOnce() -> T) -> (T, Cost) {
-    let self_before = cpu_of(UsageWho::RUSAGE_THREAD);
+    let self_before = thread_cpu();
     let children_before = cpu_of(UsageWho::RUSAGE_CHILDREN);
     let started = Instant::now();
     let out = step();
     let wall = started.elapsed();
     let cost = Cost {
         wall,
-        cpu_self: cpu_of(UsageWho::RUSAGE_THREAD).saturating_sub(self_before),
+        cpu_self: thread_cpu().saturating_sub(self_before),
         cpu_children: cpu_of(UsageWho::RUSAGE_CHILDREN).saturating_sub(children_before),
     };
     (out, cost)

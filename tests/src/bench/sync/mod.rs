@@ -14,6 +14,9 @@
 pub mod measure;
 pub mod model;
 pub mod results;
+pub mod rss;
+pub mod sides;
+pub mod suite;
 
 use std::{collections::HashSet, io::Write as _, process::Stdio};
 

@@ -25,11 +25,12 @@ pub const NODE_NAME: &str = "bench-node";
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 2);
 /// ClusterIPs count up from here (room for 2^20 services in 172.16.0.0/12).
 const CLUSTER_IP_BASE: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 0);
-/// Endpoints: 8 addresses per service from here (10.64.0.0/10, inside the cluster CIDR).
+/// Endpoints: [`MAX_ENDPOINTS`] addresses per service from here (10.64.0.0/10, inside the
+/// cluster CIDR: room for 65,536 services with 64 each).
 const ENDPOINT_BASE: Ipv4Addr = Ipv4Addr::new(10, 64, 0, 0);
-const CLUSTER_CIDR: &str = "10.0.0.0/8";
+pub const CLUSTER_CIDR: &str = "10.0.0.0/8";
 /// The most endpoints a service can have here (its block of addresses).
-pub const MAX_ENDPOINTS: u8 = 8;
+pub const MAX_ENDPOINTS: u8 = 64;
 pub const SERVICE_PORT: u16 = 80;
 pub const TARGET_PORT: u16 = 8080;
 
@@ -64,6 +65,29 @@ pub fn node_context() -> NodeContext {
         localhost_nodeports: true,
         ..Default::default()
     }
+}
+
+/// Service `index`'s one port, as the service change tracker takes it.
+fn service_ports(index: u32) -> std::collections::HashMap<ServicePortName, Arc<ServicePort>> {
+    let port = ServicePort {
+        cluster_ip: cluster_ip(index),
+        port: SERVICE_PORT,
+        protocol: Protocol::Tcp,
+        node_port: None,
+        external_ips: vec![],
+        load_balancer_ingress: vec![],
+        load_balancer_source_ranges: vec![],
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+        session_affinity: None,
+    };
+    [(
+        ServicePortName::new(service_name(index), "p", Protocol::Tcp),
+        Arc::new(port),
+    )]
+    .into_iter()
+    .collect()
 }
 
 /// The cluster and its trackers; changes go through the trackers as the agent's do.
@@ -112,26 +136,7 @@ impl SyncWorld {
         let mut endpoint_tracker = EndpointsChangeTracker::new(IpFamily::V4, NODE_NAME);
         for index in 0..services {
             let name = service_name(index);
-            let port = ServicePort {
-                cluster_ip: cluster_ip(index),
-                port: SERVICE_PORT,
-                protocol: Protocol::Tcp,
-                node_port: None,
-                external_ips: vec![],
-                load_balancer_ingress: vec![],
-                load_balancer_source_ranges: vec![],
-                external_policy_local: false,
-                internal_policy_local: false,
-                health_check_node_port: None,
-                session_affinity: None,
-            };
-            let ports = [(
-                ServicePortName::new(name.clone(), "p", Protocol::Tcp),
-                Arc::new(port),
-            )]
-            .into_iter()
-            .collect();
-            service_tracker.update_ports(name.clone(), || None, ports);
+            service_tracker.update_ports(name.clone(), || None, service_ports(index));
             endpoint_tracker.update_slice(
                 &name,
                 &format!("svc{index}-1"),
@@ -161,14 +166,30 @@ impl SyncWorld {
     /// commonest change of a cluster: a pod replaced). Returns the changed services as the
     /// model reports them.
     pub fn toggle_one_endpoint(&mut self, index: u32) -> HashSet<NamespacedName> {
-        let Some(now) = self.current.get_mut(index as usize) else {
+        let Some(now) = self.current.get(index as usize).copied() else {
             return HashSet::new();
         };
-        *now = if *now == self.endpoints_per_service {
+        let next = if now == self.endpoints_per_service {
             now.saturating_sub(1)
         } else {
             self.endpoints_per_service
         };
+        self.set_endpoints(index, next)
+    }
+
+    /// How many endpoints service `index` has now.
+    pub fn endpoints_of(&self, index: u32) -> u8 {
+        self.current.get(index as usize).copied().unwrap_or(0)
+    }
+
+    /// Service `index` gets `count` endpoints (at most [`MAX_ENDPOINTS`]; a scale-up keeps
+    /// the existing ones and adds more). Returns the changed services as the model reports
+    /// them.
+    pub fn set_endpoints(&mut self, index: u32, count: u8) -> HashSet<NamespacedName> {
+        let Some(now) = self.current.get_mut(index as usize) else {
+            return HashSet::new();
+        };
+        *now = count.min(MAX_ENDPOINTS);
         let name = service_name(index);
         self.endpoints
             .update_slice(&name, &format!("svc{index}-1"), Some(slice(index, *now)));
@@ -178,6 +199,31 @@ impl SyncWorld {
             .updated_services
             .into_iter()
             .collect()
+    }
+
+    /// A new service (the next index) with `endpoints_per_service` endpoints, through the
+    /// trackers as the agent's watch would add it. Returns its index and the changed
+    /// services.
+    pub fn add_service(&mut self) -> (u32, HashSet<NamespacedName>) {
+        let index = self.service_count;
+        let mut service_tracker = ServiceChangeTracker::new(IpFamily::V4);
+        service_tracker.update_ports(service_name(index), || None, service_ports(index));
+        self.endpoints.update_slice(
+            &service_name(index),
+            &format!("svc{index}-1"),
+            Some(slice(index, self.endpoints_per_service)),
+        );
+        let state = &mut self.families[0];
+        let mut changed: HashSet<NamespacedName> = state
+            .services
+            .apply(&mut service_tracker)
+            .updated_services
+            .into_iter()
+            .collect();
+        changed.extend(state.endpoints.apply(&mut self.endpoints).updated_services);
+        self.service_count += 1;
+        self.current.push(self.endpoints_per_service);
+        (index, changed)
     }
 
     /// The sync request over this model.
@@ -210,7 +256,7 @@ mod tests {
         assert_eq!(state.services[&port].cluster_ip, cluster_ip(299));
         assert_eq!(state.endpoints[&port].len(), 4);
         assert_eq!(endpoint_ip(0, 0), "10.64.0.0".parse::<IpAddr>().unwrap());
-        assert_eq!(endpoint_ip(1, 3), "10.64.0.11".parse::<IpAddr>().unwrap());
+        assert_eq!(endpoint_ip(1, 3), "10.64.0.67".parse::<IpAddr>().unwrap());
     }
 
     #[test]
@@ -225,5 +271,25 @@ mod tests {
         assert_eq!(changed, HashSet::from([service_name(index)]));
         assert_eq!(world.families[0].endpoints[&port].len(), 4);
         assert_ne!(world.changed_service(1), index);
+    }
+
+    #[test]
+    fn a_service_is_added_and_one_scales_to_forty() {
+        let mut world = SyncWorld::new(10, 4);
+        let (index, changed) = world.add_service();
+        assert_eq!(index, 10);
+        assert_eq!(changed, HashSet::from([service_name(10)]));
+        assert_eq!(world.service_count, 11);
+        let port = ServicePortName::new(service_name(10), "p", Protocol::Tcp);
+        assert_eq!(world.families[0].services[&port].cluster_ip, cluster_ip(10));
+        assert_eq!(world.families[0].endpoints[&port].len(), 4);
+        let changed = world.set_endpoints(3, 40);
+        assert_eq!(changed, HashSet::from([service_name(3)]));
+        assert_eq!(world.endpoints_of(3), 40);
+        let port = ServicePortName::new(service_name(3), "p", Protocol::Tcp);
+        assert_eq!(world.families[0].endpoints[&port].len(), 40);
+        // The 40 addresses are service 3's own.
+        assert_eq!(endpoint_ip(3, 39), "10.64.0.231".parse::<IpAddr>().unwrap());
+        assert_eq!(endpoint_ip(4, 0), "10.64.1.0".parse::<IpAddr>().unwrap());
     }
 }
