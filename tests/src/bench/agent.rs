@@ -77,6 +77,31 @@ impl BenchAgent {
         bpffs_root: &Path,
         fragment: &Map<String, Value>,
     ) -> Result<Self> {
+        Self::start_in_mode(
+            binary,
+            node,
+            run_dir,
+            manifests,
+            bpffs_root,
+            fragment,
+            Mode::Ebpf,
+            &[],
+        )
+    }
+
+    /// [`start_with`](Self::start_with) in `mode` (still strict: no fallback), with `env`
+    /// added to its environment (e.g. a PATH whose `iptables*` are the legacy ones).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_in_mode(
+        binary: &Path,
+        node: Place,
+        run_dir: &Path,
+        manifests: &Path,
+        bpffs_root: &Path,
+        fragment: &Map<String, Value>,
+        mode: Mode,
+        env: &[(String, String)],
+    ) -> Result<Self> {
         let cgroup = node
             .cgroup
             .clone()
@@ -84,7 +109,7 @@ impl BenchAgent {
         let connection = AgentConnection::SourceDir(manifests.to_path_buf());
         let config = render_config(&ConfigInputs {
             fragment,
-            mode: Mode::Ebpf,
+            mode,
             node_name: NODE_NAME,
             connection: &connection,
             bpffs_root,
@@ -106,6 +131,7 @@ impl BenchAgent {
         ];
         let child = node
             .command(binary, &args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -150,6 +176,11 @@ impl BenchAgent {
             }
             thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The agent's process id while it runs (the node's `nsenter` execs it in place).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn failure(&self, reason: String) -> Error {

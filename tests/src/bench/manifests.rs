@@ -32,10 +32,26 @@ pub fn filler_backend(index: u32) -> Ipv4Addr {
     nth_after(FILLER_BACKEND_BASE, index)
 }
 
+/// Backend `endpoint` of filler service `index` when each has `per_service` backends
+/// (`per_service` = 1: [`filler_backend`]).
+pub fn filler_backend_of(index: u32, endpoint: u32, per_service: u32) -> Ipv4Addr {
+    nth_after(FILLER_BACKEND_BASE, index * per_service + endpoint)
+}
+
 /// A ClusterIP Service with one TCP port and its EndpointSlice with one ready endpoint. The
 /// slice's port carries its (empty) name explicitly, as the API server's defaulting does:
 /// kube-proxy ignores slice ports without a name.
 fn service_with_backend(out: &mut String, name: &str, ip: Ipv4Addr, backend: Ipv4Addr) {
+    service_with_backends(out, name, ip, &[backend]);
+}
+
+/// [`service_with_backend`] with one ready endpoint per address of `backends`.
+fn service_with_backends(out: &mut String, name: &str, ip: Ipv4Addr, backends: &[Ipv4Addr]) {
+    let endpoints: Vec<String> = backends
+        .iter()
+        .map(|b| format!("{{addresses: [{b}], conditions: {{ready: true}}}}"))
+        .collect();
+    let endpoints = endpoints.join(", ");
     // Writing to a String cannot fail.
     let _ = write!(
         out,
@@ -57,7 +73,7 @@ fn service_with_backend(out: &mut String, name: &str, ip: Ipv4Addr, backend: Ipv
            namespace: {NAMESPACE}\n  \
            labels: {{kubernetes.io/service-name: {name}}}\n\
          addressType: IPv4\n\
-         endpoints: [{{addresses: [{backend}], conditions: {{ready: true}}}}]\n\
+         endpoints: [{endpoints}]\n\
          ports: [{{name: \"\", port: {BACKEND_PORT}, protocol: TCP}}]\n"
     );
 }
@@ -80,6 +96,26 @@ pub fn filler_services(count: u32) -> String {
             &format!("filler-{index}"),
             filler_ip(index),
             filler_backend(index),
+        );
+    }
+    out
+}
+
+/// `count` filler services with `endpoints` ready backends each (1 to 64; at most
+/// [`MAX_FILLER`] backends in all), as [`filler_services`] writes them.
+pub fn filler_services_with(count: u32, endpoints: u32) -> String {
+    let endpoints = endpoints.clamp(1, 64);
+    let count = count.min(MAX_FILLER / endpoints);
+    let mut out = String::with_capacity(count as usize * (480 + 48 * endpoints as usize));
+    let mut backends = Vec::with_capacity(endpoints as usize);
+    for index in 0..count {
+        backends.clear();
+        backends.extend((0..endpoints).map(|e| filler_backend_of(index, e, endpoints)));
+        service_with_backends(
+            &mut out,
+            &format!("filler-{index}"),
+            filler_ip(index),
+            &backends,
         );
     }
     out
@@ -147,5 +183,29 @@ mod tests {
             assert_ne!(ip.octets()[..2], [10, 244]);
         }
         assert_eq!(filler_services(0), "");
+    }
+
+    #[test]
+    fn four_endpoint_fillers_parse_with_distinct_backends() {
+        assert_eq!(filler_services_with(50, 1), filler_services(50));
+        let objects = parse_objects(&filler_services_with(100, 4)).unwrap();
+        let mut backends = BTreeSet::new();
+        let mut services = 0;
+        for object in &objects {
+            match object {
+                ClusterObject::Service(_) => services += 1,
+                ClusterObject::EndpointSlice(slice) => {
+                    let endpoints = slice.endpoints.as_ref().unwrap();
+                    assert_eq!(endpoints.len(), 4);
+                    for endpoint in endpoints {
+                        assert!(backends.insert(endpoint.addresses[0].clone()));
+                    }
+                }
+                other => panic!("unexpected object {other:?}"),
+            }
+        }
+        assert_eq!(services, 100);
+        assert_eq!(backends.len(), 400);
+        assert_eq!(filler_backend_of(1, 0, 4), Ipv4Addr::new(10, 200, 0, 5));
     }
 }

@@ -19,11 +19,18 @@
 //!
 //! `shaped`: rules shaped like upstream kube-proxy's (iptables and nftables modes) for the
 //! baselines that load them with the raw tools.
+//! `bpf`: the cost per call of each of the agent's programs (BPF run-time statistics)
+//! with 1 and many services, and the cost per element of single against batched service
+//! map updates.
+//!
+//! `memory`: the agent's resident memory and its BPF maps' memory with N services of 4
+//! endpoints (ebpf mode; iptables mode with the legacy iptables).
 //!
 //! Pure parts (statistics, manifests, results, CSV, the bpftool parser, names) are
 //! unit-tested without privileges; [`net`], [`agent`] and [`clusterip`] need root.
 
 pub mod agent;
+pub mod bpf;
 pub mod client;
 pub mod clusterip;
 pub mod cpustat;
@@ -31,10 +38,12 @@ pub mod error;
 pub mod load;
 pub mod manifests;
 pub mod maps;
+pub mod memory;
 pub mod net;
 pub mod nodeport;
 pub mod results;
 pub mod shaped;
+pub mod rows;
 pub mod signals;
 pub mod stats;
 pub mod sync;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! `loadgen`: the benchmark load generator (`serve`, `client`, `udp-client`) and the
 //! benchmarks that run them in network namespaces (`bench-clusterip`, `bench-nodeport`,
-//! `bench-sync`, `bench-sync-modes`; root only).
+//! `bench-sync`; root only).
 //!
 //! ```text
 //! loadgen serve --listen 10.244.1.2:8080 [--cpu 1]        # prints READY, answers forever
@@ -11,6 +11,8 @@
 //! sudo loadgen bench-nodeport [--quick] [--csv FILE]     # see `cargo xtask bench nodeport`
 //! sudo loadgen bench-sync --mode iptables [--quick]     # see `cargo xtask bench sync-iptables`
 //! sudo loadgen bench-sync-modes [--quick] [--csv FILE]   # see `cargo xtask bench sync`
+//! sudo loadgen bench-bpf [--quick] [--csv FILE]         # program cost, map updates
+//! sudo loadgen bench-memory [--quick] [--csv FILE]      # agent RSS, BPF map memory
 //! sudo loadgen cleanup-stale                              # after a run was SIGKILLed
 //! ```
 #![forbid(unsafe_code)]
@@ -27,9 +29,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tests::bench::{
     BenchOptions, Error,
+    bpf::{BpfOptions, run_bpf},
     load::{ClientOptions, pin_to_cpu, run_client, serve},
+    memory::{MemMode, MemoryOptions, run_memory},
     nodeport::{self, Attach, Backend, NodeportOptions, run_nodeport},
-    run_clusterip, signals,
+    rows, run_clusterip, signals,
     sync::{
         IptablesCommands, SyncMode, SyncOptions, run_sync,
         suite::{SideKind, SuiteOptions, run_suite},
@@ -180,6 +184,53 @@ enum Command {
         /// One-service changes per rep (default 5).
         #[arg(long)]
         changes: Option<u32>,
+        /// Append the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// The BPF benchmark (root): ns per call of each of the agent's programs (run-time
+    /// statistics) with 1 and 50,000 services, and single against batched map updates.
+    BenchBpf {
+        /// The agent binary (default: proxy-agent beside this binary).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// 1 rep of 1 s at 1 and 1,000 services, a 1,000-entry map.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        reps: Option<u32>,
+        /// Seconds of client load per rep.
+        #[arg(long)]
+        seconds: Option<f64>,
+        /// Service counts, comma-separated (default 1,50000); empty list: `--services 0`
+        /// skips the program part.
+        #[arg(long, value_delimiter = ',')]
+        services: Vec<u32>,
+        /// Map entries, comma-separated (default 1000,10000,100000,1000000; 0 skips).
+        #[arg(long, value_delimiter = ',')]
+        entries: Vec<u32>,
+        /// Elements per BPF_MAP_UPDATE_BATCH.
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Append the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// The memory benchmark (root): agent RSS and BPF map memory with N services of 4
+    /// endpoints, ebpf and iptables (legacy) mode.
+    BenchMemory {
+        /// The agent binary (default: proxy-agent beside this binary).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// 1,000 services only.
+        #[arg(long)]
+        quick: bool,
+        /// Service counts, comma-separated (default 1000,10000,50000).
+        #[arg(long, value_delimiter = ',')]
+        services: Vec<u32>,
+        /// Leave out the iptables-legacy agent.
+        #[arg(long)]
+        ebpf_only: bool,
         /// Append the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -454,6 +505,95 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::BenchBpf {
+            agent,
+            quick,
+            reps,
+            seconds,
+            services,
+            entries,
+            batch,
+            csv,
+        } => {
+            let here = std::env::current_exe().context("locating this binary")?;
+            let agent = agent_path(agent, &here)?;
+            let mut opts = if quick {
+                BpfOptions::quick(agent, here)
+            } else {
+                BpfOptions::full(agent, here)
+            };
+            if let Some(reps) = reps {
+                opts.reps = reps;
+                opts.map_reps = reps;
+            }
+            if let Some(seconds) = seconds {
+                opts.client_duration = Duration::try_from_secs_f64(seconds).context("--seconds")?;
+            }
+            if !services.is_empty() {
+                opts.service_counts = services.into_iter().filter(|n| *n > 0).collect();
+            }
+            if !entries.is_empty() {
+                opts.map_entries = entries.into_iter().filter(|n| *n > 0).collect();
+            }
+            if let Some(batch) = batch {
+                opts.batch_size = batch.max(1);
+            }
+            signals::watch()?;
+            let started = std::time::Instant::now();
+            let results = match run_bpf(&opts) {
+                Ok(results) => results,
+                Err(Error::Interrupted(signal)) => {
+                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
+                    return Ok(ExitCode::from(130));
+                }
+                Err(err) => return Err(err.into()),
+            };
+            print!("{}", rows::table(&results.rows));
+            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
+            if let Some(csv) = csv {
+                rows::append_csv(&csv, &results.rows, &results.env)?;
+                println!("appended {} rows to {}", results.rows.len(), csv.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchMemory {
+            agent,
+            quick,
+            services,
+            ebpf_only,
+            csv,
+        } => {
+            let here = std::env::current_exe().context("locating this binary")?;
+            let agent = agent_path(agent, &here)?;
+            let mut opts = if quick {
+                MemoryOptions::quick(agent)
+            } else {
+                MemoryOptions::full(agent)
+            };
+            if !services.is_empty() {
+                opts.service_counts = services;
+            }
+            if ebpf_only {
+                opts.modes = vec![MemMode::Ebpf];
+            }
+            signals::watch()?;
+            let started = std::time::Instant::now();
+            let results = match run_memory(&opts) {
+                Ok(results) => results,
+                Err(Error::Interrupted(signal)) => {
+                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
+                    return Ok(ExitCode::from(130));
+                }
+                Err(err) => return Err(err.into()),
+            };
+            print!("{}", rows::table(&results.rows));
+            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
+            if let Some(csv) = csv {
+                rows::append_csv(&csv, &results.rows, &results.env)?;
+                println!("appended {} rows to {}", results.rows.len(), csv.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::BenchSyncModes {
             quick,
             reps,
@@ -504,5 +644,16 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `--agent`, else proxy-agent beside this binary.
+fn agent_path(agent: Option<PathBuf>, here: &std::path::Path) -> anyhow::Result<PathBuf> {
+    match agent {
+        Some(path) => Ok(path),
+        None => here
+            .parent()
+            .map(|dir| dir.join("proxy-agent"))
+            .context("locating proxy-agent"),
     }
 }
