@@ -22,6 +22,8 @@ pub struct Row {
     pub rep: String,
     pub metric: String,
     pub value: Option<f64>,
+    /// Empty in CSVs written before the column was read.
+    pub unit: String,
     pub ratio: Option<f64>,
     pub kernel: String,
     pub cpu: String,
@@ -54,6 +56,7 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Row>> {
         col("cpu")?,
         col("run")?,
     ];
+    let unit_col = header.iter().position(|h| *h == "unit");
     let mut rows = Vec::new();
     for (number, line) in lines.enumerate() {
         let fields: Vec<&str> = line.split(',').collect();
@@ -76,6 +79,7 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Row>> {
             rep: text(3),
             metric: text(4),
             value: float(5),
+            unit: unit_col.map(|i| fields[i].to_string()).unwrap_or_default(),
             ratio: float(6),
             kernel: text(7),
             cpu: text(8),

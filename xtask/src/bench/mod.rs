@@ -1,15 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `cargo xtask bench <suite> [--quick]`: builds the agent and the load generator in
+//! `cargo xtask bench [suite] [--quick]`: builds the agent and the load generator in
 //! release mode (the eBPF object required), runs the suite as root inside network
 //! namespaces (`loadgen bench-<suite>`, see tests/src/bench), appends its rows to
-//! target/bench/<suite>.csv and regenerates the suite's section of docs/benchmarks.md
-//! from that CSV. `--quick` runs a small slice, writes target/bench/<suite>-quick.csv and
-//! leaves the docs alone. Suites: `clusterip` (socket LB), `nodeport` (external traffic
-//! through tc / XDP), `sync` (control-plane cost of a proxier against the raw tool).
+//! target/bench/<suite>.csv and regenerates docs/benchmarks.md from the CSVs. `--quick`
+//! runs a small slice, writes target/bench/<suite>-quick.csv and leaves the docs alone.
+//!
+//! Without a suite, the report's five suites run one after the other — `dataplane`,
+//! `sync`, `latency`, `bpf`, `memory` — and each one's latest run is published as
+//! docs/bench/<suite>.csv, from which the report section of docs/benchmarks.md (targets,
+//! tables) and the plots in docs/bench/ are regenerated (`--report-only` does only that).
+//! Earlier suites with sections of their own: `clusterip` (socket LB), `nodeport`
+//! (external traffic through tc / XDP), `sync-iptables` (the iptables proxier against the
+//! raw restore of the very same text).
 
 mod docs;
 mod docs_nodeport;
 mod docs_sync;
+pub mod plots;
+mod report;
 
 use std::{
     path::{Path, PathBuf},
@@ -27,7 +35,26 @@ use crate::{
 #[derive(Args)]
 pub struct BenchArgs {
     #[command(subcommand)]
-    pub bench: Bench,
+    pub bench: Option<Bench>,
+    /// Without a suite: the quick slice of each of the report's suites (the docs are left
+    /// alone).
+    #[arg(long)]
+    pub quick: bool,
+    /// Without a suite: only regenerate the report (docs/benchmarks.md, the plots) from
+    /// docs/bench/*.csv; no build, no run.
+    #[arg(long, conflicts_with = "quick")]
+    pub report_only: bool,
+}
+
+/// One of the report's suites: its own options pass through to `loadgen bench-<suite>`.
+#[derive(Args)]
+pub struct SuiteArgs {
+    /// A small slice that proves the suite works; the docs are left alone.
+    #[arg(long)]
+    pub quick: bool,
+    /// Options for the load generator's suite (see `loadgen bench-<suite> --help`).
+    #[arg(last = true)]
+    pub extra: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -39,9 +66,22 @@ pub enum Bench {
     /// NodePort (tc, XDP generic, XDP native) against direct-to-backend, local and remote
     /// backend.
     Nodeport(NodeportArgs),
-    /// Full and one-service-change sync time of a proxier against the raw restore of the
-    /// same rules, at 1,000 and 10,000 services x 4 endpoints.
-    Sync(SyncArgs),
+    /// Full and one-service-change sync time of the iptables proxier against the raw
+    /// restore of the very same rules, at 1,000 and 10,000 services x 4 endpoints.
+    SyncIptables(SyncArgs),
+    /// Connection rate, connect() and request/response latency and throughput at 1 to
+    /// 50,000 services: direct, ebpf, iptables, kube-proxy-shaped iptables and nftables.
+    Dataplane(SuiteArgs),
+    /// Cold full sync and one-change syncs at 1,000 to 50,000 services x 4: ebpf, iptables,
+    /// ipvs-fallback against raw restores of kube-proxy-shaped rules (iptables, nft).
+    Sync(SuiteArgs),
+    /// From a Service's creation in the API server to the first connection through it,
+    /// at 100 changes/s with 10,000 services.
+    Latency(SuiteArgs),
+    /// ns per call of each eBPF program, and single against batched map updates.
+    Bpf(SuiteArgs),
+    /// Agent RSS and BPF map memory at 1,000 to 50,000 services x 4.
+    Memory(SuiteArgs),
 }
 
 #[derive(Args)]
@@ -128,10 +168,110 @@ pub fn docs_path() -> PathBuf {
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     match &args.bench {
-        Bench::Clusterip(args) => clusterip(args),
-        Bench::Nodeport(args) => nodeport(args),
-        Bench::Sync(args) => sync(args),
+        None => all_suites(args.quick, args.report_only),
+        Some(Bench::Clusterip(args)) => clusterip(args),
+        Some(Bench::Nodeport(args)) => nodeport(args),
+        Some(Bench::SyncIptables(args)) => sync(args),
+        Some(Bench::Dataplane(args)) => suite("dataplane", args),
+        Some(Bench::Sync(args)) => suite("sync", args),
+        Some(Bench::Latency(args)) => suite("latency", args),
+        Some(Bench::Bpf(args)) => suite("bpf", args),
+        Some(Bench::Memory(args)) => suite("memory", args),
     }
+}
+
+/// The load generator's subcommand of a report suite.
+fn loadgen_command(suite: &str) -> String {
+    match suite {
+        "sync" => "bench-sync-modes".into(),
+        other => format!("bench-{other}"),
+    }
+}
+
+fn run_suite(suite: &str, quick: bool, extra: &[String]) -> anyhow::Result<()> {
+    let csv = csv_path(suite, quick);
+    step(&format!(
+        "running the {suite} suite{}",
+        if quick { " (quick)" } else { "" }
+    ));
+    let mut cmd = loadgen(&loadgen_command(suite), &csv);
+    if quick {
+        cmd.arg("--quick");
+    }
+    cmd.args(extra);
+    run_loadgen(&mut cmd)
+}
+
+/// One report suite, then the report.
+fn suite(name: &str, args: &SuiteArgs) -> anyhow::Result<()> {
+    prepare()?;
+    run_suite(name, args.quick, &args.extra)?;
+    if args.quick {
+        return Ok(());
+    }
+    publish_and_report(&[name])
+}
+
+/// Every report suite (under 40 minutes on a 2-core machine), then the report.
+fn all_suites(quick: bool, report_only: bool) -> anyhow::Result<()> {
+    if !report_only {
+        prepare()?;
+        let started = std::time::Instant::now();
+        for name in report::SUITES {
+            let before = std::time::Instant::now();
+            run_suite(name, quick, &[])?;
+            println!(
+                "    {name}: {:.0} s (all so far: {:.1} min)",
+                before.elapsed().as_secs_f64(),
+                started.elapsed().as_secs_f64() / 60.0
+            );
+        }
+        if quick {
+            return Ok(());
+        }
+        return publish_and_report(&report::SUITES);
+    }
+    publish_and_report(&[])
+}
+
+/// Publishes the latest run of `suites` from target/bench to docs/bench, then regenerates
+/// the report from docs/bench/*.csv.
+fn publish_and_report(suites: &[&str]) -> anyhow::Result<()> {
+    let doc = docs_path();
+    let dir = report::docs_bench_dir(&doc);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for name in suites {
+        let source = csv_path(name, false);
+        let text = std::fs::read_to_string(&source)
+            .with_context(|| format!("reading {}", source.display()))?;
+        if let Some(latest) = report::latest_run_text(&text)? {
+            let target = dir.join(format!("{name}.csv"));
+            std::fs::write(&target, latest)
+                .with_context(|| format!("writing {}", target.display()))?;
+            println!("    published {}", target.display());
+        }
+    }
+    step("regenerating the report in docs/benchmarks.md and the plots in docs/bench");
+    let mut all = Vec::new();
+    for name in report::SUITES {
+        let path = dir.join(format!("{name}.csv"));
+        let rows = match std::fs::read_to_string(&path) {
+            Ok(text) => docs::parse_csv(&text)?,
+            Err(_) => Vec::new(),
+        };
+        all.push(report::SuiteRows { suite: name, rows });
+    }
+    for (file, title, panels) in report::plots(&all) {
+        let path = dir.join(file);
+        plots::draw(&path, title, &panels)?;
+        println!("    wrote {}", path.display());
+    }
+    let current = std::fs::read_to_string(&doc).unwrap_or_default();
+    let section = report::render(&all);
+    let updated = docs::splice_between(&current, report::BEGIN, report::END, &section);
+    std::fs::write(&doc, updated).with_context(|| format!("writing {}", doc.display()))?;
+    println!("    wrote {}", doc.display());
+    Ok(())
 }
 
 /// Root, the toolchain, and a release build of the agent (with its eBPF object) and of
@@ -223,10 +363,10 @@ fn sync(args: &SyncArgs) -> anyhow::Result<()> {
             args.mode
         );
     }
-    let csv = csv_path("sync", args.quick);
+    let csv = csv_path("sync-iptables", args.quick);
     if !args.report_only {
         prepare()?;
-        step("running the sync benchmark (iptables mode against raw iptables-restore)");
+        step("running the sync-iptables benchmark (iptables mode against raw iptables-restore)");
         let mut cmd = loadgen("bench-sync", &csv);
         cmd.args(["--mode", &args.mode]);
         if args.quick {
