@@ -20,6 +20,9 @@
 //! `shaped`: rules shaped like upstream kube-proxy's (iptables and nftables modes) for the
 //! baselines that load them with the raw tools.
 //!
+//! `latency`: how long after a change reaches the API server a connection through the new
+//! frontend first succeeds (the analogue of `network_programming_duration`).
+//!
 //! Pure parts (statistics, manifests, results, CSV, the bpftool parser, names) are
 //! unit-tested without privileges; [`net`], [`agent`] and [`clusterip`] need root.
 
@@ -28,6 +31,7 @@ pub mod client;
 pub mod clusterip;
 pub mod cpustat;
 pub mod error;
+pub mod latency;
 pub mod load;
 pub mod manifests;
 pub mod maps;

@@ -1,0 +1,586 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The orchestration of a latency run (root): namespaces, backend, API server, agent,
+//! prober, the paced changes, and the cleanup of all of them.
+
+use std::{
+    collections::HashMap,
+    ffi::OsString,
+    fs,
+    io::{BufRead, BufReader, Write},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Stdio},
+    sync::mpsc::{self, Receiver},
+    thread,
+    time::{Duration, Instant, SystemTime},
+};
+
+use serde_json::{Map, Value, json};
+
+use crate::{
+    apiserver::{ServerConfig, TestApiServer},
+    scenario::{
+        Mode,
+        agent::METRICS_BIND,
+        cluster::AgentConnection,
+        netns::{bind_tcp_listener_in, ip_in, sysctl_in, sysctl_in_ignoring_unknown},
+        readiness::Change,
+    },
+};
+
+use super::{
+    objects::{self, CLUSTER_RANGE},
+    prober::{Report, monotonic_ns, parse_report},
+    results::{LatencyResults, SyncCounts},
+};
+use crate::bench::{
+    agent::{BenchAgent, StartSpec, get_in},
+    error::{Error, Result},
+    manifests::BACKEND_PORT,
+    maps::frontends_in,
+    net::{self, BenchNet, SERVER_IP},
+    results::Environment,
+    signals,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyMode {
+    Ebpf,
+    /// Our agent in iptables mode, its PATH's iptables* being the -legacy variants.
+    IptablesLegacy,
+}
+
+impl LatencyMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            LatencyMode::Ebpf => "ebpf",
+            LatencyMode::IptablesLegacy => "iptables-legacy",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [LatencyMode::Ebpf, LatencyMode::IptablesLegacy]
+            .into_iter()
+            .find(|m| m.name() == text)
+    }
+
+    /// The minSyncPeriod the mode runs with unless told: 0 for ebpf (a sync per batch of
+    /// events; each costs little), upstream's 1 s for iptables.
+    pub fn default_min_sync(self) -> Duration {
+        match self {
+            LatencyMode::Ebpf => Duration::ZERO,
+            LatencyMode::IptablesLegacy => Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LatencyOptions {
+    pub agent_binary: PathBuf,
+    pub loadgen_binary: PathBuf,
+    pub mode: LatencyMode,
+    /// Filler services preloaded (4 endpoints each).
+    pub services: u32,
+    /// Changes per second, for `duration`.
+    pub rate: f64,
+    pub duration: Duration,
+    /// A change not programmed by then is failed and no longer probed.
+    pub give_up: Duration,
+    pub min_sync_period: Duration,
+    /// How long the agent may take for its first sync.
+    pub sync_timeout: Duration,
+    pub rep: u32,
+    pub verbose: bool,
+}
+
+impl LatencyOptions {
+    /// 10,000 services, 100 changes/s for 60 s, 10 s bound.
+    pub fn full(agent_binary: PathBuf, loadgen_binary: PathBuf, mode: LatencyMode) -> Self {
+        LatencyOptions {
+            agent_binary,
+            loadgen_binary,
+            mode,
+            services: 10_000,
+            rate: 100.0,
+            duration: Duration::from_secs(60),
+            give_up: Duration::from_secs(10),
+            min_sync_period: mode.default_min_sync(),
+            sync_timeout: Duration::from_secs(180),
+            rep: 0,
+            verbose: true,
+        }
+    }
+
+    /// 1,000 services, 20 changes/s for 5 s.
+    pub fn quick(agent_binary: PathBuf, loadgen_binary: PathBuf, mode: LatencyMode) -> Self {
+        LatencyOptions {
+            services: 1_000,
+            rate: 20.0,
+            duration: Duration::from_secs(5),
+            sync_timeout: Duration::from_secs(60),
+            ..Self::full(agent_binary, loadgen_binary, mode)
+        }
+    }
+
+    fn total_changes(&self) -> u64 {
+        // Whole changes only; the rate and duration are small positive numbers.
+        (self.rate * self.duration.as_secs_f64()).round().max(0.0) as u64
+    }
+}
+
+fn progress(opts: &LatencyOptions, line: &str) {
+    if opts.verbose {
+        eprintln!("==> {line}");
+    }
+}
+
+/// The agent's settings: no periodic resync within the run, maps with room for the
+/// fillers and every change, and the minSyncPeriod asked for (ebpf mode reads the
+/// `iptables` section's periods, as upstream's "every other mode").
+fn agent_fragment(opts: &LatencyOptions) -> Map<String, Value> {
+    let room = (u64::from(opts.services) * 8 + opts.total_changes() * 4 + 1024)
+        .next_power_of_two()
+        .max(65_536);
+    let mut fragment = Map::new();
+    fragment.insert(
+        "iptables".into(),
+        json!({
+            "syncPeriod": "1h",
+            "minSyncPeriod": format!("{}ms", opts.min_sync_period.as_millis()),
+        }),
+    );
+    fragment.insert(
+        "ebpf".into(),
+        json!({"mapSizes": {"services": room, "backends": room, "revNat": room}}),
+    );
+    fragment
+}
+
+/// A PATH whose iptables and ip6tables commands are the legacy ones, then the usual PATH.
+fn legacy_path(run_dir: &Path) -> Result<OsString> {
+    let dir = run_dir.join("legacy-bin");
+    fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    for family in ["iptables", "ip6tables"] {
+        for suffix in ["", "-save", "-restore"] {
+            let target = PathBuf::from(format!("/usr/sbin/{family}-legacy{suffix}"));
+            if !target.exists() {
+                return Err(Error::Setup(format!("{} is missing", target.display())));
+            }
+            let link = dir.join(format!("{family}{suffix}"));
+            std::os::unix::fs::symlink(&target, &link)
+                .map_err(Error::io(format!("linking {}", link.display())))?;
+        }
+    }
+    let mut path = dir.into_os_string();
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into()));
+    Ok(path)
+}
+
+/// Routes the ClusterIP range nowhere where an untranslated connect is first routed.
+fn fail_fast_route(opts: &LatencyOptions, bench_net: &BenchNet) -> Result<()> {
+    let ns = match opts.mode {
+        LatencyMode::Ebpf => &bench_net.client_ns,
+        LatencyMode::IptablesLegacy => {
+            // The node answers each unroutable SYN with an ICMP error: no rate limit.
+            sysctl_in(&bench_net.node_ns, &[("net.ipv4.icmp_ratelimit", "0")])?;
+            sysctl_in_ignoring_unknown(
+                &bench_net.node_ns,
+                &[
+                    ("net.ipv4.icmp_msgs_per_sec", "1000000"),
+                    ("net.ipv4.icmp_msgs_burst", "100000"),
+                ],
+            )?;
+            &bench_net.node_ns
+        }
+    };
+    ip_in(ns, &["route", "add", "unreachable", CLUSTER_RANGE])?;
+    Ok(())
+}
+
+/// The prober process and the lines it printed; killed on drop.
+struct ProberProcess {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl ProberProcess {
+    fn start(opts: &LatencyOptions, bench_net: &BenchNet) -> Result<Self> {
+        let log = bench_net.run_dir.join("prober.log");
+        let stderr =
+            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
+        let args = [
+            "bench-latency".to_string(),
+            "--prober".into(),
+            "--give-up-ms".into(),
+            opts.give_up.as_millis().to_string(),
+        ];
+        let mut child = bench_net
+            .client_place()
+            .command(&opts.loadgen_binary, &args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .map_err(Error::io("starting the prober"))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            let Some(stdout) = stdout else { return };
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut prober = ProberProcess {
+            child,
+            stdin,
+            lines,
+        };
+        match prober.lines.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) if line == "READY" => Ok(prober),
+            other => {
+                prober.kill();
+                Err(Error::Load(format!(
+                    "the prober did not start ({other:?}): {}",
+                    fs::read_to_string(&log).unwrap_or_default().trim()
+                )))
+            }
+        }
+    }
+
+    fn send(&mut self, line: &str) -> Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| Error::Load("the prober's input is closed".into()))?;
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .map_err(Error::io("writing to the prober"))
+    }
+
+    /// Closes its input and waits for its `end` line.
+    fn finish(&mut self, timeout: Duration) -> Result<(u64, u64)> {
+        self.stdin = None;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(Report::End {
+                        control_attempts,
+                        control_successes,
+                    }) = parse_report(&line)
+                    {
+                        return Ok((control_attempts, control_successes));
+                    }
+                }
+                Err(_) => return Err(Error::Load("the prober did not finish".into())),
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        self.stdin = None;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ProberProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The sum of a counter or histogram `_count` over its label sets.
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let mut sum = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let end = line.find(['{', ' ']).unwrap_or(line.len());
+        if &line[..end] != name {
+            continue;
+        }
+        if let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+            sum = Some(sum.unwrap_or(0.0) + value);
+        }
+    }
+    sum
+}
+
+fn sync_counts(node_ns: &str) -> SyncCounts {
+    let url = format!("http://{METRICS_BIND}/metrics");
+    let text = get_in(node_ns, &url).map(|r| r.body).unwrap_or_default();
+    let count = |kind: &str| {
+        let name = format!("kubeproxy_sync_{kind}_proxy_rules_duration_seconds_count");
+        // Counts are small whole numbers.
+        metric_sum(&text, &name).unwrap_or(0.0) as u64
+    };
+    SyncCounts {
+        full: count("full"),
+        partial: count("partial"),
+    }
+}
+
+fn api_error(context: &str, err: impl std::fmt::Display) -> Error {
+    Error::Setup(format!("{context}: {err}"))
+}
+
+/// Runs the benchmark. Needs root.
+pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err(Error::Setup("the benchmark needs root".into()));
+    }
+    for binary in [&opts.agent_binary, &opts.loadgen_binary] {
+        if !binary.is_file() {
+            return Err(Error::Setup(format!("{} is not built", binary.display())));
+        }
+    }
+    let total = opts.total_changes();
+    if total == 0 || opts.rate <= 0.0 || u64::from(objects::MAX_INDEX) < total {
+        return Err(Error::Setup(format!("cannot make {total} changes")));
+    }
+    for line in net::cleanup_stale()? {
+        progress(opts, &format!("removed stale {line}"));
+    }
+    let env = Environment::detect();
+    let began = Instant::now();
+    // Declared first, dropped last: the API server's tasks run on it.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(Error::io("starting the API server's runtime"))?;
+    let _entered = runtime.enter();
+
+    let id = net::new_run_id();
+    progress(opts, &format!("building namespaces {id}-{{node,cli,srv}}"));
+    let mut bench_net = BenchNet::build(&id)?;
+    fail_fast_route(opts, &bench_net)?;
+    let backend = SocketAddr::from((SERVER_IP, BACKEND_PORT));
+    let serve_args = vec!["serve".to_string(), "--listen".into(), backend.to_string()];
+    let server_place = bench_net.server_place();
+    bench_net.spawn_ready("server", &server_place, &opts.loadgen_binary, &serve_args)?;
+
+    let listener = bind_tcp_listener_in(&bench_net.node_ns, ([127, 0, 0, 1], 0).into())?;
+    let config = ServerConfig {
+        // Every change since the preload stays resumable: a paged list or a watch
+        // restarted mid-run must never see 410 Expired.
+        history_limit: 4 * (opts.services as usize + total as usize) + 1024,
+        ..ServerConfig::default()
+    };
+    let api = TestApiServer::start_on(listener, config)
+        .map_err(|e| api_error("starting the test API server", e))?;
+    let kubeconfig = bench_net.run_dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig)
+        .map_err(|e| api_error("writing the kubeconfig", e))?;
+    progress(
+        opts,
+        &format!("preloading {} services × 4 endpoints", opts.services),
+    );
+    api.create_value(objects::node(net::CLIENT_GATEWAY))
+        .map_err(|e| api_error("creating the Node", e))?;
+    for index in 0..opts.services {
+        signals::check()?;
+        for object in objects::filler(index) {
+            api.create_value(object)
+                .map_err(|e| api_error("creating a filler", e))?;
+        }
+    }
+
+    progress(
+        opts,
+        &format!("starting the agent ({} mode)", opts.mode.name()),
+    );
+    let path_env = match opts.mode {
+        LatencyMode::Ebpf => None,
+        LatencyMode::IptablesLegacy => Some(legacy_path(&bench_net.run_dir)?),
+    };
+    let fragment = agent_fragment(opts);
+    let bpffs = net::bpffs_root(&id);
+    let started = SystemTime::now();
+    let spec = StartSpec {
+        connection: AgentConnection::Kubeconfig(kubeconfig),
+        fragment: &fragment,
+        mode: match opts.mode {
+            LatencyMode::Ebpf => Mode::Ebpf,
+            LatencyMode::IptablesLegacy => Mode::Iptables,
+        },
+        path_env,
+    };
+    // Declared after the namespaces, so it stops (and unpins) before they go.
+    let mut agent = BenchAgent::start_spec(
+        &opts.agent_binary,
+        bench_net.node_place(),
+        &bench_net.run_dir,
+        &bpffs,
+        &spec,
+    )?;
+    let change = Change {
+        started,
+        at: started,
+        initial: true,
+    };
+    agent.wait_synced(change, opts.sync_timeout)?;
+    if opts.mode == LatencyMode::Ebpf {
+        let frontends = frontends_in(&bpffs)?;
+        if frontends != opts.services as usize {
+            return Err(agent.failure(format!(
+                "synced, but the service map holds {frontends} frontends, not {}",
+                opts.services
+            )));
+        }
+    }
+    progress(
+        opts,
+        &format!("agent synced in {:.1} s", began.elapsed().as_secs_f64()),
+    );
+
+    let mut prober = ProberProcess::start(opts, &bench_net)?;
+    prober.send(&format!("control {}", objects::control_frontend()))?;
+    let before = sync_counts(&bench_net.node_ns);
+    let measured = measure(opts, &api, &mut prober, total)?;
+    let after = sync_counts(&bench_net.node_ns);
+    let (control_attempts, false_successes) = prober.finish(Duration::from_secs(10))?;
+    drop(prober);
+    drop(agent);
+    bench_net.cleanup();
+    drop(api);
+    Ok(LatencyResults {
+        run_id: id,
+        env,
+        mode: opts.mode.name().into(),
+        services: opts.services,
+        rep: opts.rep,
+        changes: measured.changes,
+        latencies_ms: measured.latencies_ms,
+        failed: measured.failed,
+        change_rate: measured.change_rate,
+        target_rate: opts.rate,
+        min_sync_period_ms: opts.min_sync_period.as_secs_f64() * 1e3,
+        control_attempts,
+        false_successes,
+        probe_attempts: measured.probe_attempts,
+        syncs: SyncCounts {
+            full: after.full.saturating_sub(before.full),
+            partial: after.partial.saturating_sub(before.partial),
+        },
+        seconds: began.elapsed().as_secs_f64(),
+    })
+}
+
+struct Measured {
+    changes: u64,
+    latencies_ms: Vec<f64>,
+    failed: u64,
+    change_rate: f64,
+    probe_attempts: u64,
+}
+
+/// Writes the changes at the asked rate and collects the prober's reports until every
+/// change is programmed or failed (bounded by the duration, the give-up bound and 10 s).
+fn measure(
+    opts: &LatencyOptions,
+    api: &TestApiServer,
+    prober: &mut ProberProcess,
+    total: u64,
+) -> Result<Measured> {
+    progress(
+        opts,
+        &format!(
+            "{total} changes at {}/s; probing each new frontend every 1 ms",
+            opts.rate
+        ),
+    );
+    let interval_ns = 1e9 / opts.rate;
+    let start = monotonic_ns();
+    let deadline = Instant::now() + opts.duration + opts.give_up + Duration::from_secs(10);
+    let mut t0s: HashMap<u64, u64> = HashMap::new();
+    let (mut made, mut first_t0, mut last_t0) = (0u64, 0u64, 0u64);
+    let mut latencies_ms = Vec::with_capacity(total as usize);
+    let (mut failed, mut probe_attempts, mut resolved) = (0u64, 0u64, 0u64);
+    let mut last_note = Instant::now();
+    while resolved < total {
+        signals::check()?;
+        if Instant::now() > deadline {
+            // The prober bounds each change itself; this only guards a stuck prober.
+            failed += total - resolved;
+            break;
+        }
+        // The schedule is absolute: a slow write is caught up, and the rate shows it.
+        while made < total && monotonic_ns() as f64 >= start as f64 + made as f64 * interval_ns {
+            let index = u32::try_from(made).unwrap_or(objects::MAX_INDEX);
+            let [service, slice] = objects::change(index, SERVER_IP);
+            api.create_value(service)
+                .map_err(|e| api_error("creating a Service", e))?;
+            let t0 = monotonic_ns();
+            api.create_value(slice)
+                .map_err(|e| api_error("creating an EndpointSlice", e))?;
+            let id = made + 1;
+            t0s.insert(id, t0);
+            if made == 0 {
+                first_t0 = t0;
+            }
+            last_t0 = t0;
+            made += 1;
+            prober.send(&format!(
+                "probe {id} {}",
+                objects::frontend(objects::new_ip(index))
+            ))?;
+        }
+        while let Ok(line) = prober.lines.try_recv() {
+            match parse_report(&line) {
+                Some(Report::Ok {
+                    id,
+                    t1_ns,
+                    attempts,
+                }) => {
+                    if let Some(t0) = t0s.remove(&id) {
+                        latencies_ms.push(t1_ns.saturating_sub(t0) as f64 / 1e6);
+                        probe_attempts += attempts;
+                        resolved += 1;
+                    }
+                }
+                Some(Report::Fail { id, attempts }) => {
+                    if t0s.remove(&id).is_some() {
+                        failed += 1;
+                        probe_attempts += attempts;
+                        resolved += 1;
+                    }
+                }
+                _ => eprintln!("prober: {line}"),
+            }
+        }
+        if last_note.elapsed() >= Duration::from_secs(10) {
+            last_note = Instant::now();
+            progress(
+                opts,
+                &format!(
+                    "{made} changes made, {} programmed, {failed} failed",
+                    latencies_ms.len()
+                ),
+            );
+        }
+        thread::sleep(Duration::from_micros(500));
+    }
+    let span = (last_t0.saturating_sub(first_t0)) as f64 / 1e9;
+    let change_rate = if made > 1 && span > 0.0 {
+        (made - 1) as f64 / span
+    } else {
+        f64::NAN
+    };
+    Ok(Measured {
+        changes: made,
+        latencies_ms,
+        failed,
+        change_rate,
+        probe_attempts,
+    })
+}
+
+#[cfg(test)]
+mod tests;
