@@ -16,6 +16,20 @@ pub const BENCH: &str = "latency";
 pub struct SyncCounts {
     pub full: u64,
     pub partial: u64,
+    /// Time the agent spent in those syncs.
+    pub full_seconds: f64,
+    pub partial_seconds: f64,
+}
+
+impl SyncCounts {
+    /// The mean partial sync, in milliseconds (NaN without one).
+    pub fn partial_mean_ms(&self) -> f64 {
+        if self.partial == 0 {
+            f64::NAN
+        } else {
+            self.partial_seconds * 1e3 / self.partial as f64
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +97,7 @@ impl LatencyResults {
             ("min_sync_period", self.min_sync_period_ms, "ms"),
             ("syncs_partial", count(self.syncs.partial), "count"),
             ("syncs_full", count(self.syncs.full), "count"),
+            ("partial_sync_mean", self.syncs.partial_mean_ms(), "ms"),
         ]
     }
 
@@ -136,8 +151,11 @@ impl LatencyResults {
         );
         let _ = writeln!(
             out,
-            "  agent syncs during the run: {} partial, {} full (minSyncPeriod {:.0} ms)",
-            self.syncs.partial, self.syncs.full, self.min_sync_period_ms
+            "  agent syncs during the run: {} partial (mean {:.1} ms), {} full (minSyncPeriod {:.0} ms)",
+            self.syncs.partial,
+            self.syncs.partial_mean_ms(),
+            self.syncs.full,
+            self.min_sync_period_ms
         );
         let _ = writeln!(
             out,
@@ -175,6 +193,8 @@ mod tests {
             syncs: SyncCounts {
                 full: 0,
                 partial: 80,
+                full_seconds: 0.0,
+                partial_seconds: 0.4,
             },
             seconds: 70.0,
         }
@@ -193,7 +213,7 @@ mod tests {
     #[test]
     fn csv_rows_name_the_metrics_without_ratio() {
         let rows = results().csv_rows();
-        assert_eq!(rows.len(), 12);
+        assert_eq!(rows.len(), 13);
         assert_eq!(
             rows[0],
             "latency,ebpf,10000,0,programming_p50,50.0000,ms,,6.1.0,Some CPU x2,2026-01-02T03:04:05Z"

@@ -64,11 +64,12 @@ impl LatencyMode {
             .find(|m| m.name() == text)
     }
 
-    /// The minSyncPeriod the mode runs with unless told: 0 for ebpf (a sync per batch of
-    /// events; each costs little), upstream's 1 s for iptables.
+    /// The minSyncPeriod the mode runs with unless told: 1 ms for ebpf (a sync per batch
+    /// of events; each costs little. Not 0: upstream's defaulting, which the agent follows,
+    /// turns `iptables.minSyncPeriod: 0` into 1 s), upstream's 1 s for iptables.
     pub fn default_min_sync(self) -> Duration {
         match self {
-            LatencyMode::Ebpf => Duration::ZERO,
+            LatencyMode::Ebpf => Duration::from_millis(1),
             LatencyMode::IptablesLegacy => Duration::from_secs(1),
         }
     }
@@ -315,14 +316,16 @@ pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
 fn sync_counts(node_ns: &str) -> SyncCounts {
     let url = format!("http://{METRICS_BIND}/metrics");
     let text = get_in(node_ns, &url).map(|r| r.body).unwrap_or_default();
-    let count = |kind: &str| {
-        let name = format!("kubeproxy_sync_{kind}_proxy_rules_duration_seconds_count");
-        // Counts are small whole numbers.
-        metric_sum(&text, &name).unwrap_or(0.0) as u64
+    let value = |kind: &str, part: &str| {
+        let name = format!("kubeproxy_sync_{kind}_proxy_rules_duration_seconds_{part}");
+        metric_sum(&text, &name).unwrap_or(0.0)
     };
     SyncCounts {
-        full: count("full"),
-        partial: count("partial"),
+        // Counts are small whole numbers.
+        full: value("full", "count") as u64,
+        partial: value("partial", "count") as u64,
+        full_seconds: value("full", "sum"),
+        partial_seconds: value("partial", "sum"),
     }
 }
 
@@ -339,6 +342,11 @@ pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
         if !binary.is_file() {
             return Err(Error::Setup(format!("{} is not built", binary.display())));
         }
+    }
+    if opts.min_sync_period < Duration::from_millis(1) {
+        return Err(Error::Setup(
+            "minSyncPeriod below 1 ms: the agent (as upstream) would default 0 to 1 s".into(),
+        ));
     }
     let total = opts.total_changes();
     if total == 0 || opts.rate <= 0.0 || u64::from(objects::MAX_INDEX) < total {
@@ -447,6 +455,9 @@ pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
     let after = sync_counts(&bench_net.node_ns);
     let (control_attempts, false_successes) = prober.finish(Duration::from_secs(10))?;
     drop(prober);
+    if let Some(keep) = std::env::var_os("LATENCY_KEEP_AGENT_LOG") {
+        let _ = fs::copy(&agent.log, keep);
+    }
     drop(agent);
     bench_net.cleanup();
     drop(api);
@@ -468,6 +479,8 @@ pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
         syncs: SyncCounts {
             full: after.full.saturating_sub(before.full),
             partial: after.partial.saturating_sub(before.partial),
+            full_seconds: after.full_seconds - before.full_seconds,
+            partial_seconds: after.partial_seconds - before.partial_seconds,
         },
         seconds: began.elapsed().as_secs_f64(),
     })

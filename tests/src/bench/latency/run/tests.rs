@@ -25,7 +25,7 @@ fn fragment_sizes_the_maps_for_fillers_and_changes() {
     assert_eq!(opts.total_changes(), 6000);
     let fragment = agent_fragment(&opts);
     assert_eq!(fragment["ebpf"]["mapSizes"]["services"], 131_072);
-    assert_eq!(fragment["iptables"]["minSyncPeriod"], "0ms");
+    assert_eq!(fragment["iptables"]["minSyncPeriod"], "1ms");
     assert_eq!(fragment["iptables"]["syncPeriod"], "1h");
     let big = LatencyOptions {
         services: 50_000,
