@@ -14,7 +14,8 @@
 //! out: READY
 //!      ok <id> <t1 ns, CLOCK_MONOTONIC> <attempts>
 //!      fail <id> <attempts>
-//!      end <control attempts> <control successes>   after stdin closes
+//!      end <control attempts> <control successes> <longest probe interval, us>
+//!                               after stdin closes
 //! ```
 
 use std::{
@@ -34,6 +35,17 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(1);
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(50);
 /// At most this many attempts in flight per frontend (bounds sockets when SYNs hang).
 pub const MAX_IN_FLIGHT: usize = 64;
+/// The most connects per second the prober makes in all. When more frontends are pending
+/// than it can probe every [`PROBE_INTERVAL`] (slow programming: hundreds pending), each
+/// one's interval stretches to share this budget, so the prober does not take the CPU the
+/// agent needs (on 2 cores, 100,000 failing connects per second starved it).
+pub const MAX_CONNECTS_PER_SEC: u32 = 10_000;
+
+/// The interval between two connects to one frontend while `pending` frontends are probed.
+pub fn probe_interval(pending: usize) -> Duration {
+    let shared = Duration::from_secs(1) / MAX_CONNECTS_PER_SEC;
+    PROBE_INTERVAL.max(shared.saturating_mul(u32::try_from(pending).unwrap_or(u32::MAX)))
+}
 
 /// CLOCK_MONOTONIC in nanoseconds: the same clock in the prober and the orchestrator.
 pub fn monotonic_ns() -> u64 {
@@ -175,6 +187,7 @@ pub enum Report {
     End {
         control_attempts: u64,
         control_successes: u64,
+        longest_interval_us: u64,
     },
 }
 
@@ -194,6 +207,7 @@ pub fn parse_report(line: &str) -> Option<Report> {
         &"end" => Some(Report::End {
             control_attempts: num(1)?,
             control_successes: num(2)?,
+            longest_interval_us: num(3)?,
         }),
         _ => None,
     }
@@ -209,6 +223,7 @@ pub fn probe_loop(
     let mut targets: Vec<Target> = Vec::new();
     let (mut control_attempts, mut control_successes) = (0u64, 0u64);
     let mut open = true;
+    let mut longest = PROBE_INTERVAL;
     while open || targets.iter().any(|t| !t.control) {
         loop {
             let command = match commands.try_recv() {
@@ -240,6 +255,8 @@ pub fn probe_loop(
             targets.retain(|t| !t.control);
         }
         let now = Instant::now();
+        let interval = probe_interval(targets.len());
+        longest = longest.max(interval);
         let mut done = Vec::new();
         for (index, target) in targets.iter_mut().enumerate() {
             let byte = target.byte();
@@ -276,7 +293,7 @@ pub fn probe_loop(
                 if target.control {
                     control_attempts += 1;
                 }
-                target.next = now + PROBE_INTERVAL;
+                target.next = now + interval;
                 if let Some(attempt) = Attempt::start(target.addr) {
                     // A connect to a local backend can finish within the call.
                     target.in_flight.push(attempt);
@@ -300,7 +317,11 @@ pub fn probe_loop(
         };
         thread::sleep(wait.min(PROBE_INTERVAL));
     }
-    writeln!(out, "end {control_attempts} {control_successes}")?;
+    let longest_us = longest.as_micros();
+    writeln!(
+        out,
+        "end {control_attempts} {control_successes} {longest_us}"
+    )?;
     out.flush()
 }
 

@@ -57,6 +57,9 @@ pub struct LatencyResults {
     pub false_successes: u64,
     /// Probe connects made for the changes.
     pub probe_attempts: u64,
+    /// The longest interval between two connects to one frontend (1 ms unless so many
+    /// were pending that the prober's connect budget stretched it).
+    pub longest_probe_interval_ms: f64,
     /// Syncs the agent ran while changes were made and probed.
     pub syncs: SyncCounts,
     pub seconds: f64,
@@ -98,6 +101,7 @@ impl LatencyResults {
             ("syncs_partial", count(self.syncs.partial), "count"),
             ("syncs_full", count(self.syncs.full), "count"),
             ("partial_sync_mean", self.syncs.partial_mean_ms(), "ms"),
+            ("probe_interval_max", self.longest_probe_interval_ms, "ms"),
         ]
     }
 
@@ -159,8 +163,11 @@ impl LatencyResults {
         );
         let _ = writeln!(
             out,
-            "  probes: {} connects to the new frontends; control frontend {} connects, {} false successes",
-            self.probe_attempts, self.control_attempts, self.false_successes
+            "  probes: {} connects to the new frontends (interval up to {:.1} ms); control frontend {} connects, {} false successes",
+            self.probe_attempts,
+            self.longest_probe_interval_ms,
+            self.control_attempts,
+            self.false_successes
         );
         out
     }
@@ -190,6 +197,7 @@ mod tests {
             control_attempts: 5000,
             false_successes: 0,
             probe_attempts: 400,
+            longest_probe_interval_ms: 1.0,
             syncs: SyncCounts {
                 full: 0,
                 partial: 80,
@@ -213,7 +221,7 @@ mod tests {
     #[test]
     fn csv_rows_name_the_metrics_without_ratio() {
         let rows = results().csv_rows();
-        assert_eq!(rows.len(), 13);
+        assert_eq!(rows.len(), 14);
         assert_eq!(
             rows[0],
             "latency,ebpf,10000,0,programming_p50,50.0000,ms,,6.1.0,Some CPU x2,2026-01-02T03:04:05Z"

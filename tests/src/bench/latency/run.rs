@@ -265,7 +265,7 @@ impl ProberProcess {
     }
 
     /// Closes its input and waits for its `end` line.
-    fn finish(&mut self, timeout: Duration) -> Result<(u64, u64)> {
+    fn finish(&mut self, timeout: Duration) -> Result<(u64, u64, u64)> {
         self.stdin = None;
         let deadline = Instant::now() + timeout;
         loop {
@@ -275,9 +275,10 @@ impl ProberProcess {
                     if let Some(Report::End {
                         control_attempts,
                         control_successes,
+                        longest_interval_us,
                     }) = parse_report(&line)
                     {
-                        return Ok((control_attempts, control_successes));
+                        return Ok((control_attempts, control_successes, longest_interval_us));
                     }
                 }
                 Err(_) => return Err(Error::Load("the prober did not finish".into())),
@@ -453,7 +454,8 @@ pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
     let before = sync_counts(&bench_net.node_ns);
     let measured = measure(opts, &api, &mut prober, total)?;
     let after = sync_counts(&bench_net.node_ns);
-    let (control_attempts, false_successes) = prober.finish(Duration::from_secs(10))?;
+    let (control_attempts, false_successes, longest_interval_us) =
+        prober.finish(Duration::from_secs(10))?;
     drop(prober);
     if let Some(keep) = std::env::var_os("LATENCY_KEEP_AGENT_LOG") {
         let _ = fs::copy(&agent.log, keep);
@@ -476,6 +478,7 @@ pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
         control_attempts,
         false_successes,
         probe_attempts: measured.probe_attempts,
+        longest_probe_interval_ms: longest_interval_us as f64 / 1e3,
         syncs: SyncCounts {
             full: after.full.saturating_sub(before.full),
             partial: after.partial.saturating_sub(before.partial),

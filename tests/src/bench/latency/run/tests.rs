@@ -136,12 +136,23 @@ fn prober_counts_only_the_echo() {
     let Some(Report::End {
         control_attempts,
         control_successes,
+        longest_interval_us,
     }) = reports.last()
     else {
         panic!("no end line: {reports:?}");
     };
     assert!(*control_attempts > 10, "{reports:?}");
     assert_eq!(*control_successes, 0);
+    assert_eq!(*longest_interval_us, 1000);
+}
+
+#[test]
+fn many_pending_frontends_share_the_connect_budget() {
+    use crate::bench::latency::prober::probe_interval;
+    assert_eq!(probe_interval(1), Duration::from_millis(1));
+    assert_eq!(probe_interval(10), Duration::from_millis(1));
+    assert_eq!(probe_interval(100), Duration::from_millis(10));
+    assert_eq!(probe_interval(500), Duration::from_millis(50));
 }
 
 /// `target/<profile>/<name>` beside the test binary (`target/<profile>/deps/...`).
