@@ -37,8 +37,9 @@ pub struct StartSpec<'a> {
     /// Settings merged under the ones the benchmark sets.
     pub fragment: &'a Map<String, Value>,
     pub mode: Mode,
-    /// The agent's PATH (e.g. a directory whose iptables* are the -legacy variants).
-    pub path_env: Option<std::ffi::OsString>,
+    /// Environment variables set for the agent (e.g. a PATH whose iptables* are the
+    /// -legacy variants).
+    pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 /// Settings the benchmark adds to the agent's configuration. The periodic full resync is
@@ -97,7 +98,7 @@ impl BenchAgent {
                 connection: AgentConnection::SourceDir(manifests.to_path_buf()),
                 fragment,
                 mode: Mode::Ebpf,
-                path_env: None,
+                env: Vec::new(),
             },
         )
     }
@@ -136,9 +137,7 @@ impl BenchAgent {
         }
         args.push("--strict-mode".to_string());
         let mut command = node.command(binary, &args);
-        if let Some(path) = &spec.path_env {
-            command.env("PATH", path);
-        }
+        command.envs(spec.env.iter().map(|(k, v)| (k, v)));
         let child = command
             .stdin(Stdio::null())
             .stdout(out)

@@ -209,6 +209,9 @@ enum Command {
         /// A change not programmed after this many ms is failed (default 10000).
         #[arg(long, default_value_t = 10_000)]
         give_up_ms: u64,
+        /// The prober's connects per second in all (default: 10000 ebpf, 2000 iptables).
+        #[arg(long)]
+        probe_budget: Option<u32>,
         #[arg(long, default_value_t = 1)]
         reps: u32,
         /// Append the results to this CSV file.
@@ -477,13 +480,15 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             seconds,
             min_sync_ms,
             give_up_ms,
+            probe_budget,
             reps,
             csv,
             prober,
         } => {
             let give_up = Duration::from_millis(give_up_ms);
             if prober {
-                latency::prober::run_prober(give_up).context("probing")?;
+                let budget = probe_budget.unwrap_or(latency::prober::MAX_CONNECTS_PER_SEC);
+                latency::prober::run_prober(give_up, budget).context("probing")?;
                 return Ok(ExitCode::SUCCESS);
             }
             let here = std::env::current_exe().context("locating this binary")?;
@@ -520,6 +525,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                         opts.min_sync_period = Duration::from_millis(ms);
                     }
                     opts.give_up = give_up;
+                    opts.probe_budget = probe_budget.unwrap_or(opts.probe_budget);
                     opts.rep = rep;
                     let results = match run_latency(&opts) {
                         Ok(results) => results,

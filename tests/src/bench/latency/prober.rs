@@ -35,15 +35,17 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(1);
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(50);
 /// At most this many attempts in flight per frontend (bounds sockets when SYNs hang).
 pub const MAX_IN_FLIGHT: usize = 64;
-/// The most connects per second the prober makes in all. When more frontends are pending
-/// than it can probe every [`PROBE_INTERVAL`] (slow programming: hundreds pending), each
-/// one's interval stretches to share this budget, so the prober does not take the CPU the
-/// agent needs (on 2 cores, 100,000 failing connects per second starved it).
+/// The most connects per second the prober makes in all, by default. When more frontends
+/// are pending than it can probe every [`PROBE_INTERVAL`] (slow programming: hundreds
+/// pending), each one's interval stretches to share this budget, so the prober does not
+/// take the CPU the agent needs (on 2 cores, 100,000 failing connects per second starved
+/// it).
 pub const MAX_CONNECTS_PER_SEC: u32 = 10_000;
 
-/// The interval between two connects to one frontend while `pending` frontends are probed.
-pub fn probe_interval(pending: usize) -> Duration {
-    let shared = Duration::from_secs(1) / MAX_CONNECTS_PER_SEC;
+/// The interval between two connects to one frontend while `pending` frontends share
+/// `budget` connects per second.
+pub fn probe_interval(pending: usize, budget: u32) -> Duration {
+    let shared = Duration::from_secs(1) / budget.max(1);
     PROBE_INTERVAL.max(shared.saturating_mul(u32::try_from(pending).unwrap_or(u32::MAX)))
 }
 
@@ -214,11 +216,13 @@ pub fn parse_report(line: &str) -> Option<Report> {
 }
 
 /// The probing loop over `commands` until the channel closes; reports go to `out`.
-/// `give_up`: how long a frontend is probed before it counts as failed.
+/// `give_up`: how long a frontend is probed before it counts as failed; `budget`: connects
+/// per second in all.
 pub fn probe_loop(
     commands: &Receiver<Command>,
     out: &mut dyn Write,
     give_up: Duration,
+    budget: u32,
 ) -> io::Result<()> {
     let mut targets: Vec<Target> = Vec::new();
     let (mut control_attempts, mut control_successes) = (0u64, 0u64);
@@ -255,7 +259,7 @@ pub fn probe_loop(
             targets.retain(|t| !t.control);
         }
         let now = Instant::now();
-        let interval = probe_interval(targets.len());
+        let interval = probe_interval(targets.len(), budget);
         longest = longest.max(interval);
         let mut done = Vec::new();
         for (index, target) in targets.iter_mut().enumerate() {
@@ -326,7 +330,7 @@ pub fn probe_loop(
 }
 
 /// The prober process: commands from stdin, reports on stdout.
-pub fn run_prober(give_up: Duration) -> io::Result<()> {
+pub fn run_prober(give_up: Duration, budget: u32) -> io::Result<()> {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         for line in io::stdin().lock().lines() {
@@ -344,5 +348,5 @@ pub fn run_prober(give_up: Duration) -> io::Result<()> {
     let mut out = stdout.lock();
     writeln!(out, "READY")?;
     out.flush()?;
-    probe_loop(&rx, &mut out, give_up)
+    probe_loop(&rx, &mut out, give_up, budget)
 }

@@ -30,7 +30,7 @@ use crate::{
 
 use super::{
     objects::{self, CLUSTER_RANGE},
-    prober::{Report, monotonic_ns, parse_report},
+    prober::{MAX_CONNECTS_PER_SEC, Report, monotonic_ns, parse_report},
     results::{LatencyResults, SyncCounts},
 };
 use crate::bench::{
@@ -75,6 +75,18 @@ impl LatencyMode {
     }
 }
 
+impl LatencyMode {
+    /// In iptables mode every probe's SYN walks the nat table's service list (16,000
+    /// rules), which costs the node far more than a failed connect in ebpf mode: a smaller
+    /// budget keeps the prober from starving the agent on 2 cores.
+    pub fn default_probe_budget(self) -> u32 {
+        match self {
+            LatencyMode::Ebpf => MAX_CONNECTS_PER_SEC,
+            LatencyMode::IptablesLegacy => 2_000,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct LatencyOptions {
     pub agent_binary: PathBuf,
@@ -88,6 +100,8 @@ pub struct LatencyOptions {
     /// A change not programmed by then is failed and no longer probed.
     pub give_up: Duration,
     pub min_sync_period: Duration,
+    /// The prober's connects per second in all (see [`MAX_CONNECTS_PER_SEC`]).
+    pub probe_budget: u32,
     /// How long the agent may take for its first sync.
     pub sync_timeout: Duration,
     pub rep: u32,
@@ -106,6 +120,7 @@ impl LatencyOptions {
             duration: Duration::from_secs(60),
             give_up: Duration::from_secs(10),
             min_sync_period: mode.default_min_sync(),
+            probe_budget: mode.default_probe_budget(),
             sync_timeout: Duration::from_secs(180),
             rep: 0,
             verbose: true,
@@ -216,6 +231,8 @@ impl ProberProcess {
             "--prober".into(),
             "--give-up-ms".into(),
             opts.give_up.as_millis().to_string(),
+            "--probe-budget".into(),
+            opts.probe_budget.to_string(),
         ];
         let mut child = bench_net
             .client_place()
@@ -405,9 +422,18 @@ pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
         opts,
         &format!("starting the agent ({} mode)", opts.mode.name()),
     );
-    let path_env = match opts.mode {
-        LatencyMode::Ebpf => None,
-        LatencyMode::IptablesLegacy => Some(legacy_path(&bench_net.run_dir)?),
+    let agent_env = match opts.mode {
+        LatencyMode::Ebpf => Vec::new(),
+        LatencyMode::IptablesLegacy => vec![
+            ("PATH".into(), legacy_path(&bench_net.run_dir)?),
+            // The node namespace's tables are ours alone: a lock of our own keeps other
+            // iptables users of the machine (the global /run/xtables.lock) from stalling
+            // the agent's syncs.
+            (
+                "XTABLES_LOCKFILE".into(),
+                bench_net.run_dir.join("xtables.lock").into_os_string(),
+            ),
+        ],
     };
     let fragment = agent_fragment(opts);
     let bpffs = net::bpffs_root(&id);
@@ -419,7 +445,7 @@ pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
             LatencyMode::Ebpf => Mode::Ebpf,
             LatencyMode::IptablesLegacy => Mode::Iptables,
         },
-        path_env,
+        env: agent_env,
     };
     // Declared after the namespaces, so it stops (and unpins) before they go.
     let mut agent = BenchAgent::start_spec(

@@ -52,7 +52,7 @@ fn probe_for(commands: Vec<Command>, window: Duration) -> Vec<Report> {
         drop(tx);
     });
     let mut out = Vec::new();
-    probe_loop(&rx, &mut out, window / 2).unwrap();
+    probe_loop(&rx, &mut out, window / 2, 10_000).unwrap();
     closer.join().unwrap();
     String::from_utf8(out)
         .unwrap()
@@ -149,10 +149,12 @@ fn prober_counts_only_the_echo() {
 #[test]
 fn many_pending_frontends_share_the_connect_budget() {
     use crate::bench::latency::prober::probe_interval;
-    assert_eq!(probe_interval(1), Duration::from_millis(1));
-    assert_eq!(probe_interval(10), Duration::from_millis(1));
-    assert_eq!(probe_interval(100), Duration::from_millis(10));
-    assert_eq!(probe_interval(500), Duration::from_millis(50));
+    assert_eq!(probe_interval(1, 10_000), Duration::from_millis(1));
+    assert_eq!(probe_interval(10, 10_000), Duration::from_millis(1));
+    assert_eq!(probe_interval(100, 10_000), Duration::from_millis(10));
+    assert_eq!(probe_interval(500, 10_000), Duration::from_millis(50));
+    assert_eq!(probe_interval(500, 2_000), Duration::from_millis(250));
+    assert_eq!(probe_interval(1, 0), Duration::from_secs(1));
 }
 
 /// `target/<profile>/<name>` beside the test binary (`target/<profile>/deps/...`).
