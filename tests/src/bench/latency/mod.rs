@@ -20,6 +20,8 @@
 //! is routed `unreachable` where the untranslated packet would first be routed (the
 //! client namespace in ebpf mode, whose socket programs translate before routing; the
 //! node namespace in iptables mode, whose DNAT happens there, with ICMP rate limits off).
+//!
+//! `LATENCY_KEEP_AGENT_LOG=FILE` copies the agent's log there before the cleanup.
 
 pub mod objects;
 pub mod prober;

@@ -196,17 +196,17 @@ pub enum Report {
 pub fn parse_report(line: &str) -> Option<Report> {
     let words: Vec<&str> = line.split_whitespace().collect();
     let num = |i: usize| words.get(i).and_then(|w| w.parse::<u64>().ok());
-    match words.first()? {
-        &"ok" => Some(Report::Ok {
+    match *words.first()? {
+        "ok" => Some(Report::Ok {
             id: num(1)?,
             t1_ns: num(2)?,
             attempts: num(3)?,
         }),
-        &"fail" => Some(Report::Fail {
+        "fail" => Some(Report::Fail {
             id: num(1)?,
             attempts: num(2)?,
         }),
-        &"end" => Some(Report::End {
+        "end" => Some(Report::End {
             control_attempts: num(1)?,
             control_successes: num(2)?,
             longest_interval_us: num(3)?,
