@@ -23,6 +23,7 @@
 //!
 //! `LATENCY_KEEP_AGENT_LOG=FILE` copies the agent's log there before the cleanup.
 
+mod node;
 pub mod objects;
 pub mod prober;
 pub mod results;

@@ -6,6 +6,7 @@ use std::{
 };
 
 use super::*;
+use crate::bench::latency::node::{agent_fragment, metric_sum};
 use crate::bench::latency::prober::{Command, probe_loop};
 
 #[test]
