@@ -30,6 +30,18 @@ use super::{
 
 pub const NODE_NAME: &str = "bench-node";
 
+/// How [`BenchAgent::start_spec`] starts the agent.
+#[derive(Debug, Clone)]
+pub struct StartSpec<'a> {
+    pub connection: AgentConnection,
+    /// Settings merged under the ones the benchmark sets.
+    pub fragment: &'a Map<String, Value>,
+    pub mode: Mode,
+    /// Environment variables set for the agent (e.g. a PATH whose iptables* are the
+    /// -legacy variants).
+    pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+}
+
 /// Settings the benchmark adds to the agent's configuration. The periodic full resync is
 /// pushed out of the measurement (it would diff every map entry in the middle of a rep at
 /// 10,000 services): the benchmark measures the dataplane, not the control plane.
@@ -77,15 +89,17 @@ impl BenchAgent {
         bpffs_root: &Path,
         fragment: &Map<String, Value>,
     ) -> Result<Self> {
-        Self::start_in_mode(
+        Self::start_spec(
             binary,
             node,
             run_dir,
-            manifests,
             bpffs_root,
-            fragment,
-            Mode::Ebpf,
-            &[],
+            &StartSpec {
+                connection: AgentConnection::SourceDir(manifests.to_path_buf()),
+                fragment,
+                mode: Mode::Ebpf,
+                env: Vec::new(),
+            },
         )
     }
 
@@ -102,16 +116,41 @@ impl BenchAgent {
         mode: Mode,
         env: &[(String, String)],
     ) -> Result<Self> {
+        Self::start_spec(
+            binary,
+            node,
+            run_dir,
+            bpffs_root,
+            &StartSpec {
+                connection: AgentConnection::SourceDir(manifests.to_path_buf()),
+                fragment,
+                mode,
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.into(), v.into()))
+                    .collect(),
+            },
+        )
+    }
+
+    /// Starts the agent as `spec` says: fed from a directory (`--source`) or an API server
+    /// (its kubeconfig), in any mode, with `--strict-mode`.
+    pub fn start_spec(
+        binary: &Path,
+        node: Place,
+        run_dir: &Path,
+        bpffs_root: &Path,
+        spec: &StartSpec<'_>,
+    ) -> Result<Self> {
         let cgroup = node
             .cgroup
             .clone()
             .ok_or_else(|| Error::Setup("the node has no cgroup".into()))?;
-        let connection = AgentConnection::SourceDir(manifests.to_path_buf());
         let config = render_config(&ConfigInputs {
-            fragment,
-            mode,
+            fragment: spec.fragment,
+            mode: spec.mode,
             node_name: NODE_NAME,
-            connection: &connection,
+            connection: &spec.connection,
             bpffs_root,
             cgroup_root: &cgroup,
         })?;
@@ -122,16 +161,14 @@ impl BenchAgent {
         let out =
             fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
         let err = out.try_clone().map_err(Error::io("agent log"))?;
-        let args = [
-            "--config".to_string(),
-            config_path.display().to_string(),
-            "--source".to_string(),
-            manifests.display().to_string(),
-            "--strict-mode".to_string(),
-        ];
-        let child = node
-            .command(binary, &args)
-            .envs(env.iter().map(|(k, v)| (k, v)))
+        let mut args = vec!["--config".to_string(), config_path.display().to_string()];
+        if let AgentConnection::SourceDir(dir) = &spec.connection {
+            args.extend(["--source".to_string(), dir.display().to_string()]);
+        }
+        args.push("--strict-mode".to_string());
+        let mut command = node.command(binary, &args);
+        command.envs(spec.env.iter().map(|(k, v)| (k, v)));
+        let child = command
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

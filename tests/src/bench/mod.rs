@@ -26,6 +26,9 @@
 //! `memory`: the agent's resident memory and its BPF maps' memory with N services of 4
 //! endpoints (ebpf mode; iptables mode with the legacy iptables).
 //!
+//! `latency`: how long after a change reaches the API server a connection through the new
+//! frontend first succeeds (the analogue of `network_programming_duration`).
+//!
 //! Pure parts (statistics, manifests, results, CSV, the bpftool parser, names) are
 //! unit-tested without privileges; [`net`], [`agent`] and [`clusterip`] need root.
 
@@ -35,6 +38,7 @@ pub mod client;
 pub mod clusterip;
 pub mod cpustat;
 pub mod error;
+pub mod latency;
 pub mod load;
 pub mod manifests;
 pub mod maps;

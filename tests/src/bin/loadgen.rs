@@ -13,6 +13,7 @@
 //! sudo loadgen bench-sync-modes [--quick] [--csv FILE]   # see `cargo xtask bench sync`
 //! sudo loadgen bench-bpf [--quick] [--csv FILE]         # program cost, map updates
 //! sudo loadgen bench-memory [--quick] [--csv FILE]      # agent RSS, BPF map memory
+//! sudo loadgen bench-latency [--quick] [--mode ebpf --mode iptables-legacy] [--csv FILE]
 //! sudo loadgen cleanup-stale                              # after a run was SIGKILLed
 //! ```
 #![forbid(unsafe_code)]
@@ -30,6 +31,7 @@ use clap::{Parser, Subcommand};
 use tests::bench::{
     BenchOptions, Error,
     bpf::{BpfOptions, run_bpf},
+    latency::{self, LatencyMode, LatencyOptions, run_latency},
     load::{ClientOptions, pin_to_cpu, run_client, serve},
     memory::{MemMode, MemoryOptions, run_memory},
     nodeport::{self, Attach, Backend, NodeportOptions, run_nodeport},
@@ -254,6 +256,45 @@ enum Command {
         /// Append the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
+    },
+    /// The programming-latency benchmark (root): time from a new Service + EndpointSlice
+    /// in the test API server to the first answered connection through its ClusterIP.
+    BenchLatency {
+        /// `ebpf` (default) and/or `iptables-legacy`; repeatable, run in that order.
+        #[arg(long = "mode")]
+        modes: Vec<String>,
+        /// 1,000 services, 20 changes/s for 5 s: proves the bench works, not the speed.
+        #[arg(long)]
+        quick: bool,
+        /// The agent binary (default: proxy-agent beside this binary).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// Filler services preloaded (default 10000; quick: 1000).
+        #[arg(long)]
+        services: Option<u32>,
+        /// Changes per second (default 100; quick: 20).
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Seconds of changes (default 60; quick: 5).
+        #[arg(long)]
+        seconds: Option<f64>,
+        /// The agent's minSyncPeriod in ms (default: 0 for ebpf, 1000 for iptables).
+        #[arg(long)]
+        min_sync_ms: Option<u64>,
+        /// A change not programmed after this many ms is failed (default 10000).
+        #[arg(long, default_value_t = 10_000)]
+        give_up_ms: u64,
+        /// The prober's connects per second in all (default: 10000 ebpf, 2000 iptables).
+        #[arg(long)]
+        probe_budget: Option<u32>,
+        #[arg(long, default_value_t = 1)]
+        reps: u32,
+        /// Append the results to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Internal: be the prober (stdin commands, stdout reports) in the client pod.
+        #[arg(long, hide = true)]
+        prober: bool,
     },
     /// Remove namespaces, cgroups, pins and files of benchmark runs whose process died.
     CleanupStale,
@@ -636,6 +677,84 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     csv.display()
                 );
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchLatency {
+            modes,
+            quick,
+            agent,
+            services,
+            rate,
+            seconds,
+            min_sync_ms,
+            give_up_ms,
+            probe_budget,
+            reps,
+            csv,
+            prober,
+        } => {
+            let give_up = Duration::from_millis(give_up_ms);
+            if prober {
+                let budget = probe_budget.unwrap_or(latency::prober::MAX_CONNECTS_PER_SEC);
+                latency::prober::run_prober(give_up, budget).context("probing")?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let here = std::env::current_exe().context("locating this binary")?;
+            let agent = match agent {
+                Some(path) => path,
+                None => here
+                    .parent()
+                    .map(|dir| dir.join("proxy-agent"))
+                    .context("locating proxy-agent")?,
+            };
+            let modes = if modes.is_empty() {
+                vec!["ebpf".to_string()]
+            } else {
+                modes
+            };
+            signals::watch()?;
+            let started = std::time::Instant::now();
+            for name in &modes {
+                let mode = LatencyMode::parse(name)
+                    .with_context(|| format!("unknown mode {name:?} (ebpf, iptables-legacy)"))?;
+                for rep in 0..reps {
+                    let mut opts = if quick {
+                        LatencyOptions::quick(agent.clone(), here.clone(), mode)
+                    } else {
+                        LatencyOptions::full(agent.clone(), here.clone(), mode)
+                    };
+                    opts.services = services.unwrap_or(opts.services);
+                    opts.rate = rate.unwrap_or(opts.rate);
+                    if let Some(seconds) = seconds {
+                        opts.duration =
+                            Duration::try_from_secs_f64(seconds).context("--seconds")?;
+                    }
+                    if let Some(ms) = min_sync_ms {
+                        opts.min_sync_period = Duration::from_millis(ms);
+                    }
+                    opts.give_up = give_up;
+                    opts.probe_budget = probe_budget.unwrap_or(opts.probe_budget);
+                    opts.rep = rep;
+                    let results = match run_latency(&opts) {
+                        Ok(results) => results,
+                        Err(Error::Interrupted(signal)) => {
+                            eprintln!("loadgen: interrupted by {signal}; cleaned up");
+                            return Ok(ExitCode::from(130));
+                        }
+                        Err(err) => return Err(err.into()),
+                    };
+                    print!("{}", results.table());
+                    if let Some(csv) = &csv {
+                        results.append_csv(csv)?;
+                        println!(
+                            "appended {} rows to {}",
+                            results.csv_rows().len(),
+                            csv.display()
+                        );
+                    }
+                }
+            }
+            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
             Ok(ExitCode::SUCCESS)
         }
         Command::CleanupStale => {
