@@ -17,6 +17,9 @@
 //! a one-service change, against the raw tool that puts the same rules in the kernel
 //! (iptables mode: `iptables-restore` of the same text), in fresh network namespaces.
 //!
+//! `shaped`: rules shaped like upstream kube-proxy's (iptables and nftables modes) for the
+//! baselines that load them with the raw tools.
+//!
 //! Pure parts (statistics, manifests, results, CSV, the bpftool parser, names) are
 //! unit-tested without privileges; [`net`], [`agent`] and [`clusterip`] need root.
 
@@ -31,6 +34,7 @@ pub mod maps;
 pub mod net;
 pub mod nodeport;
 pub mod results;
+pub mod shaped;
 pub mod signals;
 pub mod stats;
 pub mod sync;
