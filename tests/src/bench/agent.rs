@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The agent under benchmark: ebpf mode (strict: no fallback), fed from a manifest
+//! The agent under benchmark: ebpf mode unless asked for another (strict: no fallback), fed from a manifest
 //! directory, in the node namespace and cgroup, with its own bpffs root. Readiness comes
 //! from its sync metrics, read from inside the node namespace.
 
 use std::{
+    ffi::OsString,
     fs,
     path::{Path, PathBuf},
     process::{Child, Stdio},
@@ -45,6 +46,9 @@ pub struct BenchAgent {
     binary: PathBuf,
     bpffs_root: PathBuf,
     node: Place,
+    /// Environment the agent and its `--cleanup` run with (e.g. a PATH naming other
+    /// iptables commands).
+    env: Vec<(OsString, OsString)>,
     pub log: PathBuf,
 }
 
@@ -77,6 +81,31 @@ impl BenchAgent {
         bpffs_root: &Path,
         fragment: &Map<String, Value>,
     ) -> Result<Self> {
+        Self::start_in_mode(
+            binary,
+            node,
+            run_dir,
+            manifests,
+            bpffs_root,
+            fragment,
+            Mode::Ebpf,
+            Vec::new(),
+        )
+    }
+
+    /// [`start_with`](Self::start_with) in `mode`, with `env` added to the agent's
+    /// environment (and to its `--cleanup` at stop).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_in_mode(
+        binary: &Path,
+        node: Place,
+        run_dir: &Path,
+        manifests: &Path,
+        bpffs_root: &Path,
+        fragment: &Map<String, Value>,
+        mode: Mode,
+        env: Vec<(OsString, OsString)>,
+    ) -> Result<Self> {
         let cgroup = node
             .cgroup
             .clone()
@@ -84,7 +113,7 @@ impl BenchAgent {
         let connection = AgentConnection::SourceDir(manifests.to_path_buf());
         let config = render_config(&ConfigInputs {
             fragment,
-            mode: Mode::Ebpf,
+            mode,
             node_name: NODE_NAME,
             connection: &connection,
             bpffs_root,
@@ -106,6 +135,7 @@ impl BenchAgent {
         ];
         let child = node
             .command(binary, &args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -116,6 +146,7 @@ impl BenchAgent {
             binary: binary.to_path_buf(),
             bpffs_root: bpffs_root.to_path_buf(),
             node,
+            env,
             log,
         })
     }
@@ -188,6 +219,7 @@ impl BenchAgent {
         match self
             .node
             .command(&self.binary, &args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .output()
         {

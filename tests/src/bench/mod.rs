@@ -17,6 +17,10 @@
 //! a one-service change, against the raw tool that puts the same rules in the kernel
 //! (iptables mode: `iptables-restore` of the same text), in fresh network namespaces.
 //!
+//! `dataplane`: connection rate, connect() latency, request/response latency and
+//! throughput through each way of implementing N services (our agent's ebpf and iptables
+//! modes, upstream-shaped iptables and nftables rules) against a direct connection.
+//!
 //! `shaped`: rules shaped like upstream kube-proxy's (iptables and nftables modes) for the
 //! baselines that load them with the raw tools.
 //!
@@ -27,6 +31,7 @@ pub mod agent;
 pub mod client;
 pub mod clusterip;
 pub mod cpustat;
+pub mod dataplane;
 pub mod error;
 pub mod load;
 pub mod manifests;

@@ -10,6 +10,7 @@
 //! loadgen udp-client --target 10.180.0.1:8080 --target 192.168.0.2:30081 --seconds 2
 //! sudo loadgen bench-nodeport [--quick] [--csv FILE]     # see `cargo xtask bench nodeport`
 //! sudo loadgen bench-sync --mode iptables [--quick]     # see `cargo xtask bench sync`
+//! sudo loadgen bench-dataplane [--quick] [--csv FILE]  # direct/ebpf/iptables/kube-proxy-*
 //! sudo loadgen cleanup-stale                              # after a run was SIGKILLed
 //! ```
 #![forbid(unsafe_code)]
@@ -180,6 +181,9 @@ enum Command {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
+    /// The dataplane benchmark (root): connection rate, latencies and throughput through
+    /// N services in each mode (direct, ebpf, iptables, kube-proxy-shaped iptables/nft).
+    BenchDataplane(tests::bench::dataplane::cli::DataplaneArgs),
     /// Remove namespaces, cgroups, pins and files of benchmark runs whose process died.
     CleanupStale,
 }
@@ -430,6 +434,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::BenchDataplane(args) => tests::bench::dataplane::cli::main(args),
         Command::CleanupStale => {
             for line in nodeport::cleanup_stale()? {
                 println!("removed {line}");
