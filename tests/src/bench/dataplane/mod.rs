@@ -28,27 +28,25 @@
 pub mod cli;
 pub mod modes;
 pub mod results;
+mod setup;
 pub mod stream;
 
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
-use crate::scenario::{Mode, netns::Place, readiness::Change};
+use crate::scenario::netns::Place;
 
 use super::{
-    agent::BenchAgent,
     client::run_json,
     clusterip::MAX_ERROR_SHARE,
     error::{Error, Result},
     load::{ClientReport, allowed_cpus},
     manifests::{BACKEND_PORT, SERVICE_IP, SERVICE_PORT},
-    maps::frontends_in,
     net::{self, BenchNet, SERVER_IP},
     results::Environment,
-    shaped::{iptables_full, iptables_partial, nft_full_in_transactions},
     signals,
 };
 
@@ -289,11 +287,11 @@ fn measure_modes(
     for (index, mode) in group.iter().copied().enumerate() {
         let setup_started = Instant::now();
         let position = if index == 0 {
-            let (started, position) = load(opts, &bench_net, mode, n)?;
+            let (started, position) = setup::load(opts, &bench_net, mode, n)?;
             agent = started;
             position
         } else {
-            reorder(opts, &bench_net, group[index - 1], mode, n)?
+            setup::reorder(opts, &bench_net, group[index - 1], mode, n)?
         };
         let setup_seconds = setup_started.elapsed().as_secs_f64();
         opts.progress(&format!(
@@ -373,144 +371,6 @@ fn measure_reps(
         samples.push(sample);
     }
     Ok(samples)
-}
-
-/// Moves the measured service from where `from` placed it to where `to` places it, with
-/// the partial restore upstream would make (`KUBE-SERVICES` rewritten); its position.
-fn reorder(
-    opts: &DataplaneOptions,
-    bench_net: &BenchNet,
-    from: DpMode,
-    to: DpMode,
-    n: u32,
-) -> Result<Option<usize>> {
-    let place = |mode| match mode {
-        DpMode::KubeProxyIptablesRandom => Some(modes::random_position(n - 1)),
-        _ => None,
-    };
-    let (before, after) = (place(from), place(to));
-    let text = iptables_partial(
-        &modes::services(n, before),
-        &modes::services(n, after),
-        &modes::shaped_options(),
-    );
-    let node = Place {
-        netns: bench_net.node_ns.clone(),
-        cgroup: None,
-    };
-    let args = ["--noflush"];
-    modes::run_with_input(
-        &node,
-        "iptables-legacy-restore",
-        &args,
-        &text,
-        opts.setup_timeout,
-    )?;
-    Ok(Some(after.unwrap_or(n as usize - 1)))
-}
-
-/// Puts `n` services into the node namespace the `mode` way; the agent (kept running) and
-/// the measured service's position among the services, where the mode has one.
-fn load(
-    opts: &DataplaneOptions,
-    bench_net: &BenchNet,
-    mode: DpMode,
-    n: u32,
-) -> Result<(Option<BenchAgent>, Option<usize>)> {
-    let node = Place {
-        netns: bench_net.node_ns.clone(),
-        cgroup: None,
-    };
-    let limit = opts.setup_timeout;
-    match mode {
-        DpMode::Direct => Ok((None, None)),
-        DpMode::KubeProxyIptables | DpMode::KubeProxyIptablesRandom => {
-            let position =
-                (mode == DpMode::KubeProxyIptablesRandom).then(|| modes::random_position(n - 1));
-            let text = iptables_full(&modes::services(n, position), &modes::shaped_options());
-            let args = ["--noflush"];
-            modes::run_with_input(&node, "iptables-legacy-restore", &args, &text, limit)?;
-            Ok((None, Some(position.unwrap_or(n as usize - 1))))
-        }
-        DpMode::KubeProxyNft => {
-            let services = modes::services(n, None);
-            // In transactions of at most NFT_CHUNK services: the kernel's cost of one
-            // transaction grows with the square of its anonymous sets (one per service).
-            let opts = modes::shaped_options();
-            for text in nft_full_in_transactions(&services, &opts, modes::NFT_CHUNK) {
-                modes::run_with_input(&node, "nft", &["-f", "-"], &text, limit)?;
-            }
-            Ok((None, None))
-        }
-        DpMode::Ebpf | DpMode::Iptables => {
-            let agent = start_agent(opts, bench_net, mode, n)?;
-            Ok((Some(agent), None))
-        }
-    }
-}
-
-/// Our agent with the `n` services in its source directory from the start, synced.
-fn start_agent(
-    opts: &DataplaneOptions,
-    bench_net: &BenchNet,
-    mode: DpMode,
-    n: u32,
-) -> Result<BenchAgent> {
-    let dir = bench_net.run_dir.join("manifests");
-    std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
-    let file = dir.join("services.yaml");
-    std::fs::write(&file, modes::manifests(&modes::services(n, None)))
-        .map_err(Error::io(format!("writing {}", file.display())))?;
-    let bpffs = net::bpffs_root(&bench_net.id);
-    let (agent_mode, env) = match mode {
-        DpMode::Iptables => {
-            let path = modes::legacy_path(&bench_net.run_dir.join("legacy-bin"))?;
-            (Mode::Iptables, vec![("PATH".into(), path)])
-        }
-        _ => (Mode::Ebpf, Vec::new()),
-    };
-    let started = SystemTime::now();
-    let mut agent = BenchAgent::start_in_mode(
-        &opts.agent_binary,
-        bench_net.node_place(),
-        &bench_net.run_dir,
-        &dir,
-        &bpffs,
-        &modes::agent_fragment(n),
-        agent_mode,
-        env.clone(),
-    )?;
-    let change = Change {
-        started,
-        at: started,
-        initial: true,
-    };
-    agent.wait_synced(change, opts.setup_timeout)?;
-    // The service ports the dataplane must hold: the fillers' and the measured two.
-    let expected = n as usize + 1;
-    let deadline = Instant::now() + opts.setup_timeout;
-    loop {
-        signals::check()?;
-        let seen = match (&env.first(), mode) {
-            (Some((_, path)), DpMode::Iptables) => {
-                let node = Place {
-                    netns: bench_net.node_ns.clone(),
-                    cgroup: None,
-                };
-                modes::kube_services_rules(&node, path, opts.setup_timeout)?
-            }
-            _ => frontends_in(&bpffs)?,
-        };
-        if seen == expected {
-            return Ok(agent);
-        }
-        if Instant::now() >= deadline {
-            return Err(agent.failure(format!(
-                "the dataplane holds {seen} service ports, not {expected}"
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }
 
 fn conn_run(

@@ -214,7 +214,8 @@ fn quick_bench_measures_every_mode_and_cleans_up() {
             .any(|r| r.starts_with("dataplane,direct,1000,0,conn_rate,"))
     );
     assert!(rows.len() > results.samples.len() * 8);
-    // The direct namespaces and one set per (mode, N).
+    // The direct namespaces and one set per (mode, N) (the quick slice has no pair of
+    // placements sharing one).
     assert_eq!(results.run_ids.len(), 1 + results.samples.len());
     for id in &results.run_ids {
         assert_eq!(net::owner_pid(id), Some(std::process::id()));
