@@ -57,6 +57,9 @@ pub struct BenchAgent {
     binary: PathBuf,
     bpffs_root: PathBuf,
     node: Place,
+    /// Environment the agent and its `--cleanup` run with (e.g. a PATH naming other
+    /// iptables commands).
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
     pub log: PathBuf,
 }
 
@@ -104,7 +107,8 @@ impl BenchAgent {
     }
 
     /// [`start_with`](Self::start_with) in `mode` (still strict: no fallback), with `env`
-    /// added to its environment (e.g. a PATH whose `iptables*` are the legacy ones).
+    /// added to the agent's environment and to its `--cleanup` at stop (e.g. a PATH whose
+    /// `iptables*` are the legacy ones).
     #[allow(clippy::too_many_arguments)]
     pub fn start_in_mode(
         binary: &Path,
@@ -114,7 +118,7 @@ impl BenchAgent {
         bpffs_root: &Path,
         fragment: &Map<String, Value>,
         mode: Mode,
-        env: &[(String, String)],
+        env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
     ) -> Result<Self> {
         Self::start_spec(
             binary,
@@ -125,10 +129,7 @@ impl BenchAgent {
                 connection: AgentConnection::SourceDir(manifests.to_path_buf()),
                 fragment,
                 mode,
-                env: env
-                    .iter()
-                    .map(|(k, v)| (k.into(), v.into()))
-                    .collect(),
+                env,
             },
         )
     }
@@ -179,6 +180,7 @@ impl BenchAgent {
             binary: binary.to_path_buf(),
             bpffs_root: bpffs_root.to_path_buf(),
             node,
+            env: spec.env.clone(),
             log,
         })
     }
@@ -256,6 +258,7 @@ impl BenchAgent {
         match self
             .node
             .command(&self.binary, &args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .output()
         {

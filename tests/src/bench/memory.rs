@@ -257,7 +257,7 @@ fn measure_one(opts: &MemoryOptions, id: &str, mode: MemMode, services: u32) -> 
         &bpffs,
         &agent_fragment(services, ENDPOINTS),
         agent_mode,
-        &env,
+        env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
     )?;
     agent.wait_synced(
         Change {

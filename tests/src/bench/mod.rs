@@ -17,8 +17,13 @@
 //! a one-service change, against the raw tool that puts the same rules in the kernel
 //! (iptables mode: `iptables-restore` of the same text), in fresh network namespaces.
 //!
+//! `dataplane`: connection rate, connect() latency, request/response latency and
+//! throughput through each way of implementing N services (our agent's ebpf and iptables
+//! modes, upstream-shaped iptables and nftables rules) against a direct connection.
+//!
 //! `shaped`: rules shaped like upstream kube-proxy's (iptables and nftables modes) for the
 //! baselines that load them with the raw tools.
+//!
 //! `bpf`: the cost per call of each of the agent's programs (BPF run-time statistics)
 //! with 1 and many services, and the cost per element of single against batched service
 //! map updates.
@@ -37,6 +42,7 @@ pub mod bpf;
 pub mod client;
 pub mod clusterip;
 pub mod cpustat;
+pub mod dataplane;
 pub mod error;
 pub mod latency;
 pub mod load;

@@ -13,6 +13,7 @@
 //! sudo loadgen bench-sync-modes [--quick] [--csv FILE]   # see `cargo xtask bench sync`
 //! sudo loadgen bench-bpf [--quick] [--csv FILE]         # program cost, map updates
 //! sudo loadgen bench-memory [--quick] [--csv FILE]      # agent RSS, BPF map memory
+//! sudo loadgen bench-dataplane [--quick] [--csv FILE]  # direct/ebpf/iptables/kube-proxy-*
 //! sudo loadgen bench-latency [--quick] [--mode ebpf --mode iptables-legacy] [--csv FILE]
 //! sudo loadgen cleanup-stale                              # after a run was SIGKILLed
 //! ```
@@ -296,6 +297,9 @@ enum Command {
         #[arg(long, hide = true)]
         prober: bool,
     },
+    /// The dataplane benchmark (root): connection rate, latencies and throughput through
+    /// N services in each mode (direct, ebpf, iptables, kube-proxy-shaped iptables/nft).
+    BenchDataplane(tests::bench::dataplane::cli::DataplaneArgs),
     /// Remove namespaces, cgroups, pins and files of benchmark runs whose process died.
     CleanupStale,
 }
@@ -757,6 +761,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             println!("took {:.0} s in all", started.elapsed().as_secs_f64());
             Ok(ExitCode::SUCCESS)
         }
+        Command::BenchDataplane(args) => tests::bench::dataplane::cli::main(args),
         Command::CleanupStale => {
             for line in nodeport::cleanup_stale()? {
                 println!("removed {line}");

@@ -23,6 +23,7 @@
 //!   changed services only, chains that lost their service or endpoint deleted (`-X`).
 //! - [`nft_full`]: the `table ip kube-proxy` text for `nft -f` (created and flushed, then
 //!   filled), with the `service-ips` verdict map and one `numgen` chain per service.
+//!   [`nft_full_in_transactions`] cuts the same into several `nft -f` texts (see there).
 //! - [`nft_update`]: upstream's incremental transaction for a change: elements added or
 //!   deleted, changed service chains flushed and rewritten, stale chains deleted.
 //! - [`Change`]: the three changes the sync benchmark measures (add one service, remove one
@@ -56,7 +57,7 @@ use ring::digest;
 
 pub use self::{
     iptables::{iptables_full, iptables_partial},
-    nft::{nft_full, nft_update},
+    nft::{nft_full, nft_full_in_transactions, nft_update},
 };
 
 /// One TCP ClusterIP service port and its ready endpoints.

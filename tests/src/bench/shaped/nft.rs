@@ -146,15 +146,41 @@ fn write_service(out: &mut String, svc: &ShapedService, opts: &ShapedOptions, fr
 /// The whole `table ip kube-proxy` of `services` for `nft -f`: the table is created and
 /// flushed, then filled (upstream's full sync). Services without endpoints are left out.
 pub fn nft_full(services: &[ShapedService], opts: &ShapedOptions) -> String {
-    let mut out = String::with_capacity(services.len() * 1500 + BASE.len() + 256);
-    out.push_str(TABLE_LINE);
-    let _ = writeln!(out, "flush table {TABLE}");
-    out.push_str(BASE);
-    for svc in services.iter().filter(|s| !s.endpoints.is_empty()) {
-        write_service(&mut out, svc, opts, true);
-        elements("add", &mut out, svc, true);
+    nft_full_in_transactions(services, opts, services.len().max(1)).concat()
+}
+
+/// [`nft_full`] cut into texts of at most `per` services, one `nft -f` (one transaction)
+/// each, the first with the table's base: on kernel 6.18 the cost of a transaction grows
+/// with the square of its anonymous sets (every service chain's `numgen` map is one), so
+/// 10,000 services take minutes in one transaction and seconds in 1,000-service ones.
+pub fn nft_full_in_transactions(
+    services: &[ShapedService],
+    opts: &ShapedOptions,
+    per: usize,
+) -> Vec<String> {
+    let live: Vec<&ShapedService> = services
+        .iter()
+        .filter(|s| !s.endpoints.is_empty())
+        .collect();
+    let mut texts = Vec::new();
+    let mut head = String::from(TABLE_LINE);
+    let _ = writeln!(head, "flush table {TABLE}");
+    head.push_str(BASE);
+    let mut chunks = live.chunks(per.max(1));
+    let mut first = Some(head);
+    loop {
+        let chunk = chunks.next();
+        if chunk.is_none() && first.is_none() {
+            break;
+        }
+        let mut out = first.take().unwrap_or_else(|| String::from(TABLE_LINE));
+        for svc in chunk.unwrap_or_default() {
+            write_service(&mut out, svc, opts, true);
+            elements("add", &mut out, svc, true);
+        }
+        texts.push(out);
     }
-    out
+    texts
 }
 
 fn delete_chain(out: &mut String, chain: &str) {
