@@ -440,13 +440,6 @@ mod tests {
         assert_eq!(phase_order(&[1, 100, 10_000], 2), [1, 100, 10_000]);
     }
 
-    /// `target/<profile>/<name>` beside the test binary (`target/<profile>/deps/...`).
-    fn built(name: &str) -> Option<PathBuf> {
-        let exe = std::env::current_exe().ok()?;
-        let path = exe.parent()?.parent()?.join(name);
-        path.is_file().then_some(path)
-    }
-
     /// The quick slice, as the test suite runs it: it must measure both routes at both
     /// service counts, see the maps hold the services, and leave nothing behind. Speed is
     /// not judged. Needs root, the eBPF object and the built binaries; without them it
@@ -454,24 +447,10 @@ mod tests {
     /// there.
     #[test]
     fn quick_bench_measures_both_routes_and_cleans_up() {
-        let required = std::env::var("PROXY_REQUIRE_EBPF").is_ok_and(|v| v == "1");
-        if !nix::unistd::Uid::effective().is_root() {
-            eprintln!("SKIP quick clusterip bench: needs root");
+        let Some(crate::bench::quick::Built { agent, loadgen }) =
+            crate::bench::quick::prerequisites("clusterip")
+        else {
             return;
-        }
-        let agent = built("proxy-agent");
-        let loadgen = built("loadgen");
-        let missing = proxy_agent::ebpf_object::unavailable_reason()
-            .map(str::to_string)
-            .or_else(|| agent.is_none().then(|| "proxy-agent is not built".into()))
-            .or_else(|| loadgen.is_none().then(|| "loadgen is not built".into()));
-        if let Some(reason) = missing {
-            assert!(!required, "quick clusterip bench cannot run: {reason}");
-            eprintln!("SKIP quick clusterip bench: {reason}");
-            return;
-        }
-        let (Some(agent), Some(loadgen)) = (agent, loadgen) else {
-            unreachable!("checked above");
         };
         let mut opts = BenchOptions::quick(agent, loadgen);
         opts.verbose = false;

@@ -19,35 +19,16 @@ fn reads_a_maps_memlock() {
     assert!(parse_map_show(r#"{"id": 1}"#).is_err());
 }
 
-/// `target/<profile>/<name>` beside the test binary (`target/<profile>/deps/...`).
-fn built(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let path = exe.parent()?.parent()?.join(name);
-    path.is_file().then_some(path)
-}
-
 /// The quick slice (1,000 services, both modes): RSS and peak rows for both modes, the
 /// BPF map total and per-map rows in ebpf mode, sane values, nothing left behind. Needs
 /// root, the eBPF object and the built agent; without them it skips, unless
 /// PROXY_REQUIRE_EBPF=1 says they must be there.
 #[test]
 fn quick_memory_bench_reads_the_agent_and_its_maps_and_cleans_up() {
-    let required = std::env::var("PROXY_REQUIRE_EBPF").is_ok_and(|v| v == "1");
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("SKIP quick memory bench: needs root");
+    let Some(crate::bench::quick::Built { agent, .. }) =
+        crate::bench::quick::prerequisites("memory")
+    else {
         return;
-    }
-    let agent = built("proxy-agent");
-    let missing = proxy_agent::ebpf_object::unavailable_reason()
-        .map(str::to_string)
-        .or_else(|| agent.is_none().then(|| "proxy-agent is not built".into()));
-    if let Some(reason) = missing {
-        assert!(!required, "quick memory bench cannot run: {reason}");
-        eprintln!("SKIP quick memory bench: {reason}");
-        return;
-    }
-    let Some(agent) = agent else {
-        unreachable!("checked above")
     };
     let mut opts = MemoryOptions::quick(agent);
     opts.verbose = false;

@@ -51,6 +51,8 @@ pub mod maps;
 pub mod memory;
 pub mod net;
 pub mod nodeport;
+#[cfg(test)]
+pub mod quick;
 pub mod results;
 pub mod rows;
 pub mod shaped;

@@ -14,13 +14,6 @@ fn map_sizes_hold_the_services_with_room() {
     assert!(fragment.contains_key("iptables"));
 }
 
-/// `target/<profile>/<name>` beside the test binary (`target/<profile>/deps/...`).
-pub(crate) fn built(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let path = exe.parent()?.parent()?.join(name);
-    path.is_file().then_some(path)
-}
-
 /// The quick slice, as the test suite runs it: per-program rows for the socket programs
 /// at both service counts, map-update rows for both modes, and nothing left behind
 /// (namespaces, pins, and the run-time statistics switched off again). Speed is not
@@ -28,24 +21,10 @@ pub(crate) fn built(name: &str) -> Option<PathBuf> {
 /// unless PROXY_REQUIRE_EBPF=1 says they must be there.
 #[test]
 fn quick_bpf_bench_measures_programs_and_maps_and_cleans_up() {
-    let required = std::env::var("PROXY_REQUIRE_EBPF").is_ok_and(|v| v == "1");
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("SKIP quick bpf bench: needs root");
+    let Some(crate::bench::quick::Built { agent, loadgen }) =
+        crate::bench::quick::prerequisites("bpf")
+    else {
         return;
-    }
-    let agent = built("proxy-agent");
-    let loadgen = built("loadgen");
-    let missing = proxy_agent::ebpf_object::unavailable_reason()
-        .map(str::to_string)
-        .or_else(|| agent.is_none().then(|| "proxy-agent is not built".into()))
-        .or_else(|| loadgen.is_none().then(|| "loadgen is not built".into()));
-    if let Some(reason) = missing {
-        assert!(!required, "quick bpf bench cannot run: {reason}");
-        eprintln!("SKIP quick bpf bench: {reason}");
-        return;
-    }
-    let (Some(agent), Some(loadgen)) = (agent, loadgen) else {
-        unreachable!("checked above");
     };
     let stats_before = fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").ok();
     let mut opts = BpfOptions::quick(agent, loadgen);

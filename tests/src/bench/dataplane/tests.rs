@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The suite's pure parts, and its quick slice (root).
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::net::SocketAddr;
 
 use super::{modes::*, *};
 use crate::bench::{load::summarize, results::Environment, shaped::iptables::svc_chain};
@@ -165,36 +165,15 @@ fn rows_pair_each_mode_with_its_direct_run() {
     );
 }
 
-/// `target/<profile>/<name>` beside the test binary (`target/<profile>/deps/...`).
-fn built(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let path = exe.parent()?.parent()?.join(name);
-    path.is_file().then_some(path)
-}
-
 /// The quick slice, as the test suite runs it: every mode measured at both Ns, nothing
 /// left behind. Speed is not judged. Needs root, the eBPF object and the built binaries;
 /// without them it skips, unless PROXY_REQUIRE_EBPF=1 says they must be there.
 #[test]
 fn quick_bench_measures_every_mode_and_cleans_up() {
-    let required = std::env::var("PROXY_REQUIRE_EBPF").is_ok_and(|v| v == "1");
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("SKIP quick dataplane bench: needs root");
+    let Some(crate::bench::quick::Built { agent, loadgen }) =
+        crate::bench::quick::prerequisites("dataplane")
+    else {
         return;
-    }
-    let agent = built("proxy-agent");
-    let loadgen = built("loadgen");
-    let missing = proxy_agent::ebpf_object::unavailable_reason()
-        .map(str::to_string)
-        .or_else(|| agent.is_none().then(|| "proxy-agent is not built".into()))
-        .or_else(|| loadgen.is_none().then(|| "loadgen is not built".into()));
-    if let Some(reason) = missing {
-        assert!(!required, "quick dataplane bench cannot run: {reason}");
-        eprintln!("SKIP quick dataplane bench: {reason}");
-        return;
-    }
-    let (Some(agent), Some(loadgen)) = (agent, loadgen) else {
-        unreachable!("checked above");
     };
     let mut opts = DataplaneOptions::quick(agent, loadgen);
     opts.verbose = false;

@@ -347,37 +347,16 @@ mod tests {
         assert_eq!(b, "10.180.1.1:8080".parse().unwrap());
     }
 
-    /// `target/<profile>/<name>` beside the test binary.
-    fn built(name: &str) -> Option<PathBuf> {
-        let exe = std::env::current_exe().ok()?;
-        let path = exe.parent()?.parent()?.join(name);
-        path.is_file().then_some(path)
-    }
-
     /// The quick slice, as the test suite runs it: every route, attachment, backend and
     /// traffic gives a sample with answers on both routes, and nothing is left behind.
     /// Speed is not judged. Skips without root, the eBPF object or the binaries, unless
     /// PROXY_REQUIRE_EBPF=1 says they must be there.
     #[test]
     fn quick_nodeport_bench_measures_every_route_and_cleans_up() {
-        let required = std::env::var("PROXY_REQUIRE_EBPF").is_ok_and(|v| v == "1");
-        if !nix::unistd::Uid::effective().is_root() {
-            eprintln!("SKIP quick nodeport bench: needs root");
+        let Some(crate::bench::quick::Built { agent, loadgen }) =
+            crate::bench::quick::prerequisites("nodeport")
+        else {
             return;
-        }
-        let agent = built("proxy-agent");
-        let loadgen = built("loadgen");
-        let missing = proxy_agent::ebpf_object::unavailable_reason()
-            .map(str::to_string)
-            .or_else(|| agent.is_none().then(|| "proxy-agent is not built".into()))
-            .or_else(|| loadgen.is_none().then(|| "loadgen is not built".into()));
-        if let Some(reason) = missing {
-            assert!(!required, "quick nodeport bench cannot run: {reason}");
-            eprintln!("SKIP quick nodeport bench: {reason}");
-            return;
-        }
-        let (Some(agent), Some(loadgen)) = (agent, loadgen) else {
-            unreachable!("checked above");
         };
         let mut opts = NodeportOptions::quick(agent, loadgen);
         opts.verbose = false;

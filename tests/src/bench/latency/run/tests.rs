@@ -158,37 +158,16 @@ fn many_pending_frontends_share_the_connect_budget() {
     assert_eq!(probe_interval(1, 0), Duration::from_secs(1));
 }
 
-/// `target/<profile>/<name>` beside the test binary (`target/<profile>/deps/...`).
-fn built(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let path = exe.parent()?.parent()?.join(name);
-    path.is_file().then_some(path)
-}
-
 /// The quick slice, as the test suite runs it: changes are made and programmed, none
 /// fails, the never-created control frontend never answers, nothing is left behind.
 /// Speed is not judged. Needs root, the eBPF object and the built binaries; without them
 /// it skips, unless PROXY_REQUIRE_EBPF=1 says they must be there.
 #[test]
 fn quick_latency_bench_programs_every_change_and_cleans_up() {
-    let required = std::env::var("PROXY_REQUIRE_EBPF").is_ok_and(|v| v == "1");
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("SKIP quick latency bench: needs root");
+    let Some(crate::bench::quick::Built { agent, loadgen }) =
+        crate::bench::quick::prerequisites("latency")
+    else {
         return;
-    }
-    let agent = built("proxy-agent");
-    let loadgen = built("loadgen");
-    let missing = proxy_agent::ebpf_object::unavailable_reason()
-        .map(str::to_string)
-        .or_else(|| agent.is_none().then(|| "proxy-agent is not built".into()))
-        .or_else(|| loadgen.is_none().then(|| "loadgen is not built".into()));
-    if let Some(reason) = missing {
-        assert!(!required, "quick latency bench cannot run: {reason}");
-        eprintln!("SKIP quick latency bench: {reason}");
-        return;
-    }
-    let (Some(agent), Some(loadgen)) = (agent, loadgen) else {
-        unreachable!("checked above");
     };
     let mut opts = LatencyOptions::quick(agent, loadgen, LatencyMode::Ebpf);
     opts.verbose = false;
