@@ -382,25 +382,44 @@ fn shaped_options() -> ShapedOptions {
 /// xtables lock itself), so the baseline pays for the same.
 const RESTORE_ARGS: [&str; 6] = ["-w", "5", "-W", "100000", "--noflush", "--counters"];
 
-/// Raw `iptables-legacy-restore` of rules shaped like upstream kube-proxy's: the whole nat
-/// ruleset first, then upstream's partial restores.
-pub struct KubeProxyIptables {
+/// Which raw tool a baseline feeds, and the rules it is fed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShapedTool {
+    /// `iptables-legacy-restore` of the nat table shaped like upstream kube-proxy's
+    /// iptables mode: the whole table first, then upstream's partial restores.
+    IptablesRestore,
+    /// `nft -f` of the table shaped like upstream kube-proxy's nftables mode: the whole
+    /// table first, then upstream's incremental transactions.
+    Nft,
+}
+
+/// A baseline: a raw tool fed rules shaped like upstream kube-proxy's.
+pub struct ShapedSide {
+    tool: ShapedTool,
     ns: SideNamespace,
     current: Vec<ShapedService>,
 }
 
-impl KubeProxyIptables {
-    pub fn new(id: &str, rep: u32) -> Result<Self> {
-        Ok(KubeProxyIptables {
-            ns: SideNamespace::create(id, rep, "k")?,
+impl ShapedSide {
+    pub fn new(tool: ShapedTool, id: &str, rep: u32) -> Result<Self> {
+        let tag = match tool {
+            ShapedTool::IptablesRestore => "k",
+            ShapedTool::Nft => "n",
+        };
+        Ok(ShapedSide {
+            tool,
+            ns: SideNamespace::create(id, rep, tag)?,
             current: Vec::new(),
         })
     }
 }
 
-impl SyncSide for KubeProxyIptables {
+impl SyncSide for ShapedSide {
     fn name(&self) -> &'static str {
-        "kube-proxy-iptables"
+        match self.tool {
+            ShapedTool::IptablesRestore => "kube-proxy-iptables",
+            ShapedTool::Nft => "kube-proxy-nft",
+        }
     }
 
     fn is_baseline(&self) -> bool {
@@ -410,50 +429,26 @@ impl SyncSide for KubeProxyIptables {
     fn apply(&mut self, step: &Step<'_>) -> Result<StepCost> {
         let after = shaped_services(step.world);
         let opts = shaped_options();
-        let text = match step.kind {
-            StepKind::Full => iptables_full(&after, &opts),
-            _ => iptables_partial(&self.current, &after, &opts),
+        let full = step.kind == StepKind::Full;
+        let cost = match self.tool {
+            ShapedTool::IptablesRestore => {
+                let text = if full {
+                    iptables_full(&after, &opts)
+                } else {
+                    iptables_partial(&self.current, &after, &opts)
+                };
+                let program = format!("{}-restore", IPTABLES_LEGACY.0);
+                raw_step(&self.ns, &program, &RESTORE_ARGS, &text)?
+            }
+            ShapedTool::Nft => {
+                let text = if full {
+                    nft_full(&after, &opts)
+                } else {
+                    nft_update(&self.current, &after, &opts)
+                };
+                raw_step(&self.ns, "nft", &["-f", "-"], &text)?
+            }
         };
-        let program = format!("{}-restore", IPTABLES_LEGACY.0);
-        let cost = raw_step(&self.ns, &program, &RESTORE_ARGS, &text)?;
-        self.current = after;
-        Ok(cost)
-    }
-}
-
-/// Raw `nft -f` of rules shaped like upstream kube-proxy's nftables mode: the whole table
-/// first, then upstream's incremental transactions.
-pub struct KubeProxyNft {
-    ns: SideNamespace,
-    current: Vec<ShapedService>,
-}
-
-impl KubeProxyNft {
-    pub fn new(id: &str, rep: u32) -> Result<Self> {
-        Ok(KubeProxyNft {
-            ns: SideNamespace::create(id, rep, "n")?,
-            current: Vec::new(),
-        })
-    }
-}
-
-impl SyncSide for KubeProxyNft {
-    fn name(&self) -> &'static str {
-        "kube-proxy-nft"
-    }
-
-    fn is_baseline(&self) -> bool {
-        true
-    }
-
-    fn apply(&mut self, step: &Step<'_>) -> Result<StepCost> {
-        let after = shaped_services(step.world);
-        let opts = shaped_options();
-        let text = match step.kind {
-            StepKind::Full => nft_full(&after, &opts),
-            _ => nft_update(&self.current, &after, &opts),
-        };
-        let cost = raw_step(&self.ns, "nft", &["-f", "-"], &text)?;
         self.current = after;
         Ok(cost)
     }

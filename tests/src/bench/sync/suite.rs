@@ -11,7 +11,7 @@ use std::{collections::HashSet, fmt::Write as _, time::Duration};
 
 use super::{
     model::SyncWorld,
-    sides::{EbpfSide, IptablesSide, Step, StepCost, StepKind, SyncSide},
+    sides::{EbpfSide, IptablesSide, ShapedSide, ShapedTool, Step, StepCost, StepKind, SyncSide},
 };
 use crate::bench::{
     error::{Error, Result},
@@ -81,8 +81,10 @@ impl SideKind {
             )?),
             SideKind::Iptables => Box::new(IptablesSide::new(id, rep, false)?),
             SideKind::IpvsFallback => Box::new(IptablesSide::new(id, rep, true)?),
-            SideKind::KubeProxyIptables => Box::new(super::sides::KubeProxyIptables::new(id, rep)?),
-            SideKind::KubeProxyNft => Box::new(super::sides::KubeProxyNft::new(id, rep)?),
+            SideKind::KubeProxyIptables => {
+                Box::new(ShapedSide::new(ShapedTool::IptablesRestore, id, rep)?)
+            }
+            SideKind::KubeProxyNft => Box::new(ShapedSide::new(ShapedTool::Nft, id, rep)?),
         })
     }
 }
