@@ -53,6 +53,7 @@ pub mod net;
 pub mod nodeport;
 #[cfg(test)]
 pub mod quick;
+pub mod report;
 pub mod results;
 pub mod rows;
 pub mod shaped;

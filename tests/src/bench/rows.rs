@@ -2,11 +2,10 @@
 //! Plain result rows of the `bpf` and `memory` benchmarks (pure): one measured value
 //! each, written in the common CSV columns ([`CSV_HEADER`](super::results::CSV_HEADER)).
 
-use std::{fmt::Write as _, path::Path};
+use std::fmt::Write as _;
 
 use super::{
-    error::Result,
-    results::{Environment, append_csv_rows, csv_field, csv_num},
+    results::{Environment, csv_field, csv_num},
     stats::median,
 };
 
@@ -102,10 +101,6 @@ pub fn table(rows: &[Row]) -> String {
 
 pub fn csv_rows(rows: &[Row], env: &Environment) -> Vec<String> {
     rows.iter().map(|r| r.csv(env)).collect()
-}
-
-pub fn append_csv(path: &Path, rows: &[Row], env: &Environment) -> Result<()> {
-    append_csv_rows(path, &csv_rows(rows, env))
 }
 
 #[cfg(test)]

@@ -30,13 +30,14 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tests::bench::{
-    BenchOptions, Error,
+    BenchOptions,
     bpf::{BpfOptions, run_bpf},
     latency::{self, LatencyMode, LatencyOptions, run_latency},
     load::{ClientOptions, pin_to_cpu, run_client, serve},
     memory::{MemMode, MemoryOptions, run_memory},
     nodeport::{self, Attach, Backend, NodeportOptions, run_nodeport},
-    rows, run_clusterip, signals,
+    report::run_reported,
+    run_clusterip, signals,
     sync::{
         IptablesCommands, SyncMode, SyncOptions, run_sync,
         suite::{SideKind, SuiteOptions, run_suite},
@@ -390,27 +391,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             opts.client_cpu = client_cpu;
             opts.server_cpu = server_cpu;
-            signals::watch()?;
-            let started = std::time::Instant::now();
-            let results = match run_clusterip(&opts) {
-                Ok(results) => results,
-                Err(Error::Interrupted(signal)) => {
-                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
-                    return Ok(ExitCode::from(130));
-                }
-                Err(err) => return Err(err.into()),
-            };
-            print!("{}", results.table());
-            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
-            if let Some(csv) = csv {
-                results.append_csv(&csv)?;
-                println!(
-                    "appended {} rows to {}",
-                    results.csv_rows().len(),
-                    csv.display()
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            Ok(run_reported(csv.as_deref(), || run_clusterip(&opts))?)
         }
         Command::UdpClient {
             targets,
@@ -478,27 +459,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             opts.client_cpu = client_cpu;
             opts.server_cpu = server_cpu;
-            signals::watch()?;
-            let started = std::time::Instant::now();
-            let results = match run_nodeport(&opts) {
-                Ok(results) => results,
-                Err(Error::Interrupted(signal)) => {
-                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
-                    return Ok(ExitCode::from(130));
-                }
-                Err(err) => return Err(err.into()),
-            };
-            print!("{}", results.table());
-            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
-            if let Some(csv) = csv {
-                results.append_csv(&csv)?;
-                println!(
-                    "appended {} rows to {}",
-                    results.csv_rows().len(),
-                    csv.display()
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            Ok(run_reported(csv.as_deref(), || run_nodeport(&opts))?)
         }
         Command::BenchSync {
             mode,
@@ -528,27 +489,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             if let Some(changes) = changes {
                 opts.partial_changes = changes;
             }
-            signals::watch()?;
-            let started = std::time::Instant::now();
-            let results = match run_sync(&opts) {
-                Ok(results) => results,
-                Err(Error::Interrupted(signal)) => {
-                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
-                    return Ok(ExitCode::from(130));
-                }
-                Err(err) => return Err(err.into()),
-            };
-            print!("{}", results.table());
-            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
-            if let Some(csv) = csv {
-                results.append_csv(&csv)?;
-                println!(
-                    "appended {} rows to {}",
-                    results.csv_rows().len(),
-                    csv.display()
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            Ok(run_reported(csv.as_deref(), || run_sync(&opts))?)
         }
         Command::BenchBpf {
             agent,
@@ -583,23 +524,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             if let Some(batch) = batch {
                 opts.batch_size = batch.max(1);
             }
-            signals::watch()?;
-            let started = std::time::Instant::now();
-            let results = match run_bpf(&opts) {
-                Ok(results) => results,
-                Err(Error::Interrupted(signal)) => {
-                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
-                    return Ok(ExitCode::from(130));
-                }
-                Err(err) => return Err(err.into()),
-            };
-            print!("{}", rows::table(&results.rows));
-            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
-            if let Some(csv) = csv {
-                rows::append_csv(&csv, &results.rows, &results.env)?;
-                println!("appended {} rows to {}", results.rows.len(), csv.display());
-            }
-            Ok(ExitCode::SUCCESS)
+            Ok(run_reported(csv.as_deref(), || run_bpf(&opts))?)
         }
         Command::BenchMemory {
             agent,
@@ -621,23 +546,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             if ebpf_only {
                 opts.modes = vec![MemMode::Ebpf];
             }
-            signals::watch()?;
-            let started = std::time::Instant::now();
-            let results = match run_memory(&opts) {
-                Ok(results) => results,
-                Err(Error::Interrupted(signal)) => {
-                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
-                    return Ok(ExitCode::from(130));
-                }
-                Err(err) => return Err(err.into()),
-            };
-            print!("{}", rows::table(&results.rows));
-            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
-            if let Some(csv) = csv {
-                rows::append_csv(&csv, &results.rows, &results.env)?;
-                println!("appended {} rows to {}", results.rows.len(), csv.display());
-            }
-            Ok(ExitCode::SUCCESS)
+            Ok(run_reported(csv.as_deref(), || run_memory(&opts))?)
         }
         Command::BenchSyncModes {
             quick,
@@ -661,27 +570,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             if !sides.is_empty() {
                 opts.sides = sides;
             }
-            signals::watch()?;
-            let started = std::time::Instant::now();
-            let results = match run_suite(&opts) {
-                Ok(results) => results,
-                Err(Error::Interrupted(signal)) => {
-                    eprintln!("loadgen: interrupted by {signal}; cleaned up");
-                    return Ok(ExitCode::from(130));
-                }
-                Err(err) => return Err(err.into()),
-            };
-            print!("{}", results.table());
-            println!("took {:.0} s in all", started.elapsed().as_secs_f64());
-            if let Some(csv) = csv {
-                results.append_csv(&csv)?;
-                println!(
-                    "appended {} rows to {}",
-                    results.csv_rows().len(),
-                    csv.display()
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            Ok(run_reported(csv.as_deref(), || run_suite(&opts))?)
         }
         Command::BenchLatency {
             modes,
@@ -739,22 +628,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     opts.give_up = give_up;
                     opts.probe_budget = probe_budget.unwrap_or(opts.probe_budget);
                     opts.rep = rep;
-                    let results = match run_latency(&opts) {
-                        Ok(results) => results,
-                        Err(Error::Interrupted(signal)) => {
-                            eprintln!("loadgen: interrupted by {signal}; cleaned up");
-                            return Ok(ExitCode::from(130));
-                        }
-                        Err(err) => return Err(err.into()),
-                    };
-                    print!("{}", results.table());
-                    if let Some(csv) = &csv {
-                        results.append_csv(csv)?;
-                        println!(
-                            "appended {} rows to {}",
-                            results.csv_rows().len(),
-                            csv.display()
-                        );
+                    let code = run_reported(csv.as_deref(), || run_latency(&opts))?;
+                    if code != ExitCode::SUCCESS {
+                        return Ok(code);
                     }
                 }
             }

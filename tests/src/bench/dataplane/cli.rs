@@ -8,13 +8,13 @@ use std::{
     net::{SocketAddr, TcpListener},
     path::PathBuf,
     process::ExitCode,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
-use crate::bench::{Error, load::pin_to_cpu, signals};
+use crate::bench::{load::pin_to_cpu, report::run_reported};
 
 use super::{
     DataplaneOptions, DpMode, run_dataplane,
@@ -141,25 +141,5 @@ fn bench(args: DataplaneArgs) -> anyhow::Result<ExitCode> {
     }
     opts.client_cpu = args.client_cpu;
     opts.server_cpu = args.server_cpu;
-    signals::watch()?;
-    let started = Instant::now();
-    let results = match run_dataplane(&opts) {
-        Ok(results) => results,
-        Err(Error::Interrupted(signal)) => {
-            eprintln!("loadgen: interrupted by {signal}; cleaned up");
-            return Ok(ExitCode::from(130));
-        }
-        Err(err) => return Err(err.into()),
-    };
-    print!("{}", results.table());
-    println!("took {:.0} s in all", started.elapsed().as_secs_f64());
-    if let Some(csv) = args.csv {
-        results.append_csv(&csv)?;
-        println!(
-            "appended {} rows to {}",
-            results.csv_rows().len(),
-            csv.display()
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(run_reported(args.csv.as_deref(), || run_dataplane(&opts))?)
 }

@@ -10,12 +10,11 @@
 //! runs paired with the modes at that N. Then per (mode, N) a `median` row: the median
 //! value over the reps, and the median of the per-rep ratios.
 
-use std::{fmt::Write as _, path::Path};
+use std::fmt::Write as _;
 
 use crate::bench::{
-    error::Result,
     load::ClientReport,
-    results::{Environment, append_csv_rows, csv_field, csv_num},
+    results::{Environment, csv_field, csv_num},
     stats::median,
 };
 
@@ -242,10 +241,6 @@ impl DataplaneResults {
             }
         }
         rows
-    }
-
-    pub fn append_csv(&self, path: &Path) -> Result<()> {
-        append_csv_rows(path, &self.csv_rows())
     }
 
     /// The medians, one line per (N, mode), ratios to direct in brackets.

@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //! What a latency run measured, its table and its CSV rows (pure).
 
-use std::{fmt::Write as _, path::Path};
+use std::fmt::Write as _;
 
 use crate::bench::{
-    error::Result,
-    results::{Environment, append_csv_rows, csv_field, csv_num},
+    results::{Environment, csv_field, csv_num},
     stats::percentile,
 };
 
@@ -126,10 +125,6 @@ impl LatencyResults {
                 )
             })
             .collect()
-    }
-
-    pub fn append_csv(&self, path: &Path) -> Result<()> {
-        append_csv_rows(path, &self.csv_rows())
     }
 
     pub fn table(&self) -> String {

@@ -8,9 +8,8 @@ use std::fmt::Write as _;
 
 use super::{Attach, Backend, Traffic, env::XdpAttached};
 use crate::bench::{
-    error::Result,
     load::ClientReport,
-    results::{Environment, append_csv_rows, csv_field, csv_num},
+    results::{Environment, csv_field, csv_num},
     stats::{median, min_max},
     udp::UdpReport,
 };
@@ -281,10 +280,6 @@ impl NodeportResults {
             }
         }
         rows
-    }
-
-    pub fn append_csv(&self, path: &std::path::Path) -> Result<()> {
-        append_csv_rows(path, &self.csv_rows())
     }
 
     pub fn table(&self) -> String {

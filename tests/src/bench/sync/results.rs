@@ -7,8 +7,7 @@ use std::{fmt::Write as _, time::Duration};
 
 use super::{SyncMode, measure::Cost};
 use crate::bench::{
-    error::Result,
-    results::{Environment, append_csv_rows, csv_field, csv_num},
+    results::{Environment, csv_field, csv_num},
     stats::{median, min_max},
 };
 
@@ -245,10 +244,6 @@ impl SyncResults {
                 .baseline()
                 .replacen(mode, &format!("{mode}-{variant}"), 1),
         )
-    }
-
-    pub fn append_csv(&self, path: &std::path::Path) -> Result<()> {
-        append_csv_rows(path, &self.csv_rows())
     }
 
     /// The human-readable report.

@@ -16,7 +16,7 @@ use super::{
 use crate::bench::{
     error::{Error, Result},
     net,
-    results::{Environment, append_csv_rows, csv_field, csv_num},
+    results::{Environment, csv_field, csv_num},
     signals,
     stats::median,
 };
@@ -337,10 +337,6 @@ impl SuiteResults {
             }
         }
         rows
-    }
-
-    pub fn append_csv(&self, path: &std::path::Path) -> Result<()> {
-        append_csv_rows(path, &self.csv_rows())
     }
 
     /// Medians of wall time per side, N and step, for the terminal.
