@@ -53,6 +53,12 @@ fn ensure_font() -> anyhow::Result<()> {
     .map_err(|e| anyhow!(e))
 }
 
+/// A tick label without needless decimals: 1000, 2.5, 0.25.
+fn short(v: f64) -> String {
+    let text = format!("{v:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 type LogGrid = Cartesian2d<LogCoord<f64>, LogCoord<f64>>;
 
 const COLORS: [RGBColor; 8] = [
@@ -122,6 +128,8 @@ fn draw_panel(area: &DrawingArea<BitMapBackend<'_>, Shift>, panel: &Panel) -> an
         .configure_mesh()
         .x_desc("services (N)")
         .y_desc(&panel.y_label)
+        .x_label_formatter(&|v| short(*v))
+        .y_label_formatter(&|v| short(*v))
         .label_style(("sans-serif", 12))
         .draw()
         .map_err(|e| anyhow!("{e}"))?;
