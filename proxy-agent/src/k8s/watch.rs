@@ -154,6 +154,25 @@ impl<K: Resource + Clone> RelistDiff<K> {
     }
 }
 
+/// The annotation `kubectl apply` keeps the whole applied object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no part of the agent reads before an object is kept ([`RelistDiff`] holds
+/// every object it reported, for the deletions a relist finds; the event loop holds
+/// Services): the managedFields (often the largest part of an object) and kubectl's copy
+/// of the applied object. Objects are compared by resourceVersion only, so nothing is
+/// decided on what is dropped. (kube-rs suggests the same before caching objects.)
+fn slim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = &mut meta.annotations {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
 /// Spawns one watcher task per resource; events go to `tx`. The tasks end when `tx` closes.
 pub fn spawn_watchers(client: kube::Client, node_name: &str, tx: mpsc::Sender<ClusterEvent>) {
     // Services (and their slices) that another proxy claims, and headless ones, are not
@@ -223,7 +242,7 @@ fn spawn_one<K>(
         loop {
             let next = stream.try_next().await;
             let events = match next {
-                Ok(Some(event)) => diff.handle(event),
+                Ok(Some(event)) => diff.handle(event.modify(slim)),
                 Ok(None) => break,
                 Err(error) => {
                     warn!(?kind, %error, "watch failed; retrying with backoff");
@@ -290,6 +309,30 @@ mod tests {
                 Diffed::Synced => "synced".into(),
             })
             .collect()
+    }
+
+    #[test]
+    fn kept_objects_lose_managed_fields_and_the_applied_copy_only() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let mut s = svc("a", "1");
+        s.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        s.metadata.annotations = Some(
+            [
+                (LAST_APPLIED.to_string(), "{}".to_string()),
+                ("keep".to_string(), "me".to_string()),
+            ]
+            .into(),
+        );
+        slim(&mut s);
+        assert_eq!(s.metadata.managed_fields, None);
+        assert_eq!(
+            s.metadata.annotations,
+            Some([("keep".to_string(), "me".to_string())].into())
+        );
+        let mut bare = svc("b", "1");
+        bare.metadata.annotations = Some([(LAST_APPLIED.to_string(), "{}".to_string())].into());
+        slim(&mut bare);
+        assert_eq!(bare.metadata.annotations, None);
     }
 
     #[test]

@@ -15,11 +15,19 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Service},
+        discovery::v1::EndpointSlice,
+        networking::v1::ServiceCIDR,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::k8s::{
-    convert::objects::{ClusterObject, parse_objects},
+    convert::objects::{ClusterObject, parse_objects_map},
     watch::{Change, ClusterEvent, ResourceKind},
 };
 
@@ -29,39 +37,78 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// Identity of an object across reads: kind, namespace, name.
 type ObjectId = (ResourceKind, String, String);
 
-fn kind_of(o: &ClusterObject) -> ResourceKind {
-    match o {
-        ClusterObject::Service(_) => ResourceKind::Service,
-        ClusterObject::EndpointSlice(_) => ResourceKind::EndpointSlice,
-        ClusterObject::Node(_) => ResourceKind::Node,
-        ClusterObject::ServiceCidr(_) => ResourceKind::ServiceCidr,
+/// One parsed object, behind the `Arc` that every holder shares: the per-file lists, the
+/// index of the last read, the events sent and the event loop's own state all point at one
+/// copy. (Earlier each of them held its own clone: with 50,000 services that was four
+/// copies of every Service and two of every EndpointSlice, most of the agent's memory.)
+#[derive(Clone, Debug)]
+enum Shared {
+    Service(Arc<Service>),
+    EndpointSlice(Arc<EndpointSlice>),
+    Node(Arc<Node>),
+    ServiceCidr(Arc<ServiceCIDR>),
+}
+
+impl From<ClusterObject> for Shared {
+    fn from(o: ClusterObject) -> Self {
+        match o {
+            ClusterObject::Service(s) => Shared::Service(Arc::new(s)),
+            ClusterObject::EndpointSlice(s) => Shared::EndpointSlice(Arc::new(s)),
+            ClusterObject::Node(n) => Shared::Node(Arc::new(n)),
+            ClusterObject::ServiceCidr(c) => Shared::ServiceCidr(Arc::new(c)),
+        }
     }
 }
 
-fn meta(o: &ClusterObject) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-    match o {
-        ClusterObject::Service(s) => &s.metadata,
-        ClusterObject::EndpointSlice(s) => &s.metadata,
-        ClusterObject::Node(n) => &n.metadata,
-        ClusterObject::ServiceCidr(c) => &c.metadata,
+impl Shared {
+    fn kind(&self) -> ResourceKind {
+        match self {
+            Shared::Service(_) => ResourceKind::Service,
+            Shared::EndpointSlice(_) => ResourceKind::EndpointSlice,
+            Shared::Node(_) => ResourceKind::Node,
+            Shared::ServiceCidr(_) => ResourceKind::ServiceCidr,
+        }
     }
-}
 
-fn id_of(o: &ClusterObject) -> ObjectId {
-    let m = meta(o);
-    (
-        kind_of(o),
-        m.namespace.clone().unwrap_or_default(),
-        m.name.clone().unwrap_or_default(),
-    )
+    fn meta(&self) -> &ObjectMeta {
+        match self {
+            Shared::Service(s) => &s.metadata,
+            Shared::EndpointSlice(s) => &s.metadata,
+            Shared::Node(n) => &n.metadata,
+            Shared::ServiceCidr(c) => &c.metadata,
+        }
+    }
+
+    fn id(&self) -> ObjectId {
+        let m = self.meta();
+        (
+            self.kind(),
+            m.namespace.clone().unwrap_or_default(),
+            m.name.clone().unwrap_or_default(),
+        )
+    }
+
+    /// Same content (the same `Arc` when the file was not re-read).
+    fn same_as(&self, other: &Shared) -> bool {
+        fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
+            Arc::ptr_eq(a, b) || **a == **b
+        }
+        match (self, other) {
+            (Shared::Service(a), Shared::Service(b)) => same(a, b),
+            (Shared::EndpointSlice(a), Shared::EndpointSlice(b)) => same(a, b),
+            (Shared::Node(a), Shared::Node(b)) => same(a, b),
+            (Shared::ServiceCidr(a), Shared::ServiceCidr(b)) => same(a, b),
+            _ => false,
+        }
+    }
 }
 
 /// Reads every manifest of `dir` (sorted by file name). Files that fail to parse keep the
 /// objects they had in `previous_by_file`.
 fn read_dir(
     dir: &Path,
-    previous_by_file: &HashMap<PathBuf, Vec<ClusterObject>>,
-) -> std::io::Result<HashMap<PathBuf, Vec<ClusterObject>>> {
+    previous_by_file: &HashMap<PathBuf, Vec<Shared>>,
+) -> std::io::Result<HashMap<PathBuf, Vec<Shared>>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -83,8 +130,11 @@ fn read_dir(
                 continue;
             }
         };
-        match parse_objects(&text) {
-            Ok(objects) => {
+        // Each object goes into its Arc as soon as it is decoded: a Vec<ClusterObject>
+        // (objects inline, ~1.5 KiB each, with doubling slack) is never built.
+        match parse_objects_map(&text, Shared::from) {
+            Ok(mut objects) => {
+                objects.shrink_to_fit();
                 out.insert(file, objects);
             }
             Err(e) => {
@@ -100,8 +150,8 @@ fn read_dir(
 
 /// The events that turn `before` into `after`.
 fn diff(
-    before: &BTreeMap<ObjectId, Arc<ClusterObject>>,
-    after: &BTreeMap<ObjectId, Arc<ClusterObject>>,
+    before: &BTreeMap<ObjectId, Shared>,
+    after: &BTreeMap<ObjectId, Shared>,
 ) -> Vec<ClusterEvent> {
     let mut events = Vec::new();
     for (id, obj) in before {
@@ -110,45 +160,43 @@ fn diff(
         }
     }
     for (id, obj) in after {
-        if before.get(id).is_none_or(|b| **b != **obj) {
+        if before.get(id).is_none_or(|b| !b.same_as(obj)) {
             events.push(event(obj, false));
         }
     }
     events
 }
 
-fn event(obj: &ClusterObject, deleted: bool) -> ClusterEvent {
-    fn change<T: Clone>(v: &T, deleted: bool) -> Change<T> {
+/// The event for `obj`, sharing its `Arc` (no copy).
+fn event(obj: &Shared, deleted: bool) -> ClusterEvent {
+    fn change<T>(v: &Arc<T>, deleted: bool) -> Change<T> {
         if deleted {
-            Change::Delete(Arc::new(v.clone()))
+            Change::Delete(v.clone())
         } else {
-            Change::Upsert(Arc::new(v.clone()))
+            Change::Upsert(v.clone())
         }
     }
     match obj {
-        ClusterObject::Service(s) => ClusterEvent::Service(change(s, deleted)),
-        ClusterObject::EndpointSlice(s) => ClusterEvent::EndpointSlice(change(s, deleted)),
-        ClusterObject::Node(n) => ClusterEvent::Node(change(n, deleted)),
-        ClusterObject::ServiceCidr(c) => ClusterEvent::ServiceCidr(change(c, deleted)),
+        Shared::Service(s) => ClusterEvent::Service(change(s, deleted)),
+        Shared::EndpointSlice(s) => ClusterEvent::EndpointSlice(change(s, deleted)),
+        Shared::Node(n) => ClusterEvent::Node(change(n, deleted)),
+        Shared::ServiceCidr(c) => ClusterEvent::ServiceCidr(change(c, deleted)),
     }
 }
 
 /// Flattens per-file objects; later files win on duplicates (with a warning). Nodes other
 /// than `node_name` are not this agent's business.
-fn index(
-    by_file: &HashMap<PathBuf, Vec<ClusterObject>>,
-    node_name: &str,
-) -> BTreeMap<ObjectId, Arc<ClusterObject>> {
+fn index(by_file: &HashMap<PathBuf, Vec<Shared>>, node_name: &str) -> BTreeMap<ObjectId, Shared> {
     let mut files: Vec<&PathBuf> = by_file.keys().collect();
     files.sort();
     let mut out = BTreeMap::new();
     for file in files {
         for obj in &by_file[file] {
-            let id = id_of(obj);
+            let id = obj.id();
             if id.0 == ResourceKind::Node && id.2 != node_name {
                 continue;
             }
-            if out.insert(id.clone(), Arc::new(obj.clone())).is_some() {
+            if out.insert(id.clone(), obj.clone()).is_some() {
                 warn!(object = ?id, file = %file.display(), "object defined twice; the later file wins");
             }
         }
@@ -159,8 +207,8 @@ fn index(
 /// Watches `dir` until `tx` closes.
 pub fn spawn(dir: PathBuf, node_name: String, tx: mpsc::Sender<ClusterEvent>) {
     tokio::spawn(async move {
-        let mut by_file: HashMap<PathBuf, Vec<ClusterObject>> = HashMap::new();
-        let mut current: BTreeMap<ObjectId, Arc<ClusterObject>> = BTreeMap::new();
+        let mut by_file: HashMap<PathBuf, Vec<Shared>> = HashMap::new();
+        let mut current: BTreeMap<ObjectId, Shared> = BTreeMap::new();
         let mut stamp: Option<Vec<(PathBuf, SystemTime, u64)>> = None;
         let mut synced = false;
         loop {

@@ -79,11 +79,19 @@ impl ClusterObject {
 /// `items`. Empty documents are skipped. Objects are dispatched on `apiVersion` and `kind`;
 /// any other kind is an error, so a typo does not silently drop an object.
 pub fn parse_objects(yaml: &str) -> Result<Vec<ClusterObject>> {
+    parse_objects_map(yaml, |object| object)
+}
+
+/// [`parse_objects`], each object passed through `f` as soon as it is decoded. The
+/// directory source moves each object into its `Arc` this way: collecting a
+/// `Vec<ClusterObject>` first (every object inline, ~1.5 KiB, with doubling slack) costs
+/// ~300 MB of peak memory for a 50,000-service manifest.
+pub fn parse_objects_map<T>(yaml: &str, mut f: impl FnMut(ClusterObject) -> T) -> Result<Vec<T>> {
     let mut objects = Vec::new();
     for (document, deserializer) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
         let value = serde_yaml::Value::deserialize(deserializer)
             .map_err(|source| Error::Yaml { document, source })?;
-        collect_objects(value, document, &mut objects)?;
+        collect_objects(value, document, &mut |object| objects.push(f(object)))?;
     }
     Ok(objects)
 }
@@ -91,14 +99,14 @@ pub fn parse_objects(yaml: &str) -> Result<Vec<ClusterObject>> {
 /// Like [`parse_objects`], for YAML already parsed (a sequence, a `List`, or one object).
 pub fn objects_from_value(value: serde_yaml::Value) -> Result<Vec<ClusterObject>> {
     let mut objects = Vec::new();
-    collect_objects(value, 0, &mut objects)?;
+    collect_objects(value, 0, &mut |object| objects.push(object))?;
     Ok(objects)
 }
 
 fn collect_objects(
     value: serde_yaml::Value,
     document: usize,
-    objects: &mut Vec<ClusterObject>,
+    push: &mut dyn FnMut(ClusterObject),
 ) -> Result<()> {
     let items = match value {
         serde_yaml::Value::Null => return Ok(()),
@@ -114,7 +122,7 @@ fn collect_objects(
         other => vec![other],
     };
     for (index, item) in items.into_iter().enumerate() {
-        objects.push(decode_object(item, document, index)?);
+        push(decode_object(item, document, index)?);
     }
     Ok(())
 }

@@ -105,7 +105,10 @@ impl FamilyProxier {
             full,
             ..Default::default()
         };
-        self.input.clear();
+        // A new String rather than `clear()`: after a full sync at 10,000 services the old
+        // one holds ~13 MB of capacity that every later (mostly small, partial) sync would
+        // keep; `assemble` reserves what this sync needs.
+        self.input = String::new();
         if full {
             let (deleted, saved_nat) =
                 self.delete_stale_kernel_chains(backend, &generated, sync_period);
@@ -122,6 +125,11 @@ impl FamilyProxier {
         }
         outcome.written = self.buffers.rule_lines() - outcome.deleted;
         self.buffers.assemble(&mut self.input);
+        // The buffers' text is now in `input`: give their capacity back rather than keep a
+        // second copy of the rules (~20 MB at 10,000 services, the size of the largest
+        // sync ever made) for the agent's lifetime. Re-growing them costs a few
+        // reallocations per sync, nothing next to iptables-restore reading the text.
+        self.buffers = RestoreBuffers::default();
 
         tracing::debug!(
             family = %self.family,

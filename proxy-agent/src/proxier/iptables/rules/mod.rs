@@ -60,8 +60,8 @@ impl Scope<'_> {
     }
 }
 
-/// The restore input under construction; kept by the proxier between syncs so the
-/// buffers' capacity is reused.
+/// The restore input under construction. The proxier drops it once the text is assembled
+/// (keeping the capacity would keep the largest sync's rules twice).
 #[derive(Debug, Default)]
 pub struct RestoreBuffers {
     pub filter_chains: String,
