@@ -188,8 +188,11 @@ fn loadgen_command(suite: &str) -> String {
     }
 }
 
-fn run_suite(suite: &str, quick: bool, extra: &[String]) -> anyhow::Result<()> {
+/// Runs one report suite; returns what it appended to its CSV (with the header), which is
+/// the run published (a suite may write rows of several runs: one per mode).
+fn run_suite(suite: &str, quick: bool, extra: &[String]) -> anyhow::Result<String> {
     let csv = csv_path(suite, quick);
+    let before = std::fs::read_to_string(&csv).unwrap_or_default();
     step(&format!(
         "running the {suite} suite{}",
         if quick { " (quick)" } else { "" }
@@ -199,17 +202,20 @@ fn run_suite(suite: &str, quick: bool, extra: &[String]) -> anyhow::Result<()> {
         cmd.arg("--quick");
     }
     cmd.args(extra);
-    run_loadgen(&mut cmd)
+    run_loadgen(&mut cmd)?;
+    let after =
+        std::fs::read_to_string(&csv).with_context(|| format!("reading {}", csv.display()))?;
+    Ok(report::appended(&before, &after))
 }
 
 /// One report suite, then the report.
 fn suite(name: &str, args: &SuiteArgs) -> anyhow::Result<()> {
     prepare()?;
-    run_suite(name, args.quick, &args.extra)?;
+    let rows = run_suite(name, args.quick, &args.extra)?;
     if args.quick {
         return Ok(());
     }
-    publish_and_report(&[name])
+    publish_and_report(&[(name, rows)])
 }
 
 /// Every report suite (under 40 minutes on a 2-core machine), then the report.
@@ -217,6 +223,7 @@ fn all_suites(quick: bool, report_only: bool) -> anyhow::Result<()> {
     if !report_only {
         prepare()?;
         let started = std::time::Instant::now();
+        let mut published = Vec::new();
         for name in report::SUITES {
             let before = std::time::Instant::now();
             // Upstream's default minSyncPeriod (iptables mode) beside ebpf's, for scale.
@@ -226,7 +233,7 @@ fn all_suites(quick: bool, report_only: bool) -> anyhow::Result<()> {
                     .to_vec(),
                 _ => Vec::new(),
             };
-            run_suite(name, quick, &extra)?;
+            published.push((name, run_suite(name, quick, &extra)?));
             println!(
                 "    {name}: {:.0} s (all so far: {:.1} min)",
                 before.elapsed().as_secs_f64(),
@@ -236,27 +243,21 @@ fn all_suites(quick: bool, report_only: bool) -> anyhow::Result<()> {
         if quick {
             return Ok(());
         }
-        return publish_and_report(&report::SUITES);
+        return publish_and_report(&published);
     }
     publish_and_report(&[])
 }
 
-/// Publishes the latest run of `suites` from target/bench to docs/bench, then regenerates
-/// the report from docs/bench/*.csv.
-fn publish_and_report(suites: &[&str]) -> anyhow::Result<()> {
+/// Publishes each suite's rows of this run (`(suite, CSV text)`) to docs/bench, then
+/// regenerates the report from docs/bench/*.csv.
+fn publish_and_report(runs: &[(&str, String)]) -> anyhow::Result<()> {
     let doc = docs_path();
     let dir = report::docs_bench_dir(&doc);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    for name in suites {
-        let source = csv_path(name, false);
-        let text = std::fs::read_to_string(&source)
-            .with_context(|| format!("reading {}", source.display()))?;
-        if let Some(latest) = report::latest_run_text(&text)? {
-            let target = dir.join(format!("{name}.csv"));
-            std::fs::write(&target, latest)
-                .with_context(|| format!("writing {}", target.display()))?;
-            println!("    published {}", target.display());
-        }
+    for (name, text) in runs {
+        let target = dir.join(format!("{name}.csv"));
+        std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
+        println!("    published {}", target.display());
     }
     step("regenerating the report in docs/benchmarks.md and the plots in docs/bench");
     let mut all = Vec::new();

@@ -10,10 +10,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::Context as _;
-
 use super::{
-    docs::{Row, parse_csv},
+    docs::Row,
     plots::{Panel, Series},
 };
 
@@ -36,27 +34,17 @@ pub fn docs_bench_dir(docs: &Path) -> PathBuf {
         .map_or_else(|| PathBuf::from("bench"), |d| d.join("bench"))
 }
 
-/// The lines of `csv` (header first) that belong to its latest run (the greatest `run`
-/// value: RFC 3339 times sort as text). None when it has no rows.
-pub fn latest_run_text(csv: &str) -> anyhow::Result<Option<String>> {
-    let rows = parse_csv(csv)?;
-    let Some(latest) = rows.iter().map(|r| r.run.clone()).max() else {
-        return Ok(None);
-    };
-    let mut lines = csv.lines().filter(|l| !l.trim().is_empty());
-    let header = lines.next().unwrap_or_default();
-    let run_col = header
-        .split(',')
-        .position(|h| h == "run")
-        .context("the CSV has no run column")?;
+/// What a run appended to a CSV (`before` → `after`), with the header: a new file is
+/// all new; an existing one keeps its header and earlier runs' lines at the top.
+pub fn appended(before: &str, after: &str) -> String {
+    let header = after.lines().next().unwrap_or_default();
+    let new = after.strip_prefix(before).unwrap_or(after);
     let mut out = format!("{header}\n");
-    for line in lines {
-        if line.split(',').nth(run_col) == Some(latest.as_str()) {
-            out.push_str(line);
-            out.push('\n');
-        }
+    for line in new.lines().filter(|l| !l.trim().is_empty() && *l != header) {
+        out.push_str(line);
+        out.push('\n');
     }
-    Ok(Some(out))
+    out
 }
 
 fn median(values: &mut [f64]) -> Option<f64> {
@@ -509,6 +497,7 @@ pub fn plots(all: &[SuiteRows]) -> Vec<(&'static str, &'static str, Vec<Panel>)>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::docs::parse_csv;
 
     const HEADER: &str = "bench,mode,N,rep,metric,value,unit,ratio_to_baseline,kernel,cpu,run";
 
@@ -518,14 +507,17 @@ mod tests {
     }
 
     #[test]
-    fn the_latest_run_is_published_alone() {
-        let text = format!(
-            "{HEADER}\nsync,ebpf,1000,0,full_sync_wall,10,ms,0.2,k,c,2026-01-01T00:00:00Z\nsync,ebpf,1000,0,full_sync_wall,12,ms,0.3,k,c,2026-02-01T00:00:00Z\n"
+    fn what_a_run_appended_is_published_alone() {
+        let old = format!("{HEADER}\nsync,ebpf,1000,0,full_sync_wall,10,ms,0.2,k,c,r1\n");
+        let new =
+            "sync,ebpf,1000,0,full_sync_wall,12,ms,0.3,k,c,r2\nsync,ebpf,1000,0,x,1,ms,,k,c,r3\n";
+        let published = appended(&old, &format!("{old}{new}"));
+        assert_eq!(published, format!("{HEADER}\n{new}"));
+        // A new file: everything but its header once.
+        assert_eq!(
+            appended("", &format!("{HEADER}\n{new}")),
+            format!("{HEADER}\n{new}")
         );
-        let latest = latest_run_text(&text).unwrap().unwrap();
-        assert_eq!(latest.lines().count(), 2);
-        assert!(latest.contains("2026-02-01"));
-        assert!(latest_run_text(&format!("{HEADER}\n")).unwrap().is_none());
     }
 
     #[test]
