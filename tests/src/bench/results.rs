@@ -272,6 +272,16 @@ pub struct Environment {
 }
 
 impl Environment {
+    /// The last three fields of every CSV row: `kernel,cpu,run`.
+    pub fn csv_tail(&self) -> String {
+        format!(
+            "{},{},{}",
+            csv_field(&self.kernel),
+            csv_field(&self.cpu),
+            csv_field(&self.run)
+        )
+    }
+
     pub fn detect() -> Self {
         let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|k| k.trim().to_string())
@@ -353,12 +363,7 @@ impl BenchResults {
     /// ratios (`rep` = `median`), then the scaling rows.
     pub fn csv_rows(&self) -> Vec<String> {
         let env = &self.env;
-        let tail = format!(
-            "{},{},{}",
-            csv_field(&env.kernel),
-            csv_field(&env.cpu),
-            csv_field(&env.run)
-        );
+        let tail = env.csv_tail();
         let row =
             |mode: &str, n: u32, rep: &str, metric: &str, value: f64, unit: &str, ratio: &str| {
                 format!(

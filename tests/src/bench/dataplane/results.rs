@@ -181,12 +181,7 @@ impl DataplaneResults {
 
     pub fn csv_rows(&self) -> Vec<String> {
         let env = &self.env;
-        let tail = format!(
-            "{},{},{}",
-            csv_field(&env.kernel),
-            csv_field(&env.cpu),
-            csv_field(&env.run)
-        );
+        let tail = env.csv_tail();
         let row = |mode: DpMode, n: u32, rep: &str, metric: &str, value: f64, unit: &str| {
             format!(
                 "{BENCH},{},{n},{rep},{metric},{},{unit},",

@@ -107,12 +107,7 @@ impl LatencyResults {
     /// CSV rows: no baseline in this suite, `ratio_to_baseline` stays empty.
     pub fn csv_rows(&self) -> Vec<String> {
         let env = &self.env;
-        let tail = format!(
-            "{},{},{}",
-            csv_field(&env.kernel),
-            csv_field(&env.cpu),
-            csv_field(&env.run)
-        );
+        let tail = env.csv_tail();
         self.metrics()
             .into_iter()
             .map(|(metric, value, unit)| {

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use super::{Attach, Backend, Traffic, env::XdpAttached};
 use crate::bench::{
     load::ClientReport,
-    results::{Environment, csv_field, csv_num},
+    results::{Environment, csv_num},
     stats::{median, min_max},
     udp::UdpReport,
 };
@@ -165,12 +165,7 @@ impl NodeportResults {
     /// (route `direct` or `nodeport`); N is the number of services (2).
     pub fn csv_rows(&self) -> Vec<String> {
         let env = &self.env;
-        let tail = format!(
-            "{},{},{}",
-            csv_field(&env.kernel),
-            csv_field(&env.cpu),
-            csv_field(&env.run)
-        );
+        let tail = env.csv_tail();
         let row = |mode: &str, rep: &str, metric: &str, value: f64, unit: &str, ratio: &str| {
             format!(
                 "{BENCH},{mode},2,{rep},{metric},{},{unit},{ratio},{tail}",

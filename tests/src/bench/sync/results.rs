@@ -7,7 +7,7 @@ use std::{fmt::Write as _, time::Duration};
 
 use super::{SyncMode, measure::Cost};
 use crate::bench::{
-    results::{Environment, csv_field, csv_num},
+    results::{Environment, csv_num},
     stats::{median, min_max},
 };
 
@@ -145,12 +145,7 @@ impl SyncResults {
     /// of which children), the medians (`rep` = `median`) and the input sizes.
     pub fn csv_rows(&self) -> Vec<String> {
         let env = &self.env;
-        let tail = format!(
-            "{},{},{}",
-            csv_field(&env.kernel),
-            csv_field(&env.cpu),
-            csv_field(&env.run)
-        );
+        let tail = env.csv_tail();
         let (ours, base) = self.labels();
         let (ours, base) = (ours.as_str(), base.as_str());
         let row =

@@ -16,7 +16,7 @@ use super::{
 use crate::bench::{
     error::{Error, Result},
     net,
-    results::{Environment, csv_field, csv_num},
+    results::{Environment, csv_num},
     signals,
     stats::median,
 };
@@ -306,12 +306,7 @@ impl SuiteResults {
     /// wall and CPU against the same rep's `kube-proxy-iptables` (baselines: none).
     pub fn csv_rows(&self) -> Vec<String> {
         let env = &self.env;
-        let tail = format!(
-            "{},{},{}",
-            csv_field(&env.kernel),
-            csv_field(&env.cpu),
-            csv_field(&env.run)
-        );
+        let tail = env.csv_tail();
         let mut rows = Vec::new();
         for s in &self.samples {
             let base = if s.baseline {
