@@ -18,6 +18,7 @@ mod docs_nodeport;
 mod docs_sync;
 pub mod plots;
 mod report;
+mod targets;
 
 use std::{
     path::{Path, PathBuf},
