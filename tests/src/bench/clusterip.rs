@@ -117,13 +117,6 @@ fn progress(opts: &BenchOptions, line: &str) {
     }
 }
 
-/// Writes `text` to `path` through a temporary file, so the agent never reads half.
-fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, text).map_err(Error::io(format!("writing {}", tmp.display())))?;
-    fs::rename(&tmp, path).map_err(Error::io(format!("renaming to {}", path.display())))
-}
-
 /// Runs the benchmark and returns its samples and ratios. Needs root.
 pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
     if !nix::unistd::Uid::effective().is_root() {
@@ -131,19 +124,8 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
             "the benchmark needs root (namespaces, cgroups, eBPF)".into(),
         ));
     }
-    for binary in [&opts.agent_binary, &opts.loadgen_binary] {
-        if !binary.is_file() {
-            return Err(Error::Setup(format!("{} is not built", binary.display())));
-        }
-    }
-    let mut counts = opts.service_counts.clone();
-    counts.sort_unstable();
-    counts.dedup();
-    if counts.first().is_none_or(|n| *n == 0) || opts.reps == 0 {
-        return Err(Error::Setup(
-            "need at least one rep and service counts >= 1".into(),
-        ));
-    }
+    net::check_built(&[&opts.agent_binary, &opts.loadgen_binary])?;
+    let counts = net::service_counts(&opts.service_counts, opts.reps)?;
     for line in net::cleanup_stale()? {
         progress(opts, &format!("removed stale {line}"));
     }
@@ -153,21 +135,8 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
     let id = net::new_run_id();
     progress(opts, &format!("building namespaces {id}-{{node,cli,srv}}"));
     let mut bench_net = BenchNet::build(&id)?;
-    let manifests_dir = bench_net.run_dir.join("manifests");
-    fs::create_dir_all(&manifests_dir)
-        .map_err(Error::io(format!("creating {}", manifests_dir.display())))?;
-    write_atomically(
-        &manifests_dir.join("measured.yaml"),
-        &manifests::measured_service(SERVER_IP),
-    )?;
-
-    let backend = SocketAddr::from((SERVER_IP, BACKEND_PORT));
-    let mut serve_args = vec!["serve".to_string(), "--listen".into(), backend.to_string()];
-    if let Some(cpu) = server_cpu {
-        serve_args.extend(["--cpu".into(), cpu.to_string()]);
-    }
-    let server_place = bench_net.server_place();
-    bench_net.spawn_ready("server", &server_place, &opts.loadgen_binary, &serve_args)?;
+    let manifests_dir = bench_net.measured_manifests()?;
+    bench_net.start_backend(&opts.loadgen_binary, server_cpu)?;
 
     progress(opts, "starting the agent (ebpf mode)");
     let bpffs = net::bpffs_root(&id);
@@ -279,7 +248,7 @@ fn load_services(
     let changed_at = SystemTime::now();
     let started = Instant::now();
     let changed = if services > 1 {
-        write_atomically(&fillers, &manifests::filler_services(services - 1))?;
+        net::write_atomically(&fillers, &manifests::filler_services(services - 1))?;
         true
     } else if fillers.exists() {
         fs::remove_file(&fillers).map_err(Error::io(format!("removing {}", fillers.display())))?;

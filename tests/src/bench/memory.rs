@@ -23,7 +23,7 @@ use crate::scenario::{Mode, readiness::Change};
 
 use super::{
     agent::BenchAgent,
-    bpf::{agent_fragment, wait_frontends, write_atomically},
+    bpf::{agent_fragment, wait_frontends},
     error::{Error, Result},
     manifests,
     net::{self, BenchNet},
@@ -195,12 +195,7 @@ pub fn run_memory(opts: &MemoryOptions) -> Result<MemoryResults> {
             "the benchmark needs root (namespaces, eBPF)".into(),
         ));
     }
-    if !opts.agent_binary.is_file() {
-        return Err(Error::Setup(format!(
-            "{} is not built",
-            opts.agent_binary.display()
-        )));
-    }
+    net::check_built(&[&opts.agent_binary])?;
     for line in net::cleanup_stale()? {
         opts.progress(&format!("removed stale {line}"));
     }
@@ -234,7 +229,7 @@ fn measure_one(opts: &MemoryOptions, id: &str, mode: MemMode, services: u32) -> 
     let manifests_dir = bench_net.run_dir.join("manifests");
     fs::create_dir_all(&manifests_dir)
         .map_err(Error::io(format!("creating {}", manifests_dir.display())))?;
-    write_atomically(
+    net::write_atomically(
         &manifests_dir.join("fillers.yaml"),
         &manifests::filler_services_with(services, ENDPOINTS),
     )?;

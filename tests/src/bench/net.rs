@@ -86,6 +86,35 @@ fn names_in(dir: &Path) -> Vec<(String, PathBuf)> {
         .collect()
 }
 
+/// Fails unless every one of `binaries` is built.
+pub fn check_built(binaries: &[&Path]) -> Result<()> {
+    match binaries.iter().find(|b| !b.is_file()) {
+        Some(missing) => Err(Error::Setup(format!("{} is not built", missing.display()))),
+        None => Ok(()),
+    }
+}
+
+/// The service counts of a run, ascending and each once; fails without a rep or with a
+/// count of 0.
+pub fn service_counts(counts: &[u32], reps: u32) -> Result<Vec<u32>> {
+    let mut counts = counts.to_vec();
+    counts.sort_unstable();
+    counts.dedup();
+    if counts.first().is_none_or(|n| *n == 0) || reps == 0 {
+        return Err(Error::Setup(
+            "need at least one rep and service counts >= 1".into(),
+        ));
+    }
+    Ok(counts)
+}
+
+/// Writes `text` to `path` through a temporary file, so the agent never reads half.
+pub fn write_atomically(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, text).map_err(Error::io(format!("writing {}", tmp.display())))?;
+    fs::rename(&tmp, path).map_err(Error::io(format!("renaming to {}", path.display())))
+}
+
 /// Removes what benchmark runs whose process is gone left behind (after a SIGKILL);
 /// returns a line per thing removed.
 pub fn cleanup_stale() -> Result<Vec<String>> {
@@ -219,6 +248,30 @@ pub struct BenchNet {
 }
 
 impl BenchNet {
+    /// Starts the echo server (`loadgen serve`, pinned to `cpu` if given) on the backend's
+    /// address in the server namespace and waits until it is ready.
+    pub fn start_backend(&mut self, loadgen: &Path, cpu: Option<usize>) -> Result<()> {
+        let backend = std::net::SocketAddr::from((SERVER_IP, super::manifests::BACKEND_PORT));
+        let mut args = vec!["serve".to_string(), "--listen".into(), backend.to_string()];
+        if let Some(cpu) = cpu {
+            args.extend(["--cpu".into(), cpu.to_string()]);
+        }
+        let place = self.server_place();
+        self.spawn_ready("server", &place, loadgen, &args)
+    }
+
+    /// The run's manifest directory for the agent's `--source`, holding the measured
+    /// service (whose one endpoint is the echo server).
+    pub fn measured_manifests(&self) -> Result<PathBuf> {
+        let dir = self.run_dir.join("manifests");
+        fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        write_atomically(
+            &dir.join("measured.yaml"),
+            &super::manifests::measured_service(SERVER_IP),
+        )?;
+        Ok(dir)
+    }
+
     /// Creates everything; on error, what was created is removed.
     pub fn build(id: &str) -> Result<Self> {
         let cgroup = netns::cgroup2_root()?.join(format!("{id}-node"));

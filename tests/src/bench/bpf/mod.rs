@@ -12,7 +12,6 @@ pub mod mapupdate;
 pub mod progs;
 
 use std::{
-    fs,
     net::SocketAddr,
     path::{Path, PathBuf},
     thread,
@@ -28,9 +27,9 @@ use super::{
     client::run_json,
     error::{Error, Result},
     load::{ClientReport, allowed_cpus},
-    manifests::{self, BACKEND_PORT, SERVICE_IP, SERVICE_PORT},
+    manifests::{self, SERVICE_IP, SERVICE_PORT},
     maps::frontends_in,
-    net::{self, BenchNet, SERVER_IP},
+    net::{self, BenchNet},
     results::Environment,
     rows::{Row, with_medians},
     signals,
@@ -163,19 +162,8 @@ pub fn run_bpf(opts: &BpfOptions) -> Result<BpfResults> {
 }
 
 fn program_costs(opts: &BpfOptions, results: &mut BpfResults) -> Result<()> {
-    for binary in [&opts.agent_binary, &opts.loadgen_binary] {
-        if !binary.is_file() {
-            return Err(Error::Setup(format!("{} is not built", binary.display())));
-        }
-    }
-    let mut counts = opts.service_counts.clone();
-    counts.sort_unstable();
-    counts.dedup();
-    if counts.first().is_none_or(|n| *n == 0) || opts.reps == 0 {
-        return Err(Error::Setup(
-            "need reps >= 1 and service counts >= 1".into(),
-        ));
-    }
+    net::check_built(&[&opts.agent_binary, &opts.loadgen_binary])?;
+    let counts = net::service_counts(&opts.service_counts, opts.reps)?;
     for line in net::cleanup_stale()? {
         opts.progress(&format!("removed stale {line}"));
     }
@@ -187,20 +175,8 @@ fn program_costs(opts: &BpfOptions, results: &mut BpfResults) -> Result<()> {
     results.run_id = Some(id.clone());
     opts.progress(&format!("building namespaces {id}-{{node,cli,srv}}"));
     let mut bench_net = BenchNet::build(&id)?;
-    let manifests_dir = bench_net.run_dir.join("manifests");
-    fs::create_dir_all(&manifests_dir)
-        .map_err(Error::io(format!("creating {}", manifests_dir.display())))?;
-    write_atomically(
-        &manifests_dir.join("measured.yaml"),
-        &manifests::measured_service(SERVER_IP),
-    )?;
-    let backend = SocketAddr::from((SERVER_IP, BACKEND_PORT));
-    let mut serve_args = vec!["serve".to_string(), "--listen".into(), backend.to_string()];
-    if let Some(cpu) = server_cpu {
-        serve_args.extend(["--cpu".into(), cpu.to_string()]);
-    }
-    let server_place = bench_net.server_place();
-    bench_net.spawn_ready("server", &server_place, &opts.loadgen_binary, &serve_args)?;
+    let manifests_dir = bench_net.measured_manifests()?;
+    bench_net.start_backend(&opts.loadgen_binary, server_cpu)?;
 
     opts.progress("starting the agent (ebpf mode)");
     let bpffs = net::bpffs_root(&id);
@@ -311,13 +287,6 @@ fn run_client(opts: &BpfOptions, bench_net: &BenchNet, cpu: Option<usize>) -> Re
     Ok(report)
 }
 
-/// Writes `text` to `path` through a temporary file, so the agent never reads half.
-pub(crate) fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, text).map_err(Error::io(format!("writing {}", tmp.display())))?;
-    fs::rename(&tmp, path).map_err(Error::io(format!("renaming to {}", path.display())))
-}
-
 /// Makes the maps hold `services` services (the measured one and fillers) and waits
 /// until the agent synced and the service map shows exactly that many frontends.
 fn load_services(
@@ -330,7 +299,7 @@ fn load_services(
     let started = Instant::now();
     if services > 1 {
         let changed_at = SystemTime::now();
-        write_atomically(
+        net::write_atomically(
             &manifests_dir.join("fillers.yaml"),
             &manifests::filler_services(services - 1),
         )?;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 use super::*;
+use std::fs;
 
 #[test]
 fn map_sizes_hold_the_services_with_room() {

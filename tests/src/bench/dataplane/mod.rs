@@ -187,19 +187,8 @@ pub fn run_dataplane(opts: &DataplaneOptions) -> Result<DataplaneResults> {
             "the benchmark needs root (namespaces, cgroups, eBPF)".into(),
         ));
     }
-    for binary in [&opts.agent_binary, &opts.loadgen_binary] {
-        if !binary.is_file() {
-            return Err(Error::Setup(format!("{} is not built", binary.display())));
-        }
-    }
-    let mut counts = opts.service_counts.clone();
-    counts.sort_unstable();
-    counts.dedup();
-    if counts.first().is_none_or(|n| *n == 0) || opts.reps == 0 {
-        return Err(Error::Setup(
-            "need at least one rep and service counts >= 1".into(),
-        ));
-    }
+    net::check_built(&[&opts.agent_binary, &opts.loadgen_binary])?;
+    let counts = net::service_counts(&opts.service_counts, opts.reps)?;
     for line in net::cleanup_stale()? {
         opts.progress(&format!("removed stale {line}"));
     }

@@ -5,7 +5,6 @@
 use std::{
     collections::HashMap,
     fs,
-    net::SocketAddr,
     path::PathBuf,
     thread,
     time::{Duration, Instant, SystemTime},
@@ -22,7 +21,6 @@ use crate::{
     bench::{
         agent::{BenchAgent, StartSpec},
         error::{Error, Result},
-        manifests::BACKEND_PORT,
         maps::frontends_in,
         net::{self, BenchNet, SERVER_IP},
         results::Environment,
@@ -147,11 +145,7 @@ pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
     if !nix::unistd::Uid::effective().is_root() {
         return Err(Error::Setup("the benchmark needs root".into()));
     }
-    for binary in [&opts.agent_binary, &opts.loadgen_binary] {
-        if !binary.is_file() {
-            return Err(Error::Setup(format!("{} is not built", binary.display())));
-        }
-    }
+    net::check_built(&[&opts.agent_binary, &opts.loadgen_binary])?;
     if opts.min_sync_period < Duration::from_millis(1) {
         return Err(Error::Setup(
             "minSyncPeriod below 1 ms: the agent (as upstream) would default 0 to 1 s".into(),
@@ -178,10 +172,7 @@ pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
     progress(opts, &format!("building namespaces {id}-{{node,cli,srv}}"));
     let mut bench_net = BenchNet::build(&id)?;
     fail_fast_route(opts, &bench_net)?;
-    let backend = SocketAddr::from((SERVER_IP, BACKEND_PORT));
-    let serve_args = vec!["serve".to_string(), "--listen".into(), backend.to_string()];
-    let server_place = bench_net.server_place();
-    bench_net.spawn_ready("server", &server_place, &opts.loadgen_binary, &serve_args)?;
+    bench_net.start_backend(&opts.loadgen_binary, None)?;
 
     let listener = bind_tcp_listener_in(&bench_net.node_ns, ([127, 0, 0, 1], 0).into())?;
     let config = ServerConfig {

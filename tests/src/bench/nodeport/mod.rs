@@ -134,11 +134,7 @@ pub fn run_nodeport(opts: &NodeportOptions) -> Result<NodeportResults> {
             "the benchmark needs root (namespaces, cgroups, eBPF)".into(),
         ));
     }
-    for binary in [&opts.agent_binary, &opts.loadgen_binary] {
-        if !binary.is_file() {
-            return Err(Error::Setup(format!("{} is not built", binary.display())));
-        }
-    }
+    net::check_built(&[&opts.agent_binary, &opts.loadgen_binary])?;
     if opts.reps == 0 || opts.attaches.is_empty() || opts.backends.is_empty() {
         return Err(Error::Setup(
             "need at least one rep, attachment and backend".into(),
