@@ -16,10 +16,52 @@ use serde::de::DeserializeOwned;
 use crate::scenario::netns::Place;
 
 use super::{
+    clusterip::MAX_ERROR_SHARE,
     cpustat,
     error::{Error, Result},
+    load::ClientReport,
     signals,
 };
+
+/// One `loadgen client` run from `place` against `target` (pinned to `cpu` when given):
+/// its report, or an error when it made no connection or more than [`MAX_ERROR_SHARE`]
+/// of its connections failed.
+pub fn connection_run(
+    place: &Place,
+    loadgen: &Path,
+    target: std::net::SocketAddr,
+    duration: Duration,
+    warmup: Duration,
+    cpu: Option<usize>,
+) -> Result<ClientReport> {
+    let mut args = vec![
+        "client".to_string(),
+        "--target".into(),
+        target.to_string(),
+        "--seconds".into(),
+        duration.as_secs_f64().to_string(),
+        "--warmup-ms".into(),
+        warmup.as_millis().to_string(),
+    ];
+    if let Some(cpu) = cpu {
+        args.extend(["--cpu".into(), cpu.to_string()]);
+    }
+    let limit = duration + warmup + Duration::from_secs(20);
+    let (reports, _): (Vec<ClientReport>, _) = run_json(place, loadgen, &args, limit, &[])?;
+    let report = reports
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Load("the client reported nothing".into()))?;
+    let attempts = report.connections + report.errors;
+    if report.connections == 0 || report.errors as f64 > MAX_ERROR_SHARE * attempts as f64 {
+        return Err(Error::Load(format!(
+            "{target}: {} of {attempts} connections failed (first: {})",
+            report.errors,
+            report.first_error.as_deref().unwrap_or("none"),
+        )));
+    }
+    Ok(report)
+}
 
 /// Runs `exe args` in `place`, waits at most `limit`, and parses its stdout as JSON. Also
 /// returns the steal share of `watched_cpus` (all CPUs when empty) over the run.

@@ -24,7 +24,7 @@ use crate::scenario::readiness::Change;
 
 use super::{
     agent::{BenchAgent, config_fragment},
-    client::run_json,
+    client::connection_run,
     error::{Error, Result},
     load::{ClientReport, allowed_cpus},
     manifests::{self, SERVICE_IP, SERVICE_PORT},
@@ -251,40 +251,14 @@ fn program_costs(opts: &BpfOptions, results: &mut BpfResults) -> Result<()> {
 }
 
 fn run_client(opts: &BpfOptions, bench_net: &BenchNet, cpu: Option<usize>) -> Result<ClientReport> {
-    let target = SocketAddr::from((SERVICE_IP, SERVICE_PORT));
-    let mut args = vec![
-        "client".to_string(),
-        "--target".into(),
-        target.to_string(),
-        "--seconds".into(),
-        format!("{}", opts.client_duration.as_secs_f64()),
-        "--warmup-ms".into(),
-        "0".into(),
-    ];
-    if let Some(cpu) = cpu {
-        args.extend(["--cpu".into(), cpu.to_string()]);
-    }
-    let limit = opts.client_duration + Duration::from_secs(20);
-    let (reports, _): (Vec<ClientReport>, _) = run_json(
+    connection_run(
         &bench_net.client_place(),
         &opts.loadgen_binary,
-        &args,
-        limit,
-        &[],
-    )?;
-    let report = reports
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::Load("the client reported nothing".into()))?;
-    let attempts = report.connections + report.errors;
-    if report.connections == 0 || report.errors * 1000 > attempts {
-        return Err(Error::Load(format!(
-            "{} of {attempts} connections to {target} failed (first: {})",
-            report.errors,
-            report.first_error.as_deref().unwrap_or("none")
-        )));
-    }
-    Ok(report)
+        SocketAddr::from((SERVICE_IP, SERVICE_PORT)),
+        opts.client_duration,
+        Duration::ZERO,
+        cpu,
+    )
 }
 
 /// Makes the maps hold `services` services (the measured one and fillers) and waits

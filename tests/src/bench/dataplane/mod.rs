@@ -40,8 +40,7 @@ use std::{
 use crate::scenario::netns::Place;
 
 use super::{
-    client::run_json,
-    clusterip::MAX_ERROR_SHARE,
+    client::{connection_run, run_json},
     error::{Error, Result},
     load::{ClientReport, allowed_cpus},
     manifests::{BACKEND_PORT, SERVICE_IP, SERVICE_PORT},
@@ -368,33 +367,14 @@ fn conn_run(
     target: SocketAddr,
     cpu: Option<usize>,
 ) -> Result<ClientReport> {
-    let mut args = vec![
-        "client".to_string(),
-        "--target".into(),
-        target.to_string(),
-        "--seconds".into(),
-        opts.duration.as_secs_f64().to_string(),
-        "--warmup-ms".into(),
-        opts.warmup.as_millis().to_string(),
-    ];
-    if let Some(cpu) = cpu {
-        args.extend(["--cpu".into(), cpu.to_string()]);
-    }
-    let limit = opts.duration + opts.warmup + Duration::from_secs(20);
-    let (mut reports, _): (Vec<ClientReport>, _) =
-        run_json(client, &opts.loadgen_binary, &args, limit, &[])?;
-    let report = reports
-        .pop()
-        .ok_or_else(|| Error::Load("the client reported nothing".into()))?;
-    let attempts = report.connections + report.errors;
-    if report.connections == 0 || report.errors as f64 > MAX_ERROR_SHARE * attempts as f64 {
-        return Err(Error::Load(format!(
-            "{target}: {} of {attempts} connections failed (first: {})",
-            report.errors,
-            report.first_error.as_deref().unwrap_or("none"),
-        )));
-    }
-    Ok(report)
+    connection_run(
+        client,
+        &opts.loadgen_binary,
+        target,
+        opts.duration,
+        opts.warmup,
+        cpu,
+    )
 }
 
 fn stream_run(
