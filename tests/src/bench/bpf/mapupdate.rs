@@ -68,7 +68,7 @@ fn batched(map: &SvcMap, keys: &[Svc4Key], values: &[SvcValue], batch: usize) ->
     let started = Instant::now();
     for (k, v) in keys.chunks(batch).zip(values.chunks(batch)) {
         signals::check()?;
-        let written = proxy_agent::sys::map_update_batch(data, k, v)
+        let written = super::batch::map_update_batch(data, k, v)
             .map_err(Error::io("BPF_MAP_UPDATE_BATCH"))?;
         if written as usize != k.len() {
             return Err(Error::Setup(format!(

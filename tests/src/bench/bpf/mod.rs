@@ -8,6 +8,7 @@
 //! - map updates: the time per element to fill (and overwrite) a service map of N entries
 //!   one update at a time against batched updates ([`mapupdate`]).
 
+mod batch;
 pub mod mapupdate;
 pub mod progs;
 
