@@ -77,10 +77,6 @@ pub struct Step<'a> {
     pub world: &'a SyncWorld,
     /// The services the model reports changed (empty for the full sync).
     pub changed: &'a HashSet<NamespacedName>,
-    /// The index of the service the change touched (none for the full sync).
-    pub service: Option<u32>,
-    /// Its endpoint count before the change.
-    pub endpoints_before: u8,
 }
 
 /// What one step cost a side.

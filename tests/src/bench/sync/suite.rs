@@ -208,29 +208,17 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<SuiteResults> {
             let order = side_order(sides.len(), rep);
             for kind in StepKind::ALL {
                 signals::check()?;
-                let (changed, service, endpoints_before) = match kind {
-                    StepKind::Full => (none.clone(), None, 0),
-                    StepKind::AddService => {
-                        let (index, changed) = world.add_service();
-                        (changed, Some(index), 0)
-                    }
+                let changed = match kind {
+                    StepKind::Full => none.clone(),
+                    StepKind::AddService => world.add_service().1,
                     StepKind::RemoveEndpoint => {
                         let index = world.changed_service(rep);
                         let before = world.endpoints_of(index);
-                        (
-                            world.set_endpoints(index, before.saturating_sub(1)),
-                            Some(index),
-                            before,
-                        )
+                        world.set_endpoints(index, before.saturating_sub(1))
                     }
                     StepKind::ScaleUp => {
                         let index = world.changed_service(rep + 1);
-                        let before = world.endpoints_of(index);
-                        (
-                            world.set_endpoints(index, SCALED_ENDPOINTS),
-                            Some(index),
-                            before,
-                        )
+                        world.set_endpoints(index, SCALED_ENDPOINTS)
                     }
                 };
                 if kind != StepKind::Full && changed.is_empty() {
@@ -243,8 +231,6 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<SuiteResults> {
                     kind,
                     world: &world,
                     changed: &changed,
-                    service,
-                    endpoints_before,
                 };
                 let mut line = format!("N={services} rep {rep} {:<15}", kind.as_str());
                 for &i in &order {
