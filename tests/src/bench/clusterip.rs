@@ -10,7 +10,6 @@ use std::{
     fs,
     net::SocketAddr,
     path::{Path, PathBuf},
-    thread,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -22,7 +21,6 @@ use super::{
     error::{Error, Result},
     load::{ClientReport, allowed_cpus},
     manifests::{self, BACKEND_PORT, SERVICE_IP, SERVICE_PORT},
-    maps::frontends_in,
     net::{self, BenchNet, SERVER_IP},
     results::{BenchResults, Environment, Route, Sample, summarize},
     signals,
@@ -266,7 +264,7 @@ fn load_services(
             opts.sync_timeout,
         )?;
     }
-    wait_frontends(agent, bpffs, services, opts.sync_timeout)?;
+    super::maps::wait_frontends(agent, bpffs, services, opts.sync_timeout)?;
     progress(
         opts,
         &format!(
@@ -297,33 +295,6 @@ fn fill_sock_rev_nat(opts: &BenchOptions, runner: &Runner<'_>) -> Result<u64> {
     let made = reports.first().map_or(0, |r| r.connections);
     progress(opts, &format!("made {made} connections"));
     Ok(made)
-}
-
-/// Polls the pinned service map until it holds exactly `expected` frontends.
-fn wait_frontends(
-    agent: &BenchAgent,
-    bpffs: &Path,
-    expected: u32,
-    timeout: Duration,
-) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        signals::check()?;
-        let seen = frontends_in(bpffs);
-        match &seen {
-            Ok(n) if *n == expected as usize => return Ok(()),
-            _ if Instant::now() >= deadline => {
-                let seen = match seen {
-                    Ok(n) => n.to_string(),
-                    Err(err) => err.to_string(),
-                };
-                return Err(agent.failure(format!(
-                    "the service map holds {seen} frontends, not {expected}, after {timeout:?}"
-                )));
-            }
-            _ => thread::sleep(Duration::from_millis(250)),
-        }
-    }
 }
 
 struct Runner<'a> {

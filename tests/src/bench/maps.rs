@@ -3,11 +3,20 @@
 //! `bpftool -j map dump pinned`: proof that the maps really carry the services the
 //! benchmark claims, not only that the agent says it synced.
 
-use std::{path::Path, process::Command};
+use std::{
+    path::Path,
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
 
 use serde_json::Value;
 
-use super::error::{Error, Result};
+use super::{
+    agent::BenchAgent,
+    error::{Error, Result},
+    signals,
+};
 
 /// The pinned IPv4 service map under the agent's bpffs root.
 pub fn service_map_pin(bpffs_root: &Path) -> std::path::PathBuf {
@@ -62,6 +71,33 @@ pub fn frontends_in(bpffs_root: &Path) -> Result<usize> {
         )));
     }
     count_frontends(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// Polls the pinned service map until it holds exactly `expected` frontends.
+pub fn wait_frontends(
+    agent: &BenchAgent,
+    bpffs: &Path,
+    expected: u32,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        signals::check()?;
+        let seen = frontends_in(bpffs);
+        match &seen {
+            Ok(n) if *n == expected as usize => return Ok(()),
+            _ if Instant::now() >= deadline => {
+                let seen = match seen {
+                    Ok(n) => n.to_string(),
+                    Err(err) => err.to_string(),
+                };
+                return Err(agent.failure(format!(
+                    "the service map holds {seen} frontends, not {expected}, after {timeout:?}"
+                )));
+            }
+            _ => thread::sleep(Duration::from_millis(250)),
+        }
+    }
 }
 
 #[cfg(test)]

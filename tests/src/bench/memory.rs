@@ -23,9 +23,10 @@ use crate::scenario::{Mode, readiness::Change};
 
 use super::{
     agent::BenchAgent,
-    bpf::{agent_fragment, wait_frontends},
+    bpf::agent_fragment,
     error::{Error, Result},
     manifests,
+    maps::wait_frontends,
     net::{self, BenchNet},
     results::Environment,
     rows::Row,

@@ -15,7 +15,6 @@ pub mod progs;
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
-    thread,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -29,7 +28,6 @@ use super::{
     error::{Error, Result},
     load::{ClientReport, allowed_cpus},
     manifests::{self, SERVICE_IP, SERVICE_PORT},
-    maps::frontends_in,
     net::{self, BenchNet},
     results::Environment,
     rows::{Row, with_medians},
@@ -287,35 +285,12 @@ fn load_services(
             opts.sync_timeout,
         )?;
     }
-    wait_frontends(agent, bpffs, services, opts.sync_timeout)?;
+    crate::bench::maps::wait_frontends(agent, bpffs, services, opts.sync_timeout)?;
     opts.progress(&format!(
         "{services} services in the service map (after {:.1} s)",
         started.elapsed().as_secs_f64()
     ));
     Ok(())
-}
-
-/// Polls the pinned service map until it holds exactly `expected` frontends.
-pub(crate) fn wait_frontends(
-    agent: &BenchAgent,
-    bpffs: &Path,
-    expected: u32,
-    timeout: Duration,
-) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        signals::check()?;
-        let seen = frontends_in(bpffs);
-        match &seen {
-            Ok(n) if *n == expected as usize => return Ok(()),
-            _ if Instant::now() >= deadline => {
-                return Err(agent.failure(format!(
-                    "the service map holds {seen:?} frontends, not {expected}, after {timeout:?}"
-                )));
-            }
-            _ => thread::sleep(Duration::from_millis(250)),
-        }
-    }
 }
 
 #[cfg(test)]
