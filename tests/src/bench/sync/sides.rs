@@ -142,6 +142,31 @@ fn legacy_backend() -> Result<CommandBackend> {
         .map_err(|err| Error::Setup(format!("{} is not usable: {err}", IPTABLES_LEGACY.0)))
 }
 
+/// One step of one of our proxiers, measured on a thread in `ns`: the proxier in `slot`
+/// syncs; when there is none yet (the cold full sync), `start` makes it first, and that is
+/// part of the step's cost.
+fn sync_step<P: Proxier + Send>(
+    side: &str,
+    ns: &SideNamespace,
+    slot: &mut Option<P>,
+    step: &Step<'_>,
+    start: impl FnOnce() -> Result<P, String> + Send,
+) -> Result<StepCost> {
+    let stale = StaleConntrack::default();
+    let request = step
+        .world
+        .request(step.kind == StepKind::Full, step.changed, &stale);
+    let (synced, cost) = ns.measure(|| {
+        if slot.is_none() {
+            *slot = Some(start()?);
+        }
+        let proxier = slot.as_mut().ok_or_else(|| "no proxier".to_string())?;
+        proxier.sync(&request).map_err(|e| e.to_string())
+    })?;
+    check_synced(side, step.kind, synced)?;
+    Ok(cost)
+}
+
 fn check_synced(side: &str, kind: StepKind, synced: Result<SyncStats, String>) -> Result<()> {
     let stats = synced.map_err(|err| Error::Setup(format!("{side} {}: {err}", kind.as_str())))?;
     if stats.not_programmed > 0 {
@@ -193,36 +218,23 @@ impl SyncSide for IptablesSide {
     }
 
     fn apply(&mut self, step: &Step<'_>) -> Result<StepCost> {
-        let stale = StaleConntrack::default();
-        let request = step
-            .world
-            .request(step.kind == StepKind::Full, step.changed, &stale);
         let probe_ipvs = self.probe_ipvs;
-        let slot = &mut self.proxier;
-        let (synced, cost) = self.ns.measure(|| {
-            if slot.is_none() {
-                if probe_ipvs && proxy_agent::agent::ipvs_unavailable().is_none() {
-                    return Err("IPVS became available".to_string());
-                }
-                let backend = legacy_backend().map_err(|e| e.to_string())?;
-                let options = RuleOptions {
-                    random_fully: backend.version.has_random_fully(),
-                    conntrack_tcp_be_liberal: false,
-                };
-                *slot = Some(IptablesProxier::with_parts(
-                    Box::new(backend),
-                    Box::new(NetlinkConntrack::new()),
-                    options,
-                    IptablesConfig::default(),
-                ));
+        sync_step(self.name(), &self.ns, &mut self.proxier, step, || {
+            if probe_ipvs && proxy_agent::agent::ipvs_unavailable().is_none() {
+                return Err("IPVS became available".to_string());
             }
-            match slot {
-                Some(proxier) => proxier.sync(&request).map_err(|e| e.to_string()),
-                None => Err("no proxier".to_string()),
-            }
-        })?;
-        check_synced(self.name(), step.kind, synced)?;
-        Ok(cost)
+            let backend = legacy_backend().map_err(|e| e.to_string())?;
+            let options = RuleOptions {
+                random_fully: backend.version.has_random_fully(),
+                conntrack_tcp_be_liberal: false,
+            };
+            Ok(IptablesProxier::with_parts(
+                Box::new(backend),
+                Box::new(NetlinkConntrack::new()),
+                options,
+                IptablesConfig::default(),
+            ))
+        })
     }
 }
 
@@ -284,10 +296,6 @@ impl SyncSide for EbpfSide {
     }
 
     fn apply(&mut self, step: &Step<'_>) -> Result<StepCost> {
-        let stale = StaleConntrack::default();
-        let request = step
-            .world
-            .request(step.kind == StepKind::Full, step.changed, &stale);
         let opts = LoadOptions {
             bpffs_root: self.bpffs_root.clone(),
             cgroup: self.cgroup.clone(),
@@ -296,27 +304,18 @@ impl SyncSide for EbpfSide {
             xdp: proxy_agent::config::XdpMode::Off,
         };
         let masq = step.world.node.primary_ips.v4;
-        let slot = &mut self.proxier;
-        let (synced, cost) = self.ns.measure(|| {
-            if slot.is_none() {
-                let cookie = proxy_agent::sys::current_netns_cookie()
-                    .map_err(|e| format!("netns cookie: {e}"))?;
-                let mut config = proxy_common::LbConfig {
-                    host_netns_cookie: cookie,
-                    ..Default::default()
-                };
-                if let Some(std::net::IpAddr::V4(ip)) = masq {
-                    config.masq4 = u32::from_ne_bytes(ip.octets());
-                }
-                *slot = Some(EbpfProxier::start(&opts, config).map_err(|e| e.to_string())?);
+        sync_step("ebpf", &self.ns, &mut self.proxier, step, || {
+            let cookie = proxy_agent::sys::current_netns_cookie()
+                .map_err(|e| format!("netns cookie: {e}"))?;
+            let mut config = proxy_common::LbConfig {
+                host_netns_cookie: cookie,
+                ..Default::default()
+            };
+            if let Some(std::net::IpAddr::V4(ip)) = masq {
+                config.masq4 = u32::from_ne_bytes(ip.octets());
             }
-            match slot {
-                Some(proxier) => proxier.sync(&request).map_err(|e| e.to_string()),
-                None => Err("no proxier".to_string()),
-            }
-        })?;
-        check_synced("ebpf", step.kind, synced)?;
-        Ok(cost)
+            EbpfProxier::start(&opts, config).map_err(|e| e.to_string())
+        })
     }
 }
 
