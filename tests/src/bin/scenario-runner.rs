@@ -156,6 +156,14 @@ fn main() -> ExitCode {
             trace_check,
         } => {
             tests::scenario::readiness::set_time_scale(time_scale);
+            let missing = [Some(mode), expect_fallback]
+                .into_iter()
+                .flatten()
+                .find_map(|m| m.missing_in_agent().map(|why| (m, why)));
+            if let Some((missing, why)) = missing {
+                eprintln!("scenario-runner: cannot replay {missing} mode: {why}");
+                return ExitCode::from(2);
+            }
             let agent = if no_agent {
                 Ok(None)
             } else {

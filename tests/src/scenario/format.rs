@@ -152,22 +152,40 @@ impl FromStr for Proto {
     }
 }
 
-/// A dataplane mode of the agent.
+/// A dataplane mode a flow may name (shared/scenarios/README.md, "Modes and
+/// divergences").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mode {
     Ebpf,
     Iptables,
     Ipvs,
+    /// Upstream's current mode. Scenario files name it where its outcome differs from
+    /// iptables mode's; the agent does not implement it yet (see [`Mode::missing_in_agent`]).
+    Nftables,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 3] = [Mode::Ebpf, Mode::Iptables, Mode::Ipvs];
+    pub const ALL: [Mode; 4] = [Mode::Ebpf, Mode::Iptables, Mode::Ipvs, Mode::Nftables];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Ebpf => "ebpf",
             Mode::Iptables => "iptables",
             Mode::Ipvs => "ipvs",
+            Mode::Nftables => "nftables",
+        }
+    }
+
+    /// Why the agent cannot be run in this mode yet, if it cannot: flows of such a mode
+    /// are parsed (and ignored by the other modes) but cannot be replayed.
+    pub fn missing_in_agent(self) -> Option<&'static str> {
+        match self {
+            Mode::Nftables => Some(
+                "the agent has no nftables mode yet (`--proxy-mode nftables` is refused at \
+                 validation): scenario flows that list nftables are parsed and ignored in the \
+                 other modes; replay ebpf, iptables or ipvs",
+            ),
+            Mode::Ebpf | Mode::Iptables | Mode::Ipvs => None,
         }
     }
 }
@@ -184,7 +202,9 @@ impl FromStr for Mode {
         Mode::ALL
             .into_iter()
             .find(|m| m.as_str() == s)
-            .ok_or_else(|| Error::Invalid(format!("unknown mode {s:?} (ebpf|iptables|ipvs)")))
+            .ok_or_else(|| {
+                Error::Invalid(format!("unknown mode {s:?} (ebpf|iptables|ipvs|nftables)"))
+            })
     }
 }
 
@@ -628,6 +648,43 @@ steps:
         );
         let families: Vec<String> = n.family_primaries().iter().map(|a| a.to_string()).collect();
         assert_eq!(families, ["192.168.0.2/24", "fd00:168::2/64"]);
+    }
+
+    /// `nftables` is a mode name flows may list: such flows are parsed, and ignored by
+    /// the modes they do not list.
+    #[test]
+    fn nftables_flows_are_ignored_elsewhere() {
+        let raw: RawScenario = serde_yaml::from_str(
+            r#"
+name: x
+node: {name: n, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}
+flows:
+- {from: 10.0.0.2, to: '172.30.0.41:80', expect: DROP, modes: [ebpf, nftables]}
+- {from: 10.0.0.2, to: '172.30.0.41:80', expect: REJECT, modes: [iptables, ipvs]}
+- {from: 10.0.0.2, to: '172.30.0.41:81', expect: REJECT, modes: [nftables]}
+"#,
+        )
+        .unwrap();
+        let s = Scenario::from_raw(raw, Path::new("x")).unwrap();
+        let flows: Vec<&Flow> = s.flows().collect();
+        let applying = |mode| -> Vec<usize> {
+            flows
+                .iter()
+                .filter(|f| f.applies_to(mode))
+                .map(|f| f.index)
+                .collect()
+        };
+        assert_eq!(applying(Mode::Ebpf), [1]);
+        assert_eq!(applying(Mode::Iptables), [2]);
+        assert_eq!(applying(Mode::Ipvs), [2]);
+        assert_eq!(applying(Mode::Nftables), [1, 3]);
+        assert_eq!("nftables".parse::<Mode>().unwrap(), Mode::Nftables);
+        assert!(Mode::Nftables.missing_in_agent().is_some());
+        assert!(
+            [Mode::Ebpf, Mode::Iptables, Mode::Ipvs]
+                .iter()
+                .all(|m| m.missing_in_agent().is_none())
+        );
     }
 
     #[test]
