@@ -65,3 +65,14 @@ const _: () = assert!(core::mem::size_of::<LbConfig>() == 48);
 
 /// The configuration slot has been written.
 pub const LB_CFG_READY: u32 = 1 << 0;
+/// `masqueradeAll`: every connection to a ClusterIP is masqueraded to the node, pods'
+/// included (so socket programs leave those of pods to the pod-side tc program, which can
+/// rewrite the source).
+pub const LB_CFG_MASQUERADE_ALL: u32 = 1 << 1;
+/// A local-traffic detector is configured: pods of this node count as local traffic (they
+/// short-circuit to the cluster-wide endpoints of external destinations, as upstream's
+/// KUBE-EXT chains send them to the cluster chain), and traffic to a ClusterIP from a
+/// source the detector does not call local is masqueraded. The sources it calls local are
+/// in the `LOCAL_CIDRS` tries (empty for interface-based detectors: nothing arriving on an
+/// uplink comes from a local pod interface).
+pub const LB_CFG_LOCAL_DETECTOR: u32 = 1 << 2;

@@ -21,6 +21,11 @@ pub const AFFINITY: &str = "AFFINITY_V1";
 /// Service CIDRs (LPM): packets to an address inside them that is no frontend are dropped.
 pub const SVC_CIDRS4: &str = "SVC_CIDRS4_V1";
 pub const SVC_CIDRS6: &str = "SVC_CIDRS6_V1";
+/// Source prefixes the local-traffic detector calls local (the cluster or node pod CIDRs),
+/// LPM keyed by address like `SVC_CIDRS*`: off-cluster traffic to a ClusterIP, whose source
+/// is outside them, is masqueraded.
+pub const LOCAL_CIDRS4: &str = "LOCAL_CIDRS4_V1";
+pub const LOCAL_CIDRS6: &str = "LOCAL_CIDRS6_V1";
 /// Node addresses on which NodePorts are served (nodePortAddresses applied).
 pub const NODEPORT_ADDRS4: &str = "NODEPORT_ADDRS4_V1";
 pub const NODEPORT_ADDRS6: &str = "NODEPORT_ADDRS6_V1";
@@ -60,6 +65,8 @@ pub const ALL: &[&str] = &[
     AFFINITY,
     SVC_CIDRS4,
     SVC_CIDRS6,
+    LOCAL_CIDRS4,
+    LOCAL_CIDRS6,
     NODEPORT_ADDRS4,
     NODEPORT_ADDRS6,
     SRC_RANGES4,

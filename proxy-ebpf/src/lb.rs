@@ -29,6 +29,8 @@ pub trait Family {
     fn rev_nat(id: u16) -> Option<(Self::Addr, u16)>;
     fn is_nodeport_addr(addr: Self::Addr) -> bool;
     fn in_service_cidr(addr: Self::Addr) -> bool;
+    /// Whether the local-traffic detector's CIDRs hold `addr` (a pod source).
+    fn in_local_cidr(addr: Self::Addr) -> bool;
     fn source_allowed(rev_nat_id: u16, src: Self::Addr) -> bool;
     fn zero() -> Self::Addr;
     /// The address in 16 bytes (IPv4 in the first four), as map values that serve both
@@ -90,6 +92,12 @@ impl Family for V4 {
     #[inline(always)]
     fn in_service_cidr(addr: u32) -> bool {
         SVC_CIDRS4_V1
+            .get(&LpmKey::new(32, addr.to_ne_bytes()))
+            .is_some()
+    }
+    #[inline(always)]
+    fn in_local_cidr(addr: u32) -> bool {
+        LOCAL_CIDRS4_V1
             .get(&LpmKey::new(32, addr.to_ne_bytes()))
             .is_some()
     }
@@ -183,6 +191,10 @@ impl Family for V6 {
         SVC_CIDRS6_V1.get(&LpmKey::new(128, addr)).is_some()
     }
     #[inline(always)]
+    fn in_local_cidr(addr: [u8; 16]) -> bool {
+        LOCAL_CIDRS6_V1.get(&LpmKey::new(128, addr)).is_some()
+    }
+    #[inline(always)]
     fn source_allowed(rev_nat_id: u16, src: [u8; 16]) -> bool {
         let data = SourceRange6 {
             rev_nat_id: rev_nat_id.to_be(),
@@ -268,6 +280,54 @@ pub fn lookup_frontend<F: Family>(
                 Frontend::None
             }
         }
+    }
+}
+
+/// Where a client of the per-packet path sits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ClientSide {
+    /// Arrived on an uplink: outside the node (or a pod of another node routed here).
+    Outside,
+    /// A pod of this node (the pod-side program).
+    Pod,
+}
+
+/// Whether pods of this node count as local traffic, i.e. short-circuit to the internal
+/// scope of external frontends (a local-traffic detector is configured, as upstream's
+/// KUBE-EXT chains jump to the cluster chain for local sources only then).
+#[inline(always)]
+pub fn pods_are_local(cfg_flags: u32) -> bool {
+    cfg_flags & proxy_common::LB_CFG_LOCAL_DETECTOR != 0
+}
+
+/// Whether a new flow to the frontend `svc` (its chosen scope's slot 0) is masqueraded to
+/// the node, following upstream's rules: external frontends of eTP=Cluster always
+/// (`MASQUERADE`); a ClusterIP with masqueradeAll, or when the local-traffic detector says
+/// the source is not local ("masquerade off-cluster traffic to services", which lets a
+/// cluster route its service CIDR to any node); never otherwise. Pods of this node are
+/// local whenever a detector exists; other sources when its CIDRs hold them.
+#[inline(never)]
+pub fn masquerade_flow<F: Family>(
+    svc: &SvcValue,
+    cfg_flags: u32,
+    src: &F::Addr,
+    side: ClientSide,
+) -> bool {
+    if svc.flags & svc_flags::MASQUERADE != 0 {
+        return true;
+    }
+    if svc.flags & svc_flags::CLUSTER_IP == 0 {
+        return false;
+    }
+    if cfg_flags & proxy_common::LB_CFG_MASQUERADE_ALL != 0 {
+        return true;
+    }
+    if !pods_are_local(cfg_flags) {
+        return false;
+    }
+    match side {
+        ClientSide::Pod => false,
+        ClientSide::Outside => !F::in_local_cidr(*src),
     }
 }
 

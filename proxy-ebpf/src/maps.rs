@@ -56,6 +56,12 @@ pub static SVC_CIDRS4_V1: LpmTrie<[u8; 4], u8, DEFAULT_CIDR_ENTRIES> = LpmTrie::
 #[btf_map]
 pub static SVC_CIDRS6_V1: LpmTrie<[u8; 16], u8, DEFAULT_CIDR_ENTRIES> = LpmTrie::new();
 
+/// What the local-traffic detector calls local (see `proxy_common::LB_CFG_LOCAL_DETECTOR`).
+#[btf_map]
+pub static LOCAL_CIDRS4_V1: LpmTrie<[u8; 4], u8, DEFAULT_CIDR_ENTRIES> = LpmTrie::new();
+#[btf_map]
+pub static LOCAL_CIDRS6_V1: LpmTrie<[u8; 16], u8, DEFAULT_CIDR_ENTRIES> = LpmTrie::new();
+
 #[btf_map]
 pub static NODEPORT_ADDRS4_V1: HashMap<NodeAddr4Key, u8, DEFAULT_NODE_ADDR_ENTRIES> =
     HashMap::new();

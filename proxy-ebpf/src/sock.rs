@@ -11,6 +11,18 @@
 //! untranslated: a socket program cannot drop silently, so the packet travels on and the tc
 //! program on the node's device drops it, and the client sees silence as with upstream.
 //! Every program returns 1 (proceed) except for REJECT.
+//!
+//! Which backend set a client gets: clients on the node itself always take a frontend's
+//! internal scope (upstream short-circuits traffic from local addresses to the cluster-wide
+//! endpoints); pods only when a local-traffic detector is configured (without one, upstream
+//! cannot tell pods from outside and applies externalTrafficPolicy to them too).
+//!
+//! masqueradeAll: a socket program cannot change a connection's source address, and
+//! rewriting only the destination would hand the backend the pod's address. So, with
+//! masqueradeAll, a pod's connection that upstream masquerades (to a ClusterIP, or to an
+//! external frontend of an eTP=Cluster service) is left untranslated here; the pod-side tc
+//! program load-balances it per packet, with SNAT to the node and conntrack, as it does for
+//! SCTP. Everything else keeps the per-connection path.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -19,12 +31,15 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use proxy_common::{
-    SockFrontend, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue,
-    proto, svc_flags,
+    LB_CFG_MASQUERADE_ALL, SockFrontend, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key,
+    SockRevNat6Value, SvcValue, proto, svc_flags,
 };
 
 use crate::{
-    lb::{Client, Family, Frontend, V4, V6, lookup_frontend, select_backend},
+    lb::{
+        Client, ClientSide, Family, Frontend, V4, V6, lookup_frontend, masquerade_flow,
+        pods_are_local, select_backend,
+    },
     maps::{LB_CONFIG_V1, SOCK_FRONTEND_V1, SOCK_REV_NAT4_V1, SOCK_REV_NAT6_V1},
 };
 
@@ -230,12 +245,13 @@ fn reject() -> i32 {
     0
 }
 
+/// The node's network-namespace cookie and the configuration flags.
 #[inline(always)]
-fn host_netns_cookie() -> u64 {
+fn host_and_flags() -> (u64, u32) {
     LB_CONFIG_V1
         .get(0)
-        .map(|c| c.host_netns_cookie)
-        .unwrap_or(0)
+        .map(|c| (c.host_netns_cookie, c.flags))
+        .unwrap_or((0, 0))
 }
 
 /// Whether loadBalancerSourceRanges let this socket through. Socket programs usually do not
@@ -245,7 +261,7 @@ fn host_netns_cookie() -> u64 {
 fn source_allowed<F: SockFamily, const SENDMSG: bool>(
     sa: *mut bpf_sock_addr,
     svc: &SvcValue,
-    netns: u64,
+    from_host: bool,
 ) -> bool {
     // msg_src_* exists only in the sendmsg context (the verifier refuses it elsewhere).
     let mut src = if SENDMSG { F::msg_src(sa) } else { F::zero() };
@@ -255,7 +271,7 @@ fn source_allowed<F: SockFamily, const SENDMSG: bool>(
     if src != F::zero() {
         return F::source_allowed(svc.rev_nat_id, src);
     }
-    if netns == host_netns_cookie() {
+    if from_host {
         svc.flags & svc_flags::SRC_RANGE_HOST_ALLOWED != 0
     } else {
         svc.flags & svc_flags::SRC_RANGE_PODS_ALLOWED != 0
@@ -271,13 +287,18 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
         return 1;
     }
     let (addr, port) = F::dst(sa);
-    let (svc, key) = match lookup_frontend::<F>(addr, port, protocol, true) {
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    let (host_netns, cfg_flags) = host_and_flags();
+    let from_host = netns == host_netns;
+    let internal = from_host || pods_are_local(cfg_flags);
+    let (svc, key) = match lookup_frontend::<F>(addr, port, protocol, internal) {
         Frontend::Service { svc, key } => (svc, key),
         Frontend::Reject => return reject(),
         Frontend::None | Frontend::Drop => return 1,
     };
-    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    if svc.flags & svc_flags::SOURCE_RANGES != 0 && !source_allowed::<F, SENDMSG>(sa, &svc, netns) {
+    if svc.flags & svc_flags::SOURCE_RANGES != 0
+        && !source_allowed::<F, SENDMSG>(sa, &svc, from_host)
+    {
         return 1;
     }
     if svc.count == 0 {
@@ -285,6 +306,13 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
             return 1;
         }
         return reject();
+    }
+    if !from_host
+        && cfg_flags & LB_CFG_MASQUERADE_ALL != 0
+        && masquerade_flow::<F>(&svc, cfg_flags, &F::zero(), ClientSide::Pod)
+    {
+        // The pod-side tc program translates it, with SNAT (see the module's notes).
+        return 1;
     }
     let Some((_, backend)) = select_backend::<F>(&svc, &key, Client::Netns(netns)) else {
         return 1;

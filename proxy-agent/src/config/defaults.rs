@@ -145,11 +145,15 @@ fn apply_logging_defaults(config: &mut KubeProxyConfiguration) {
 }
 
 /// Stage 2: upstream's Linux `platformApplyDefaults`, with `ebpf` as the default mode.
+/// ebpf mode takes nftables mode's default for `nodePortAddresses` (KEP-3866: NodePorts on
+/// the node's primary IPs only, never on every local address): where upstream's iptables
+/// and nftables modes differ, ebpf follows nftables.
 pub fn apply_platform_defaults(config: &mut KubeProxyConfiguration) {
     if config.mode.is_empty() {
         config.mode = "ebpf".to_owned();
     }
-    if config.mode == "nftables" && config.node_port_addresses.is_empty() {
+    if (config.mode == "nftables" || config.mode == "ebpf") && config.node_port_addresses.is_empty()
+    {
         config.node_port_addresses = vec!["primary".to_owned()];
     }
     if config.detect_local_mode.is_empty() {
@@ -235,7 +239,7 @@ mod tests {
         assert_eq!(c.config_sync_period, Duration::from_mins(15)); // [D]
         assert_eq!(c.udp_idle_timeout, Duration::from_millis(250)); // [O]
         assert_eq!(c.port_range, "");
-        assert!(c.node_port_addresses.is_empty()); // [P] only nftables gets "primary"
+        assert_eq!(c.node_port_addresses, vec!["primary".to_owned()]); // [P] nftables; [E] ebpf follows it
         assert_eq!(c.cluster_cidr, "");
         assert_eq!(c.detect_local_mode, "ClusterCIDR"); // [P]
         assert_eq!(c.detect_local.bridge_interface, "");
@@ -307,6 +311,24 @@ mod tests {
         assert_eq!(c.conntrack.max_per_core, Some(0));
         assert_eq!(c.conntrack.tcp_established_timeout, Some(Duration::ZERO));
         assert_eq!(c.oom_score_adj, Some(0));
+    }
+
+    #[test]
+    fn ebpf_mode_defaults_node_port_addresses_to_primary_and_iptables_keeps_all() {
+        let mut c = KubeProxyConfiguration {
+            mode: "ebpf".to_owned(),
+            ..Default::default()
+        };
+        apply_defaults(&mut c);
+        assert_eq!(c.node_port_addresses, vec!["primary".to_owned()]);
+        for mode in ["iptables", "ipvs"] {
+            let mut c = KubeProxyConfiguration {
+                mode: mode.to_owned(),
+                ..Default::default()
+            };
+            apply_defaults(&mut c);
+            assert!(c.node_port_addresses.is_empty(), "{mode}");
+        }
     }
 
     #[test]

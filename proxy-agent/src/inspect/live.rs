@@ -167,6 +167,12 @@ pub struct LiveNode {
     pub host_netns_cookie: u64,
     /// Devices the uplink (north-south) programs are attached to.
     pub uplinks: Vec<String>,
+    /// masqueradeAll is in effect.
+    pub masquerade_all: bool,
+    /// A local-traffic detector is configured (pods count as local traffic).
+    pub local_detector: bool,
+    /// The sources the detector calls local (empty for interface-based detectors).
+    pub local_cidrs: Vec<IpNet>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -197,6 +203,8 @@ pub struct RawMaps {
     pub ct4: Vec<(Ct4Key, CtValue)>,
     pub ct6: Vec<(Ct6Key, CtValue)>,
     pub config: LbConfig,
+    /// The local-traffic detector's CIDRs (`LOCAL_CIDRS*`).
+    pub local_cidrs: Vec<IpNet>,
     pub uplinks: Vec<String>,
     /// Seconds of CLOCK_MONOTONIC_COARSE when read (the programs' clock).
     pub now: u32,
@@ -408,6 +416,9 @@ pub fn decode(raw: &RawMaps) -> LiveState {
             .then(|| IpAddr::V6(Ipv6Addr::from(raw.config.masq6))),
         host_netns_cookie: raw.config.host_netns_cookie,
         uplinks: raw.uplinks.clone(),
+        masquerade_all: raw.config.flags & proxy_common::LB_CFG_MASQUERADE_ALL != 0,
+        local_detector: raw.config.flags & proxy_common::LB_CFG_LOCAL_DETECTOR != 0,
+        local_cidrs: raw.local_cidrs.clone(),
     };
     state
 }

@@ -13,6 +13,7 @@ use crate::proxier::ebpf::{
     loader::{links_dir, maps_dir},
     maps::{KernelHash, KernelLpm, KvMap, LbMaps},
     names::read_pinned as read_names,
+    node_settings::LocalCidrMaps,
 };
 
 fn open(dir: &Path, name: &'static str) -> Result<AyaMap, LiveError> {
@@ -94,6 +95,14 @@ pub fn read_pinned(bpffs_root: &Path) -> Result<RawMaps, LiveError> {
     let config: Array<MapData, LbConfig> =
         Array::try_from(open(&dir, name)?).map_err(|source| LiveError::Map { name, source })?;
     let config = config.get(&0, 0).unwrap_or_default();
+    // Pins of an agent from before the detector's tries existed: none.
+    let local_cidrs = match (
+        lpm::<[u8; 4]>(&dir, names::LOCAL_CIDRS4),
+        lpm::<[u8; 16]>(&dir, names::LOCAL_CIDRS6),
+    ) {
+        (Ok(v4), Ok(v6)) => LocalCidrMaps { v4, v6 }.read()?.into_iter().collect(),
+        _ => Vec::new(),
+    };
     Ok(RawMaps {
         snapshot,
         names: read_names(&dir)?,
@@ -101,6 +110,7 @@ pub fn read_pinned(bpffs_root: &Path) -> Result<RawMaps, LiveError> {
         ct4,
         ct6,
         config,
+        local_cidrs,
         uplinks: uplinks(bpffs_root),
         now: monotonic_coarse_secs(),
     })

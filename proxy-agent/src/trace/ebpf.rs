@@ -136,6 +136,29 @@ fn describe_set(
     }
 }
 
+/// Whether a new flow of `client` to frontend `f` (scope `s`) is masqueraded, as
+/// proxy-ebpf `lb.rs` masquerade_flow decides: eTP=Cluster external frontends always; a
+/// ClusterIP with masqueradeAll, or from a source the local-traffic detector does not call
+/// local (pods of this node are local whenever there is a detector).
+fn masquerade_flow(state: &LiveState, f: &LiveFrontend, s: &LiveScope, q: &Question) -> bool {
+    if s.flags & svc_flags::MASQUERADE != 0 {
+        return true;
+    }
+    if f.kind != FrontendKind::ClusterIp {
+        return false;
+    }
+    if state.node.masquerade_all {
+        return true;
+    }
+    if !state.node.local_detector {
+        return false;
+    }
+    match q.client {
+        ClientKind::Pod => false,
+        _ => !state.node.local_cidrs.iter().any(|c| c.contains(&q.from)),
+    }
+}
+
 /// The trace of `q` through the ebpf dataplane described by `state`.
 pub fn trace(state: &LiveState, q: &Question) -> Verdict {
     let socket = q.client != ClientKind::External;
@@ -167,7 +190,20 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
         "a client outside the node: the uplink's tc (or XDP) program translates the packet"
             .to_string()
     });
-    let (f, s) = match lookup(state, q, socket, steps) {
+    // Clients on the node itself always take a frontend's internal scope; pods only when a
+    // local-traffic detector tells them apart from outside traffic (sock.rs).
+    let internal = match q.client {
+        ClientKind::Node => true,
+        ClientKind::Pod => state.node.local_detector,
+        ClientKind::External => false,
+    };
+    if q.client == ClientKind::Pod && !internal {
+        steps.push(
+            "no local-traffic detector: pods do not short-circuit, externalTrafficPolicy applies to them"
+                .into(),
+        );
+    }
+    let (f, s) = match lookup(state, q, internal, steps) {
         Lookup::None => {
             steps.push("passed on untouched".into());
             return v;
@@ -265,23 +301,40 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
         );
     }
     v.action = Action::Forward;
-    if socket {
+    let masquerade = masquerade_flow(state, f, s, q);
+    // With masqueradeAll the socket programs leave a pod's masqueraded connections to the
+    // pod-side tc program, which can rewrite the source.
+    let per_connection =
+        socket && !(q.client == ClientKind::Pod && state.node.masquerade_all && masquerade);
+    if per_connection {
         steps.push(
             "translated once at connect(): no NAT, the backend sees the client's own address"
                 .into(),
         );
         v.backend_sees_source = Some(q.from);
     } else {
+        if socket {
+            v.decided_by = "tc";
+            steps.push(
+                "masqueradeAll: the socket program leaves this pod connection to the pod-side tc program, which translates it per packet with SNAT"
+                    .into(),
+            );
+        }
         let masq_addr = if v6 {
             state.node.masquerade_v6
         } else {
             state.node.masquerade_v4
         };
-        match (s.flags & svc_flags::MASQUERADE != 0, masq_addr) {
+        match (masquerade, masq_addr) {
             (true, Some(node)) => {
-                steps.push(format!(
-                    "externalTrafficPolicy: Cluster: masqueraded to the node address {node}"
-                ));
+                let why = if s.flags & svc_flags::MASQUERADE != 0 {
+                    "externalTrafficPolicy: Cluster"
+                } else if state.node.masquerade_all {
+                    "masqueradeAll"
+                } else {
+                    "a ClusterIP from a source the local-traffic detector does not call local"
+                };
+                steps.push(format!("{why}: masqueraded to the node address {node}"));
                 v.masquerade = true;
                 v.backend_sees_source = Some(node);
             }

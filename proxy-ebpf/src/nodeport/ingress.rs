@@ -15,7 +15,10 @@ use super::{
 use aya_ebpf::programs::TcContext;
 
 use crate::{
-    lb::{Client, Frontend, V4, V6, lookup_frontend, select_backend},
+    lb::{
+        Client, ClientSide, Frontend, V4, V6, lookup_frontend, masquerade_flow, pods_are_local,
+        select_backend,
+    },
     maps::CT_SCRATCH,
 };
 
@@ -64,16 +67,15 @@ fn run<C: PacketIo, F: AddrRewrite + Masquerade>(ctx: &C) -> i32 {
     if let Some(v) = reply_entry::<F>(p) {
         return reply::translate::<C, F>(ctx, p, v);
     }
-    balance::<C, F>(ctx, p, false)
+    balance::<C, F>(ctx, p, ClientSide::Outside)
 }
 
-/// A packet towards a frontend: its flow's translation, or a new flow's. `internal`: the
-/// client is on this node (see [`lookup_frontend`]).
+/// A packet towards a frontend: its flow's translation, or a new flow's.
 #[inline(always)]
 fn balance<C: PacketIo, F: AddrRewrite + Masquerade>(
     ctx: &C,
     p: &Packet<F::Addr>,
-    internal: bool,
+    side: ClientSide,
 ) -> i32 {
     if let Some(v) = forward_entry::<F>(p) {
         return match plan_forward::<C, F>(ctx, p, v) {
@@ -81,19 +83,21 @@ fn balance<C: PacketIo, F: AddrRewrite + Masquerade>(
             None => C::PASS,
         };
     }
-    match new_flow::<C, F>(ctx, p, ct::config(), internal) {
+    match new_flow::<C, F>(ctx, p, ct::config(), side) {
         NewFlow::Done(action) => action,
         NewFlow::Reject => ctx.reject::<F>(p),
     }
 }
 
-/// Per-packet load balancing of what a pod sends that no socket program saw: SCTP, for
-/// which the kernel runs no cgroup connect or sendmsg hook. Clients are on this node, so
-/// frontends are looked up as the socket programs do (the internal scope of a frontend that
-/// has two). Replies come back through [`reply`], on the backend's device or the uplink.
+/// Per-packet load balancing of what a pod sends that no socket program translated: SCTP,
+/// for which the kernel runs no cgroup connect or sendmsg hook, and, with masqueradeAll,
+/// the connections the socket programs leave here because their source must become the
+/// node's (a socket program cannot change it). Frontends are looked up as the socket
+/// programs do for pods (the internal scope of a frontend that has two, when pods count as
+/// local). Replies come back through [`reply`], on the backend's device or the uplink.
 #[inline(never)]
 pub fn from_pod<F: AddrRewrite + Masquerade>(ctx: &TcContext, p: &Packet<F::Addr>) -> i32 {
-    balance::<TcContext, F>(ctx, p, true)
+    balance::<TcContext, F>(ctx, p, ClientSide::Pod)
 }
 
 /// What became of a packet that belongs to no flow yet.
@@ -130,12 +134,13 @@ fn new_flow<C: PacketIo, F: AddrRewrite + Masquerade>(
     ctx: &C,
     p: &Packet<F::Addr>,
     cfg: &proxy_common::LbConfig,
-    internal: bool,
+    side: ClientSide,
 ) -> NewFlow {
     if p.later_fragment {
         // Its first fragment made no flow: nothing to join.
         return NewFlow::Done(C::DROP);
     }
+    let internal = side == ClientSide::Pod && pods_are_local(cfg.flags);
     let (svc, key) = match lookup_frontend::<F>(p.daddr, p.dport, p.proto, internal) {
         Frontend::None => return NewFlow::Done(C::PASS),
         Frontend::Drop => return NewFlow::Done(C::DROP),
@@ -180,7 +185,7 @@ fn new_flow<C: PacketIo, F: AddrRewrite + Masquerade>(
     v.expires = ct::now() + ct::lifetime(cfg, p.proto, false);
     v.ifindex = 0;
     let masq = F::masq(cfg);
-    if svc.flags & svc_flags::MASQUERADE != 0 && masq != F::zero() {
+    if masq != F::zero() && masquerade_flow::<F>(&svc, cfg.flags, &p.saddr, side) {
         let Some(port) = ct::snat_port::<F>(cfg, v, masq, p.proto) else {
             return NewFlow::Done(C::DROP);
         };

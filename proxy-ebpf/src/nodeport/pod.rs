@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 //! Ingress on the node's other devices (pods): answers of local backends to translated
 //! flows are translated back and sent to the client; SCTP to a frontend is load-balanced
-//! per packet (no socket program sees SCTP). Everything else passes.
+//! per packet (no socket program sees SCTP), and so, with masqueradeAll, is everything the
+//! socket programs left untranslated so that its source can become the node's. Everything
+//! else passes.
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
-use proxy_common::proto;
+use proxy_common::{LB_CFG_MASQUERADE_ALL, proto};
 
 use super::{
-    icmp,
+    ct, icmp,
     ingress::{self, Masquerade},
     nat::AddrRewrite,
     parse::{self, ETH_P_IP, ETH_P_IPV6},
@@ -39,6 +41,9 @@ fn run<F: AddrRewrite + Masquerade>(ctx: &TcContext) -> i32 {
     match reply::lookup::<F>(p) {
         Some(v) => reply::translate::<TcContext, F>(ctx, p, v),
         None if p.proto == proto::SCTP => ingress::from_pod::<F>(ctx, p),
+        // Only then do socket programs leave TCP and UDP of pods to this program: without
+        // masqueradeAll a connection's packets already go to its backend.
+        None if ct::config().flags & LB_CFG_MASQUERADE_ALL != 0 => ingress::from_pod::<F>(ctx, p),
         None => TC_ACT_OK,
     }
 }

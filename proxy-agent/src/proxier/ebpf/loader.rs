@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     maps::{KernelHash, KernelLpm, LbMaps},
+    node_settings::LocalCidrMaps,
     resize::{self, PinPlan, Resizable},
     upgrade,
 };
@@ -162,6 +163,8 @@ pub struct Loaded {
     config: Array<MapData, LbConfig>,
     pub ct4: AyaHash<MapData, proxy_common::Ct4Key, proxy_common::CtValue>,
     pub ct6: AyaHash<MapData, proxy_common::Ct6Key, proxy_common::CtValue>,
+    /// The local-traffic detector's CIDRs (written with the node settings, not per service).
+    pub local_cidrs: LocalCidrMaps,
     links_dir: PathBuf,
     uplinks: Vec<String>,
     /// Devices the pod-side program is attached to.
@@ -272,12 +275,17 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
     let config = take_array(&mut ebpf, names::LB_CONFIG)?;
     let ct4 = take_raw_hash(&mut ebpf, names::CT4)?;
     let ct6 = take_raw_hash(&mut ebpf, names::CT6)?;
+    let local_cidrs = LocalCidrMaps {
+        v4: take_lpm(&mut ebpf, names::LOCAL_CIDRS4)?,
+        v6: take_lpm(&mut ebpf, names::LOCAL_CIDRS6)?,
+    };
     let mut loaded = Loaded {
         ebpf,
         maps,
         config,
         ct4,
         ct6,
+        local_cidrs,
         links_dir,
         uplinks: opts.devices.clone(),
         pod_devices: Vec::new(),

@@ -14,6 +14,7 @@ pub mod ids;
 pub mod loader;
 pub mod maps;
 pub mod names;
+pub mod node_settings;
 pub mod resize;
 pub mod upgrade;
 pub mod xdp;
@@ -34,6 +35,10 @@ pub struct EbpfProxier {
     /// Service names of the frontends, for `inspect` and `trace` (None: could not be
     /// created; the dataplane works without it).
     names: Option<names::NamesTable>,
+    /// The runtime configuration as given at start; syncs add the node settings' flags.
+    config: LbConfig,
+    /// The configuration last written with the node settings (None before the first sync).
+    written_config: Option<LbConfig>,
 }
 
 impl EbpfProxier {
@@ -65,6 +70,8 @@ impl EbpfProxier {
             loaded,
             state: ApplyState::new(max_backends, max_rev_nat),
             names,
+            config,
+            written_config: None,
         })
     }
 }
@@ -87,6 +94,25 @@ fn monotonic_coarse_secs() -> u32 {
 }
 
 impl EbpfProxier {
+    /// Brings the configuration flags and the local-traffic detector's CIDRs in line with
+    /// the node's settings (on full syncs; they change only with a restart of the agent).
+    fn sync_node_settings(&mut self, node: &super::NodeContext) -> Result<(), SyncError> {
+        let mut wanted = self.config;
+        wanted.flags =
+            (wanted.flags & !node_settings::NODE_FLAGS) | node_settings::config_flags(node);
+        if self.written_config != Some(wanted) {
+            self.loaded
+                .write_config(wanted)
+                .map_err(|e| SyncError::new("ebpf", e))?;
+            self.written_config = Some(wanted);
+        }
+        self.loaded
+            .local_cidrs
+            .sync(&node_settings::local_cidrs(node))
+            .map_err(|e| SyncError::new("ebpf", e))?;
+        Ok(())
+    }
+
     /// Deletes connection-tracking entries whose lifetime is over (the LRU maps would
     /// evict them only under pressure). Returns how many went.
     pub fn collect_conntrack(&mut self) -> usize {
@@ -139,6 +165,10 @@ impl Proxier for EbpfProxier {
         // Services refused before are tried again: their names must follow if they get in.
         let mut touched = request.changed.clone();
         touched.extend(self.state.deferred().cloned());
+        if request.full {
+            // Before the services: a frontend must never be served under the defaults.
+            self.sync_node_settings(request.node)?;
+        }
         let stats = self
             .state
             .sync(
