@@ -6,8 +6,8 @@ use std::{net::SocketAddr, time::SystemTime};
 
 use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
 use prometheus::{
-    Encoder as _, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
-    Opts, Registry, TextEncoder, exponential_buckets,
+    Encoder as _, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, Opts, Registry, TextEncoder, exponential_buckets,
 };
 use tracing::info;
 
@@ -31,6 +31,10 @@ pub struct Metrics {
     pub service_changes_total: IntCounter,
     pub no_local_endpoints: GaugeVec,
     pub sync_failures_total: IntCounter,
+    /// The stale UDP conntrack reconciler, by `ip_family` (ebpf mode: its BPF conntrack
+    /// cleanup).
+    pub conntrack_reconcile_duration: HistogramVec,
+    pub conntrack_reconcile_deleted_total: IntCounterVec,
     healthz_total: IntCounterVec,
     livez_total: IntCounterVec,
     /// Ours: entries and capacity per BPF map, services left out of full maps, fallbacks
@@ -182,6 +186,29 @@ impl Metrics {
                         "Cumulative failed dataplane syncs"
                     )
                     .namespace(NS)
+                )
+            ),
+            conntrack_reconcile_duration: register!(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "conntrack_reconciler_sync_duration_seconds",
+                        "ReconcileConntrackFlowsLatency latency in seconds"
+                    )
+                    .namespace(NS)
+                    .buckets(sync_buckets()),
+                    &["ip_family"]
+                )
+            ),
+            conntrack_reconcile_deleted_total: register!(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "conntrack_reconciler_deleted_entries_total",
+                        "Cumulative conntrack flows deleted by conntrack reconciler"
+                    )
+                    .namespace(NS),
+                    &["ip_family"]
                 )
             ),
             healthz_total: register!(
@@ -394,6 +421,27 @@ mod tests {
             page.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"16.384\"} 1")
         );
         assert!(page.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total 1"));
+    }
+
+    #[test]
+    fn conntrack_reconciler_metrics_carry_upstream_names() {
+        let m = Metrics::new();
+        m.conntrack_reconcile_duration
+            .with_label_values(&["IPv4"])
+            .observe(0.002);
+        m.conntrack_reconcile_deleted_total
+            .with_label_values(&["IPv4"])
+            .inc_by(3);
+        let page = m.render();
+        assert!(
+            page.contains("# TYPE kubeproxy_conntrack_reconciler_sync_duration_seconds histogram")
+        );
+        assert!(
+            page.contains("# TYPE kubeproxy_conntrack_reconciler_deleted_entries_total counter")
+        );
+        assert!(page.contains(
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 3"
+        ));
     }
 
     #[test]

@@ -189,17 +189,9 @@ impl ClusterState {
         for (t, state) in self.trackers.iter_mut().zip(&mut self.states) {
             let svc = state.services.apply(&mut t.services);
             let eps = state.endpoints.apply(&mut t.endpoints);
+            out.stale.record(&svc, &eps);
             out.changed.extend(svc.updated_services);
             out.changed.extend(eps.updated_services);
-            out.stale
-                .deleted_udp_cluster_ips
-                .extend(svc.deleted_udp_cluster_ips);
-            out.stale
-                .deleted_udp_endpoints
-                .extend(eps.deleted_udp_endpoints);
-            out.stale
-                .new_services_with_endpoints
-                .extend(eps.new_services_with_endpoints);
             out.trigger_times
                 .extend(eps.last_change_trigger_times.into_values().flatten());
         }

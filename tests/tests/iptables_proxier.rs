@@ -17,7 +17,7 @@ use nix::sched::{CloneFlags, setns};
 use proxy_agent::k8s::convert::{ClusterObject, parse_objects};
 use proxy_agent::model::{EndpointsChangeTracker, IpFamily, NamespacedName, ServiceChangeTracker};
 use proxy_agent::node::{LocalDetector, NodeAddresses, ProcSysctl};
-use proxy_agent::proxier::conntrack::{ConntrackCleaner, Filter, NetlinkConntrack};
+use proxy_agent::proxier::conntrack::{ConntrackTable, NetlinkConntrack};
 use proxy_agent::proxier::iptables::{
     CommandBackend, IptablesConfig, IptablesProxier, cleanup_with,
 };
@@ -122,15 +122,9 @@ impl World {
         for (state, (services, endpoints)) in self.families.iter_mut().zip(&mut self.trackers) {
             let s = state.services.apply(services);
             let e = state.endpoints.apply(endpoints);
+            stale.record(&s, &e);
             changed.extend(s.updated_services);
             changed.extend(e.updated_services);
-            stale
-                .deleted_udp_cluster_ips
-                .extend(s.deleted_udp_cluster_ips);
-            stale.deleted_udp_endpoints.extend(e.deleted_udp_endpoints);
-            stale
-                .new_services_with_endpoints
-                .extend(e.new_services_with_endpoints);
         }
         (changed, stale)
     }
@@ -418,11 +412,12 @@ fn stale_udp_conntrack_entries_are_deleted_over_netlink() {
                 socket
             })
             .collect();
-        let mut cleaner = NetlinkConntrack::new();
-        let entries = cleaner.dump().unwrap();
+        let mut table = NetlinkConntrack::new();
+        let entries = table.list(IpFamily::V4).unwrap();
+        let service_ip = "172.30.0.53".parse::<std::net::IpAddr>().unwrap();
         let to_service: Vec<_> = entries
             .iter()
-            .filter(|e| e.orig.dst == "172.30.0.53".parse::<std::net::IpAddr>().unwrap())
+            .filter(|e| e.orig.dst == service_ip)
             .collect();
         assert_eq!(to_service.len(), sockets.len(), "{entries:?}");
         let via_1 = to_service
@@ -432,13 +427,13 @@ fn stale_udp_conntrack_entries_are_deleted_over_netlink() {
 
         // Endpoint 10.180.0.1 goes away: the proxier's sync deletes its entries only.
         let (changed, stale) = world.apply(&slice("dns", &["10.180.0.2"], "UDP", "IPv4"));
-        assert_eq!(stale.deleted_udp_endpoints.len(), 1);
+        assert!(stale.udp_endpoints_changed);
         world.sync(&mut proxier, false, &changed, &stale);
-        let left: Vec<_> = cleaner
-            .dump()
+        let left: Vec<_> = table
+            .list(IpFamily::V4)
             .unwrap()
             .into_iter()
-            .filter(|e| e.orig.dst == "172.30.0.53".parse::<std::net::IpAddr>().unwrap())
+            .filter(|e| e.orig.dst == service_ip)
             .collect();
         assert_eq!(left.len(), sockets.len() - via_1);
         assert!(
@@ -446,10 +441,8 @@ fn stale_udp_conntrack_entries_are_deleted_over_netlink() {
                 .all(|e| e.reply.src == "10.180.0.2".parse::<std::net::IpAddr>().unwrap())
         );
 
-        // And a plain filter deletes the rest; `conntrack -L` (only to check) agrees.
-        let deleted = cleaner
-            .delete(&[Filter::to_ip("172.30.0.53".parse().unwrap())])
-            .unwrap();
+        // And deleting by tuple takes the rest; `conntrack -L` (only to check) agrees.
+        let deleted = table.delete(&left).unwrap();
         assert_eq!(deleted, left.len());
         let listed = Command::new("conntrack").args(["-L", "-p", "udp"]).output();
         if let Ok(out) = listed {

@@ -422,15 +422,7 @@ impl EventLoop {
         let started = Instant::now();
         let applied = self.cluster.apply_pending();
         self.pending_changed.extend(applied.changed);
-        self.pending_stale
-            .deleted_udp_cluster_ips
-            .extend(applied.stale.deleted_udp_cluster_ips);
-        self.pending_stale
-            .deleted_udp_endpoints
-            .extend(applied.stale.deleted_udp_endpoints);
-        self.pending_stale
-            .new_services_with_endpoints
-            .extend(applied.stale.new_services_with_endpoints);
+        self.pending_stale.merge(applied.stale);
         self.pending_trigger_times.extend(applied.trigger_times);
         let (svc_total, ep_total) = self.cluster.changes_total();
         self.metrics
@@ -461,6 +453,17 @@ impl EventLoop {
                     self.metrics.sync_partial_duration.observe(elapsed);
                 }
                 Metrics::set_timestamp(&self.metrics.last_sync_timestamp, now);
+                for reconcile in &stats.conntrack_reconciles {
+                    let family = [reconcile.family.as_api_str()];
+                    self.metrics
+                        .conntrack_reconcile_duration
+                        .with_label_values(&family)
+                        .observe(reconcile.took.as_secs_f64());
+                    self.metrics
+                        .conntrack_reconcile_deleted_total
+                        .with_label_values(&family)
+                        .inc_by(reconcile.deleted as u64);
+                }
                 self.metrics
                     .no_local_endpoints
                     .with_label_values(&["internal"])

@@ -9,10 +9,10 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::endpointslice_cache::{EndpointSliceCache, EndpointsChange};
+use super::endpointslice_cache::EndpointSliceCache;
 use super::{
     Endpoint, InvalidObject, IpFamily, NamespacedName, ObjectKind, Protocol, Rejections,
-    ServiceEndpoint, ServicePortName, SliceInfo,
+    ServicePortName, SliceInfo,
 };
 use crate::k8s::convert;
 
@@ -154,13 +154,8 @@ impl EndpointsChangeTracker {
 pub struct UpdateEndpointsMapResult {
     /// Services whose endpoints were added, updated or deleted.
     pub updated_services: HashSet<NamespacedName>,
-    /// UDP endpoints that were serving and no longer are (removed, or no longer serving):
-    /// conntrack entries towards them must go, or clients keep sending into the void.
-    pub deleted_udp_endpoints: Vec<ServiceEndpoint>,
-    /// UDP service ports that went from no serving endpoint to some: conntrack entries
-    /// created meanwhile (which blackholed or rejected) must go.
-    pub new_services_with_endpoints: Vec<ServicePortName>,
-    /// A changed service has (or had) a UDP port: current upstream's coarser signal.
+    /// A changed service has (or had) a UDP port: the conntrack reconciler must run
+    /// (upstream's `ConntrackCleanupRequired`).
     pub conntrack_cleanup_required: bool,
     /// Trigger times of the applied changes, for the network programming latency metric.
     pub last_change_trigger_times: HashMap<NamespacedName, Vec<SystemTime>>,
@@ -188,7 +183,6 @@ impl EndpointsMap {
     pub fn apply(&mut self, tracker: &mut EndpointsChangeTracker) -> UpdateEndpointsMapResult {
         let mut result = UpdateEndpointsMapResult::default();
         for (service, change) in tracker.cache.checkout_changes() {
-            detect_stale_udp(&change, &mut result);
             if !result.conntrack_cleanup_required {
                 result.conntrack_cleanup_required = change
                     .previous
@@ -202,8 +196,6 @@ impl EndpointsMap {
             self.0.extend(change.current);
             result.updated_services.insert(service);
         }
-        result.deleted_udp_endpoints.sort();
-        result.new_services_with_endpoints.sort();
         result.last_change_trigger_times = std::mem::take(&mut tracker.last_change_trigger_times);
         result
     }
@@ -222,39 +214,5 @@ impl EndpointsMap {
         ips.into_iter()
             .map(|(service, ips)| (service.clone(), ips.len()))
             .collect()
-    }
-}
-
-/// Finds what UDP conntrack cleanup one service's change calls for.
-fn detect_stale_udp(change: &EndpointsChange, result: &mut UpdateEndpointsMapResult) {
-    let serving_count = |endpoints: Option<&Vec<Arc<Endpoint>>>| {
-        endpoints.map_or(0, |list| list.iter().filter(|e| e.serving).count())
-    };
-    for (port_name, endpoints) in &change.previous {
-        if port_name.protocol != Protocol::Udp {
-            continue;
-        }
-        let current = change.current.get(port_name);
-        // An endpoint that was not serving had no traffic, hence no entries to clean.
-        for endpoint in endpoints.iter().filter(|e| e.serving) {
-            let still_serving = current.is_some_and(|list| {
-                list.iter()
-                    .any(|e| e.addr() == endpoint.addr() && e.serving)
-            });
-            if !still_serving {
-                result.deleted_udp_endpoints.push(ServiceEndpoint {
-                    service_port_name: port_name.clone(),
-                    endpoint: endpoint.addr(),
-                });
-            }
-        }
-    }
-    for (port_name, endpoints) in &change.current {
-        if port_name.protocol == Protocol::Udp
-            && serving_count(Some(endpoints)) > 0
-            && serving_count(change.previous.get(port_name)) == 0
-        {
-            result.new_services_with_endpoints.push(port_name.clone());
-        }
     }
 }

@@ -23,7 +23,7 @@ pub use endpoint::{Endpoint, SliceEndpoint, SliceInfo, SlicePort};
 pub use endpoints_tracker::{EndpointsChangeTracker, EndpointsMap, UpdateEndpointsMapResult};
 pub use endpointslice_cache::{EndpointSliceCache, EndpointsChange, ServiceEndpoints};
 pub use invalid::{InvalidObject, ObjectKind, Rejections};
-pub use names::{IpFamily, NamespacedName, Protocol, ServiceEndpoint, ServicePortName};
+pub use names::{IpFamily, NamespacedName, Protocol, ServicePortName};
 pub use service_port::{LoadBalancerIngress, LoadBalancerIpMode, ServicePort, SessionAffinity};
 pub use service_tracker::{
     ServiceChangeTracker, ServicePortMap, ServicePorts, UpdateServiceMapResult,

@@ -2,7 +2,7 @@
 //! Identifiers shared by the whole model: object names, protocols, address families.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 
@@ -141,18 +141,5 @@ impl fmt::Display for ServicePortName {
         } else {
             write!(f, "{}:{}", self.service, self.port_name)
         }
-    }
-}
-
-/// One endpoint of one service port, as reported for conntrack cleanup.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceEndpoint {
-    pub service_port_name: ServicePortName,
-    pub endpoint: SocketAddr,
-}
-
-impl fmt::Display for ServiceEndpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} -> {}", self.service_port_name, self.endpoint)
     }
 }

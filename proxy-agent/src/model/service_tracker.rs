@@ -3,7 +3,6 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
 use std::ops::Deref;
 use std::sync::Arc;
 
@@ -155,8 +154,12 @@ fn convert_quietly(svc: &Service, family: IpFamily) -> ServicePorts {
 pub struct UpdateServiceMapResult {
     /// Services added, updated or deleted.
     pub updated_services: HashSet<NamespacedName>,
-    /// ClusterIPs of removed UDP service ports, whose conntrack entries must go.
-    pub deleted_udp_cluster_ips: HashSet<IpAddr>,
+    /// The previous version of every UDP service port that was removed or changed: its
+    /// frontends (ClusterIP, external IPs, LB IPs, NodePort) may be gone, and the conntrack
+    /// reconciler must still know them to delete the entries that lead there. Upstream
+    /// reports removed ports only (`DeletedServices`); a changed port is here too, so that
+    /// a removed external IP or LB IP, or a changed NodePort, is cleaned as well.
+    pub replaced_udp_ports: Vec<Arc<ServicePort>>,
 }
 
 /// Every service port of one IP family, with an index from each service to its ports so
@@ -184,14 +187,13 @@ impl ServicePortMap {
     pub fn apply(&mut self, tracker: &mut ServiceChangeTracker) -> UpdateServiceMapResult {
         let mut result = UpdateServiceMapResult::default();
         for (service, change) in tracker.items.drain() {
-            for port_name in change.previous.keys() {
-                if change.current.contains_key(port_name) {
-                    continue;
+            for (port_name, previous) in &change.previous {
+                let current = change.current.get(port_name);
+                if current.is_none() {
+                    self.ports.remove(port_name);
                 }
-                if let Some(removed) = self.ports.remove(port_name)
-                    && removed.protocol == Protocol::Udp
-                {
-                    result.deleted_udp_cluster_ips.insert(removed.cluster_ip);
+                if previous.protocol == Protocol::Udp && current != Some(previous) {
+                    result.replaced_udp_ports.push(previous.clone());
                 }
             }
             if change.current.is_empty() {

@@ -6,13 +6,15 @@
 use std::{
     collections::{BTreeMap, HashSet},
     net::IpAddr,
+    sync::Arc,
 };
 
 use ipnet::IpNet;
 
 use crate::{
     model::{
-        EndpointsMap, IpFamily, NamespacedName, ServiceEndpoint, ServicePortMap, ServicePortName,
+        EndpointsMap, IpFamily, NamespacedName, ServicePort, ServicePortMap,
+        UpdateEndpointsMapResult, UpdateServiceMapResult,
     },
     node::{LocalDetector, NodeAddresses},
 };
@@ -108,12 +110,39 @@ pub fn resolve_nodeport_addresses(
     Some(out)
 }
 
-/// UDP conntrack cleanup inputs collected from the trackers since the last sync.
+/// What the trackers reported since the last sync for the stale UDP conntrack reconciler
+/// (see [`conntrack`]): whether it must run, and the frontends it can no longer find in
+/// the model.
 #[derive(Clone, Debug, Default)]
 pub struct StaleConntrack {
-    pub deleted_udp_cluster_ips: HashSet<IpAddr>,
-    pub deleted_udp_endpoints: Vec<ServiceEndpoint>,
-    pub new_services_with_endpoints: Vec<ServicePortName>,
+    /// Previous versions of UDP service ports removed or changed (any family).
+    pub replaced_udp_ports: Vec<Arc<ServicePort>>,
+    /// The endpoints of a service with a UDP port changed.
+    pub udp_endpoints_changed: bool,
+}
+
+impl StaleConntrack {
+    /// Adds what one family's trackers reported when they were applied.
+    pub fn record(
+        &mut self,
+        services: &UpdateServiceMapResult,
+        endpoints: &UpdateEndpointsMapResult,
+    ) {
+        self.replaced_udp_ports
+            .extend(services.replaced_udp_ports.iter().cloned());
+        self.udp_endpoints_changed |= endpoints.conntrack_cleanup_required;
+    }
+
+    /// Adds a later report (changes applied while no sync succeeded yet).
+    pub fn merge(&mut self, later: StaleConntrack) {
+        self.replaced_udp_ports.extend(later.replaced_udp_ports);
+        self.udp_endpoints_changed |= later.udp_endpoints_changed;
+    }
+
+    /// Whether anything changed that can leave UDP conntrack entries stale.
+    pub fn cleanup_required(&self) -> bool {
+        self.udp_endpoints_changed || !self.replaced_udp_ports.is_empty()
+    }
 }
 
 /// One sync.
@@ -149,6 +178,9 @@ pub struct SyncStats {
     pub full_maps: Vec<FullMap>,
     /// Entries and capacity of each map the agent fills (ebpf mode).
     pub map_usage: Vec<MapUsage>,
+    /// The stale UDP conntrack reconciles this sync ran, per family (none when nothing
+    /// called for one).
+    pub conntrack_reconciles: Vec<conntrack::ConntrackReconcile>,
 }
 
 /// A map that could not take every service.

@@ -128,7 +128,10 @@ fn services_are_added_and_removed() {
             nsn("ns1", "only-local-load-balancer"),
         ])
     );
-    assert!(result.deleted_udp_cluster_ips.is_empty());
+    assert!(
+        result.replaced_udp_ports.is_empty(),
+        "new ports replace nothing"
+    );
     assert_eq!(
         fake.map.health_check_node_ports(),
         HashMap::from([(nsn("ns1", "only-local-load-balancer"), 345)])
@@ -151,19 +154,30 @@ fn services_are_added_and_removed() {
     );
     assert_eq!(result.updated_services.len(), 4);
     assert!(fake.map.health_check_node_ports().is_empty());
+    // Every removed UDP port is reported with its last version (the TCP one of
+    // node-port is not); the kept "p2" did not exist before.
+    let mut replaced: Vec<(IpAddr, u16)> = result
+        .replaced_udp_ports
+        .iter()
+        .map(|port| (port.cluster_ip, port.port))
+        .collect();
+    replaced.sort();
     assert_eq!(
-        result.deleted_udp_cluster_ips,
-        HashSet::from([
-            ip("172.16.55.4"),
-            ip("172.16.55.10"),
-            ip("172.16.55.11"),
-            ip("172.16.55.12")
-        ])
+        replaced,
+        [
+            (ip("172.16.55.4"), 1234),
+            (ip("172.16.55.4"), 1235),
+            (ip("172.16.55.10"), 345),
+            (ip("172.16.55.11"), 8675),
+            (ip("172.16.55.11"), 8676),
+            (ip("172.16.55.12"), 8677),
+            (ip("172.16.55.12"), 8678),
+        ]
     );
 }
 
 #[test]
-fn removing_only_tcp_ports_reports_no_udp_cluster_ip() {
+fn removing_only_tcp_ports_reports_no_udp_port() {
     let mut fake = Fake::new();
     let svc = mk_service("ns1", "tcp")
         .cluster_ip("172.16.55.20")
@@ -174,7 +188,7 @@ fn removing_only_tcp_ports_reports_no_udp_cluster_ip() {
     fake.tracker.update(Some(&svc), None);
     let result = fake.apply();
     assert_eq!(result.updated_services, HashSet::from([nsn("ns1", "tcp")]));
-    assert!(result.deleted_udp_cluster_ips.is_empty());
+    assert!(result.replaced_udp_ports.is_empty());
     assert!(fake.map.is_empty());
 }
 
@@ -201,14 +215,21 @@ fn service_updates_change_ports_in_place() {
     assert_eq!(fake.map.len(), 2);
     assert_eq!(result.updated_services.len(), 1);
     assert!(fake.map.health_check_node_ports().is_empty());
+    let v1_p1 = fake.map[&port_name("ns1", "svc1", "p1", Protocol::Udp)].clone();
 
     assert!(fake.tracker.update(Some(&v1), Some(&v2)));
     let result = fake.apply();
     assert_eq!(fake.map.len(), 2);
     assert_eq!(result.updated_services.len(), 1);
-    assert!(
-        result.deleted_udp_cluster_ips.is_empty(),
-        "an updated port is not a removed one"
+    // The UDP port changed (it gained an LB IP): its previous version is reported, so
+    // that frontends it loses can be cleaned; the TCP port is not.
+    assert_eq!(
+        result
+            .replaced_udp_ports
+            .iter()
+            .map(|port| port.as_ref())
+            .collect::<Vec<_>>(),
+        [v1_p1.as_ref()]
     );
     assert_eq!(fake.map.health_check_node_ports().len(), 1);
     let p1 = &fake.map[&port_name("ns1", "svc1", "p1", Protocol::Udp)];

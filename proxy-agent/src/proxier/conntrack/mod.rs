@@ -1,23 +1,33 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Stale UDP conntrack cleanup, shared by the iptables and ipvs modes.
+//! Stale UDP conntrack reconciler, shared by the iptables and ipvs modes (upstream
+//! pkg/proxy/conntrack since 1.32, with its 2026 fixes).
 //!
-//! UDP has no connection end, so a conntrack entry created while a service had no
-//! endpoints (rejected or dropped), or one pointing at an endpoint that is gone, keeps
-//! capturing a client's packets for as long as the client keeps sending. Upstream deletes
-//! such entries after each sync; so do we: [`plan_udp_cleanup`] turns what the trackers
-//! reported into [`Filter`]s (upstream's `conntrack -D` invocations), and a
-//! [`ConntrackCleaner`] deletes the matching entries, over ctnetlink in production
-//! ([`netlink::NetlinkConntrack`]: one dump, then one delete per matching entry by its
-//! exact tuple, which works on every kernel).
+//! UDP has no connection end: a netfilter conntrack entry keeps translating a client's
+//! datagrams to the endpoint it picked for as long as the client keeps sending, whatever
+//! the rules say now. So after a sync that changed a UDP service or its endpoints, each
+//! family's table is listed and every UDP entry whose original destination is a service
+//! frontend and whose reply source is not an endpoint serving that frontend is deleted
+//! ([`UdpFrontends`] decides, purely). The next datagram then meets the current rules: a
+//! live endpoint, or the REJECT/DROP of a service without one.
+//!
+//! [`UdpConntrackReconciler`] runs it over a [`ConntrackTable`]: ctnetlink in production
+//! ([`netlink::NetlinkConntrack`]: one dump, then one delete per stale entry by its exact
+//! tuple, which works on every kernel).
 
+pub mod frontends;
 pub mod netlink;
 
-use std::collections::BTreeSet;
-use std::net::IpAddr;
+#[cfg(test)]
+pub mod fake;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::model::{IpFamily, Protocol, ServicePort};
-use crate::proxier::{FamilyState, StaleConntrack};
+use crate::proxier::SyncRequest;
 
+pub use frontends::{FlowVerdict, UdpFrontends};
 pub use netlink::NetlinkConntrack;
 
 pub const IPPROTO_TCP: u8 = 6;
@@ -48,69 +58,8 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Which entries to delete; every set field must match. Fields compare the original
-/// direction's destination and the reply direction's source (the endpoint, after DNAT).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Filter {
-    pub family: IpFamily,
-    pub protocol: u8,
-    pub orig_dst: Option<IpAddr>,
-    pub orig_dst_port: Option<u16>,
-    pub reply_src: Option<IpAddr>,
-}
-
-impl Filter {
-    /// `conntrack -D --orig-dst ip -p udp`.
-    pub fn to_ip(ip: IpAddr) -> Self {
-        Self {
-            family: IpFamily::of(&ip),
-            protocol: IPPROTO_UDP,
-            orig_dst: Some(ip),
-            orig_dst_port: None,
-            reply_src: None,
-        }
-    }
-
-    /// `conntrack -D -p udp --dport port`.
-    pub fn to_port(family: IpFamily, port: u16) -> Self {
-        Self {
-            family,
-            protocol: IPPROTO_UDP,
-            orig_dst: None,
-            orig_dst_port: Some(port),
-            reply_src: None,
-        }
-    }
-
-    /// `conntrack -D --orig-dst ip --dst-nat endpoint -p udp`.
-    pub fn nat(ip: IpAddr, endpoint: IpAddr) -> Self {
-        Self {
-            reply_src: Some(endpoint),
-            ..Self::to_ip(ip)
-        }
-    }
-
-    /// `conntrack -D -p udp --dport port --dst-nat endpoint`.
-    pub fn port_nat(port: u16, endpoint: IpAddr) -> Self {
-        Self {
-            reply_src: Some(endpoint),
-            ..Self::to_port(IpFamily::of(&endpoint), port)
-        }
-    }
-
-    pub fn matches(&self, entry: &Entry) -> bool {
-        entry.family == self.family
-            && entry.orig.protocol == self.protocol
-            && self.orig_dst.is_none_or(|ip| entry.orig.dst == ip)
-            && self
-                .orig_dst_port
-                .is_none_or(|port| entry.orig.dst_port == port)
-            && self.reply_src.is_none_or(|ip| entry.reply.src == ip)
-    }
-}
-
 /// One direction of a connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tuple {
     pub src: IpAddr,
     pub dst: IpAddr,
@@ -120,7 +69,7 @@ pub struct Tuple {
 }
 
 /// A conntrack entry as the kernel dumps it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Entry {
     pub family: IpFamily,
     pub orig: Tuple,
@@ -128,89 +77,124 @@ pub struct Entry {
     pub zone: u16,
 }
 
-/// Deletes conntrack entries.
-pub trait ConntrackCleaner: Send {
-    /// Deletes every entry matching any filter; returns how many were deleted.
-    fn delete(&mut self, filters: &[Filter]) -> Result<usize>;
+impl Entry {
+    /// Where the client sent it (`--orig-dst`, `--orig-port-dst`).
+    pub fn original_destination(&self) -> SocketAddr {
+        SocketAddr::new(self.orig.dst, self.orig.dst_port)
+    }
+
+    /// Who answers (`--reply-src`, `--reply-port-src`): the endpoint after DNAT, or the
+    /// destination itself when nothing translated it.
+    pub fn reply_source(&self) -> SocketAddr {
+        SocketAddr::new(self.reply.src, self.reply.src_port)
+    }
 }
 
-/// Upstream's cleanup after a sync, as filters:
-/// - ClusterIPs of removed UDP service ports: every entry to them;
-/// - UDP service ports that gained their first endpoints: every entry to their ClusterIP,
-///   external IPs, LB IPs and NodePort (created while traffic was rejected or dropped);
-/// - UDP endpoints that went away: entries to the service's addresses (and NodePort)
-///   that were translated to that endpoint.
-///
-/// `families` is the model after the sync.
-pub fn plan_udp_cleanup(stale: &StaleConntrack, families: &[FamilyState]) -> Vec<Filter> {
-    let mut filters = BTreeSet::new();
-    let service = |name, family: IpFamily| -> Option<&ServicePort> {
-        let state = families.iter().find(|f| f.family == family)?;
-        state
-            .services
-            .get(name)
-            .map(|svc| svc.as_ref())
-            .filter(|svc| svc.protocol == Protocol::Udp)
-    };
-    for ip in &stale.deleted_udp_cluster_ips {
-        filters.insert(Filter::to_ip(*ip));
+/// The conntrack table of this network namespace.
+pub trait ConntrackTable: Send {
+    /// Every entry of one family.
+    fn list(&mut self, family: IpFamily) -> Result<Vec<Entry>>;
+    /// Deletes these entries (by their original tuple); returns how many were deleted.
+    /// Entries gone meanwhile are not an error.
+    fn delete(&mut self, entries: &[Entry]) -> Result<usize>;
+}
+
+/// The UDP entries of `entries` that lead a client's next datagram to the wrong place.
+pub fn stale_udp_entries<'e>(frontends: &UdpFrontends, entries: &'e [Entry]) -> Vec<&'e Entry> {
+    entries
+        .iter()
+        .filter(|entry| entry.orig.protocol == IPPROTO_UDP)
+        .filter(|entry| {
+            frontends.verdict(entry.original_destination(), entry.reply_source())
+                == FlowVerdict::Stale
+        })
+        .collect()
+}
+
+/// One family's reconcile, for `kubeproxy_conntrack_reconciler_*`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConntrackReconcile {
+    pub family: IpFamily,
+    pub took: Duration,
+    pub deleted: usize,
+}
+
+/// Runs the reconcile after the syncs that call for one.
+pub struct UdpConntrackReconciler {
+    table: Box<dyn ConntrackTable>,
+    /// Run at the next sync whatever it reports: the first sync (entries left from before
+    /// the agent started), and after a reconcile that failed.
+    due: bool,
+    /// Replaced ports a failed reconcile could not finish with.
+    carried: Vec<Arc<ServicePort>>,
+}
+
+impl UdpConntrackReconciler {
+    pub fn new(table: Box<dyn ConntrackTable>) -> Self {
+        Self {
+            table,
+            due: true,
+            carried: Vec::new(),
+        }
     }
-    for name in &stale.new_services_with_endpoints {
-        for state in families {
-            let Some(svc) = service(name, state.family) else {
-                continue;
-            };
-            for ip in service_ips(svc) {
-                filters.insert(Filter::to_ip(ip));
+
+    /// After a sync's rules are in (entries deleted earlier could be recreated by packets
+    /// still following the old rules), for each family of the request. Failures are logged
+    /// and retried at the next sync, never fail the sync: the rules are right, only old
+    /// flows linger.
+    pub fn after_sync(&mut self, request: &SyncRequest<'_>) -> Vec<ConntrackReconcile> {
+        if !self.due && !request.stale.cleanup_required() {
+            return Vec::new();
+        }
+        let replaced: Vec<Arc<ServicePort>> = self
+            .carried
+            .drain(..)
+            .chain(request.stale.replaced_udp_ports.iter().cloned())
+            .collect();
+        let mut failed = false;
+        let mut reports = Vec::new();
+        for state in request.families {
+            let started = Instant::now();
+            let frontends = UdpFrontends::new(
+                state,
+                replaced.iter().map(Arc::as_ref),
+                &request.node.host_addresses,
+            );
+            match self.reconcile_family(state.family, &frontends) {
+                Ok(deleted) => {
+                    tracing::debug!(family = %state.family, deleted, "reconciled UDP conntrack entries");
+                    reports.push(ConntrackReconcile {
+                        family: state.family,
+                        took: started.elapsed(),
+                        deleted,
+                    });
+                }
+                Err(err) => {
+                    tracing::error!(family = %state.family, reason = %err, "failed to delete stale UDP conntrack entries; retrying at the next sync");
+                    failed = true;
+                }
             }
-            if let Some(port) = svc.node_port {
-                filters.insert(Filter::to_port(state.family, port));
-            }
         }
+        self.due = failed;
+        if failed {
+            self.carried = replaced;
+        }
+        reports
     }
-    for deleted in &stale.deleted_udp_endpoints {
-        let endpoint = deleted.endpoint.ip();
-        let Some(svc) = service(&deleted.service_port_name, IpFamily::of(&endpoint)) else {
-            continue;
-        };
-        if let Some(port) = svc.node_port {
-            filters.insert(Filter::port_nat(port, endpoint));
-        }
-        for ip in service_ips(svc) {
-            filters.insert(Filter::nat(ip, endpoint));
-        }
-    }
-    filters.into_iter().collect()
-}
 
-fn service_ips(svc: &ServicePort) -> impl Iterator<Item = IpAddr> + '_ {
-    std::iter::once(svc.cluster_ip)
-        .chain(svc.external_ips.iter().copied())
-        .chain(svc.load_balancer_vips())
-}
-
-/// Runs the cleanup the stale report calls for; errors are logged, as upstream does: a
-/// failed cleanup must not fail the sync.
-pub fn clean_stale_udp(
-    cleaner: &mut dyn ConntrackCleaner,
-    stale: &StaleConntrack,
-    families: &[FamilyState],
-) {
-    let filters = plan_udp_cleanup(stale, families);
-    if filters.is_empty() {
-        return;
-    }
-    match cleaner.delete(&filters) {
-        Ok(deleted) => {
-            tracing::debug!(
-                filters = filters.len(),
-                deleted,
-                "deleted stale UDP conntrack entries"
-            )
+    fn reconcile_family(&mut self, family: IpFamily, frontends: &UdpFrontends) -> Result<usize> {
+        if frontends.is_empty() {
+            return Ok(0);
         }
-        Err(err) => {
-            tracing::error!(reason = %err, filters = filters.len(), "failed to delete stale UDP conntrack entries")
+        let entries = self.table.list(family)?;
+        let stale: Vec<Entry> = stale_udp_entries(frontends, &entries)
+            .into_iter()
+            .copied()
+            .collect();
+        if stale.is_empty() {
+            return Ok(0);
         }
+        self.table.delete(&stale)
     }
 }
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! ctnetlink (NETLINK_NETFILTER, subsystem CTNETLINK): dump the conntrack table, delete
-//! entries by their original tuple. The message layout is small enough to write here:
+//! ctnetlink (NETLINK_NETFILTER, subsystem CTNETLINK): dump one family's conntrack table,
+//! delete entries by their original tuple. The message layout is small enough to write here:
 //! `nlmsghdr`, `nfgenmsg`, then netlink attributes (CTA_*), nested for tuples.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -13,7 +13,7 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeVal;
 
-use super::{ConntrackCleaner, Entry, Error, Filter, Result, Tuple};
+use super::{ConntrackTable, Entry, Error, Result, Tuple};
 use crate::model::IpFamily;
 use crate::proxier::netlink::{
     Malformed, Message, MessageBuilder, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, attrs, split_messages,
@@ -39,7 +39,6 @@ const CTA_PROTO_NUM: u16 = 1;
 const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
 
-const AF_UNSPEC: u8 = 0;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
@@ -61,13 +60,13 @@ fn ct_message(msg_type: u16, flags: u16, seq: u32, family: u8) -> MessageBuilder
     )
 }
 
-/// A dump of every entry of every family.
-pub fn dump_request(seq: u32) -> Vec<u8> {
+/// A dump of every entry of one family (the kernel filters on the nfgenmsg family).
+pub fn dump_request(family: IpFamily, seq: u32) -> Vec<u8> {
     ct_message(
         IPCTNL_MSG_CT_GET,
         NLM_F_REQUEST | NLM_F_DUMP,
         seq,
-        AF_UNSPEC,
+        af(family),
     )
     .finish()
 }
@@ -247,14 +246,8 @@ impl NetlinkConntrack {
         self.seq
     }
 
-    /// Every entry of the table.
-    pub fn dump(&mut self) -> Result<Vec<Entry>> {
-        let fd = Self::open()?;
-        self.dump_on(&fd)
-    }
-
-    fn dump_on(&mut self, fd: &OwnedFd) -> Result<Vec<Entry>> {
-        let request = dump_request(self.next_seq());
+    fn dump_on(&mut self, fd: &OwnedFd, family: IpFamily) -> Result<Vec<Entry>> {
+        let request = dump_request(family, self.next_seq());
         send(fd, &request, "dump")?;
         let mut entries = Vec::new();
         let mut buf = vec![0u8; 1 << 16];
@@ -267,7 +260,9 @@ impl NetlinkConntrack {
             })?;
             for reply in parse_replies(&buf[..n])? {
                 match reply {
-                    Reply::Entry { family, attrs } => entries.extend(parse_entry(family, attrs)),
+                    // A kernel that ignores the requested family still gets it right.
+                    Reply::Entry { family: af, attrs } => entries
+                        .extend(parse_entry(af, attrs).filter(|entry| entry.family == family)),
                     Reply::Done => return Ok(entries),
                     Reply::Error(0) | Reply::Other => {}
                     Reply::Error(code) => {
@@ -317,21 +312,20 @@ fn send(fd: &OwnedFd, request: &[u8], operation: &'static str) -> Result<()> {
     .map_err(|source| Error::Kernel { operation, source })
 }
 
-impl ConntrackCleaner for NetlinkConntrack {
-    fn delete(&mut self, filters: &[Filter]) -> Result<usize> {
-        if filters.is_empty() {
+impl ConntrackTable for NetlinkConntrack {
+    fn list(&mut self, family: IpFamily) -> Result<Vec<Entry>> {
+        let fd = Self::open()?;
+        self.dump_on(&fd, family)
+    }
+
+    fn delete(&mut self, entries: &[Entry]) -> Result<usize> {
+        if entries.is_empty() {
             return Ok(0);
         }
         let fd = Self::open()?;
-        // Deleting while the dump runs would disturb it: collect first.
-        let doomed: Vec<Entry> = self
-            .dump_on(&fd)?
-            .into_iter()
-            .filter(|entry| filters.iter().any(|f| f.matches(entry)))
-            .collect();
         let mut buf = vec![0u8; 8192];
         let mut deleted = 0;
-        for entry in &doomed {
+        for entry in entries {
             deleted += usize::from(self.delete_entry(&fd, entry, &mut buf)?);
         }
         Ok(deleted)

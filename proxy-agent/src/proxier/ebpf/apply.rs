@@ -588,6 +588,8 @@ impl ApplyState {
             not_programmed_examples: refusals.examples(),
             full_maps: refusals.full_maps(&budget),
             map_usage,
+            // The ebpf proxier adds its conntrack cleanup after the maps are written.
+            conntrack_reconciles: Vec::new(),
         })
     }
 

@@ -32,7 +32,7 @@ pub use rules::RuleOptions;
 
 use crate::model::IpFamily;
 use crate::node::Sysctl;
-use crate::proxier::conntrack::{self, ConntrackCleaner, NetlinkConntrack};
+use crate::proxier::conntrack::{ConntrackTable, NetlinkConntrack, UdpConntrackReconciler};
 use crate::proxier::{NodeContext, Proxier, SyncError, SyncRequest, SyncStats};
 use family::FamilyProxier;
 
@@ -83,7 +83,7 @@ impl Default for IptablesConfig {
 /// The iptables proxier for both families.
 pub struct IptablesProxier {
     backend: Box<dyn IptablesBackend>,
-    conntrack: Box<dyn ConntrackCleaner>,
+    conntrack: UdpConntrackReconciler,
     options: RuleOptions,
     config: IptablesConfig,
     families: Vec<FamilyProxier>,
@@ -111,16 +111,16 @@ impl IptablesProxier {
         ))
     }
 
-    /// A proxier over any backend and conntrack cleaner (tests, benchmarks).
+    /// A proxier over any backend and conntrack table (tests, benchmarks).
     pub fn with_parts(
         backend: Box<dyn IptablesBackend>,
-        conntrack: Box<dyn ConntrackCleaner>,
+        conntrack: Box<dyn ConntrackTable>,
         options: RuleOptions,
         config: IptablesConfig,
     ) -> Self {
         Self {
             backend,
-            conntrack,
+            conntrack: UdpConntrackReconciler::new(conntrack),
             options,
             config,
             families: Vec::new(),
@@ -188,12 +188,10 @@ impl Proxier for IptablesProxier {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError> {
-        let stats = self
+        let mut stats = self
             .sync_families(request)
             .map_err(|err| SyncError::new(MODE, err))?;
-        // Only after the rules are in: entries deleted earlier could be recreated by
-        // packets still following the old rules.
-        conntrack::clean_stale_udp(self.conntrack.as_mut(), request.stale, request.families);
+        stats.conntrack_reconciles = self.conntrack.after_sync(request);
         Ok(stats)
     }
 

@@ -30,7 +30,7 @@ use ipnet::IpNet;
 
 use crate::model::{IpFamily, NamespacedName};
 use crate::node::Sysctl;
-use crate::proxier::conntrack::{self, ConntrackCleaner, NetlinkConntrack};
+use crate::proxier::conntrack::{NetlinkConntrack, UdpConntrackReconciler};
 use crate::proxier::iptables::exec::{CommandBackend, ExecError, IptablesBackend};
 use crate::proxier::iptables::jumps::{Table, write_missing_jumps};
 use crate::proxier::iptables::rules::LocalMatch;
@@ -112,7 +112,7 @@ pub struct Parts {
     pub dummy: Box<dyn DummyAddresses>,
     pub ipset: Box<dyn IpsetBackend>,
     pub iptables: Box<dyn IptablesBackend>,
-    pub conntrack: Box<dyn ConntrackCleaner>,
+    pub conntrack: UdpConntrackReconciler,
     pub random_fully: bool,
 }
 
@@ -143,7 +143,7 @@ impl IpvsProxier {
             dummy: Box::new(RouteSocket::open()?),
             ipset: Box::new(IpsetCommand),
             iptables: Box::new(iptables),
-            conntrack: Box::new(NetlinkConntrack::new()),
+            conntrack: UdpConntrackReconciler::new(Box::new(NetlinkConntrack::new())),
             random_fully,
         };
         Ok(Self::with_parts(parts, config))
@@ -313,15 +313,11 @@ impl Proxier for IpvsProxier {
     }
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError> {
-        let stats = self.sync_all(request).map_err(|err| {
+        let mut stats = self.sync_all(request).map_err(|err| {
             self.needs_full = true;
             SyncError::new(MODE, err)
         })?;
-        conntrack::clean_stale_udp(
-            self.parts.conntrack.as_mut(),
-            request.stale,
-            request.families,
-        );
+        stats.conntrack_reconciles = self.parts.conntrack.after_sync(request);
         Ok(stats)
     }
 

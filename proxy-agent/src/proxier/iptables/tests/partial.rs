@@ -3,11 +3,10 @@
 //! exactly as a full sync of the same state would.
 
 use std::collections::{BTreeSet, HashSet};
-use std::sync::{Arc, Mutex};
 
 use super::scenario::{Replay, Scenario, Step, scenario_files};
 use crate::model::{IpFamily, NamespacedName, Protocol, ServicePortName};
-use crate::proxier::conntrack::{self, ConntrackCleaner, Filter};
+use crate::proxier::conntrack::fake::FakeConntrack;
 use crate::proxier::iptables::fake::SharedFake;
 use crate::proxier::iptables::jumps::Table;
 use crate::proxier::iptables::names::{
@@ -16,19 +15,8 @@ use crate::proxier::iptables::names::{
 use crate::proxier::iptables::{IptablesConfig, IptablesProxier, RuleOptions};
 use crate::proxier::{Proxier, SyncRequest};
 
-/// Records the filters it is asked to delete.
-#[derive(Clone, Default)]
-pub struct RecordingConntrack(pub Arc<Mutex<Vec<Vec<Filter>>>>);
-
-impl ConntrackCleaner for RecordingConntrack {
-    fn delete(&mut self, filters: &[Filter]) -> conntrack::Result<usize> {
-        self.0.lock().unwrap().push(filters.to_vec());
-        Ok(0)
-    }
-}
-
-pub fn new_proxier(fake: &SharedFake) -> (IptablesProxier, RecordingConntrack) {
-    let conntrack = RecordingConntrack::default();
+pub fn new_proxier(fake: &SharedFake) -> (IptablesProxier, FakeConntrack) {
+    let conntrack = FakeConntrack::default();
     let proxier = IptablesProxier::with_parts(
         Box::new(fake.clone()),
         Box::new(conntrack.clone()),
@@ -263,10 +251,7 @@ fn a_failed_sync_makes_the_next_one_full() {
     };
     let err = proxier.sync(&request).unwrap_err();
     assert_eq!(err.mode, "iptables");
-    assert!(
-        conntrack.0.lock().unwrap().is_empty(),
-        "no cleanup after a failed sync"
-    );
+    assert_eq!(conntrack.table().lists, 0, "no cleanup after a failed sync");
 
     // The runner may ask for a partial sync; the proxier still does a full one.
     let step = replay.apply(&scenario.states[1]);

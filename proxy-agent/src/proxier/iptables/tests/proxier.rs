@@ -6,7 +6,8 @@ use super::partial::{new_proxier, scenario_yaml, service_yaml, slice_yaml, sync}
 use super::scenario::Scenario;
 use crate::model::IpFamily;
 use crate::proxier::Proxier;
-use crate::proxier::conntrack::Filter;
+use crate::proxier::conntrack::IPPROTO_TCP;
+use crate::proxier::conntrack::fake::{entry, udp_entry};
 use crate::proxier::iptables::cleanup_with;
 use crate::proxier::iptables::exec::IptablesBackend;
 use crate::proxier::iptables::fake::SharedFake;
@@ -154,27 +155,39 @@ fn udp_endpoint_changes_clean_conntrack_after_the_sync() {
     let fake = SharedFake::default();
     let (mut proxier, conntrack) = new_proxier(&fake);
     let mut replay = scenario.replay();
+    // A flow from before the agent started, translated to an endpoint the service no
+    // longer has, and a TCP one.
+    let old = udp_entry("10.0.0.2:40000", "172.30.0.10:80", "10.180.0.9:80");
+    let tcp = entry(
+        IPPROTO_TCP,
+        "10.0.0.2:40001",
+        "172.30.0.10:80",
+        "10.180.0.1:80",
+    );
+    conntrack.table().entries = vec![old, tcp];
     let step = replay.apply(&scenario.states[0]);
     sync(&mut proxier, &replay, &step, true);
-    assert!(conntrack.0.lock().unwrap().is_empty(), "nothing stale yet");
+    assert_eq!(conntrack.table().lists, 1, "the first sync reconciles");
+    assert_eq!(conntrack.entries(), vec![tcp]);
 
-    // First endpoints: entries created while the service rejected must go.
+    // First endpoints: a flow left untranslated meanwhile goes, so that its next datagram
+    // is balanced.
+    let untranslated = udp_entry("10.0.0.2:40004", "172.30.0.10:80", "172.30.0.10:80");
+    conntrack.table().entries.push(untranslated);
     let step = replay.apply(&scenario.states[1]);
     sync(&mut proxier, &replay, &step, false);
-    let ip = |s: &str| s.parse().unwrap();
-    assert_eq!(
-        conntrack.0.lock().unwrap().pop().unwrap(),
-        vec![Filter::to_ip(ip("172.30.0.10"))]
-    );
+    assert_eq!(conntrack.entries(), vec![tcp]);
 
-    // An endpoint gone: entries translated to it must go.
+    // An endpoint gone: the flows translated to it go, the others stay.
+    let via_1 = udp_entry("10.0.0.2:40002", "172.30.0.10:80", "10.180.0.1:80");
+    let via_2 = udp_entry("10.0.0.2:40003", "172.30.0.10:80", "10.180.0.2:80");
+    conntrack.table().entries.extend([via_1, via_2]);
     let step = replay.apply(&scenario.states[2]);
     sync(&mut proxier, &replay, &step, false);
-    let filters = conntrack.0.lock().unwrap().pop().unwrap();
-    assert!(
-        filters.contains(&Filter::nat(ip("172.30.0.10"), ip("10.180.0.1"))),
-        "{filters:?}"
-    );
+    let mut expected = vec![tcp, via_2];
+    expected.sort();
+    assert_eq!(conntrack.entries(), expected);
+    assert_eq!(conntrack.table().lists, 3);
 }
 
 #[test]

@@ -256,17 +256,9 @@ impl Replay {
             let ep_result = state.endpoints.apply(endpoints);
             assert!(services.take_rejected().is_empty());
             assert!(endpoints.take_rejected().is_empty());
+            stale.record(&svc_result, &ep_result);
             changed.extend(svc_result.updated_services);
             changed.extend(ep_result.updated_services);
-            stale
-                .deleted_udp_cluster_ips
-                .extend(svc_result.deleted_udp_cluster_ips);
-            stale
-                .deleted_udp_endpoints
-                .extend(ep_result.deleted_udp_endpoints);
-            stale
-                .new_services_with_endpoints
-                .extend(ep_result.new_services_with_endpoints);
         }
         Step { changed, stale }
     }
