@@ -6,6 +6,7 @@ mod endpoints;
 mod scenarios;
 mod service_tracker;
 mod topology;
+mod upstream_topology;
 
 use crate::model::{NamespacedName, Protocol, ServicePortName};
 
