@@ -7,6 +7,7 @@ mod golden;
 mod partial;
 mod proxier;
 pub(crate) mod scenario;
+mod upstream_ported;
 
 use std::collections::BTreeMap;
 
