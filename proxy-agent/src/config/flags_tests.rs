@@ -494,8 +494,11 @@ fn deprecated_port_flags_combine_with_bare_addresses() {
 
 #[test]
 fn empty_list_flags_mean_empty_lists() {
-    let (config, _) = config_from(&["--nodeport-addresses="]);
+    let (config, _) = config_from(&["--proxy-mode=iptables", "--nodeport-addresses="]);
     assert!(config.node_port_addresses.is_empty());
+    // ebpf (the default mode) then defaults it as nftables does: the primary IPs.
+    let (config, _) = config_from(&["--nodeport-addresses="]);
+    assert_eq!(config.node_port_addresses, vec!["primary"]);
 }
 
 #[test]

@@ -108,13 +108,12 @@ fn default_mode_is_ebpf_with_the_iptables_sync_periods() {
             ..Default::default()
         }
     );
-    // Upstream's startup checks: no cluster CIDR for ClusterCIDR detection, no NodePort
-    // address filter.
-    assert_eq!(resolved.warnings.len(), 2, "{:?}", resolved.warnings);
+    // Upstream's startup checks: no cluster CIDR for ClusterCIDR detection. (No warning
+    // about nodePortAddresses: ebpf mode defaults it to the primary IPs, as nftables does.)
+    assert_eq!(resolved.warnings.len(), 1, "{:?}", resolved.warnings);
     assert!(
         resolved.warnings[0].starts_with("detectLocalMode is ClusterCIDR but clusterCIDR is unset")
     );
-    assert!(resolved.warnings[1].starts_with("nodePortAddresses is unset"));
 }
 
 #[test]

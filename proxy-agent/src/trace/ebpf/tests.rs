@@ -11,10 +11,10 @@ use crate::{
     inspect::live::{LiveAffinity, RawMaps, decode},
     k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
     model::IpFamily,
-    node::NodeAddresses,
+    node::{LocalDetector, NodeAddresses},
     proxier::{
         NodeContext,
-        ebpf::{apply::ApplyState, maps::LbMaps, names::PortRef},
+        ebpf::{apply::ApplyState, maps::LbMaps, names::PortRef, node_settings},
     },
     state::ClusterState,
 };
@@ -35,6 +35,8 @@ impl World {
                     v6: None,
                 },
                 host_addresses: vec!["192.168.0.2".parse().unwrap()],
+                // clusterCIDR: the default of upstream's test fixtures.
+                local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
                 ..Default::default()
             },
         }
@@ -95,6 +97,8 @@ impl World {
         };
         raw.config.masq4 = u32::from_ne_bytes([192, 168, 0, 2]);
         raw.config.host_netns_cookie = 4096;
+        raw.config.flags = node_settings::config_flags(&self.node);
+        raw.local_cidrs = node_settings::local_cidrs(&self.node).into_iter().collect();
         raw.uplinks = vec!["eth0".into()];
         decode(&raw)
     }
@@ -304,4 +308,95 @@ fn terminating_fallback_is_explained_and_text_renders() {
         text.contains("verdict: FORWARD to one of [10.180.0.1:80]"),
         "{text}"
     );
+}
+
+/// A LoadBalancer service with eTP=Local (svc2) and a ClusterIP service (svc1), each with a
+/// local and a remote endpoint, as in upstream's TestInternalExternalMasquerade.
+fn masquerade_world(configure: impl FnOnce(&mut NodeContext)) -> LiveState {
+    let mut w = World::new();
+    configure(&mut w.node);
+    w.add(
+        mk_service("ns1", "svc1")
+            .cluster_ip("172.30.0.41")
+            .port("p80", 80, "TCP")
+            .build(),
+        &[
+            ("10.180.0.1", "node-a", true),
+            ("10.180.1.1", "node-b", true),
+        ],
+    );
+    w.add(
+        mk_service("ns2", "svc2")
+            .cluster_ip("172.30.0.42")
+            .type_("NodePort")
+            .node_port("p80", 80, "TCP", 3002)
+            .external_traffic_policy("Local")
+            .build(),
+        &[
+            ("10.180.0.2", "node-a", true),
+            ("10.180.1.2", "node-b", true),
+        ],
+    );
+    w.state()
+}
+
+#[test]
+fn clusterip_from_outside_is_masqueraded_by_the_local_traffic_detector() {
+    let state = masquerade_world(|_| {});
+    let v = trace(
+        &state,
+        &q("203.0.113.9", "172.30.0.41:80", ClientKind::External),
+    );
+    assert_eq!(v.action, Action::Forward);
+    assert_eq!(v.decided_by, "tc");
+    assert_eq!(addrs(&v), ["10.180.0.1:80", "10.180.1.1:80"]);
+    assert!(v.masquerade);
+    assert_eq!(v.backend_sees_source, Some("192.168.0.2".parse().unwrap()));
+    // A source the detector calls local (a pod of another node routed here) keeps its address.
+    let v = trace(
+        &state,
+        &q("10.99.0.9", "172.30.0.41:80", ClientKind::External),
+    );
+    assert!(!v.masquerade);
+    assert_eq!(v.backend_sees_source, Some("10.99.0.9".parse().unwrap()));
+    // Pods of this node: socket-level, unmasqueraded.
+    let v = trace(&state, &q("10.0.0.2", "172.30.0.41:80", ClientKind::Pod));
+    assert_eq!(v.decided_by, "socket");
+    assert!(!v.masquerade);
+}
+
+#[test]
+fn without_a_local_traffic_detector_nothing_to_a_clusterip_is_masqueraded_and_pods_do_not_short_circuit()
+ {
+    let state = masquerade_world(|n| n.local_detector = LocalDetector::None);
+    let v = trace(
+        &state,
+        &q("203.0.113.9", "172.30.0.41:80", ClientKind::External),
+    );
+    assert!(!v.masquerade);
+    assert_eq!(v.backend_sees_source, Some("203.0.113.9".parse().unwrap()));
+    let v = trace(&state, &q("10.0.0.2", "192.168.0.2:3002", ClientKind::Pod));
+    assert_eq!(v.frontend.as_ref().unwrap().scope, "external");
+    assert_eq!(addrs(&v), ["10.180.0.2:80"]);
+    // The node itself still short-circuits.
+    let v = trace(
+        &state,
+        &q("192.168.0.2", "192.168.0.2:3002", ClientKind::Node),
+    );
+    assert_eq!(addrs(&v), ["10.180.0.2:80", "10.180.1.2:80"]);
+}
+
+#[test]
+fn masquerade_all_sends_pod_clusterip_connections_through_tc_with_snat() {
+    let state = masquerade_world(|n| n.masquerade_all = true);
+    let v = trace(&state, &q("10.0.0.2", "172.30.0.41:80", ClientKind::Pod));
+    assert_eq!(v.decided_by, "tc");
+    assert!(v.masquerade);
+    assert_eq!(v.backend_sees_source, Some("192.168.0.2".parse().unwrap()));
+    // The eTP=Local short-circuit of a pod is not masqueraded (upstream: masqueradeAll only
+    // concerns the ClusterIP rule), so it stays at the socket level.
+    let v = trace(&state, &q("10.0.0.2", "192.168.0.2:3002", ClientKind::Pod));
+    assert_eq!(v.decided_by, "socket");
+    assert!(!v.masquerade);
+    assert_eq!(addrs(&v), ["10.180.0.2:80", "10.180.1.2:80"]);
 }
