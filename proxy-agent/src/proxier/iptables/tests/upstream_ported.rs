@@ -3,18 +3,22 @@
 //! whose subject is not a packet outcome, restated as unit tests: the endpoints map after
 //! slice changes (TestUpdateEndpointsMap), the local ready endpoints a health-check node
 //! port counts (TestHealthCheckNodePortWhenTerminating) and the "no local endpoints"
-//! gauges a sync reports (TestNoEndpointsMetric). The packet-level tests are scenario
-//! files (tests/scenarios/p*.yaml, ../shared/scenarios).
+//! gauges a sync reports (TestNoEndpointsMetric), and three rule-text properties
+//! (TestComputeProbability, TestMasqueradeRule, TestDropInvalidRule). The packet-level
+//! tests are scenario files (tests/scenarios/p*.yaml, ../shared/scenarios).
 
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::partial::{new_proxier, scenario_yaml};
+use super::partial::{new_proxier, scenario_yaml, service_yaml, sync};
 use super::scenario::Scenario;
 use crate::k8s::fixtures::{EndpointSliceBuilder, mk_endpoint, mk_endpointslice};
 use crate::model::{EndpointsChangeTracker, EndpointsMap, IpFamily, NamespacedName};
+use crate::proxier::conntrack::fake::FakeConntrack;
 use crate::proxier::iptables::fake::SharedFake;
+use crate::proxier::iptables::rules::Probabilities;
+use crate::proxier::iptables::{IptablesConfig, IptablesProxier, RuleOptions};
 use crate::proxier::{Proxier, SyncRequest};
 
 const NODE: &str = "test-node";
@@ -690,6 +694,116 @@ fn no_local_endpoints_gauges_count_local_policies_left_without_local_endpoints()
             (case.internal, case.external),
             "{}",
             case.name
+        );
+    }
+}
+
+/// TestComputeProbability: upstream's ten-digit "1/n" strings, strictly growing as n falls.
+#[test]
+fn probabilities_are_upstreams_ten_digit_fractions() {
+    let mut probabilities = Probabilities::default();
+    for (n, text) in [
+        (1, "1.0000000000"),
+        (2, "0.5000000000"),
+        (10, "0.1000000000"),
+        (100, "0.0100000000"),
+        (1000, "0.0010000000"),
+        (10000, "0.0001000000"),
+        (100000, "0.0000100000"),
+        (100001, "0.0000099999"),
+    ] {
+        assert_eq!(probabilities.get(n), text, "1/{n}");
+    }
+    let mut previous = 0.0;
+    for n in (2..=100000).rev() {
+        let current: f64 = probabilities.get(n).parse().unwrap();
+        assert!(current > previous, "1/{n} = {current} <= {previous}");
+        previous = current;
+    }
+}
+
+/// The restore input of a full sync of one ClusterIP Service with the given host facts.
+fn restore_input_with(options: RuleOptions) -> String {
+    let scenario = Scenario::parse(&scenario_yaml(&[service_yaml(
+        "svc1",
+        "172.30.0.41",
+        "TCP",
+    )]));
+    let fake = SharedFake::default();
+    let mut proxier = IptablesProxier::with_parts(
+        Box::new(fake.clone()),
+        Box::new(FakeConntrack::default()),
+        options,
+        IptablesConfig::default(),
+    );
+    let mut replay = scenario.replay();
+    let step = replay.apply(&scenario.states[0]);
+    sync(&mut proxier, &replay, &step, true);
+    proxier
+        .last_restore_input(IpFamily::V4)
+        .unwrap()
+        .to_string()
+}
+
+fn chain_rules(input: &str, chain: &str) -> Vec<String> {
+    let prefix = format!("-A {chain} ");
+    input
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// TestMasqueradeRule: KUBE-POSTROUTING returns unmarked packets, clears the mark and
+/// masquerades, fully random when iptables can.
+#[test]
+fn masquerade_rule_is_fully_random_when_iptables_can() {
+    for random_fully in [false, true] {
+        let input = restore_input_with(RuleOptions {
+            random_fully,
+            ..RuleOptions::default()
+        });
+        let suffix = if random_fully { " --random-fully" } else { "" };
+        assert_eq!(
+            chain_rules(&input, "KUBE-POSTROUTING"),
+            [
+                "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN".to_string(),
+                "-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000".to_string(),
+                format!(
+                    "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic \
+                     requiring SNAT\" -j MASQUERADE{suffix}"
+                ),
+            ],
+            "random_fully {random_fully}"
+        );
+    }
+}
+
+/// TestDropInvalidRule: KUBE-FORWARD drops conntrack-INVALID packets first, unless
+/// nf_conntrack_tcp_be_liberal is set (then they are let through). Upstream's nfacct
+/// counter on that rule is not restated: this project exports no nfacct counters.
+#[test]
+fn invalid_packets_are_dropped_unless_conntrack_is_liberal() {
+    let accept_rules = [
+        "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark \
+         0x4000/0x4000 -j ACCEPT",
+        "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m \
+         conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+    ];
+    for liberal in [false, true] {
+        let input = restore_input_with(RuleOptions {
+            conntrack_tcp_be_liberal: liberal,
+            ..RuleOptions::default()
+        });
+        let mut expected: Vec<&str> = Vec::new();
+        if !liberal {
+            expected.push("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP");
+        }
+        expected.extend(accept_rules);
+        assert_eq!(
+            chain_rules(&input, "KUBE-FORWARD"),
+            expected,
+            "tcp_be_liberal {liberal}"
         );
     }
 }
