@@ -1,21 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Privileged checks of the scenario runner: real namespaces, listeners and probes,
-//! without the agent (flows that need no proxy must pass) and with a stand-in agent
-//! (configuration, namespace, cgroup, readiness, cleanup). Skipped when not root.
+//! without the agent (flows that need no proxy must pass; plain listeners on loopback and
+//! per step) and with a stand-in agent (configuration, namespace, cgroup, readiness,
+//! cleanup). Skipped when not root.
 
 use std::{
     collections::BTreeSet,
     fs,
     io::{Read, Write},
+    net::TcpListener,
     path::{Path, PathBuf},
     process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
     time::Duration,
 };
 
 use tests::scenario::{
-    Expectation, FlowReport, Mode, RunOptions, Scenario, Status,
+    Expectation, Flow, FlowReport, Mode, Proto, RunOptions, Scenario, ScenarioEnv, Status,
     agent::AgentOptions,
+    format::RawScenario,
     netns::{self, bind_tcp_listener_in, cgroup2_root},
+    outcome::Outcome,
     placement::Placement,
     run::{check_privileges, run_scenario},
     topology::{Topology, run_id_of, runs_dir},
@@ -378,4 +387,256 @@ fn nftables_mode_is_refused_with_the_reason() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+fn inline_scenario(yaml: &str) -> Scenario {
+    let raw: RawScenario = serde_yaml::from_str(yaml).unwrap();
+    Scenario::from_raw(raw, Path::new("inline.yaml")).unwrap()
+}
+
+/// A probe of `from -> to` that is no flow of the file (`expect` is not used).
+fn extra_probe(from: &str, to: &str, proto: Proto) -> Flow {
+    Flow {
+        index: 0,
+        step: 0,
+        from: from.parse().unwrap(),
+        to: to.parse().unwrap(),
+        proto,
+        expect: Expectation::Untouched,
+        masq: None,
+        sticky: false,
+        modes: None,
+        note: String::new(),
+    }
+}
+
+/// Runs every flow of `stage`; the reports' texts, asserting each passed.
+async fn pass_stage(env: &mut ScenarioEnv<'_>, scenario: &Scenario, stage: usize) -> Vec<String> {
+    let addrs = env.topology.node_addresses().unwrap();
+    let mut texts = Vec::new();
+    for flow in &scenario.stages[stage].flows {
+        let (status, text) = env.run_flow(flow, &addrs).await;
+        println!(
+            "step {stage} #{} {} -> {}: {text}",
+            flow.index, flow.from, flow.to
+        );
+        assert_eq!(status, Status::Pass, "#{} {}: {text}", flow.index, flow.to);
+        texts.push(text);
+    }
+    texts
+}
+
+const LOOPBACK: &str = r#"
+name: loopback
+node:
+  name: test-node
+  addresses: [192.168.0.2/24, 'fd00:168::2/64']
+  podCIDR: [10.0.0.0/8, 'fd00:10::/64']
+config: {clusterCIDR: '10.0.0.0/8,fd00:10::/64'}
+flows:
+- {from: 127.0.0.1, to: '127.0.0.1:5555', expect: UNTOUCHED}
+- {from: 192.168.0.2, to: '127.0.0.1:5555', proto: udp, expect: UNTOUCHED}
+- {from: '::1', to: '[::1]:5555', expect: UNTOUCHED}
+- {from: 10.0.0.2, to: '127.0.0.1:5556', expect: UNTOUCHED}
+- {from: 'fd00:10::2', to: '[::1]:5556', proto: udp, expect: UNTOUCHED}
+"#;
+
+/// 1b: an UNTOUCHED flow to a loopback destination is answered by a plain listener on the
+/// loopback of the namespace its client runs in (node or pod), and only there.
+#[tokio::test(flavor = "multi_thread")]
+async fn untouched_loopback_flows_are_answered_in_the_clients_own_namespace() {
+    if !privileged() {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let scenario = inline_scenario(LOOPBACK);
+    let options = options(None);
+    let mut env = ScenarioEnv::set_up(&options, &scenario, false)
+        .await
+        .unwrap();
+    let runs = BTreeSet::from([env.topology.id.clone()]);
+    let texts = pass_stage(&mut env, &scenario, 0).await;
+    assert_eq!(
+        texts,
+        [
+            "1x plain listener 127.0.0.1:5555",
+            "1x plain listener 127.0.0.1:5555",
+            "1x plain listener [::1]:5555",
+            "1x plain listener 127.0.0.1:5556",
+            "1x plain listener [::1]:5556",
+        ]
+    );
+    // Each loopback is the namespace's own: the node's port is not the pod's, and back.
+    for (from, to) in [
+        ("10.0.0.2", "127.0.0.1:5555"),
+        ("127.0.0.1", "127.0.0.1:5556"),
+        ("::1", "[::1]:5556"),
+    ] {
+        let attempts = env.probe(&extra_probe(from, to, Proto::Tcp)).await.unwrap();
+        assert_eq!(
+            attempts[0].outcome,
+            Outcome::Refused,
+            "{from} -> {to}: {attempts:?}"
+        );
+    }
+    drop(env);
+    let left = leftovers(&runs);
+    assert!(left.is_empty(), "the run left something behind: {left:?}");
+}
+
+const STEPS: &str = r#"
+name: steps
+node: {name: test-node, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}
+config: {clusterCIDR: 10.0.0.0/8}
+flows:
+- {from: 192.168.0.2, to: '192.168.0.2:30000', expect: LOCAL}
+- {from: 192.168.0.2, to: '192.168.0.2:30001', expect: UNTOUCHED}
+steps:
+- objects: []
+  flows:
+  - {from: 192.168.0.2, to: '192.168.0.2:30000', expect: UNTOUCHED}
+  - {from: 192.168.0.2, to: '192.168.0.2:30002', expect: UNTOUCHED}
+- objects: []
+  flows:
+  - {from: 192.168.0.2, to: '192.168.0.2:30001', expect: LOCAL}
+  - {from: 127.0.0.1, to: '127.0.0.1:30001', expect: UNTOUCHED}
+  - {from: 192.168.0.2, to: '192.168.0.2:30003', expect: LOCAL}
+  - {from: 192.168.0.2, to: '192.168.0.2:30003', expect: UNTOUCHED, modes: [ipvs]}
+"#;
+
+/// Answers every connection with an HTTP status line, as the proxy's health-check server
+/// does, until `stop` is set; then closes the port.
+fn stand_in_server(listener: TcpListener, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    listener.set_nonblocking(true).unwrap();
+    thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    stream.set_nonblocking(false).unwrap();
+                    stream
+                        .set_read_timeout(Some(Duration::from_millis(500)))
+                        .unwrap();
+                    let mut buf = [0u8; 256];
+                    let _ = stream.read(&mut buf);
+                    let _ = stream.write_all(b"HTTP/1.0 200 OK\r\n\r\nstand-in\n");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("stand-in server: {e}"),
+            }
+        }
+    })
+}
+
+fn in_use(result: Result<TcpListener, tests::scenario::Error>) -> bool {
+    matches!(result, Err(tests::scenario::Error::Io { source, .. })
+        if source.kind() == std::io::ErrorKind::AddrInUse)
+}
+
+/// 1c: plain listeners live for one stage. A port the proxy serves in a stage (LOCAL) is
+/// never taken by the runner; an UNTOUCHED port of the next stage is bound once the proxy
+/// let it go (retried while in use), and said so when it never frees; a stage's listeners
+/// are gone before the next change, so the proxy may open that port then. A stand-in
+/// server in the node namespace plays the proxy's health-check server.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_listeners_live_for_one_step_and_wait_for_the_proxys_ports() {
+    if !privileged() {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let scenario = inline_scenario(STEPS);
+    let options = options(None);
+    let mut env = ScenarioEnv::set_up(&options, &scenario, false)
+        .await
+        .unwrap();
+    let runs = BTreeSet::from([env.topology.id.clone()]);
+    let node_ns = env.topology.node_ns.clone();
+    let bind = |port: u16| bind_tcp_listener_in(&node_ns, ([192, 168, 0, 2], port).into());
+
+    // Step 0: 30000 is the proxy's (free for it), 30001 the runner's.
+    let stop_30000 = Arc::new(AtomicBool::new(false));
+    let server_30000 = stand_in_server(bind(30000).unwrap(), stop_30000.clone());
+    assert!(in_use(bind(30001)));
+    let texts = pass_stage(&mut env, &scenario, 0).await;
+    assert_eq!(
+        texts,
+        [
+            "1x other answer \"HTTP/1.0 200 OK\"",
+            "1x plain listener 192.168.0.2:30001"
+        ]
+    );
+
+    // Step 1: the proxy closes 30000 a moment after the change (the runner waits for it);
+    // 30002 is held for good by something else.
+    let held_30002 = bind(30002).unwrap();
+    let closer = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(1500));
+        stop_30000.store(true, Ordering::Relaxed);
+    });
+    env.enter_stage(1).await.unwrap();
+    closer.join().unwrap();
+    server_30000.join().unwrap();
+    // Stage 0's listener on 30001 is gone.
+    drop(bind(30001).unwrap());
+    let texts = pass_stage(&mut env, &scenario, 1).await;
+    assert_eq!(texts[0], "1x plain listener 192.168.0.2:30000");
+    assert!(
+        texts[1].starts_with("1x connected, no answer in ")
+            && texts[1].ends_with(
+                "; the runner's plain listener plain/tcp/192.168.0.2:30002 was not placed: \
+                 Address already in use (os error 98); the port never freed within 5000 ms"
+            ),
+        "{}",
+        texts[1]
+    );
+
+    // Step 2: 30001 becomes the proxy's again, and is free for it; the runner still
+    // listens on 127.0.0.1:30001 (the proxy holds only the node address). 30003 the proxy
+    // holds on every address: the runner does not wait for it, and says why it is absent.
+    let stop_30003 = Arc::new(AtomicBool::new(false));
+    let wildcard = bind_tcp_listener_in(&node_ns, ([0, 0, 0, 0], 30003).into()).unwrap();
+    let server_30003 = stand_in_server(wildcard, stop_30003.clone());
+    let entered = std::time::Instant::now();
+    env.enter_stage(2).await.unwrap();
+    assert!(
+        entered.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        entered.elapsed()
+    );
+    let stop_30001 = Arc::new(AtomicBool::new(false));
+    let server_30001 = stand_in_server(bind(30001).unwrap(), stop_30001.clone());
+    let addrs = env.topology.node_addresses().unwrap();
+    let mut seen = Vec::new();
+    for flow in &scenario.stages[2].flows {
+        seen.push(env.run_flow(flow, &addrs).await);
+    }
+    let http = "1x other answer \"HTTP/1.0 200 OK\"";
+    assert_eq!(seen[0], (Status::Pass, http.to_string()));
+    assert_eq!(
+        seen[1],
+        (
+            Status::Pass,
+            "1x plain listener 127.0.0.1:30001".to_string()
+        )
+    );
+    assert_eq!(seen[2], (Status::Pass, http.to_string()));
+    assert_eq!(seen[3].0, Status::Fail, "{}", seen[3].1);
+    assert_eq!(
+        seen[3].1,
+        format!(
+            "expected UNTOUCHED, saw {http}; the runner's plain listener \
+             plain/tcp/192.168.0.2:30003 was not placed: Address already in use (os error 98) \
+             (a LOCAL flow of this step has the proxy serve this port)"
+        )
+    );
+    stop_30003.store(true, Ordering::Relaxed);
+    server_30003.join().unwrap();
+    stop_30001.store(true, Ordering::Relaxed);
+    server_30001.join().unwrap();
+    drop(held_30002);
+
+    drop(env);
+    let left = leftovers(&runs);
+    assert!(left.is_empty(), "the run left something behind: {left:?}");
 }

@@ -85,7 +85,14 @@ enum Command {
     },
     /// Serve echo/plain listeners (`echo/tcp/10.0.0.1:80`, `plain/udp/[fd00::1]:53`);
     /// prints READY once all are bound.
-    Echo { listeners: Vec<String> },
+    Echo {
+        /// Retry an address still in use for up to this long, then serve the rest: each
+        /// listener that never bound is printed as `UNBOUND <listener> <reason>` before
+        /// READY (without it, any bind failure is an error).
+        #[arg(long)]
+        bind_patience_ms: Option<u64>,
+        listeners: Vec<String>,
+    },
     /// Probe one flow; prints one JSON object per attempt.
     Probe {
         #[arg(long)]
@@ -127,7 +134,10 @@ fn xdp_overrides(mode: Option<&str>) -> serde_json::Map<String, serde_json::Valu
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Echo { listeners } => run_echo(&listeners),
+        Command::Echo {
+            bind_patience_ms,
+            listeners,
+        } => run_echo(&listeners, bind_patience_ms.map(Duration::from_millis)),
         Command::Probe {
             from,
             from_port,
@@ -229,16 +239,29 @@ fn agent_binary(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     Ok(path.canonicalize()?)
 }
 
-fn run_echo(listeners: &[String]) -> anyhow::Result<ExitCode> {
+fn run_echo(listeners: &[String], patience: Option<Duration>) -> anyhow::Result<ExitCode> {
     let specs = listeners
         .iter()
         .map(|l| l.parse::<ListenSpec>())
         .collect::<Result<Vec<_>, _>>()?;
-    echo::run(&specs, || {
+    let ready = |unbound: &[(ListenSpec, std::io::Error)]| {
         let mut out = std::io::stdout();
+        for (spec, err) in unbound {
+            let waited = match (err.kind(), patience) {
+                (std::io::ErrorKind::AddrInUse, Some(p)) if !p.is_zero() => {
+                    format!("; the port never freed within {} ms", p.as_millis())
+                }
+                _ => String::new(),
+            };
+            let _ = writeln!(out, "{} {spec} {err}{waited}", echo::UNBOUND);
+        }
         let _ = writeln!(out, "READY");
         let _ = out.flush();
-    })?;
+    };
+    match patience {
+        Some(patience) => echo::run_patiently(&specs, patience, ready),
+        None => echo::run(&specs, || ready(&[]))?,
+    }
     Ok(ExitCode::SUCCESS)
 }
 

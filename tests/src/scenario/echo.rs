@@ -9,7 +9,7 @@ use std::{
     net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket},
     str::FromStr,
     thread::{self, JoinHandle},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -183,18 +183,71 @@ fn answer_stream(mut stream: TcpStream, kind: ListenKind) -> io::Result<()> {
     Ok(())
 }
 
+/// The start of the line the `echo` subcommand prints, before `READY`, for a listener it
+/// gave up binding: `UNBOUND <spec> <reason>`.
+pub const UNBOUND: &str = "UNBOUND";
+
+/// Binds every listener. One whose address is in use is retried until `patience` has
+/// passed (a port another process is closing frees within moments); any other error, or
+/// an address still in use then, is returned for that listener.
+pub fn bind_patiently(
+    specs: &[ListenSpec],
+    patience: Duration,
+) -> (Vec<Bound>, Vec<(ListenSpec, io::Error)>) {
+    let deadline = Instant::now() + patience;
+    let mut bound = Vec::new();
+    let mut pending: Vec<ListenSpec> = specs.to_vec();
+    loop {
+        let mut in_use = Vec::new();
+        let mut failed = Vec::new();
+        for spec in pending {
+            match bind(&spec) {
+                Ok(b) => bound.push(b),
+                Err(err) if err.kind() == io::ErrorKind::AddrInUse => in_use.push((spec, err)),
+                Err(err) => failed.push((spec, err)),
+            }
+        }
+        if in_use.is_empty() || Instant::now() >= deadline {
+            failed.extend(in_use);
+            return (bound, failed);
+        }
+        // Failures other than "in use" do not go away by waiting.
+        if !failed.is_empty() {
+            failed.extend(in_use);
+            return (bound, failed);
+        }
+        pending = in_use.into_iter().map(|(spec, _)| spec).collect();
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Binds every listener, then serves them all; `on_ready` runs once all are bound.
 pub fn run(specs: &[ListenSpec], on_ready: impl FnOnce()) -> Result<()> {
-    let bound = specs
-        .iter()
-        .map(|spec| bind(spec).map_err(Error::io(format!("binding {spec}"))))
-        .collect::<Result<Vec<_>>>()?;
+    let (bound, failed) = bind_patiently(specs, Duration::ZERO);
+    if let Some((spec, err)) = failed.into_iter().next() {
+        return Err(Error::io(format!("binding {spec}"))(err));
+    }
+    serve_all(bound, on_ready);
+    Ok(())
+}
+
+/// Binds what it can within `patience` (see [`bind_patiently`]) and serves that;
+/// `on_ready` runs once binding is over, with the listeners that never bound.
+pub fn run_patiently(
+    specs: &[ListenSpec],
+    patience: Duration,
+    on_ready: impl FnOnce(&[(ListenSpec, io::Error)]),
+) {
+    let (bound, failed) = bind_patiently(specs, patience);
+    serve_all(bound, || on_ready(&failed));
+}
+
+fn serve_all(bound: Vec<Bound>, on_ready: impl FnOnce()) {
     let handles: Vec<_> = bound.into_iter().map(serve).collect();
     on_ready();
     for handle in handles {
         let _ = handle.join();
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -212,6 +265,43 @@ mod tests {
         }
         assert!("echo/tcp".parse::<ListenSpec>().is_err());
         assert!("loud/tcp/1.2.3.4:5".parse::<ListenSpec>().is_err());
+    }
+
+    #[test]
+    fn binding_waits_for_a_port_being_freed_and_reports_one_never_freed() {
+        let held = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = held.local_addr().unwrap();
+        let spec: ListenSpec = format!("plain/tcp/{addr}").parse().unwrap();
+        let released = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let (bound, failed) = bind_patiently(&[spec], Duration::from_secs(5));
+        released.join().unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(bound.len(), 1);
+        assert_eq!(bound[0].local_addr().unwrap(), addr);
+
+        // Held for good: given up after the patience, the others bound all the same.
+        let other: ListenSpec = "plain/udp/127.0.0.1:0".parse().unwrap();
+        let started = Instant::now();
+        let (bound2, failed) = bind_patiently(&[spec, other], Duration::from_millis(300));
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(bound2.len(), 1);
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].0, spec);
+        assert_eq!(failed[0].1.kind(), io::ErrorKind::AddrInUse);
+        // Without patience, any failure is an error.
+        let err = run(&[spec], || {}).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("binding {spec}: ")), "{err}");
+        drop(bound);
+
+        // Errors that waiting cannot cure are not waited for.
+        let foreign: ListenSpec = "plain/tcp/192.0.2.1:80".parse().unwrap();
+        let started = Instant::now();
+        let (_, failed) = bind_patiently(&[foreign], Duration::from_secs(5));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(failed[0].1.kind(), io::ErrorKind::AddrNotAvailable);
     }
 
     #[test]

@@ -2,6 +2,11 @@
 //! Where everything of a scenario lives (pure): which pods exist, on which node, and
 //! what they listen on, where each client sits, which addresses the external namespace
 //! owns or routes to the node, the external router's address, and the remote nodes'.
+//!
+//! Namespaces, addresses and echo servers exist for the whole file. Plain listeners (the
+//! witnesses of UNTOUCHED flows) are planned per stage: the runner starts a stage's after
+//! the agent synced that stage and stops them before the next change, so that a port the
+//! proxy serves in one step (a health-check node port) is never held by the runner there.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -12,11 +17,12 @@ use ipnet::IpNet;
 
 use super::{
     error::{Error, Result},
-    format::{Expectation, NodeSpec, Proto, Scenario},
+    format::{Expectation, Flow, NodeSpec, Proto, Scenario},
     objects::{endpoint_nodes, endpoint_ports, service_addresses},
 };
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A namespace of the run: where a client runs, and where a plain listener lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ClientPlace {
     /// A node address or loopback: runs in the node namespace and cgroup.
     Node,
@@ -31,8 +37,6 @@ pub struct PodPlan {
     pub address: IpAddr,
     /// Ports with an echo server on every protocol.
     pub echo_ports: BTreeSet<u16>,
-    /// Plain listeners for UNTOUCHED destinations at this address.
-    pub plain: BTreeSet<(Proto, u16)>,
     /// The remote node (index into [`Placement::remote_nodes`]) this pod lives behind;
     /// `None`: behind the node the proxy runs on.
     pub remote: Option<usize>,
@@ -43,10 +47,22 @@ impl PodPlan {
         PodPlan {
             address,
             echo_ports: BTreeSet::new(),
-            plain: BTreeSet::new(),
             remote: None,
         }
     }
+}
+
+/// A plain listener for an UNTOUCHED flow: bound to `addr` in the namespace of `home`.
+/// A loopback destination is the loopback of the namespace the flow's client runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PlainListener {
+    pub home: ClientPlace,
+    pub proto: Proto,
+    pub addr: SocketAddr,
+    /// A LOCAL flow of the same stage expects the proxy's own server on this port (on the
+    /// node addresses it chose): when the proxy holds this address too, the runner does
+    /// not wait for it to free.
+    pub proxy_serves_port: bool,
 }
 
 /// Another node of the cluster, standing for the `nodeName` of endpoints that live
@@ -76,12 +92,12 @@ pub struct Placement {
     pub pods: Vec<PodPlan>,
     /// Endpoints that are node addresses (host-network endpoints): echo ports on the node.
     pub node_echo: BTreeMap<IpAddr, BTreeSet<u16>>,
-    /// Plain listeners for UNTOUCHED destinations that are node addresses.
-    pub node_plain: BTreeSet<(Proto, SocketAddr)>,
     pub external_clients: BTreeSet<IpAddr>,
-    /// UNTOUCHED destinations the external namespace owns, with a plain listener each:
-    /// an untranslated packet is routed there and answered.
-    pub external_plain: BTreeSet<(Proto, SocketAddr)>,
+    /// UNTOUCHED destinations (of any stage) the external namespace owns: an untranslated
+    /// packet is routed there and answered by the stage's plain listener, or refused.
+    pub external_owned: BTreeSet<IpAddr>,
+    /// Per stage (index = stage): the plain listeners its UNTOUCHED flows need.
+    pub plain: Vec<BTreeSet<PlainListener>>,
     /// Service addresses the external namespace routes to the node (to its first address
     /// of the same family).
     pub routed_to_node: BTreeSet<IpAddr>,
@@ -103,18 +119,13 @@ impl Placement {
         self.pods.iter().position(|p| p.address == ip)
     }
 
-    pub fn external_owned(&self) -> BTreeSet<IpAddr> {
-        self.external_plain.iter().map(|(_, a)| a.ip()).collect()
+    pub fn place_client(&self, node: &NodeSpec, ip: IpAddr) -> ClientPlace {
+        place_client(node, |ip| self.pod_index(ip).is_some(), ip)
     }
 
-    pub fn place_client(&self, node: &NodeSpec, ip: IpAddr) -> ClientPlace {
-        if node.owns(ip) || ip.is_loopback() {
-            ClientPlace::Node
-        } else if self.pod_index(ip).is_some() {
-            ClientPlace::Pod(ip)
-        } else {
-            ClientPlace::External
-        }
+    /// The plain listeners of stage `stage` (none for a stage the file does not have).
+    pub fn plain_of(&self, stage: usize) -> impl Iterator<Item = &PlainListener> {
+        self.plain.get(stage).into_iter().flatten()
     }
 
     /// The remote node a pod lives behind, if any.
@@ -168,29 +179,28 @@ impl Placement {
             .map(|f| f.to.ip())
             .collect();
 
-        let mut node_plain = BTreeSet::new();
-        let mut external_plain = BTreeSet::new();
+        // Pods and addresses for the UNTOUCHED destinations of every stage: topology is
+        // built once for the file.
+        let mut external_owned = BTreeSet::new();
         for flow in scenario
             .flows()
             .filter(|f| f.expect == Expectation::Untouched)
         {
-            let to = flow.to;
-            if to.ip().is_loopback() {
+            let to = flow.to.ip();
+            if to.is_loopback() || node.owns(to) {
                 continue;
             }
-            if node.owns(to.ip()) {
-                node_plain.insert((flow.proto, to));
-            } else if pods.contains_key(&to.ip()) || in_pods(to.ip()) {
-                let pod = pods.entry(to.ip()).or_insert_with(|| PodPlan::new(to.ip()));
-                // An echo server already answers there; it is the better witness.
-                if !pod.echo_ports.contains(&to.port()) {
-                    pod.plain.insert((flow.proto, to.port()));
-                }
-            } else if !external_targets.contains(&to.ip()) {
-                external_plain.insert((flow.proto, to));
+            if pods.contains_key(&to) || in_pods(to) {
+                pods.entry(to).or_insert_with(|| PodPlan::new(to));
+            } else if !external_targets.contains(&to) {
+                external_owned.insert(to);
             }
         }
-        let external_owned: BTreeSet<IpAddr> = external_plain.iter().map(|(_, a)| a.ip()).collect();
+        let plain = scenario
+            .stages
+            .iter()
+            .map(|stage| stage_plain(node, &stage.flows, &pods, &node_echo, &external_owned))
+            .collect();
 
         let services = service_addresses(scenario.all_objects());
         let routed_to_node: BTreeSet<IpAddr> = services
@@ -270,9 +280,9 @@ impl Placement {
         Ok(Placement {
             pods: pods.into_values().collect(),
             node_echo,
-            node_plain,
             external_clients,
-            external_plain,
+            external_owned,
+            plain,
             routed_to_node,
             answered_outside,
             routers,
@@ -287,6 +297,71 @@ impl Placement {
             .copied()
             .find(|r| r.addr().is_ipv4() == ip.is_ipv4())
     }
+}
+
+/// Where a client of `ip` runs, given which addresses are pods.
+fn place_client(node: &NodeSpec, is_pod: impl Fn(IpAddr) -> bool, ip: IpAddr) -> ClientPlace {
+    if node.owns(ip) || ip.is_loopback() {
+        ClientPlace::Node
+    } else if is_pod(ip) {
+        ClientPlace::Pod(ip)
+    } else {
+        ClientPlace::External
+    }
+}
+
+/// The plain listeners one stage's UNTOUCHED flows need. None where an echo server at the
+/// destination (placed for the whole file) holds the port already, and none for a service
+/// address the external side routes to the node (silence is the only untouched answer
+/// there). A listener on the node at a port a LOCAL flow of the same stage expects the
+/// proxy to serve is marked: the proxy holds that port on purpose (on the addresses it
+/// chose), so binding it is tried once, not waited for.
+fn stage_plain(
+    node: &NodeSpec,
+    flows: &[Flow],
+    pods: &BTreeMap<IpAddr, PodPlan>,
+    node_echo: &BTreeMap<IpAddr, BTreeSet<u16>>,
+    external_owned: &BTreeSet<IpAddr>,
+) -> BTreeSet<PlainListener> {
+    let served_by_proxy: BTreeSet<(Proto, u16)> = flows
+        .iter()
+        .filter(|f| f.expect == Expectation::Local)
+        .map(|f| (f.proto, f.to.port()))
+        .collect();
+    let mut out = BTreeSet::new();
+    for flow in flows.iter().filter(|f| f.expect == Expectation::Untouched) {
+        let (ip, port) = (flow.to.ip(), flow.to.port());
+        let home = if ip.is_loopback() {
+            place_client(node, |a| pods.contains_key(&a), flow.from)
+        } else if node.owns(ip) {
+            ClientPlace::Node
+        } else if pods.contains_key(&ip) {
+            ClientPlace::Pod(ip)
+        } else if external_owned.contains(&ip) {
+            ClientPlace::External
+        } else {
+            continue;
+        };
+        let echo_there = if ip.is_loopback() {
+            false
+        } else if home == ClientPlace::Node {
+            node_echo
+                .get(&ip)
+                .is_some_and(|ports| ports.contains(&port))
+        } else {
+            pods.get(&ip).is_some_and(|p| p.echo_ports.contains(&port))
+        };
+        if !echo_there {
+            out.insert(PlainListener {
+                home,
+                proto: flow.proto,
+                addr: flow.to,
+                proxy_serves_port: home == ClientPlace::Node
+                    && served_by_proxy.contains(&(flow.proto, port)),
+            });
+        }
+    }
+    out
 }
 
 /// The first address of the node's subnet that nothing in the scenario uses (for the
@@ -323,6 +398,25 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// A stage's plain listeners as `<home> <proto> <addr>`, in plan order.
+    fn listeners(p: &Placement, stage: usize) -> Vec<String> {
+        p.plain_of(stage)
+            .map(|l| {
+                let home = match l.home {
+                    ClientPlace::Node => "node".to_string(),
+                    ClientPlace::Pod(ip) => format!("pod {ip}"),
+                    ClientPlace::External => "external".to_string(),
+                };
+                let mark = if l.proxy_serves_port {
+                    " (proxy's port)"
+                } else {
+                    ""
+                };
+                format!("{home} {} {}{mark}", l.proto, l.addr)
+            })
+            .collect()
     }
 
     const BASE: &str = r#"
@@ -363,24 +457,28 @@ flows:
             p.pods[p.pod_index(ip("10.180.0.9")).unwrap()].echo_ports,
             BTreeSet::from([8080])
         );
-        assert_eq!(p.pods[1].plain, BTreeSet::from([(Proto::Tcp, 80)]));
-        assert!(p.pods[0].echo_ports.is_empty() && p.pods[0].plain.is_empty());
+        assert!(p.pods[0].echo_ports.is_empty());
 
         // A host-network endpoint on a node address gets its echo server on the node.
         assert_eq!(p.node_echo[&ip("192.168.1.2")], BTreeSet::from([80]));
-        assert_eq!(
-            p.node_plain,
-            BTreeSet::from([(Proto::Udp, "1.2.3.4:81".parse().unwrap())])
-        );
 
         assert_eq!(p.external_clients, BTreeSet::from([ip("203.0.113.2")]));
         // 5.6.7.8 is an external client's destination, so it stays routed to the node.
         assert_eq!(
-            p.external_plain,
-            BTreeSet::from([
-                (Proto::Tcp, "172.30.0.41:443".parse().unwrap()),
-                (Proto::Udp, "172.30.0.42:80".parse().unwrap()),
-            ])
+            p.external_owned,
+            BTreeSet::from([ip("172.30.0.41"), ip("172.30.0.42")])
+        );
+        // One stage: a plain listener in the pod 10.0.0.3, on the node, and two outside;
+        // none for 5.6.7.8:81, which the external side routes to the node.
+        assert_eq!(p.plain.len(), 1);
+        assert_eq!(
+            listeners(&p, 0),
+            [
+                "node udp 1.2.3.4:81",
+                "pod 10.0.0.3 tcp 10.0.0.3:80",
+                "external tcp 172.30.0.41:443",
+                "external udp 172.30.0.42:80",
+            ]
         );
         assert_eq!(
             p.routed_to_node,
@@ -405,6 +503,107 @@ flows:
             p.place_client(node, ip("203.0.113.2")),
             ClientPlace::External
         );
+    }
+
+    const STEPS: &str = r#"
+name: t
+node:
+  name: test-node
+  addresses: [192.168.0.2/24, 'fd00:168::2/64']
+  podCIDR: [10.0.0.0/8, 'fd00:10::/64']
+objects:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: hc, namespace: ns}
+  spec: {type: LoadBalancer, clusterIP: 172.30.0.41, externalTrafficPolicy: Local, healthCheckNodePort: 30000,
+    ports: [{port: 80, nodePort: 3001, protocol: TCP}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: hc-1, namespace: ns, labels: {kubernetes.io/service-name: hc}}
+  addressType: IPv4
+  endpoints: [{addresses: [10.180.0.1], nodeName: test-node}]
+  ports: [{port: 80, protocol: TCP}]
+flows:
+- {from: 192.168.0.2, to: '192.168.0.2:30000', expect: LOCAL}
+- {from: 192.168.0.2, to: '192.168.0.2:30001', expect: UNTOUCHED}
+- {from: 192.168.0.2, to: '192.168.0.2:30000', proto: udp, expect: UNTOUCHED}
+- {from: 127.0.0.1, to: '127.0.0.1:5555', expect: UNTOUCHED}
+- {from: 192.168.0.2, to: '127.0.0.1:5555', proto: udp, expect: UNTOUCHED}
+- {from: '::1', to: '[::1]:5555', expect: UNTOUCHED}
+- {from: 10.0.0.2, to: '127.0.0.1:5555', expect: UNTOUCHED}
+- {from: 'fd00:10::2', to: '[::1]:5555', expect: UNTOUCHED}
+- {from: 203.0.113.2, to: '127.0.0.1:5556', expect: UNTOUCHED}
+- {from: 10.0.0.2, to: '10.180.0.1:80', expect: UNTOUCHED}
+steps:
+- delete: [Service/ns/hc]
+  flows:
+  - {from: 192.168.0.2, to: '192.168.0.2:30000', expect: UNTOUCHED}
+- objects:
+  - apiVersion: v1
+    kind: Service
+    metadata: {name: hc, namespace: ns}
+    spec: {type: LoadBalancer, clusterIP: 172.30.0.41, externalTrafficPolicy: Local, healthCheckNodePort: 30001,
+      ports: [{port: 80, nodePort: 3001, protocol: TCP}]}
+  flows:
+  - {from: 192.168.0.2, to: '192.168.0.2:30001', expect: LOCAL}
+  - {from: 192.168.0.2, to: '192.168.0.2:30000', expect: UNTOUCHED}
+  - {from: 127.0.0.1, to: '127.0.0.1:30001', expect: UNTOUCHED, modes: [ipvs]}
+"#;
+
+    #[test]
+    fn loopback_destinations_get_a_listener_where_the_client_runs() {
+        let p = Placement::plan(&scenario(STEPS)).unwrap();
+        let stage0 = listeners(&p, 0);
+        for expected in [
+            "node tcp 127.0.0.1:5555",
+            "node tcp [::1]:5555",
+            "node udp 127.0.0.1:5555",
+            "pod 10.0.0.2 tcp 127.0.0.1:5555",
+            "pod fd00:10::2 tcp [::1]:5555",
+            "external tcp 127.0.0.1:5556",
+        ] {
+            assert!(
+                stage0.iter().any(|l| l == expected),
+                "{expected}: {stage0:?}"
+            );
+        }
+        // Loopback is never an address the external side owns (it has its own).
+        assert!(p.external_owned.is_empty(), "{:?}", p.external_owned);
+        assert_eq!(p.external_clients, BTreeSet::from([ip("203.0.113.2")]));
+    }
+
+    #[test]
+    fn plain_listeners_are_planned_per_stage() {
+        let p = Placement::plan(&scenario(STEPS)).unwrap();
+        assert_eq!(p.plain.len(), 3);
+        // Step 0: the health-check node port 30000 is the proxy's (LOCAL, TCP); the runner
+        // listens on 30001, and on UDP 30000 (no LOCAL flow is UDP). The endpoint
+        // 10.180.0.1:80 answers for itself: its echo server holds the port.
+        assert_eq!(
+            listeners(&p, 0),
+            [
+                "node tcp 127.0.0.1:5555",
+                "node tcp 192.168.0.2:30001",
+                "node tcp [::1]:5555",
+                "node udp 127.0.0.1:5555",
+                "node udp 192.168.0.2:30000",
+                "pod 10.0.0.2 tcp 127.0.0.1:5555",
+                "pod fd00:10::2 tcp [::1]:5555",
+                "external tcp 127.0.0.1:5556",
+            ]
+        );
+        // Step 1: the service is gone, 30000 is untouched and the runner's (once free).
+        assert_eq!(listeners(&p, 1), ["node tcp 192.168.0.2:30000"]);
+        // Step 2: 30001 became the proxy's: the runner tries its loopback address once (an
+        // ipvs flow says it is untouched there), without waiting for the proxy to free it.
+        assert_eq!(
+            listeners(&p, 2),
+            [
+                "node tcp 127.0.0.1:30001 (proxy's port)",
+                "node tcp 192.168.0.2:30000",
+            ]
+        );
+        assert_eq!(p.plain_of(3).count(), 0);
     }
 
     const DUAL: &str = r#"

@@ -24,7 +24,7 @@ use super::{
     placement::Placement,
     readiness,
     report::{FlowReport, Status},
-    topology::Topology,
+    topology::{Topology, Unbound},
 };
 
 #[derive(Debug, Clone)]
@@ -116,7 +116,6 @@ impl UdpPorts {
         let mut taken: BTreeSet<u16> = scenario.flows().map(|f| f.to.port()).collect();
         for pod in &placement.pods {
             taken.extend(&pod.echo_ports);
-            taken.extend(pod.plain.iter().map(|(_, p)| *p));
         }
         UdpPorts {
             taken,
@@ -215,11 +214,11 @@ pub async fn run_scenario(
             return out;
         }
     };
-    for (n, stage) in scenario.stages.iter().enumerate() {
+    for n in 0..scenario.stages.len() {
         let ready = if n == 0 {
             Ok(())
         } else {
-            env.change(&stage.change).await
+            env.enter_stage(n).await
         };
         let node_addresses = ready.and_then(|()| env.topology.node_addresses());
         if let Err(err) = &node_addresses {
@@ -276,13 +275,23 @@ pub struct ScenarioEnv<'a> {
     pub topology: Topology,
     state: Vec<Value>,
     udp_ports: UdpPorts,
+    /// The current stage's plain listeners that could not bind.
+    unbound: Vec<Unbound>,
+    sctp: bool,
     options: &'a RunOptions,
     scenario: &'a Scenario,
 }
 
+/// How long a stage's plain listener keeps trying an address still in use: the proxy may
+/// close a port it served in the previous stage a moment after it reported the sync.
+pub fn plain_bind_patience() -> Duration {
+    readiness::scaled(Duration::from_secs(5))
+}
+
 impl<'a> ScenarioEnv<'a> {
-    /// Builds the topology, starts the listeners (SCTP ones only with `sctp`), loads the
-    /// first stage's objects and starts the agent (if any), waiting until it synced them.
+    /// Builds the topology, starts the echo servers (SCTP ones only with `sctp`), loads the
+    /// first stage's objects, starts the agent (if any) and waits until it synced them,
+    /// then starts the first stage's plain listeners (after the agent opened its ports).
     pub async fn set_up(
         options: &'a RunOptions,
         scenario: &'a Scenario,
@@ -337,19 +346,65 @@ impl<'a> ScenarioEnv<'a> {
             }
             None => None,
         };
-        Ok(ScenarioEnv {
+        let mut env = ScenarioEnv {
             agent,
             source,
             udp_ports: UdpPorts::new(scenario, &topology.placement),
             topology,
             state: initial,
+            unbound: Vec::new(),
+            sctp,
             options,
             scenario,
+        };
+        env.start_plain_listeners(0)?;
+        Ok(env)
+    }
+
+    fn start_plain_listeners(&mut self, stage: usize) -> Result<()> {
+        self.unbound = self.topology.start_plain_listeners(
+            stage,
+            &self.options.runner_exe,
+            self.sctp,
+            plain_bind_patience(),
+        )?;
+        Ok(())
+    }
+
+    /// Moves to stage `stage`: stops the plain listeners of the stage before (so that no
+    /// port the proxy must open is held by the runner), applies the stage's change, waits
+    /// until the agent synced it, then starts the stage's plain listeners.
+    pub async fn enter_stage(&mut self, stage: usize) -> Result<()> {
+        let change = &self
+            .scenario
+            .stages
+            .get(stage)
+            .ok_or_else(|| Error::Setup(format!("{} has no stage {stage}", self.scenario.name)))?
+            .change;
+        self.topology.stop_plain_listeners();
+        self.unbound.clear();
+        self.change(change).await?;
+        self.start_plain_listeners(stage)
+    }
+
+    /// The plain listener of `flow` that could not bind in this stage, if any.
+    fn unbound_for(&self, flow: &Flow) -> Option<&Unbound> {
+        if flow.expect != Expectation::Untouched {
+            return None;
+        }
+        let home = self
+            .topology
+            .placement
+            .place_client(&self.scenario.node, flow.from);
+        self.unbound.iter().find(|u| {
+            u.spec.proto == flow.proto
+                && u.spec.addr == flow.to
+                && (!flow.to.ip().is_loopback() || u.home == home)
         })
     }
 
-    /// Applies a later stage's change and waits until the agent synced it.
-    pub async fn change(&mut self, change: &Change) -> Result<()> {
+    /// Applies a change to the cluster state and waits until the agent synced it.
+    async fn change(&mut self, change: &Change) -> Result<()> {
         let started = SystemTime::now();
         match change {
             Change::Replace(objects) => {
@@ -414,6 +469,24 @@ impl<'a> ScenarioEnv<'a> {
 
     /// Probes `flow` and judges the attempts.
     pub async fn run_flow(
+        &mut self,
+        flow: &Flow,
+        node_addresses: &BTreeSet<IpAddr>,
+    ) -> (Status, String) {
+        let (status, text) = self.probe_and_judge(flow, node_addresses).await;
+        match self.unbound_for(flow) {
+            Some(u) => (
+                status,
+                format!(
+                    "{text}; the runner's plain listener {} was not placed: {}",
+                    u.spec, u.reason
+                ),
+            ),
+            None => (status, text),
+        }
+    }
+
+    async fn probe_and_judge(
         &mut self,
         flow: &Flow,
         node_addresses: &BTreeSet<IpAddr>,

@@ -21,12 +21,34 @@ use ipnet::IpNet;
 
 use super::{
     addr::host_prefix,
-    echo::{ListenKind, ListenSpec},
+    echo::{ListenKind, ListenSpec, UNBOUND},
     error::{Error, Result},
     format::{NodeSpec, Proto},
     netns::{self, Place, add_netns, ip_in, sysctl_in},
     placement::{ClientPlace, Placement, RemoteNodePlan},
 };
+
+/// A plain listener that could not bind (the `echo` subcommand's `UNBOUND` line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unbound {
+    pub home: ClientPlace,
+    pub spec: ListenSpec,
+    /// Why, e.g. `Address already in use (os error 98) for 5 s`.
+    pub reason: String,
+}
+
+impl Unbound {
+    /// `UNBOUND plain/tcp/192.168.0.2:30000 <reason>` printed in the namespace of `home`.
+    pub fn parse(home: ClientPlace, line: &str) -> Option<Self> {
+        let rest = line.strip_prefix(UNBOUND)?.strip_prefix(' ')?;
+        let (spec, reason) = rest.split_once(' ').unwrap_or((rest, ""));
+        Some(Unbound {
+            home,
+            spec: spec.parse().ok()?,
+            reason: reason.trim().to_string(),
+        })
+    }
+}
 
 /// Every name a run creates starts with this, then 4 hex digits.
 pub const PREFIX: &str = "kpt";
@@ -109,7 +131,10 @@ pub struct Topology {
     node: NodeSpec,
     /// Namespaces created so far, for cleanup.
     namespaces: Vec<String>,
+    /// Echo servers, for the whole run.
     processes: Vec<Managed>,
+    /// The current stage's plain listeners.
+    plain: Vec<Managed>,
     keep: bool,
     cleaned: bool,
 }
@@ -135,6 +160,7 @@ impl Topology {
             node: node.clone(),
             namespaces: Vec::new(),
             processes: Vec::new(),
+            plain: Vec::new(),
             keep,
             cleaned: false,
         };
@@ -435,7 +461,7 @@ impl Topology {
             .placement
             .external_clients
             .iter()
-            .chain(&self.placement.external_owned())
+            .chain(&self.placement.external_owned)
         {
             add_address(ext, host_net(*ip), "lo")?;
         }
@@ -603,7 +629,21 @@ impl Topology {
         })
     }
 
-    /// Starts the echo servers and plain listeners and waits until each has bound.
+    /// The namespace (and cgroup) of a place; `None` for a pod the plan does not have.
+    fn place_of(&self, place: ClientPlace) -> Option<Place> {
+        match place {
+            ClientPlace::Node => Some(self.node_place()),
+            ClientPlace::Pod(ip) => self.pod_place(ip),
+            ClientPlace::External => Some(Place {
+                netns: self.ext_ns.clone(),
+                cgroup: None,
+            }),
+        }
+    }
+
+    /// Starts the echo servers (of every stage: pods and host-network endpoints exist for
+    /// the whole file) and waits until each has bound. Plain listeners are per stage:
+    /// [`Topology::start_plain_listeners`].
     pub fn start_listeners(&mut self, exe: &Path, sctp: bool) -> Result<()> {
         let protos: Vec<Proto> = Proto::ALL
             .into_iter()
@@ -616,75 +656,118 @@ impl Topology {
                 addr: (ip, port).into(),
             })
         };
-        let plain = |proto: Proto, addr| ListenSpec {
-            kind: ListenKind::Plain,
-            proto,
-            addr,
-        };
         let mut groups: Vec<(Place, Vec<ListenSpec>)> = Vec::new();
         for pod in &self.placement.pods {
-            let mut specs: Vec<ListenSpec> = pod
+            let specs: Vec<ListenSpec> = pod
                 .echo_ports
                 .iter()
                 .flat_map(|p| echo(pod.address, *p))
                 .collect();
-            specs.extend(
-                pod.plain
-                    .iter()
-                    .map(|(proto, port)| plain(*proto, (pod.address, *port).into())),
-            );
             if let Some(place) = self.pod_place(pod.address) {
                 groups.push((place, specs));
             }
         }
-        let mut on_node: Vec<ListenSpec> = self
+        let on_node: Vec<ListenSpec> = self
             .placement
             .node_echo
             .iter()
             .flat_map(|(ip, ports)| ports.iter().flat_map(|p| echo(*ip, *p)).collect::<Vec<_>>())
             .collect();
-        on_node.extend(
-            self.placement
-                .node_plain
-                .iter()
-                .map(|(proto, a)| plain(*proto, *a)),
-        );
         groups.push((self.node_place(), on_node));
-        let external: Vec<ListenSpec> = self
-            .placement
-            .external_plain
-            .iter()
-            .map(|(proto, a)| plain(*proto, *a))
-            .collect();
-        let ext_place = Place {
-            netns: self.ext_ns.clone(),
-            cgroup: None,
-        };
-        groups.push((ext_place, external));
-
         for (place, specs) in groups {
-            let specs: Vec<ListenSpec> = specs
-                .into_iter()
-                .filter(|s| sctp || s.proto != Proto::Sctp)
-                .collect();
             if specs.is_empty() {
                 continue;
             }
             let mut args = vec!["echo".to_string()];
             args.extend(specs.iter().map(ToString::to_string));
             let name = format!("echo-{}", place.netns);
-            self.spawn_and_wait_ready(&name, &place, exe, &args)?;
+            let (managed, _) = self.spawn_and_wait_ready(&name, &place, exe, &args)?;
+            self.processes.push(managed);
         }
         Ok(())
     }
 
-    fn spawn_and_wait_ready(
+    /// Starts the plain listeners of `stage` (SCTP ones only with `sctp`), one process per
+    /// namespace, and waits until each has bound what it could. An address still in use
+    /// (a port the proxy served in the previous stage and is closing) is retried for up
+    /// to `patience`, except at a port the proxy serves in this very stage, which is tried
+    /// once; what never bound is returned with the reason, and the flows to it are probed
+    /// all the same (whatever holds the port answers them).
+    pub fn start_plain_listeners(
         &mut self,
+        stage: usize,
+        exe: &Path,
+        sctp: bool,
+        patience: Duration,
+    ) -> Result<Vec<Unbound>> {
+        let mut groups: BTreeMap<(ClientPlace, bool), Vec<ListenSpec>> = BTreeMap::new();
+        for listener in self.placement.plain_of(stage) {
+            if sctp || listener.proto != Proto::Sctp {
+                let group = (listener.home, listener.proxy_serves_port);
+                groups.entry(group).or_default().push(ListenSpec {
+                    kind: ListenKind::Plain,
+                    proto: listener.proto,
+                    addr: listener.addr,
+                });
+            }
+        }
+        let mut unbound = Vec::new();
+        for ((home, proxy_port), specs) in groups {
+            let place = self.place_of(home).ok_or_else(|| {
+                Error::Setup(format!("no namespace for plain listeners in {home:?}"))
+            })?;
+            let wait = if proxy_port { Duration::ZERO } else { patience };
+            let mut args = vec![
+                "echo".to_string(),
+                "--bind-patience-ms".into(),
+                wait.as_millis().to_string(),
+            ];
+            args.extend(specs.iter().map(ToString::to_string));
+            let name = format!(
+                "plain{stage}{}-{}",
+                if proxy_port { "-proxy-port" } else { "" },
+                place.netns
+            );
+            let (managed, lines) = self.spawn_and_wait_ready(&name, &place, exe, &args)?;
+            self.plain.push(managed);
+            for line in lines {
+                let Some(mut u) = Unbound::parse(home, &line) else {
+                    return Err(Error::Setup(format!(
+                        "{name}: unexpected line before READY: {line}"
+                    )));
+                };
+                if proxy_port {
+                    u.reason
+                        .push_str(" (a LOCAL flow of this step has the proxy serve this port)");
+                }
+                unbound.push(u);
+            }
+        }
+        Ok(unbound)
+    }
+
+    /// Stops the current stage's plain listeners and waits until they have exited (their
+    /// ports are free again), before the next change reaches the proxy.
+    pub fn stop_plain_listeners(&mut self) {
+        for managed in &mut self.plain {
+            let _ = managed.child.kill();
+        }
+        for mut managed in self.plain.drain(..) {
+            if let Err(err) = managed.child.wait() {
+                eprintln!("stopping {}: {err}", managed.name);
+            }
+        }
+    }
+
+    /// Starts a listener process and waits for its `READY`; also returns the lines it
+    /// printed before (plain listeners that could not bind).
+    fn spawn_and_wait_ready(
+        &self,
         name: &str,
         place: &Place,
         exe: &Path,
         args: &[String],
-    ) -> Result<()> {
+    ) -> Result<(Managed, Vec<String>)> {
         let log = self.run_dir.join(format!("{name}.log"));
         let stderr =
             fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
@@ -696,28 +779,48 @@ impl Topology {
             .spawn()
             .map_err(Error::io(format!("starting {name}")))?;
         let stdout = child.stdout.take();
-        self.processes.push(Managed {
+        let mut managed = Managed {
             name: name.to_string(),
             child,
-        });
+        };
         let (tx, rx) = mpsc::channel();
         thread::spawn(move || {
-            let mut line = String::new();
+            let mut before = Vec::new();
+            let mut ready = false;
             if let Some(out) = stdout {
-                let _ = BufReader::new(out).read_line(&mut line);
+                for line in BufReader::new(out).lines() {
+                    let Ok(line) = line else { break };
+                    if line.trim() == "READY" {
+                        ready = true;
+                        break;
+                    }
+                    before.push(line);
+                }
             }
-            let _ = tx.send(line);
+            let _ = tx.send((ready, before));
         });
-        match rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(line) if line.trim() == "READY" => Ok(()),
-            other => Err(Error::Setup(format!(
-                "{name} did not start ({}): {}",
-                match other {
-                    Ok(_) => "exited",
-                    Err(_) => "timed out",
-                },
-                fs::read_to_string(&log).unwrap_or_default().trim()
-            ))),
+        // The listener's own bind patience comes on top of starting it.
+        let patience = args
+            .iter()
+            .position(|a| a == "--bind-patience-ms")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|ms| ms.parse().ok())
+            .map_or(Duration::ZERO, Duration::from_millis);
+        let outcome = rx.recv_timeout(Duration::from_secs(10) + patience);
+        match outcome {
+            Ok((true, before)) => Ok((managed, before)),
+            other => {
+                let _ = managed.child.kill();
+                let _ = managed.child.wait();
+                Err(Error::Setup(format!(
+                    "{name} did not start ({}): {}",
+                    match other {
+                        Ok(_) => "exited",
+                        Err(_) => "timed out",
+                    },
+                    fs::read_to_string(&log).unwrap_or_default().trim()
+                )))
+            }
         }
     }
 
@@ -733,6 +836,7 @@ impl Topology {
             return;
         }
         self.cleaned = true;
+        self.stop_plain_listeners();
         for managed in &mut self.processes {
             let _ = managed.child.kill();
         }
@@ -810,6 +914,24 @@ fn add_address(ns: &str, address: IpNet, dev: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_unbound_lines() {
+        let home = ClientPlace::Pod("10.0.0.2".parse().unwrap());
+        let u = Unbound::parse(
+            home,
+            "UNBOUND plain/tcp/127.0.0.1:5555 Address already in use (os error 98); the port never freed within 5000 ms",
+        )
+        .unwrap();
+        assert_eq!(u.home, home);
+        assert_eq!(u.spec.to_string(), "plain/tcp/127.0.0.1:5555");
+        assert_eq!(
+            u.reason,
+            "Address already in use (os error 98); the port never freed within 5000 ms"
+        );
+        assert!(Unbound::parse(home, "READY").is_none());
+        assert!(Unbound::parse(home, "UNBOUND nonsense").is_none());
+    }
 
     #[test]
     fn recognises_our_names() {
