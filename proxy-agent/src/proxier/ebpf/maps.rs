@@ -55,7 +55,8 @@ fn kernel_err(map: &'static str, op: &'static str, source: MapError) -> MapOpErr
     MapOpError::Kernel { map, op, source }
 }
 
-fn is_not_found(e: &MapError) -> bool {
+/// The key is not there (never was, evicted, or deleted meanwhile).
+pub(crate) fn is_not_found(e: &MapError) -> bool {
     match e {
         MapError::KeyNotFound | MapError::ElementNotFound => true,
         MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),

@@ -16,6 +16,7 @@ pub mod maps;
 pub mod names;
 pub mod node_settings;
 pub mod resize;
+pub mod stale_ct;
 pub mod upgrade;
 pub mod xdp;
 
@@ -39,6 +40,8 @@ pub struct EbpfProxier {
     config: LbConfig,
     /// The configuration last written with the node settings (None before the first sync).
     written_config: Option<LbConfig>,
+    /// Stale UDP flows in the conntrack maps (see [`stale_ct`]).
+    stale_flows: stale_ct::StaleBpfFlows,
 }
 
 impl EbpfProxier {
@@ -72,6 +75,7 @@ impl EbpfProxier {
             names,
             config,
             written_config: None,
+            stale_flows: stale_ct::StaleBpfFlows::default(),
         })
     }
 }
@@ -169,7 +173,7 @@ impl Proxier for EbpfProxier {
             // Before the services: a frontend must never be served under the defaults.
             self.sync_node_settings(request.node)?;
         }
-        let stats = self
+        let mut stats = self
             .state
             .sync(
                 &mut self.loaded.maps,
@@ -193,6 +197,10 @@ impl Proxier for EbpfProxier {
             // full sync writes them again.
             warn!(error = %e, "writing the service names table");
         }
+        // After the maps: a flow deleted earlier could be recreated from the old ones.
+        stats.conntrack_reconciles =
+            self.stale_flows
+                .after_sync(&mut self.loaded.ct4, &mut self.loaded.ct6, request);
         if request.full {
             // A full sync read every map entry into memory and dropped it again.
             crate::sys::trim_heap();
