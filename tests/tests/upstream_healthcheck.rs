@@ -13,17 +13,13 @@
 use std::{
     collections::{BTreeMap, HashSet},
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use proxy_agent::{
     health::{self, Family, ProxyHealth, TO_BE_DELETED_TAINT},
-    k8s::convert::{ClusterObject, parse_objects},
     metrics::Metrics,
-    model::IpFamily,
     service_health::ServiceHealthServers,
-    state::ClusterState,
 };
 use serde_json::Value;
 use tests::scenario::{http::parse_timestamp, readiness::parse_any_time};
@@ -31,6 +27,9 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
 };
+use upstream_support::Cluster;
+
+mod upstream_support;
 
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
 const LATE: Duration = Duration::from_secs(25);
@@ -416,10 +415,9 @@ async fn an_unhealthy_answer_reports_the_newest_update() {
 
 /// The agent's model of the objects given, and the health-check servers synced to it.
 struct ServiceHealth {
-    cluster: ClusterState,
+    cluster: Cluster,
     servers: ServiceHealthServers,
     health: ProxyHealth,
-    objects: Vec<ClusterObject>,
 }
 
 fn lb_service(namespace: &str, name: &str, health_check_node_port: u16) -> String {
@@ -468,47 +466,17 @@ impl ServiceHealth {
         let health = ProxyHealth::new(HEALTH_TIMEOUT, "ebpf");
         health.updated(Family::V4, SystemTime::now());
         Self {
-            cluster: ClusterState::new(&[IpFamily::V4], "test-node"),
+            cluster: Cluster::new("test-node"),
             servers: ServiceHealthServers::new(health.clone(), addresses),
             health,
-            objects: Vec::new(),
         }
     }
 
-    /// Makes the cluster hold exactly these objects (as a scenario step does), then syncs.
+    /// Makes the cluster hold exactly these objects, then syncs the servers (fully).
     fn set(&mut self, yaml: &str) {
-        let next = if yaml.trim().is_empty() {
-            Vec::new()
-        } else {
-            parse_objects(yaml).expect("test objects decode")
-        };
-        for old in std::mem::take(&mut self.objects) {
-            let kept = next
-                .iter()
-                .any(|o| o.kind() == old.kind() && o.name() == old.name());
-            if !kept {
-                self.apply(&old, true);
-            }
-        }
-        for object in &next {
-            self.apply(object, false);
-        }
-        self.objects = next;
-        self.cluster.apply_pending();
+        self.cluster.set(yaml);
         self.servers
             .sync(self.cluster.families(), &HashSet::new(), true);
-    }
-
-    fn apply(&mut self, object: &ClusterObject, deleted: bool) {
-        match object {
-            ClusterObject::Service(s) => {
-                self.cluster.service(&Arc::new(s.clone()), deleted);
-            }
-            ClusterObject::EndpointSlice(s) => {
-                self.cluster.endpoint_slice(s, deleted);
-            }
-            _ => {}
-        }
     }
 }
 
