@@ -490,6 +490,7 @@ node: {name: test-node, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}
 config: {clusterCIDR: 10.0.0.0/8}
 flows:
 - {from: 192.168.0.2, to: '192.168.0.2:30000', expect: LOCAL}
+- {from: 192.168.0.2, to: '192.168.0.2:30002', expect: LOCAL}
 - {from: 192.168.0.2, to: '192.168.0.2:30001', expect: UNTOUCHED}
 steps:
 - objects: []
@@ -537,8 +538,9 @@ fn in_use(result: Result<TcpListener, tests::scenario::Error>) -> bool {
 /// 1c: plain listeners live for one stage. A port the proxy serves in a stage (LOCAL) is
 /// never taken by the runner; an UNTOUCHED port of the next stage is bound once the proxy
 /// let it go (retried while in use), and said so when it never frees; a stage's listeners
-/// are gone before the next change, so the proxy may open that port then. A stand-in
-/// server in the node namespace plays the proxy's health-check server.
+/// are gone before the next change, so the proxy may open those ports then; listeners of
+/// other stages stay as witnesses where free. Stand-in servers in the node namespace play
+/// the proxy's health-check servers.
 #[tokio::test(flavor = "multi_thread")]
 async fn plain_listeners_live_for_one_step_and_wait_for_the_proxys_ports() {
     if !privileged() {
@@ -553,23 +555,21 @@ async fn plain_listeners_live_for_one_step_and_wait_for_the_proxys_ports() {
     let runs = BTreeSet::from([env.topology.id.clone()]);
     let node_ns = env.topology.node_ns.clone();
     let bind = |port: u16| bind_tcp_listener_in(&node_ns, ([192, 168, 0, 2], port).into());
+    let http = "1x other answer \"HTTP/1.0 200 OK\"";
 
-    // Step 0: 30000 is the proxy's (free for it), 30001 the runner's.
+    // Step 0: 30000 and 30002 are the proxy's (free for it), 30001 the runner's, and
+    // 30003 too (a witness: step 2 has an UNTOUCHED flow there).
     let stop_30000 = Arc::new(AtomicBool::new(false));
     let server_30000 = stand_in_server(bind(30000).unwrap(), stop_30000.clone());
+    let stop_30002 = Arc::new(AtomicBool::new(false));
+    let server_30002 = stand_in_server(bind(30002).unwrap(), stop_30002.clone());
     assert!(in_use(bind(30001)));
+    assert!(in_use(bind(30003)));
     let texts = pass_stage(&mut env, &scenario, 0).await;
-    assert_eq!(
-        texts,
-        [
-            "1x other answer \"HTTP/1.0 200 OK\"",
-            "1x plain listener 192.168.0.2:30001"
-        ]
-    );
+    assert_eq!(texts, [http, http, "1x plain listener 192.168.0.2:30001"]);
 
     // Step 1: the proxy closes 30000 a moment after the change (the runner waits for it);
-    // 30002 is held for good by something else.
-    let held_30002 = bind(30002).unwrap();
+    // 30002 it never closes. 30001 stays the runner's (a witness).
     let closer = thread::spawn(move || {
         thread::sleep(Duration::from_millis(1500));
         stop_30000.store(true, Ordering::Relaxed);
@@ -577,41 +577,52 @@ async fn plain_listeners_live_for_one_step_and_wait_for_the_proxys_ports() {
     env.enter_stage(1).await.unwrap();
     closer.join().unwrap();
     server_30000.join().unwrap();
-    // Stage 0's listener on 30001 is gone.
-    drop(bind(30001).unwrap());
-    let texts = pass_stage(&mut env, &scenario, 1).await;
-    assert_eq!(texts[0], "1x plain listener 192.168.0.2:30000");
-    assert!(
-        texts[1].starts_with("1x connected, no answer in ")
-            && texts[1].ends_with(
-                "; the runner's plain listener plain/tcp/192.168.0.2:30002 was not placed: \
-                 Address already in use (os error 98); the port never freed within 5000 ms"
-            ),
-        "{}",
-        texts[1]
+    assert!(in_use(bind(30001)));
+    let addrs = env.topology.node_addresses().unwrap();
+    let flows = &scenario.stages[1].flows;
+    assert_eq!(
+        env.run_flow(&flows[0], &addrs).await,
+        (
+            Status::Pass,
+            "1x plain listener 192.168.0.2:30000".to_string()
+        )
+    );
+    assert_eq!(
+        env.run_flow(&flows[1], &addrs).await,
+        (
+            Status::Fail,
+            format!(
+                "expected UNTOUCHED, saw {http}; the runner's plain listener \
+                 plain/tcp/192.168.0.2:30002 was not placed: Address already in use (os error \
+                 98); the port never freed within 5000 ms"
+            )
+        )
     );
 
-    // Step 2: 30001 becomes the proxy's again, and is free for it; the runner still
-    // listens on 127.0.0.1:30001 (the proxy holds only the node address). 30003 the proxy
-    // holds on every address: the runner does not wait for it, and says why it is absent.
+    // Step 2: the runner's listeners are gone before the change, so the proxy may open
+    // 30001 and 30003 (this one on every address). The runner listens on 127.0.0.1:30001
+    // (the proxy holds only the node address there), tries 192.168.0.2:30003 once without
+    // waiting and says why it is absent, and keeps 30000 as a witness.
+    env.stop_plain_listeners();
+    env.apply_stage(2).await.unwrap();
+    let stop_30001 = Arc::new(AtomicBool::new(false));
+    let server_30001 = stand_in_server(bind(30001).unwrap(), stop_30001.clone());
     let stop_30003 = Arc::new(AtomicBool::new(false));
     let wildcard = bind_tcp_listener_in(&node_ns, ([0, 0, 0, 0], 30003).into()).unwrap();
     let server_30003 = stand_in_server(wildcard, stop_30003.clone());
-    let entered = std::time::Instant::now();
-    env.enter_stage(2).await.unwrap();
+    let started = std::time::Instant::now();
+    env.start_plain_listeners(2).unwrap();
     assert!(
-        entered.elapsed() < Duration::from_secs(4),
+        started.elapsed() < Duration::from_secs(4),
         "{:?}",
-        entered.elapsed()
+        started.elapsed()
     );
-    let stop_30001 = Arc::new(AtomicBool::new(false));
-    let server_30001 = stand_in_server(bind(30001).unwrap(), stop_30001.clone());
+    assert!(in_use(bind(30000)));
     let addrs = env.topology.node_addresses().unwrap();
     let mut seen = Vec::new();
     for flow in &scenario.stages[2].flows {
         seen.push(env.run_flow(flow, &addrs).await);
     }
-    let http = "1x other answer \"HTTP/1.0 200 OK\"";
     assert_eq!(seen[0], (Status::Pass, http.to_string()));
     assert_eq!(
         seen[1],
@@ -621,20 +632,25 @@ async fn plain_listeners_live_for_one_step_and_wait_for_the_proxys_ports() {
         )
     );
     assert_eq!(seen[2], (Status::Pass, http.to_string()));
-    assert_eq!(seen[3].0, Status::Fail, "{}", seen[3].1);
     assert_eq!(
-        seen[3].1,
-        format!(
-            "expected UNTOUCHED, saw {http}; the runner's plain listener \
-             plain/tcp/192.168.0.2:30003 was not placed: Address already in use (os error 98) \
-             (a LOCAL flow of this step has the proxy serve this port)"
+        seen[3],
+        (
+            Status::Fail,
+            format!(
+                "expected UNTOUCHED, saw {http}; the runner's plain listener \
+                 plain/tcp/192.168.0.2:30003 was not placed: Address already in use (os error \
+                 98) (a LOCAL flow of this step has the proxy serve this port)"
+            )
         )
     );
-    stop_30003.store(true, Ordering::Relaxed);
-    server_30003.join().unwrap();
-    stop_30001.store(true, Ordering::Relaxed);
-    server_30001.join().unwrap();
-    drop(held_30002);
+    for (stop, server) in [
+        (stop_30001, server_30001),
+        (stop_30002, server_30002),
+        (stop_30003, server_30003),
+    ] {
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap();
+    }
 
     drop(env);
     let left = leftovers(&runs);

@@ -7,6 +7,7 @@
 //! witnesses of UNTOUCHED flows) are planned per stage: the runner starts a stage's after
 //! the agent synced that stage and stops them before the next change, so that a port the
 //! proxy serves in one step (a health-check node port) is never held by the runner there.
+//! A stage also keeps the other stages' listeners where they are free ([`Binding`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -17,7 +18,7 @@ use ipnet::IpNet;
 
 use super::{
     error::{Error, Result},
-    format::{Expectation, Flow, NodeSpec, Proto, Scenario},
+    format::{Expectation, Flow, NodeSpec, Proto, Scenario, Stage},
     objects::{endpoint_nodes, endpoint_ports, service_addresses},
 };
 
@@ -59,10 +60,25 @@ pub struct PlainListener {
     pub home: ClientPlace,
     pub proto: Proto,
     pub addr: SocketAddr,
-    /// A LOCAL flow of the same stage expects the proxy's own server on this port (on the
-    /// node addresses it chose): when the proxy holds this address too, the runner does
-    /// not wait for it to free.
-    pub proxy_serves_port: bool,
+    pub binding: Binding,
+}
+
+/// How hard the runner tries to bind a stage's plain listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Binding {
+    /// For an UNTOUCHED flow of the stage: retried while the address is in use (the proxy
+    /// may still be closing a port it served in the stage before); reported if it never
+    /// frees.
+    Patient,
+    /// For an UNTOUCHED flow of the stage at a port a LOCAL flow of the same stage has the
+    /// proxy serve on the node: the proxy holds that port on purpose, on the addresses it
+    /// chose, so binding is tried once (and reported when it fails).
+    Once,
+    /// For an UNTOUCHED flow of another stage, kept as a witness: what the proxy leaves
+    /// untranslated there is answered instead of refused by the kernel, so a refusal the
+    /// proxy never made cannot pass for a REJECT. Tried once; quietly absent when in use
+    /// (no flow of the stage needs it).
+    Witness,
 }
 
 /// Another node of the cluster, standing for the `nodeName` of endpoints that live
@@ -196,10 +212,17 @@ impl Placement {
                 external_owned.insert(to);
             }
         }
-        let plain = scenario
-            .stages
-            .iter()
-            .map(|stage| stage_plain(node, &stage.flows, &pods, &node_echo, &external_owned))
+        let plain = (0..scenario.stages.len())
+            .map(|n| {
+                stage_plain(
+                    node,
+                    &scenario.stages,
+                    n,
+                    &pods,
+                    &node_echo,
+                    &external_owned,
+                )
+            })
             .collect();
 
         let services = service_addresses(scenario.all_objects());
@@ -310,26 +333,26 @@ fn place_client(node: &NodeSpec, is_pod: impl Fn(IpAddr) -> bool, ip: IpAddr) ->
     }
 }
 
-/// The plain listeners one stage's UNTOUCHED flows need. None where an echo server at the
-/// destination (placed for the whole file) holds the port already, and none for a service
-/// address the external side routes to the node (silence is the only untouched answer
-/// there). A listener on the node at a port a LOCAL flow of the same stage expects the
-/// proxy to serve is marked: the proxy holds that port on purpose (on the addresses it
-/// chose), so binding it is tried once, not waited for.
+/// The plain listeners of stage `stage`: those its UNTOUCHED flows need, and those of the
+/// other stages as witnesses. None where an echo server at the destination (placed for
+/// the whole file) holds the port already, none for a service address the external side
+/// routes to the node (silence is the only untouched answer there), and no witness at a
+/// port the proxy serves in this stage (a LOCAL flow's).
 fn stage_plain(
     node: &NodeSpec,
-    flows: &[Flow],
+    stages: &[Stage],
+    stage: usize,
     pods: &BTreeMap<IpAddr, PodPlan>,
     node_echo: &BTreeMap<IpAddr, BTreeSet<u16>>,
     external_owned: &BTreeSet<IpAddr>,
 ) -> BTreeSet<PlainListener> {
-    let served_by_proxy: BTreeSet<(Proto, u16)> = flows
+    let served_by_proxy: BTreeSet<(Proto, u16)> = stages[stage]
+        .flows
         .iter()
         .filter(|f| f.expect == Expectation::Local)
         .map(|f| (f.proto, f.to.port()))
         .collect();
-    let mut out = BTreeSet::new();
-    for flow in flows.iter().filter(|f| f.expect == Expectation::Untouched) {
+    let listener_of = |flow: &Flow| -> Option<(ClientPlace, Proto, SocketAddr, bool)> {
         let (ip, port) = (flow.to.ip(), flow.to.port());
         let home = if ip.is_loopback() {
             place_client(node, |a| pods.contains_key(&a), flow.from)
@@ -340,7 +363,7 @@ fn stage_plain(
         } else if external_owned.contains(&ip) {
             ClientPlace::External
         } else {
-            continue;
+            return None;
         };
         let echo_there = if ip.is_loopback() {
             false
@@ -351,13 +374,42 @@ fn stage_plain(
         } else {
             pods.get(&ip).is_some_and(|p| p.echo_ports.contains(&port))
         };
-        if !echo_there {
+        let proxy_port = home == ClientPlace::Node && served_by_proxy.contains(&(flow.proto, port));
+        (!echo_there).then_some((home, flow.proto, flow.to, proxy_port))
+    };
+    let untouched = |n: usize| {
+        stages[n]
+            .flows
+            .iter()
+            .filter(|f| f.expect == Expectation::Untouched)
+            .filter_map(listener_of)
+    };
+    let mut out = BTreeSet::new();
+    let mut own = BTreeSet::new();
+    for (home, proto, addr, proxy_port) in untouched(stage) {
+        own.insert((home, proto, addr));
+        let binding = if proxy_port {
+            Binding::Once
+        } else {
+            Binding::Patient
+        };
+        out.insert(PlainListener {
+            home,
+            proto,
+            addr,
+            binding,
+        });
+    }
+    for (home, proto, addr, proxy_port) in (0..stages.len())
+        .filter(|n| *n != stage)
+        .flat_map(untouched)
+    {
+        if !proxy_port && own.insert((home, proto, addr)) {
             out.insert(PlainListener {
                 home,
-                proto: flow.proto,
-                addr: flow.to,
-                proxy_serves_port: home == ClientPlace::Node
-                    && served_by_proxy.contains(&(flow.proto, port)),
+                proto,
+                addr,
+                binding: Binding::Witness,
             });
         }
     }
@@ -409,10 +461,10 @@ mod tests {
                     ClientPlace::Pod(ip) => format!("pod {ip}"),
                     ClientPlace::External => "external".to_string(),
                 };
-                let mark = if l.proxy_serves_port {
-                    " (proxy's port)"
-                } else {
-                    ""
+                let mark = match l.binding {
+                    Binding::Patient => "",
+                    Binding::Once => " (once)",
+                    Binding::Witness => " (witness)",
                 };
                 format!("{home} {} {}{mark}", l.proto, l.addr)
             })
@@ -578,11 +630,13 @@ steps:
         assert_eq!(p.plain.len(), 3);
         // Step 0: the health-check node port 30000 is the proxy's (LOCAL, TCP); the runner
         // listens on 30001, and on UDP 30000 (no LOCAL flow is UDP). The endpoint
-        // 10.180.0.1:80 answers for itself: its echo server holds the port.
+        // 10.180.0.1:80 answers for itself: its echo server holds the port. Step 2's
+        // 127.0.0.1:30001 is a witness here.
         assert_eq!(
             listeners(&p, 0),
             [
                 "node tcp 127.0.0.1:5555",
+                "node tcp 127.0.0.1:30001 (witness)",
                 "node tcp 192.168.0.2:30001",
                 "node tcp [::1]:5555",
                 "node udp 127.0.0.1:5555",
@@ -592,16 +646,38 @@ steps:
                 "external tcp 127.0.0.1:5556",
             ]
         );
-        // Step 1: the service is gone, 30000 is untouched and the runner's (once free).
-        assert_eq!(listeners(&p, 1), ["node tcp 192.168.0.2:30000"]);
-        // Step 2: 30001 became the proxy's: the runner tries its loopback address once (an
-        // ipvs flow says it is untouched there), without waiting for the proxy to free it.
+        // Step 1: the service is gone, 30000 is untouched and the runner's (once free);
+        // step 0's listeners stay as witnesses.
         assert_eq!(
-            listeners(&p, 2),
+            listeners(&p, 1),
             [
-                "node tcp 127.0.0.1:30001 (proxy's port)",
+                "node tcp 127.0.0.1:5555 (witness)",
+                "node tcp 127.0.0.1:30001 (witness)",
+                "node tcp 192.168.0.2:30000",
+                "node tcp 192.168.0.2:30001 (witness)",
+                "node tcp [::1]:5555 (witness)",
+                "node udp 127.0.0.1:5555 (witness)",
+                "node udp 192.168.0.2:30000 (witness)",
+                "pod 10.0.0.2 tcp 127.0.0.1:5555 (witness)",
+                "pod fd00:10::2 tcp [::1]:5555 (witness)",
+                "external tcp 127.0.0.1:5556 (witness)",
+            ]
+        );
+        // Step 2: 30001 became the proxy's: the runner tries its loopback address once (an
+        // ipvs flow says it is untouched there), without waiting for the proxy to free it,
+        // and keeps no witness on 30001 (192.168.0.2:30001 of step 0).
+        let step2 = listeners(&p, 2);
+        assert_eq!(
+            step2[..3],
+            [
+                "node tcp 127.0.0.1:5555 (witness)",
+                "node tcp 127.0.0.1:30001 (once)",
                 "node tcp 192.168.0.2:30000",
             ]
+        );
+        assert!(
+            !step2.iter().any(|l| l.contains("192.168.0.2:30001")),
+            "{step2:?}"
         );
         assert_eq!(p.plain_of(3).count(), 0);
     }

@@ -361,7 +361,8 @@ impl<'a> ScenarioEnv<'a> {
         Ok(env)
     }
 
-    fn start_plain_listeners(&mut self, stage: usize) -> Result<()> {
+    /// Starts the plain listeners of `stage` (see [`Topology::start_plain_listeners`]).
+    pub fn start_plain_listeners(&mut self, stage: usize) -> Result<()> {
         self.unbound = self.topology.start_plain_listeners(
             stage,
             &self.options.runner_exe,
@@ -371,19 +372,29 @@ impl<'a> ScenarioEnv<'a> {
         Ok(())
     }
 
-    /// Moves to stage `stage`: stops the plain listeners of the stage before (so that no
-    /// port the proxy must open is held by the runner), applies the stage's change, waits
-    /// until the agent synced it, then starts the stage's plain listeners.
-    pub async fn enter_stage(&mut self, stage: usize) -> Result<()> {
+    /// Stops the current stage's plain listeners; their ports are free when this returns.
+    pub fn stop_plain_listeners(&mut self) {
+        self.topology.stop_plain_listeners();
+        self.unbound.clear();
+    }
+
+    /// Applies stage `stage`'s change and waits until the agent synced it.
+    pub async fn apply_stage(&mut self, stage: usize) -> Result<()> {
         let change = &self
             .scenario
             .stages
             .get(stage)
             .ok_or_else(|| Error::Setup(format!("{} has no stage {stage}", self.scenario.name)))?
             .change;
-        self.topology.stop_plain_listeners();
-        self.unbound.clear();
-        self.change(change).await?;
+        self.change(change).await
+    }
+
+    /// Moves to stage `stage`: stops the plain listeners of the stage before (so that no
+    /// port the proxy must open is held by the runner), applies the stage's change, waits
+    /// until the agent synced it, then starts the stage's plain listeners.
+    pub async fn enter_stage(&mut self, stage: usize) -> Result<()> {
+        self.stop_plain_listeners();
+        self.apply_stage(stage).await?;
         self.start_plain_listeners(stage)
     }
 

@@ -25,7 +25,7 @@ use super::{
     error::{Error, Result},
     format::{NodeSpec, Proto},
     netns::{self, Place, add_netns, ip_in, sysctl_in},
-    placement::{ClientPlace, Placement, RemoteNodePlan},
+    placement::{Binding, ClientPlace, Placement, RemoteNodePlan},
 };
 
 /// A plain listener that could not bind (the `echo` subcommand's `UNBOUND` line).
@@ -688,11 +688,12 @@ impl Topology {
     }
 
     /// Starts the plain listeners of `stage` (SCTP ones only with `sctp`), one process per
-    /// namespace, and waits until each has bound what it could. An address still in use
-    /// (a port the proxy served in the previous stage and is closing) is retried for up
-    /// to `patience`, except at a port the proxy serves in this very stage, which is tried
-    /// once; what never bound is returned with the reason, and the flows to it are probed
-    /// all the same (whatever holds the port answers them).
+    /// namespace and [`Binding`], and waits until each has bound what it could. A
+    /// [`Binding::Patient`] address still in use (a port the proxy served in the previous
+    /// stage and is closing) is retried for up to `patience`; the others are tried once.
+    /// What never bound is returned with the reason (witnesses excepted: no flow of the
+    /// stage needs them), and the flows to it are probed all the same (whatever holds the
+    /// port answers them).
     pub fn start_plain_listeners(
         &mut self,
         stage: usize,
@@ -700,10 +701,10 @@ impl Topology {
         sctp: bool,
         patience: Duration,
     ) -> Result<Vec<Unbound>> {
-        let mut groups: BTreeMap<(ClientPlace, bool), Vec<ListenSpec>> = BTreeMap::new();
+        let mut groups: BTreeMap<(ClientPlace, Binding), Vec<ListenSpec>> = BTreeMap::new();
         for listener in self.placement.plain_of(stage) {
             if sctp || listener.proto != Proto::Sctp {
-                let group = (listener.home, listener.proxy_serves_port);
+                let group = (listener.home, listener.binding);
                 groups.entry(group).or_default().push(ListenSpec {
                     kind: ListenKind::Plain,
                     proto: listener.proto,
@@ -712,22 +713,22 @@ impl Topology {
             }
         }
         let mut unbound = Vec::new();
-        for ((home, proxy_port), specs) in groups {
+        for ((home, binding), specs) in groups {
             let place = self.place_of(home).ok_or_else(|| {
                 Error::Setup(format!("no namespace for plain listeners in {home:?}"))
             })?;
-            let wait = if proxy_port { Duration::ZERO } else { patience };
+            let (wait, tag) = match binding {
+                Binding::Patient => (patience, ""),
+                Binding::Once => (Duration::ZERO, "-once"),
+                Binding::Witness => (Duration::ZERO, "-witness"),
+            };
             let mut args = vec![
                 "echo".to_string(),
                 "--bind-patience-ms".into(),
                 wait.as_millis().to_string(),
             ];
             args.extend(specs.iter().map(ToString::to_string));
-            let name = format!(
-                "plain{stage}{}-{}",
-                if proxy_port { "-proxy-port" } else { "" },
-                place.netns
-            );
+            let name = format!("plain{stage}{tag}-{}", place.netns);
             let (managed, lines) = self.spawn_and_wait_ready(&name, &place, exe, &args)?;
             self.plain.push(managed);
             for line in lines {
@@ -736,11 +737,15 @@ impl Topology {
                         "{name}: unexpected line before READY: {line}"
                     )));
                 };
-                if proxy_port {
-                    u.reason
-                        .push_str(" (a LOCAL flow of this step has the proxy serve this port)");
+                match binding {
+                    Binding::Patient => unbound.push(u),
+                    Binding::Once => {
+                        u.reason
+                            .push_str(" (a LOCAL flow of this step has the proxy serve this port)");
+                        unbound.push(u);
+                    }
+                    Binding::Witness => {}
                 }
-                unbound.push(u);
             }
         }
         Ok(unbound)
