@@ -2,18 +2,27 @@
 //! `cargo xtask scenarios --mode <ebpf|iptables|ipvs|nftables> [--dir DIR]... [--filter NAME]`:
 //! builds the agent and the scenario runner, then replays the scenario files on this host,
 //! or, for ipvs on a kernel without IPVS, inside the test VM (one boot for every file).
+//! The binaries are the ones cargo reports (wherever its target directory is), the runner
+//! is given the agent's path, and a checkout or target directory the guest cannot see
+//! (under its own /tmp, /run, ...) is refused before anything is built or booted.
 //! The runner checks the mode the agent really runs (/proxyMode), so a fallback's results
 //! are never reported as the requested mode's.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
+use serde::Deserialize;
 use xtask::vm::{self, VmOptions};
 
 use crate::{
     setup,
-    util::{cargo, run_cmd, step, target_dir, workspace_root},
+    util::{cargo, describe, step, workspace_root},
     vm_cmd,
 };
 
@@ -102,20 +111,84 @@ fn in_vm(args: &ScenariosArgs) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// Builds the agent (eBPF object required) and the scenario runner; the runner's path.
-pub fn build_runner() -> anyhow::Result<PathBuf> {
+/// The binaries a replay runs, where cargo really put them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Built {
+    pub runner: PathBuf,
+    pub agent: PathBuf,
+}
+
+/// The part of a cargo `--message-format=json` line this needs.
+#[derive(Debug, Deserialize)]
+struct CargoMessage {
+    reason: String,
+    #[serde(default)]
+    target: Option<CargoTarget>,
+    #[serde(default)]
+    executable: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CargoTarget {
+    name: String,
+}
+
+/// The executables cargo reports building (or finding fresh) in its JSON messages, by
+/// target name. Cargo knows its target directory (CARGO_TARGET_DIR, relative or not,
+/// `build.target-dir` in any config file); guessing it here could point at stale or
+/// missing binaries.
+fn executables(messages: &str) -> BTreeMap<String, PathBuf> {
+    messages
+        .lines()
+        // Only artifact lines: diagnostics are rendered to stderr, and this parser (YAML,
+        // a superset of JSON) need not read anything else.
+        .filter(|line| line.contains(r#""reason":"compiler-artifact""#))
+        .filter_map(|line| serde_yaml::from_str::<CargoMessage>(line).ok())
+        .filter(|m| m.reason == "compiler-artifact")
+        .filter_map(|m| Some((m.target?.name, m.executable?)))
+        .collect()
+}
+
+/// Builds the agent (eBPF object required) and the scenario runner; their paths, as cargo
+/// reports them.
+pub fn build_runner() -> anyhow::Result<Built> {
     setup::ensure_ready()?;
     step("building proxy-agent and scenario-runner (eBPF object required)");
-    run_cmd(
-        cargo()
-            .args(["build", "-p", "proxy-agent", "-p", "tests"])
-            .args(["--bin", "proxy-agent", "--bin", "scenario-runner"])
-            .env("PROXY_REQUIRE_EBPF", "1"),
-    )?;
-    let runner = target_dir().join("debug/scenario-runner");
-    runner
-        .canonicalize()
-        .with_context(|| format!("no scenario runner at {}", runner.display()))
+    let mut build = cargo();
+    build
+        .args(["build", "-p", "proxy-agent", "-p", "tests"])
+        .args(["--bin", "proxy-agent", "--bin", "scenario-runner"])
+        .arg("--message-format=json-render-diagnostics")
+        .env("PROXY_REQUIRE_EBPF", "1")
+        .stdout(Stdio::piped());
+    println!("    $ {}", describe(&build));
+    let output = build
+        .output()
+        .with_context(|| format!("starting {}", describe(&build)))?;
+    if !output.status.success() {
+        bail!("command failed ({}): {}", output.status, describe(&build));
+    }
+    let built = executables(&String::from_utf8_lossy(&output.stdout));
+    let path = |name: &str| -> anyhow::Result<PathBuf> {
+        let path = built
+            .get(name)
+            .with_context(|| format!("cargo reported no {name} executable"))?;
+        path.canonicalize()
+            .with_context(|| format!("no {name} at {}", path.display()))
+    };
+    Ok(Built {
+        runner: path("scenario-runner")?,
+        agent: path("proxy-agent")?,
+    })
+}
+
+/// Refuses paths the test VM cannot see (its own /tmp, /run, ...), naming the first.
+fn check_seen_by_guest(paths: &[(&str, &Path)]) -> anyhow::Result<()> {
+    for (what, path) in paths {
+        vm::check_visible_in_guest(what, path)
+            .map_err(|why| anyhow::anyhow!("cannot run the scenarios in the test VM: {why}"))?;
+    }
+    Ok(())
 }
 
 pub fn run(args: &ScenariosArgs) -> anyhow::Result<()> {
@@ -127,8 +200,7 @@ pub fn run(args: &ScenariosArgs) -> anyhow::Result<()> {
         );
     }
     let guest = in_vm(args)?;
-    let runner = build_runner()?;
-    let dirs = if args.dirs.is_empty() {
+    let dirs: Vec<PathBuf> = if args.dirs.is_empty() {
         default_dirs()
     } else {
         args.dirs
@@ -136,11 +208,27 @@ pub fn run(args: &ScenariosArgs) -> anyhow::Result<()> {
             .map(|d| d.canonicalize().with_context(|| d.display().to_string()))
             .collect::<anyhow::Result<_>>()?
     };
+    let ws = workspace_root();
+    let mut seen_by_guest: Vec<(&str, &Path)> = vec![("the checkout", ws.as_path())];
+    seen_by_guest.extend(dirs.iter().map(|d| ("the scenario directory", d.as_path())));
+    if guest {
+        // Before building: a checkout the guest cannot see is refused at once.
+        check_seen_by_guest(&seen_by_guest)?;
+    }
+    let built = build_runner()?;
+    if guest {
+        check_seen_by_guest(&[
+            ("the scenario runner", built.runner.as_path()),
+            ("the agent", built.agent.as_path()),
+        ])?;
+    }
     let mut words = vec![
-        runner.display().to_string(),
+        built.runner.display().to_string(),
         "run".into(),
         "--mode".into(),
         args.mode.clone(),
+        "--agent".into(),
+        built.agent.display().to_string(),
     ];
     for dir in &dirs {
         words.extend(["--dir".into(), dir.display().to_string()]);
@@ -183,4 +271,55 @@ pub fn run(args: &ScenariosArgs) -> anyhow::Result<()> {
         ..VmOptions::default()
     };
     std::process::exit(vm_cmd::run_in_guest(&script, &options));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executables_come_from_cargos_artifact_messages() {
+        let messages = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests#0.1.0","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["bin"],"crate_types":["bin"],"name":"scenario-runner","src_path":"/w/tests/src/bin/scenario-runner.rs","edition":"2024","doc":true,"doctest":false,"test":true},"profile":{"opt_level":"0","debuginfo":2,"debug_assertions":true,"overflow_checks":true,"test":false},"features":[],"filenames":["/t/debug/scenario-runner"],"executable":"/t/debug/scenario-runner","fresh":true}
+{"reason":"compiler-artifact","package_id":"path+file:///w/tests#0.1.0","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["lib"],"crate_types":["lib"],"name":"tests","src_path":"/w/tests/src/lib.rs","edition":"2024","doc":true,"doctest":true,"test":true},"profile":{"opt_level":"0","debuginfo":2,"debug_assertions":true,"overflow_checks":true,"test":false},"features":[],"filenames":["/t/debug/libtests.rlib"],"executable":null,"fresh":true}
+{"reason":"build-script-executed","package_id":"path+file:///w/proxy-agent#0.1.0","linked_libs":[],"linked_paths":[],"cfgs":[],"env":[],"out_dir":"/t/debug/build/proxy-agent-1/out"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/proxy-agent#0.1.0","manifest_path":"/w/proxy-agent/Cargo.toml","target":{"kind":["bin"],"crate_types":["bin"],"name":"proxy-agent","src_path":"/w/proxy-agent/src/main.rs","edition":"2024","doc":true,"doctest":false,"test":true},"profile":{"opt_level":"0","debuginfo":2,"debug_assertions":true,"overflow_checks":true,"test":false},"features":[],"filenames":["/t/debug/proxy-agent"],"executable":"/t/debug/proxy-agent","fresh":false}
+{"reason":"build-finished","success":true}
+"#;
+        let found = executables(messages);
+        assert_eq!(
+            found,
+            BTreeMap::from([
+                (
+                    "proxy-agent".to_string(),
+                    PathBuf::from("/t/debug/proxy-agent")
+                ),
+                (
+                    "scenario-runner".to_string(),
+                    PathBuf::from("/t/debug/scenario-runner")
+                ),
+            ])
+        );
+        assert!(executables("not json\n{\"reason\":\"compiler-artifact\"").is_empty());
+    }
+
+    #[test]
+    fn a_checkout_the_guest_cannot_see_is_refused_before_building() {
+        let err = check_seen_by_guest(&[
+            ("the checkout", Path::new("/work/main")),
+            (
+                "the scenario runner",
+                Path::new("/tmp/clone/target/debug/scenario-runner"),
+            ),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with(
+                "cannot run the scenarios in the test VM: the scenario runner \
+                 /tmp/clone/target/debug/scenario-runner is under /tmp"
+            ),
+            "{err}"
+        );
+        assert!(check_seen_by_guest(&[("the checkout", Path::new("/work/main"))]).is_ok());
+    }
 }

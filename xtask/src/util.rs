@@ -78,12 +78,3 @@ pub fn build_workspace(release: bool) -> anyhow::Result<()> {
 pub fn is_root() -> bool {
     output(Command::new("id").arg("-u")).is_some_and(|uid| uid.trim() == "0")
 }
-
-/// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the workspace, where
-/// [`cargo`] runs) or the workspace's `target/`.
-pub fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => workspace_root().join(dir),
-        _ => workspace_root().join("target"),
-    }
-}

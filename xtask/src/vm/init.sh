@@ -41,9 +41,15 @@ hostname kpe-vm
 # IPVS refuses real servers (EINVAL) while there is no local routing table at all.
 ip link set lo up
 cat > $R/run/kpevm-pid1.sh <<EOS
-cd '$CWD' 2>/dev/null || cd /
-bash '$OUT/.kpevm-$TOKEN.sh' </dev/null
-echo \$? > '$OUT/.kpevm-$TOKEN.rc'
+# A working directory the guest cannot see is an error (the host checks first), never a
+# silent run in / where every relative path would be missing.
+if cd '$CWD'; then
+  bash '$OUT/.kpevm-$TOKEN.sh' </dev/null
+  echo \$? > '$OUT/.kpevm-$TOKEN.rc'
+else
+  echo "kpevm: the working directory $CWD is not visible in the guest" >&2
+  echo 125 > '$OUT/.kpevm-$TOKEN.rc'
+fi
 sync
 # The power-off is asynchronous and takes the 9p root away: PID 1 must neither exit
 # (a kernel panic) nor exec anything until it is done, so it waits with a builtin read

@@ -183,6 +183,35 @@ pub fn shell_quote(word: &str) -> String {
     }
 }
 
+/// Where the guest mounts a file system of its own over the host's tree (init.sh: fresh
+/// proc, sysfs, devtmpfs, and tmpfs on /run and /tmp): the host's files below these are
+/// not visible inside. (The results directory is shared explicitly, so it may be there.)
+pub const GUEST_PRIVATE_MOUNTS: [&str; 5] = ["/tmp", "/run", "/dev", "/proc", "/sys"];
+
+/// The guest mount that hides `path` (absolute, symlinks resolved) from the guest, if any.
+pub fn hidden_in_guest(path: &Path) -> Option<&'static str> {
+    GUEST_PRIVATE_MOUNTS
+        .iter()
+        .copied()
+        .find(|mount| path.starts_with(mount))
+}
+
+/// `Ok` when the guest sees the host's `path` (`what` names it in the error): checked
+/// before booting, since a path the guest cannot see fails only inside it, after minutes.
+pub fn check_visible_in_guest(what: &str, path: &Path) -> Result<(), String> {
+    let resolved = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    match hidden_in_guest(&resolved) {
+        None => Ok(()),
+        Some(mount) => Err(format!(
+            "{what} {} is under {mount}, which the test VM mounts afresh (the guest has its \
+             own {mount}), so the guest cannot see it; use a checkout, and a CARGO_TARGET_DIR, \
+             outside {}",
+            resolved.display(),
+            GUEST_PRIVATE_MOUNTS.join(", ")
+        )),
+    }
+}
+
 /// Paths end up on the kernel command line and in qemu's `-fsdev` option: no whitespace,
 /// quotes or commas.
 fn check_path(what: &str, path: &Path) -> Result<String, VmError> {
@@ -249,6 +278,7 @@ fn boot(
 ) -> Result<VmOutcome, VmError> {
     let out = check_path("the results directory", out_dir)?;
     let cwd = check_path("the working directory", &options.cwd)?;
+    check_visible_in_guest("the working directory", &options.cwd).map_err(VmError::Setup)?;
     let script_path = out_dir.join(format!(".kpevm-{token}.sh"));
     let rc_path = out_dir.join(format!(".kpevm-{token}.rc"));
     fs::write(&script_path, script)
@@ -382,6 +412,34 @@ mod tests {
             shell_words(&words),
             r#"ipvsadm -Ln 'a b' 'it'\''s' '' x=1,y"#
         );
+    }
+
+    #[test]
+    fn paths_under_the_guests_own_mounts_are_not_visible_there() {
+        for (path, mount) in [
+            (
+                "/tmp/runner-check/target/debug/scenario-runner",
+                Some("/tmp"),
+            ),
+            ("/tmp", Some("/tmp")),
+            ("/run/user/0/x", Some("/run")),
+            ("/dev/shm/x", Some("/dev")),
+            ("/tmpfoo/x", None),
+            ("/work/main/target/debug/scenario-runner", None),
+            ("/var/tmp/x", None),
+        ] {
+            assert_eq!(hidden_in_guest(Path::new(path)), mount, "{path}");
+        }
+        let err = check_visible_in_guest("the scenario runner", Path::new("/tmp/nope/runner"))
+            .unwrap_err();
+        assert!(
+            err.starts_with(
+                "the scenario runner /tmp/nope/runner is under /tmp, which the test VM mounts \
+                 afresh"
+            ),
+            "{err}"
+        );
+        assert!(check_visible_in_guest("x", Path::new("/work/main")).is_ok());
     }
 
     #[test]
