@@ -57,7 +57,11 @@ fn slice(
 /// (namespace, service, port name) -> ["ip:port", is local], as upstream's expectations.
 type Expected = BTreeMap<(String, String, String), Vec<(String, bool)>>;
 
-fn expected(entries: &[(&str, &str, &str, &[(&str, bool)])]) -> Expected {
+/// One expected service port as upstream writes it: namespace, service, port name and its
+/// endpoints ("ip:port", is local).
+type ExpectedPort<'a> = (&'a str, &'a str, &'a str, &'a [(&'a str, bool)]);
+
+fn expected(entries: &[ExpectedPort<'_>]) -> Expected {
     entries
         .iter()
         .map(|(ns, svc, port, eps)| {
