@@ -3,11 +3,12 @@
 //! semantics: per IP family, an update queued (a Service or EndpointSlice change seen) and
 //! not applied within the health timeout (2 x syncPeriod) makes the proxy unhealthy;
 //! /healthz also turns 503 while the Node is being deleted or is tainted for deletion by the
-//! cluster autoscaler (so load balancers drain it), /livez ignores the Node. `/proxyMode`
-//! answers the mode actually running.
+//! cluster autoscaler (so load balancers drain it), /livez ignores the Node. Both answer
+//! upstream's current ProxyHealth JSON (lastUpdated, currentTime, healthy, a per-family
+//! status, and nodeEligible on /healthz). `/proxyMode` answers the mode actually running.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
@@ -27,7 +28,7 @@ use crate::metrics::Metrics;
 /// Taint the cluster autoscaler puts on nodes it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
     V4,
     V6,
@@ -48,11 +49,32 @@ pub struct ProxyHealth {
     timeout: Duration,
 }
 
-/// One health verdict.
+/// One proxier's health (upstream's ProxierHealth).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FamilyHealth {
+    pub last_updated: SystemTime,
+    pub healthy: bool,
+}
+
+/// One health verdict (upstream's ProxyHealth, without the Node's eligibility).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
+    /// Every proxier is healthy.
     pub healthy: bool,
+    /// The newest update of any proxier (upstream keeps this field for compatibility).
     pub last_updated: Option<SystemTime>,
+    /// Per IP family that has synced at least once.
+    pub families: BTreeMap<Family, FamilyHealth>,
+}
+
+impl Family {
+    /// The name upstream's JSON uses (v1.IPFamily).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
 }
 
 impl ProxyHealth {
@@ -106,45 +128,48 @@ impl ProxyHealth {
         self.lock().node_eligible
     }
 
-    /// Health ignoring the Node (upstream's IsHealthy / livez).
+    /// Health ignoring the Node (upstream's Health() / livez): a proxier that has not
+    /// synced yet, or has nothing queued, or whose oldest queued update is younger than the
+    /// timeout, is healthy.
     pub fn verdict(&self, now: SystemTime) -> Verdict {
         let inner = self.lock();
-        let mut last_updated: Option<SystemTime> = None;
-        for (family, updated) in &inner.last_updated {
-            if last_updated.is_none_or(|l| *updated > l) {
-                last_updated = Some(*updated);
-            }
-            let Some(queued) = inner.oldest_pending_queued.get(family) else {
-                continue;
-            };
-            let late = now.duration_since(*queued).unwrap_or_default() >= self.timeout;
-            if late {
-                return Verdict {
-                    healthy: false,
-                    last_updated: Some(*updated),
-                };
-            }
-        }
-        Verdict {
+        let mut verdict = Verdict {
             healthy: true,
-            last_updated,
+            last_updated: inner.last_updated.values().max().copied(),
+            families: BTreeMap::new(),
+        };
+        for (family, updated) in &inner.last_updated {
+            let late = inner
+                .oldest_pending_queued
+                .get(family)
+                .is_some_and(|queued| {
+                    now.duration_since(*queued).unwrap_or_default() >= self.timeout
+                });
+            verdict.healthy &= !late;
+            verdict.families.insert(
+                *family,
+                FamilyHealth {
+                    last_updated: *updated,
+                    healthy: !late,
+                },
+            );
         }
+        verdict
     }
 }
 
-/// A timestamp as upstream prints it: `%q` of a Go time.Time, i.e. its String() form
-/// ("2006-01-02 15:04:05.999999999 -0700 MST") in UTC.
-fn go_time(t: Option<SystemTime>) -> String {
-    // Go's zero time, which upstream prints before the first sync.
-    t.map(|t| {
-        let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-        format_go_time(d)
-    })
-    .unwrap_or_else(|| "0001-01-01 00:00:00 +0000 UTC".to_string())
+/// A timestamp as upstream's JSON carries it: Go's encoding of a time.Time, RFC 3339 with
+/// nanoseconds (trailing zeros trimmed), here always in UTC; Go's zero time before the
+/// first sync.
+fn go_json_time(t: Option<SystemTime>) -> String {
+    match t {
+        Some(t) => format_rfc3339(t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default()),
+        None => "0001-01-01T00:00:00Z".to_string(),
+    }
 }
 
-/// UTC civil time with trailing zeros of the fraction trimmed, as Go prints it.
-fn format_go_time(since_epoch: Duration) -> String {
+/// UTC civil time, RFC 3339 with the fraction's trailing zeros trimmed, as Go prints it.
+fn format_rfc3339(since_epoch: Duration) -> String {
     let secs = since_epoch.as_secs() as i64;
     let nanos = since_epoch.subsec_nanos();
     let days = secs.div_euclid(86_400);
@@ -168,7 +193,46 @@ fn format_go_time(since_epoch: Duration) -> String {
     while frac.ends_with('0') {
         frac.pop();
     }
-    format!("{y:04}-{mo:02}-{d:02} {h:02}:{m:02}:{s:02}{frac} +0000 UTC")
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}{frac}Z")
+}
+
+/// Upstream's ProxyHealth as JSON. A healthy answer reports "now" as lastUpdated (upstream
+/// keeps that for compatibility with older releases); `node_eligible` only on /healthz.
+fn health_body(
+    verdict: &Verdict,
+    healthy: bool,
+    now: SystemTime,
+    node_eligible: Option<bool>,
+) -> String {
+    let last = if healthy {
+        Some(now)
+    } else {
+        verdict.last_updated
+    };
+    let mut body = serde_json::Map::new();
+    body.insert("lastUpdated".into(), go_json_time(last).into());
+    body.insert("currentTime".into(), go_json_time(Some(now)).into());
+    if let Some(eligible) = node_eligible {
+        body.insert("nodeEligible".into(), eligible.into());
+    }
+    body.insert("healthy".into(), verdict.healthy.into());
+    if !verdict.families.is_empty() {
+        let status: serde_json::Map<String, serde_json::Value> = verdict
+            .families
+            .iter()
+            .map(|(family, health)| {
+                (
+                    family.api_name().to_string(),
+                    serde_json::json!({
+                        "lastUpdated": go_json_time(Some(health.last_updated)),
+                        "healthy": health.healthy,
+                    }),
+                )
+            })
+            .collect();
+        body.insert("status".into(), status.into());
+    }
+    serde_json::Value::Object(body).to_string()
 }
 
 #[derive(Clone)]
@@ -182,40 +246,22 @@ async fn healthz(State(app): State<AppState>) -> impl IntoResponse {
     let verdict = app.health.verdict(now);
     let eligible = app.health.node_eligible();
     let healthy = verdict.healthy && eligible;
-    // Healthy answers report "now" as lastUpdated, as upstream does for compatibility.
-    let last = if healthy {
-        Some(now)
-    } else {
-        verdict.last_updated
-    };
     if let Some(m) = &app.metrics {
         m.healthz_total(healthy);
     }
-    let body = format!(
-        r#"{{"lastUpdated": "{}","currentTime": "{}", "nodeEligible": {eligible}}}"#,
-        go_time(last),
-        go_time(Some(now))
-    );
-    respond(healthy, body)
+    respond(healthy, health_body(&verdict, healthy, now, Some(eligible)))
 }
 
 async fn livez(State(app): State<AppState>) -> impl IntoResponse {
     let now = SystemTime::now();
     let verdict = app.health.verdict(now);
-    let last = if verdict.healthy {
-        Some(now)
-    } else {
-        verdict.last_updated
-    };
     if let Some(m) = &app.metrics {
         m.livez_total(verdict.healthy);
     }
-    let body = format!(
-        r#"{{"lastUpdated": "{}","currentTime": "{}"}}"#,
-        go_time(last),
-        go_time(Some(now))
-    );
-    respond(verdict.healthy, body)
+    respond(
+        verdict.healthy,
+        health_body(&verdict, verdict.healthy, now, None),
+    )
 }
 
 async fn proxy_mode(State(app): State<AppState>) -> impl IntoResponse {
@@ -273,11 +319,14 @@ mod tests {
         // Nothing applied yet and no proxier reported: still "starting up".
         assert!(h.verdict(t(100)).healthy);
         h.updated(Family::V4, t(2));
+        let v = h.verdict(t(3));
+        assert!(v.healthy);
+        assert_eq!(v.last_updated, Some(t(2)));
         assert_eq!(
-            h.verdict(t(3)),
-            Verdict {
-                healthy: true,
-                last_updated: Some(t(2))
+            v.families[&Family::V4],
+            FamilyHealth {
+                last_updated: t(2),
+                healthy: true
             }
         );
     }
@@ -289,13 +338,10 @@ mod tests {
         h.queued_update(Family::V4, t(10));
         h.queued_update(Family::V4, t(50)); // the oldest counts
         assert!(h.verdict(t(69)).healthy);
-        assert_eq!(
-            h.verdict(t(70)),
-            Verdict {
-                healthy: false,
-                last_updated: Some(t(0))
-            }
-        );
+        let v = h.verdict(t(70));
+        assert!(!v.healthy);
+        assert_eq!(v.last_updated, Some(t(0)));
+        assert!(!v.families[&Family::V4].healthy);
         h.updated(Family::V4, t(71));
         assert!(h.verdict(t(72)).healthy);
     }
@@ -307,7 +353,46 @@ mod tests {
         h.updated(Family::V6, t(0));
         h.queued_update(Family::V6, t(1));
         h.updated(Family::V4, t(20));
-        assert!(!h.verdict(t(20)).healthy);
+        let v = h.verdict(t(20));
+        assert!(!v.healthy);
+        assert!(v.families[&Family::V4].healthy && !v.families[&Family::V6].healthy);
+        // The newest update of any family, not the late family's (upstream's Health()).
+        assert_eq!(v.last_updated, Some(t(20)));
+    }
+
+    #[test]
+    fn bodies_are_upstreams_proxy_health_json() {
+        let h = ProxyHealth::new(Duration::from_secs(10), "ebpf");
+        let v = h.verdict(t(0));
+        let body: serde_json::Value =
+            serde_json::from_str(&health_body(&v, true, t(0), Some(true))).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "lastUpdated": "2023-11-14T22:13:20Z",
+                "currentTime": "2023-11-14T22:13:20Z",
+                "nodeEligible": true,
+                "healthy": true,
+            })
+        );
+        h.updated(Family::V4, t(1));
+        h.updated(Family::V6, t(2));
+        h.queued_update(Family::V6, t(3));
+        let v = h.verdict(t(30));
+        let body: serde_json::Value =
+            serde_json::from_str(&health_body(&v, false, t(30), None)).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "lastUpdated": "2023-11-14T22:13:22Z",
+                "currentTime": "2023-11-14T22:13:50Z",
+                "healthy": false,
+                "status": {
+                    "IPv4": {"lastUpdated": "2023-11-14T22:13:21Z", "healthy": true},
+                    "IPv6": {"lastUpdated": "2023-11-14T22:13:22Z", "healthy": false},
+                },
+            })
+        );
     }
 
     #[test]
@@ -326,17 +411,17 @@ mod tests {
     }
 
     #[test]
-    fn timestamps_print_like_go() {
-        assert_eq!(go_time(None), "0001-01-01 00:00:00 +0000 UTC");
+    fn timestamps_print_like_go_json() {
+        assert_eq!(go_json_time(None), "0001-01-01T00:00:00Z");
         let d = Duration::new(1_700_000_000, 123_456_789);
-        assert_eq!(format_go_time(d), "2023-11-14 22:13:20.123456789 +0000 UTC");
+        assert_eq!(format_rfc3339(d), "2023-11-14T22:13:20.123456789Z");
         assert_eq!(
-            format_go_time(Duration::new(0, 500_000_000)),
-            "1970-01-01 00:00:00.5 +0000 UTC"
+            format_rfc3339(Duration::new(0, 500_000_000)),
+            "1970-01-01T00:00:00.5Z"
         );
         assert_eq!(
-            format_go_time(Duration::from_secs(951_782_400)),
-            "2000-02-29 00:00:00 +0000 UTC"
+            format_rfc3339(Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00Z"
         );
     }
 }
