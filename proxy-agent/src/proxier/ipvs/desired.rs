@@ -357,8 +357,9 @@ pub fn build(state: &FamilyState, node: &NodeContext, scheduler: &str) -> Family
 }
 
 /// The addresses NodePorts are served on: nodePortAddresses, or every address of the
-/// family on the node except loopback and link-local ones (the node's addresses never
-/// include kube-ipvs0's, see [`crate::node::host_addresses`]).
+/// family on the node except loopback and IPv6 link-local ones, as upstream's IPVS proxier
+/// picks them (an IPv4 link-local address is a valid ipset entry and gets NodePorts; the
+/// node's addresses never include kube-ipvs0's, see [`crate::node::host_addresses`]).
 pub fn nodeport_ips(state: &FamilyState, node: &NodeContext) -> Vec<IpAddr> {
     let family = state.family;
     let mut ips: Vec<IpAddr> = match node.nodeport_addresses_of(family) {
@@ -366,7 +367,7 @@ pub fn nodeport_ips(state: &FamilyState, node: &NodeContext) -> Vec<IpAddr> {
         None => node
             .host_addresses
             .iter()
-            .filter(|ip| family.contains(ip) && !is_link_local(ip))
+            .filter(|ip| family.contains(ip) && !is_ipv6_link_local(ip))
             .copied()
             .collect(),
     };
@@ -377,9 +378,9 @@ pub fn nodeport_ips(state: &FamilyState, node: &NodeContext) -> Vec<IpAddr> {
     ips
 }
 
-fn is_link_local(ip: &IpAddr) -> bool {
+fn is_ipv6_link_local(ip: &IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V4(_) => false,
         IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
     }
 }
