@@ -4,9 +4,13 @@
 //! per (mode, file), failing with the runner's FAIL lines. Needs root; without it each test
 //! is ignored with the reason.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use tests::scenario::{Scenario, placement::Placement};
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 
@@ -36,31 +40,69 @@ fn scenario_files() -> Vec<PathBuf> {
     files
 }
 
-/// Modes replayed on this host, as (test name, runner arguments). In ebpf and iptables
-/// modes every flow is also asked of `proxy-agent trace`, whose answer must agree with
-/// what the probes saw (`--trace-check`). `ebpf-xdp` is ebpf mode
-/// with XDP generic on the uplink in front of tc. ipvs needs a kernel with IPVS: where this
-/// one has none, `ipvs-fallback` starts the agent in ipvs mode, requires that it fell back
-/// to iptables (its /proxyMode) and judges the flows as iptables; the real ipvs runs are
-/// in the guest of tests/tests/vm_guest.rs.
-fn modes() -> Vec<(&'static str, &'static [&'static str])> {
-    let ipvs: (&str, &[&str]) = if xtask::vm::host_kernel_has_ipvs() {
-        ("ipvs", &["--mode", "ipvs"])
+/// Which files a mode replays.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Files {
+    /// Every file of both directories.
+    All,
+    /// Only files with a client outside the node: XDP sits on the uplink and sees nothing
+    /// else, so the other files would replay the plain ebpf run.
+    WithExternalClients,
+    /// Only ../shared/scenarios: the fallback agent runs the iptables proxier, whose
+    /// outcomes the `iptables` trial already judges on every file; what this mode adds is
+    /// the fallback itself, which the shared files exercise across every kind of service.
+    Shared,
+}
+
+/// Modes replayed on this host, as (test name, runner arguments, files). In ebpf and
+/// iptables modes every flow is also asked of `proxy-agent trace`, whose answer must agree
+/// with what the probes saw (`--trace-check`). `ebpf-xdp` is ebpf mode with XDP generic on
+/// the uplink in front of tc. ipvs needs a kernel with IPVS: where this one has none,
+/// `ipvs-fallback` starts the agent in ipvs mode, requires that it fell back to iptables
+/// (its /proxyMode) and judges the flows as iptables; the real ipvs runs are in the guest of
+/// tests/tests/vm_guest.rs.
+fn modes() -> Vec<(&'static str, &'static [&'static str], Files)> {
+    let ipvs: (&str, &[&str], Files) = if xtask::vm::host_kernel_has_ipvs() {
+        ("ipvs", &["--mode", "ipvs"], Files::All)
     } else {
         (
             "ipvs-fallback",
             &["--mode", "ipvs", "--expect-fallback", "iptables"],
+            Files::Shared,
         )
     };
     vec![
-        ("ebpf", &["--mode", "ebpf", "--trace-check"]),
-        ("ebpf-xdp", &["--mode", "ebpf", "--xdp-mode", "generic"]),
-        ("iptables", &["--mode", "iptables", "--trace-check"]),
+        ("ebpf", &["--mode", "ebpf", "--trace-check"], Files::All),
+        (
+            "ebpf-xdp",
+            &["--mode", "ebpf", "--xdp-mode", "generic"],
+            Files::WithExternalClients,
+        ),
+        (
+            "iptables",
+            &["--mode", "iptables", "--trace-check"],
+            Files::All,
+        ),
         ipvs,
     ]
 }
 
-fn run(mode_args: &[&str], file: &std::path::Path) -> Result<(), Failed> {
+/// Whether `file` is one `files` selects. A file that does not load is always selected, so
+/// that the runner reports why.
+fn selected(files: Files, file: &Path) -> bool {
+    match files {
+        Files::All => true,
+        Files::Shared => file.starts_with(workspace().join("../shared/scenarios")),
+        Files::WithExternalClients => match Scenario::load(file) {
+            Ok(scenario) => Placement::plan(&scenario)
+                .map(|placement| !placement.external_clients.is_empty())
+                .unwrap_or(true),
+            Err(_) => true,
+        },
+    }
+}
+
+fn run(mode_args: &[&str], file: &Path) -> Result<(), Failed> {
     let dir = file.parent().unwrap_or(file);
     let name = file
         .file_stem()
@@ -99,8 +141,8 @@ fn main() {
     let args = Arguments::from_args();
     let root = nix::unistd::Uid::effective().is_root();
     let mut trials = Vec::new();
-    for (mode, mode_args) in modes() {
-        for file in scenario_files() {
+    for (mode, mode_args, files) in modes() {
+        for file in scenario_files().into_iter().filter(|f| selected(files, f)) {
             let stem = file
                 .file_stem()
                 .and_then(|s| s.to_str())
