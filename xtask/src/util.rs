@@ -55,10 +55,20 @@ pub fn describe(cmd: &Command) -> String {
     s
 }
 
-/// `cargo` as invoked by the current toolchain.
+/// `cargo` as invoked by the current toolchain, in the workspace root. A relative
+/// `CARGO_TARGET_DIR` names a directory below where `cargo xtask` was started (this
+/// process's working directory, which `cargo run` keeps): it is passed on absolute, so
+/// that the builds here land where the user's cargo put xtask itself.
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(workspace_root());
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from)
+        && dir.is_relative()
+        && !dir.as_os_str().is_empty()
+        && let Ok(cwd) = std::env::current_dir()
+    {
+        cmd.env("CARGO_TARGET_DIR", cwd.join(dir));
+    }
     cmd
 }
 
