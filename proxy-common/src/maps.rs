@@ -13,7 +13,9 @@ pub const REV_NAT4: &str = "REV_NAT4_V1";
 pub const REV_NAT6: &str = "REV_NAT6_V1";
 /// Socket-local storage of connected sockets' translations (connect()).
 pub const SOCK_FRONTEND: &str = "SOCK_FRONTEND_V1";
-/// (socket cookie, backend) -> frontend for unconnected UDP (sendmsg()), LRU.
+/// (socket cookie, backend) -> frontend of UDP sockets, LRU: unconnected ones per datagram
+/// (sendmsg()), connected ones at connect() (the agent finds those whose backend went away
+/// by it).
 pub const SOCK_REV_NAT4: &str = "SOCK_REV_NAT4_V1";
 pub const SOCK_REV_NAT6: &str = "SOCK_REV_NAT6_V1";
 /// (client, rev_nat_id) -> backend id and last use, for sessionAffinity ClientIP (LRU).

@@ -287,6 +287,17 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
         return 1;
     }
     let (addr, port) = F::dst(sa);
+    let udp_connect = !SENDMSG && protocol == proto::UDP;
+    if udp_connect {
+        // A connected UDP socket's (cookie, peer) entry says "translated, from this
+        // frontend" (written below when this connect is translated): the agent finds the
+        // sockets to terminate when a backend leaves by it, and sock_diag reports cookie
+        // and peer on every kernel (unlike socket storage, which 6.18 no longer reports
+        // for UDP). A socket connecting to this address without translation (a pod
+        // directly) must not keep one left by an earlier translated datagram to it.
+        let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+        F::forget_rev(cookie, (addr, port));
+    }
     let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let (host_netns, cfg_flags) = host_and_flags();
     let from_host = netns == host_netns;
@@ -318,11 +329,12 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
         return 1;
     };
     let target = F::backend_target(&backend);
-    if SENDMSG {
-        // Unconnected UDP: one socket may talk to many backends.
+    if SENDMSG || udp_connect {
+        // Unconnected UDP: one socket may talk to many backends. Connected UDP: see above.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
         F::save_rev(cookie, target, (addr, port), svc.rev_nat_id);
-    } else {
+    }
+    if !SENDMSG {
         // A connected socket has one peer: its translation lives in the socket itself and
         // goes with it.
         // SAFETY: the context's socket is valid for the duration of the program.
