@@ -44,6 +44,10 @@ pub struct Metrics {
     pub services_not_programmed: IntGauge,
     pub fallbacks_total: IntCounterVec,
     pub objects_rejected_total: IntCounterVec,
+    /// Ours: connected UDP sockets terminated because their backend left the Service,
+    /// and the sweeps that looked for them, by result (ebpf mode).
+    pub udp_sockets_terminated_total: IntCounter,
+    pub udp_socket_sweeps_total: IntCounterVec,
 }
 
 fn histogram(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
@@ -284,8 +288,41 @@ impl Metrics {
                     &["kind"]
                 )
             ),
+            udp_sockets_terminated_total: register!(
+                r,
+                IntCounter::with_opts(
+                    Opts::new(
+                        "ebpf_udp_sockets_terminated_total",
+                        "Connected UDP sockets destroyed because their backend no longer serves their Service"
+                    )
+                    .namespace(NS)
+                )
+            ),
+            udp_socket_sweeps_total: register!(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "ebpf_udp_socket_sweeps_total",
+                        "Searches for connected UDP sockets to removed backends, by result (complete, netns_unreachable, kernel_unsupported, failed)"
+                    )
+                    .namespace(NS),
+                    &["result"]
+                )
+            ),
             registry: r,
         }
+    }
+
+    /// Counts one sync's sweep for connected UDP sockets (nothing when it did not sweep).
+    pub fn connected_udp_sweep(&self, sweep: &crate::proxier::ebpf::sockets::SocketSweep) {
+        if !sweep.swept {
+            return;
+        }
+        self.udp_socket_sweeps_total
+            .with_label_values(&[sweep.result()])
+            .inc();
+        self.udp_sockets_terminated_total
+            .inc_by(u64::try_from(sweep.terminated).unwrap_or(u64::MAX));
     }
 
     pub fn healthz_total(&self, healthy: bool) {
@@ -442,6 +479,32 @@ mod tests {
         assert!(page.contains(
             "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 3"
         ));
+    }
+
+    #[test]
+    fn connected_udp_sweeps_are_counted_by_result() {
+        use crate::proxier::ebpf::sockets::{SocketSweep, namespaces::Unsupported};
+        let m = Metrics::new();
+        m.connected_udp_sweep(&SocketSweep::default());
+        m.connected_udp_sweep(&SocketSweep {
+            swept: true,
+            terminated: 2,
+            ..Default::default()
+        });
+        m.connected_udp_sweep(&SocketSweep {
+            swept: true,
+            unsupported: Some(Unsupported::SockDestroy),
+            ..Default::default()
+        });
+        let page = m.render();
+        assert!(page.contains("# TYPE kubeproxy_ebpf_udp_sockets_terminated_total counter"));
+        assert!(page.contains("kubeproxy_ebpf_udp_sockets_terminated_total 2"));
+        assert!(page.contains("kubeproxy_ebpf_udp_socket_sweeps_total{result=\"complete\"} 1"));
+        assert!(
+            page.contains(
+                "kubeproxy_ebpf_udp_socket_sweeps_total{result=\"kernel_unsupported\"} 1"
+            )
+        );
     }
 
     #[test]

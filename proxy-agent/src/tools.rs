@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The operator subcommands `inspect` and `trace`. kube-proxy has no subcommands, so the
-//! agent's own command line (`proxy-agent --flags...`) is untouched: these exist only when
-//! the first word names them.
+//! The operator subcommands `inspect` and `trace`, and the DaemonSet's `socket-terminator`
+//! sidecar. kube-proxy has no subcommands, so the agent's own command line
+//! (`proxy-agent --flags...`) is untouched: these exist only when the first word names them.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -27,6 +27,20 @@ pub enum Tool {
     Inspect(InspectArgs),
     /// Explain what the running dataplane would do with a connection.
     Trace(TraceArgs),
+    /// Run as the DaemonSet's socket-terminator sidecar: list and destroy the connected UDP
+    /// sockets of the node's network namespaces when the agent asks (see
+    /// proxier::ebpf::sockets). Needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN.
+    SocketTerminator(SocketTerminatorArgs),
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct SocketTerminatorArgs {
+    /// The unix socket to listen on (the agent looks for it there).
+    #[arg(long, value_name = "PATH", default_value = crate::proxier::ebpf::sockets::reach::SIDECAR_SOCKET)]
+    pub socket: PathBuf,
+    /// Where the host's named network namespaces are.
+    #[arg(long, value_name = "DIR", default_value = crate::proxier::ebpf::sockets::reach::NETNS_DIR)]
+    pub netns_dir: PathBuf,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -102,11 +116,20 @@ pub enum ToolError {
     Rules(#[from] RulesError),
     #[error("encoding JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("socket terminator: {0}")]
+    SocketTerminator(#[source] std::io::Error),
 }
 
 /// Runs a subcommand; returns what to print.
 pub fn run(tool: &Tool, default_root: &Path) -> Result<String, ToolError> {
     match tool {
+        Tool::SocketTerminator(a) => {
+            // A long-running server: its log goes to stderr like the agent's.
+            crate::telemetry::init(0, false);
+            crate::proxier::ebpf::sockets::reach::serve(&a.socket, &a.netns_dir)
+                .map_err(ToolError::SocketTerminator)?;
+            Ok(String::new())
+        }
         Tool::Inspect(a) => Ok(inspect::run(
             a.subject,
             a.output,

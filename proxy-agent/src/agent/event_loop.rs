@@ -473,6 +473,7 @@ impl EventLoop {
                     .with_label_values(&["external"])
                     .set(stats.no_local_endpoints_external as f64);
                 super::capacity::report(&stats, self.not_programmed, &self.metrics, &self.events);
+                self.metrics.connected_udp_sweep(&stats.connected_udp);
                 self.not_programmed = stats.not_programmed > 0;
                 self.follow_up = stats.not_programmed > 0 && stats.deleted > 0;
                 for t in self.pending_trigger_times.drain(..) {

@@ -181,6 +181,8 @@ pub struct SyncStats {
     /// The stale UDP conntrack reconciles this sync ran, per family (none when nothing
     /// called for one).
     pub conntrack_reconciles: Vec<conntrack::ConntrackReconcile>,
+    /// The sweep for connected UDP sockets whose backend went away (ebpf mode).
+    pub connected_udp: ebpf::sockets::SocketSweep,
 }
 
 /// A map that could not take every service.

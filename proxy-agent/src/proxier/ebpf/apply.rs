@@ -590,6 +590,8 @@ impl ApplyState {
             map_usage,
             // The ebpf proxier adds its conntrack cleanup after the maps are written.
             conntrack_reconciles: Vec::new(),
+            // The proxier adds the connected UDP socket sweep after the maps are written.
+            connected_udp: Default::default(),
         })
     }
 

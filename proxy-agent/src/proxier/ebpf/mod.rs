@@ -16,6 +16,7 @@ pub mod maps;
 pub mod names;
 pub mod node_settings;
 pub mod resize;
+pub mod sockets;
 pub mod stale_ct;
 pub mod upgrade;
 pub mod xdp;
@@ -40,6 +41,8 @@ pub struct EbpfProxier {
     config: LbConfig,
     /// The configuration last written with the node settings (None before the first sync).
     written_config: Option<LbConfig>,
+    /// Connected UDP sockets whose backend went away (see [`sockets`]).
+    connected_udp: sockets::ConnectedUdpTerminator,
     /// Stale UDP flows in the conntrack maps (see [`stale_ct`]).
     stale_flows: stale_ct::StaleBpfFlows,
 }
@@ -75,6 +78,9 @@ impl EbpfProxier {
             names,
             config,
             written_config: None,
+            connected_udp: sockets::ConnectedUdpTerminator::for_node(&loader::maps_dir(
+                &opts.bpffs_root,
+            )),
             stale_flows: stale_ct::StaleBpfFlows::default(),
         })
     }
@@ -197,7 +203,9 @@ impl Proxier for EbpfProxier {
             // full sync writes them again.
             warn!(error = %e, "writing the service names table");
         }
-        // After the maps: a flow deleted earlier could be recreated from the old ones.
+        // After the maps: a socket connecting meanwhile already gets a live backend.
+        stats.connected_udp = self.connected_udp.after_sync(request);
+        // After the maps too: a flow deleted earlier could be recreated from the old ones.
         stats.conntrack_reconciles =
             self.stale_flows
                 .after_sync(&mut self.loaded.ct4, &mut self.loaded.ct6, request);
