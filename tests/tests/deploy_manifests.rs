@@ -445,6 +445,75 @@ fn daemonset_runs_on_every_node_with_least_privilege() {
     }
 }
 
+#[test]
+fn the_socket_terminator_sidecar_has_what_it_needs_and_no_more() {
+    use proxy_agent::proxier::ebpf::sockets::reach::{NETNS_DIR, SIDECAR_SOCKET};
+    let all = load_manifests();
+    let ds = only(&all.daemon_sets, "DaemonSet");
+    let pod = pod_spec(ds);
+    let sidecar = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "socket-terminator")
+        .expect("a socket-terminator container");
+    let args: Vec<&str> = sidecar
+        .command
+        .iter()
+        .flatten()
+        .chain(sidecar.args.iter().flatten())
+        .map(String::as_str)
+        .collect();
+    assert_eq!(args.get(1), Some(&"socket-terminator"), "{args:?}");
+    assert!(
+        args.contains(&&*format!("--socket={SIDECAR_SOCKET}")),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&&*format!("--netns-dir={NETNS_DIR}")),
+        "{args:?}"
+    );
+
+    // Entering namespaces and destroying sockets; nothing else.
+    let security = sidecar.security_context.as_ref().unwrap();
+    assert_ne!(security.privileged, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    let caps = security.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
+    assert_eq!(added, BTreeSet::from(["SYS_ADMIN", "NET_ADMIN"]));
+
+    // The agent finds the socket where the sidecar makes it: a volume of this pod only.
+    let socket = Path::new(SIDECAR_SOCKET);
+    let agent = agent_container(ds);
+    let theirs = mount_holding(sidecar, socket).expect("the sidecar mounts the socket's volume");
+    let ours = mount_holding(agent, socket).expect("the agent mounts the socket's volume");
+    assert_eq!(theirs.name, ours.name);
+    assert_eq!(theirs.mount_path, ours.mount_path);
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == ours.name)
+        .unwrap();
+    assert!(
+        volume.empty_dir.is_some(),
+        "the socket's volume is the pod's own"
+    );
+
+    // The pods' namespaces, read-only, new ones included; no other host path.
+    let netns = mount_holding(sidecar, Path::new(NETNS_DIR)).expect("the netns directory");
+    assert_eq!(host_path_of(ds, netns), Some(NETNS_DIR));
+    assert_eq!(netns.read_only, Some(true));
+    assert_eq!(netns.mount_propagation.as_deref(), Some("HostToContainer"));
+    let host_paths: Vec<&str> = sidecar
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter_map(|m| host_path_of(ds, m))
+        .collect();
+    assert_eq!(host_paths, vec![NETNS_DIR]);
+}
+
 /// (API group, resource) of a k8s-openapi type.
 fn resource_of<K: Resource>() -> (String, String) {
     (K::GROUP.to_string(), K::URL_PATH_SEGMENT.to_string())
