@@ -25,9 +25,9 @@
 //!
 //! How: NETLINK_SOCK_DIAG, from userspace ([`diag`]). A dump of the connected UDP sockets
 //! per namespace gives each socket's addresses and cookie, and `SOCK_DESTROY` aborts one
-//! socket named by them. It works on every kernel with
-//! `CONFIG_INET_DIAG_DESTROY` (from 4.5; on by default in Debian's, Ubuntu's and the
-//! major distributions' kernels, and on this project's test kernels, 6.1 and 6.18). The
+//! socket named by them. It works on every kernel built with `CONFIG_INET_DIAG_DESTROY`
+//! (a 4.x option; set in Debian's 6.1 kernel, the qemu guest's, and in this host's 6.18,
+//! both checked) and UDP sock_diag (`CONFIG_INET_UDP_DIAG`, a module on Debian). The
 //! alternative Cilium moved to on 6.5+, a BPF socket iterator calling the
 //! `bpf_sock_destroy()` kfunc, is out of reach here: aya 0.14 / aya-ebpf 0.2 (pinned, see
 //! the toolchain notes) have no iterator program macro and no kfunc relocation, and the
