@@ -8,13 +8,17 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-/// The workspace root (the parent of xtask's manifest directory).
+/// The workspace root (the parent of xtask's manifest directory). `cargo xtask` (cargo
+/// run) sets CARGO_MANIFEST_DIR for this process: the checkout it was started in. The
+/// value compiled in is only the fallback: checkouts that share a target directory share
+/// this binary (cargo's unit hashes do not depend on where a checkout lies, and a fresh
+/// one is not rebuilt), so it may name another checkout.
 pub fn workspace_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| manifest.to_path_buf())
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
 /// Prints a step header the way every task reports its progress.
