@@ -7,18 +7,21 @@
 //!   socket programs deliberately left alone because upstream drops it (traffic-policy
 //!   Local with endpoints elsewhere only, a source outside loadBalancerSourceRanges, an
 //!   address inside a service CIDR that no service holds) leaves through here, and is
-//!   dropped.
+//!   dropped. Which scope of a two-scope frontend judges it follows the socket programs:
+//!   the internal one for the node's own traffic (never forwarded: no ingress device), and
+//!   for pods' only when a local-traffic detector is configured; without one, upstream takes
+//!   pods for outside clients (externalTrafficPolicy applies to them).
 
 use aya_ebpf::{bindings::TC_ACT_OK, bindings::TC_ACT_SHOT, programs::TcContext};
 use proxy_common::svc_flags;
 
 use super::{
-    PacketFamily,
+    PacketFamily, ct,
     nat::AddrRewrite,
     parse::{self, ETH_P_IP, ETH_P_IPV6, Packet},
     reply,
 };
-use crate::lb::{Frontend, V4, V6, lookup_frontend};
+use crate::lb::{Frontend, V4, V6, lookup_frontend, pods_are_local};
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> i32 {
@@ -44,12 +47,18 @@ fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
             TC_ACT_SHOT
         };
     }
-    verdict::<F>(p)
+    // SAFETY: the context pointer is valid for the program's run.
+    let forwarded = unsafe { (*ctx.skb.skb).ingress_ifindex } != 0;
+    verdict::<F>(p, !forwarded || pods_are_local(ct::config().flags))
 }
 
+/// The verdict on a packet to a frontend that no socket program translated: dropped where
+/// upstream drops (no endpoints in the scope that applies, a source outside the ranges, an
+/// unallocated service address), passed otherwise. `internal`: judge by the internal scope
+/// of a two-scope frontend.
 #[inline(always)]
-fn verdict<F: PacketFamily>(p: &Packet<F::Addr>) -> i32 {
-    match lookup_frontend::<F>(p.daddr, p.dport, p.proto, true) {
+pub fn verdict<F: PacketFamily>(p: &Packet<F::Addr>, internal: bool) -> i32 {
+    match lookup_frontend::<F>(p.daddr, p.dport, p.proto, internal) {
         Frontend::None => TC_ACT_OK,
         Frontend::Drop | Frontend::Reject => TC_ACT_SHOT,
         Frontend::Service { svc, .. } => {

@@ -2,20 +2,23 @@
 //! Ingress on the node's other devices (pods): answers of local backends to translated
 //! flows are translated back and sent to the client; SCTP to a frontend is load-balanced
 //! per packet (no socket program sees SCTP), and so, with masqueradeAll, is everything the
-//! socket programs left untranslated so that its source can become the node's. Everything
-//! else passes.
+//! socket programs left untranslated so that its source can become the node's. Without a
+//! local-traffic detector, what the socket programs left untranslated because upstream
+//! drops it (pods count as outside clients then, so an eTP=Local frontend without local
+//! endpoints drops them) is dropped here: such a packet may be for a node address, which no
+//! uplink program sees. Everything else passes.
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::{LB_CFG_MASQUERADE_ALL, proto};
 
 use super::{
-    ct, icmp,
+    ct, egress, icmp,
     ingress::{self, Masquerade},
     nat::AddrRewrite,
-    parse::{self, ETH_P_IP, ETH_P_IPV6},
+    parse::{self, ETH_P_IP, ETH_P_IPV6, Packet},
     reply,
 };
-use crate::lb::{V4, V6};
+use crate::lb::{V4, V6, pods_are_local};
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> i32 {
@@ -44,6 +47,17 @@ fn run<F: AddrRewrite + Masquerade>(ctx: &TcContext) -> i32 {
         // Only then do socket programs leave TCP and UDP of pods to this program: without
         // masqueradeAll a connection's packets already go to its backend.
         None if ct::config().flags & LB_CFG_MASQUERADE_ALL != 0 => ingress::from_pod::<F>(ctx, p),
+        // A packet still addressed to a frontend was left so on purpose (see the module's
+        // notes); a translated one is addressed to its backend and passes.
+        None if !pods_are_local(ct::config().flags) => dropped_as_outside::<F>(p),
         None => TC_ACT_OK,
     }
+}
+
+/// The verdict for a pod taken as an outside client. Its own frame, beside from_pod's call
+/// chain rather than under run's: inlined, its frontend keys would count against the
+/// verifier's combined stack of the load-balancing path.
+#[inline(never)]
+fn dropped_as_outside<F: AddrRewrite>(p: &Packet<F::Addr>) -> i32 {
+    egress::verdict::<F>(p, false)
 }
