@@ -62,6 +62,7 @@ fn options_for(mode: Mode) -> Option<RunOptions> {
         keep: false,
         dir_source: false,
         trace_check: false,
+        only_proto: None,
     })
 }
 

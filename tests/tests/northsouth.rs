@@ -439,6 +439,7 @@ fn prepare(xdp_mode: Option<&str>) -> Option<(Scenario, RunOptions)> {
         keep: false,
         dir_source: false,
         trace_check: false,
+        only_proto: None,
     };
     Some((scenario, options))
 }

@@ -109,6 +109,7 @@ fn options(agent: Option<AgentOptions>) -> RunOptions {
         // The stand-in agents below check the --source command line.
         dir_source: true,
         trace_check: false,
+        only_proto: None,
     }
 }
 

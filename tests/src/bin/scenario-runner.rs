@@ -82,6 +82,9 @@ enum Command {
         /// saw (ebpf and iptables modes).
         #[arg(long, conflicts_with = "no_agent")]
         trace_check: bool,
+        /// Only flows of this protocol (tcp, udp, sctp); every stage is still applied.
+        #[arg(long, value_parser = parse_proto)]
+        only_proto: Option<Proto>,
     },
     /// Serve echo/plain listeners (`echo/tcp/10.0.0.1:80`, `plain/udp/[fd00::1]:53`);
     /// prints READY once all are bound.
@@ -116,6 +119,10 @@ enum Command {
     },
     /// Remove namespaces, cgroups, pins and run directories of crashed runs.
     CleanupStale,
+}
+
+fn parse_proto(s: &str) -> Result<Proto, String> {
+    s.parse().map_err(|e: tests::scenario::Error| e.to_string())
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -164,6 +171,7 @@ fn main() -> ExitCode {
             xdp_mode,
             expect_fallback,
             trace_check,
+            only_proto,
         } => {
             tests::scenario::readiness::set_time_scale(time_scale);
             let missing = [Some(mode), expect_fallback]
@@ -203,6 +211,7 @@ fn main() -> ExitCode {
                     keep,
                     dir_source,
                     trace_check,
+                    only_proto,
                 };
                 let dirs = if dirs.is_empty() && files.is_empty() {
                     default_dirs()

@@ -47,6 +47,16 @@ pub struct RunOptions {
     /// the flow, and fail the flow when that disagrees with what the probes saw (ebpf and
     /// iptables modes).
     pub trace_check: bool,
+    /// Only flows of this protocol (`None`: every flow). The qemu guest replays only the
+    /// SCTP flows, which this host's kernel cannot carry; every stage is still applied.
+    pub only_proto: Option<Proto>,
+}
+
+impl RunOptions {
+    /// Whether `flow` is replayed in this run.
+    pub fn replays(&self, flow: &Flow) -> bool {
+        flow.applies_to(self.mode) && self.only_proto.is_none_or(|p| flow.proto == p)
+    }
 }
 
 /// `base` with `overrides` laid over it; objects present in both merge key by key.
@@ -166,10 +176,10 @@ pub async fn run_scenario(
         scenario.stages[stage]
             .flows
             .iter()
-            .filter(|f| f.applies_to(options.mode))
+            .filter(|f| options.replays(f))
             .collect()
     };
-    if scenario.flows().all(|f| !f.applies_to(options.mode)) {
+    if scenario.flows().all(|f| !options.replays(f)) {
         return out;
     }
     let sctp = sctp_supported();
@@ -668,6 +678,41 @@ flows:
         assert_eq!(first, 20002);
         assert_eq!(ports.port_for(client, b), 20003);
         assert_eq!(ports.port_for(client, a), first);
+    }
+
+    #[test]
+    fn only_proto_keeps_the_flows_of_one_protocol_in_the_mode() {
+        let raw: RawScenario = serde_yaml::from_str(
+            r#"
+name: t
+node: {name: n, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}
+flows:
+- {from: 10.0.0.2, to: '1.1.1.1:1', proto: sctp, expect: DROP}
+- {from: 10.0.0.2, to: '1.1.1.1:1', proto: sctp, expect: DROP, modes: [iptables]}
+- {from: 10.0.0.2, to: '1.1.1.1:1', expect: DROP}
+"#,
+        )
+        .unwrap();
+        let s = Scenario::from_raw(raw, Path::new("t")).unwrap();
+        let options = |only_proto| RunOptions {
+            mode: Mode::Ebpf,
+            agent: None,
+            runner_exe: PathBuf::new(),
+            timeout: Duration::from_secs(1),
+            keep: false,
+            dir_source: false,
+            trace_check: false,
+            only_proto,
+        };
+        let replayed = |o: &RunOptions| -> Vec<usize> {
+            s.flows()
+                .filter(|f| o.replays(f))
+                .map(|f| f.index)
+                .collect()
+        };
+        assert_eq!(replayed(&options(None)), [1, 3]);
+        assert_eq!(replayed(&options(Some(Proto::Sctp))), [1]);
+        assert_eq!(replayed(&options(Some(Proto::Udp))), Vec::<usize>::new());
     }
 
     #[test]
