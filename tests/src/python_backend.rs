@@ -42,7 +42,13 @@ pub fn python(topology: &Topology, ip: &str, script: &str, args: &[&str]) -> Com
 
 /// Starts a [`STREAM_ECHO`] backend on `ip` and waits until it listens.
 pub fn start_backend(topology: &Topology, ip: &str) -> Child {
-    let mut child = python(topology, ip, STREAM_ECHO, &[ip])
+    start_ready(topology, ip, STREAM_ECHO)
+}
+
+/// Starts `script` where `ip` lives, with `ip` as its argument, and waits for the `ready`
+/// line it prints once it listens.
+pub fn start_ready(topology: &Topology, ip: &str, script: &str) -> Child {
+    let mut child = python(topology, ip, script, &[ip])
         .stdout(Stdio::piped())
         .spawn()
         .expect("python3 starts");
@@ -50,7 +56,7 @@ pub fn start_backend(topology: &Topology, ip: &str) -> Child {
     if let Some(stdout) = child.stdout.as_mut() {
         let _ = BufReader::new(stdout).read_line(&mut line);
     }
-    assert_eq!(line.trim(), "ready", "the echo backend on {ip} started");
+    assert_eq!(line.trim(), "ready", "the backend on {ip} started");
     child
 }
 

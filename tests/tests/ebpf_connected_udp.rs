@@ -26,7 +26,7 @@ use proxy_agent::proxier::ebpf::sockets::{
 };
 use tests::{
     node_harness::{TestNode, node_yaml, scenario_header, time_scale},
-    python_backend::python,
+    python_backend::{python, start_ready},
     require_root,
     scenario::{Mode, topology::Topology},
 };
@@ -95,16 +95,7 @@ while True:
 "#;
 
 fn start_udp_backend(topology: &Topology, ip: &str) -> Child {
-    let mut child = python(topology, ip, UDP_ECHO, &[ip])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 starts");
-    let mut line = String::new();
-    if let Some(stdout) = child.stdout.as_mut() {
-        let _ = BufReader::new(stdout).read_line(&mut line);
-    }
-    assert_eq!(line.trim(), "ready", "the UDP echo backend on {ip} started");
-    child
+    start_ready(topology, ip, UDP_ECHO)
 }
 
 /// An application holding named UDP sockets, driven one command per line; each command
