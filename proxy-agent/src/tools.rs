@@ -149,9 +149,17 @@ pub fn run(tool: &Tool, default_root: &Path) -> Result<String, ToolError> {
             };
             let verdict = if ebpf {
                 let state = live::decode(&inspect::pinned::read_pinned(root)?);
-                let client = a
-                    .client
-                    .unwrap_or_else(|| trace::client::classify(&a.from, &state.node.uplinks));
+                // The uplinks are known from the link pins of the tc programs; where tc
+                // attaches over netlink (kernels before 6.6) there are none, and the devices
+                // holding the node's addresses are the uplinks, as for iptables mode.
+                let client = a.client.unwrap_or_else(|| {
+                    let uplinks = if state.node.uplinks.is_empty() {
+                        trace::client::address_devices()
+                    } else {
+                        state.node.uplinks.clone()
+                    };
+                    trace::client::classify(&a.from, &uplinks)
+                });
                 trace::ebpf::trace(&state, &question(client))
             } else {
                 let client = a.client.unwrap_or_else(|| {

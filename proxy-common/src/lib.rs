@@ -12,6 +12,7 @@
 pub mod affinity;
 pub mod backend;
 pub mod config;
+pub mod crc32c;
 pub mod ct;
 pub mod maps;
 pub mod revnat;

@@ -161,7 +161,13 @@ fn masquerade_flow(state: &LiveState, f: &LiveFrontend, s: &LiveScope, q: &Quest
 
 /// The trace of `q` through the ebpf dataplane described by `state`.
 pub fn trace(state: &LiveState, q: &Question) -> Verdict {
-    let socket = q.client != ClientKind::External;
+    // The kernel runs no cgroup socket hook for SCTP: a pod's SCTP is load-balanced per
+    // packet by the pod-side tc program.
+    let socket = match q.client {
+        ClientKind::External => false,
+        ClientKind::Pod => q.proto != proto::SCTP,
+        ClientKind::Node => true,
+    };
     let mut v = Verdict {
         mode: "ebpf",
         from: q.from,
@@ -185,6 +191,9 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
     let steps = &mut v.steps;
     steps.push(if socket {
         "a client on this node: connect()/sendmsg() is translated by the cgroup socket programs"
+            .into()
+    } else if q.client == ClientKind::Pod {
+        "SCTP from a pod (no socket hook runs for SCTP): the pod-side tc program translates each packet"
             .into()
     } else {
         "a client outside the node: the uplink's tc (or XDP) program translates the packet"
@@ -296,7 +305,7 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
     }
     if q.proto == proto::SCTP && !socket && candidates.iter().any(|c| c.port != q.to.port()) {
         steps.push(
-            "SCTP to a backend on another port cannot be translated per packet: such picks are dropped"
+            "SCTP to a backend on another port: the port rewrite patches the CRC32c (fragments are dropped)"
                 .into(),
         );
     }
@@ -363,10 +372,32 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
     }
     v.candidates = candidates;
     let masquerade = v.masquerade;
+    // The per-packet path masquerades a pod reaching itself (the hairpin), whatever the
+    // frontend's rules say; per connection nothing is rewritten.
+    let hairpin_masq = !per_connection
+        && q.client == ClientKind::Pod
+        && (if v6 {
+            state.node.masquerade_v6.is_some()
+        } else {
+            state.node.masquerade_v4.is_some()
+        });
+    let mut hairpin = false;
     for c in &mut v.candidates {
-        c.masquerade = masquerade;
+        c.masquerade = masquerade || (hairpin_masq && c.address == q.from);
+        hairpin |= hairpin_masq && !masquerade && c.address == q.from;
+    }
+    if hairpin {
+        steps_after_candidates(&mut v);
     }
     v
+}
+
+/// Notes the hairpin on a verdict whose candidates include the client itself.
+fn steps_after_candidates(v: &mut Verdict) {
+    v.steps.push(
+        "the client is a candidate: reaching itself per packet, it is masqueraded to the node (hairpin)"
+            .into(),
+    );
 }
 
 #[cfg(test)]

@@ -160,8 +160,9 @@ fn new_flow<C: PacketIo, F: AddrRewrite + Masquerade>(
         return NewFlow::Done(C::DROP);
     };
     let (baddr, bport) = F::backend_target(&backend);
-    if p.proto == proto::SCTP && bport != p.dport {
-        // SCTP's CRC32c covers the ports and cannot be patched incrementally.
+    if p.proto == proto::SCTP && bport != p.dport && p.fragment {
+        // SCTP's CRC32c covers the ports and the whole packet: a fragment's cannot be
+        // patched (whole packets are: proxy_common::crc32c).
         return NewFlow::Done(C::DROP);
     }
     // Built in per-CPU scratch space: the stack is too small for it.
@@ -185,11 +186,15 @@ fn new_flow<C: PacketIo, F: AddrRewrite + Masquerade>(
     v.expires = ct::now() + ct::lifetime(cfg, p.proto, false);
     v.ifindex = 0;
     let masq = F::masq(cfg);
-    if masq != F::zero() && masquerade_flow::<F>(&svc, cfg.flags, &p.saddr, side) {
+    // A pod reaching itself through the service (the hairpin) is masqueraded, as upstream's
+    // endpoint chains do: with its own address as the source, what comes back to it would
+    // be martian. (Socket-level load balancing needs none: the pod's own stack delivers.)
+    let hairpin = baddr == p.saddr;
+    if masq != F::zero() && (hairpin || masquerade_flow::<F>(&svc, cfg.flags, &p.saddr, side)) {
         let Some(port) = ct::snat_port::<F>(cfg, v, masq, p.proto) else {
             return NewFlow::Done(C::DROP);
         };
-        if p.proto == proto::SCTP && port != p.sport {
+        if p.proto == proto::SCTP && port != p.sport && p.fragment {
             return NewFlow::Done(C::DROP);
         }
         v.flags |= CT_F_SNAT;

@@ -2,13 +2,14 @@
 //! Address and port rewrites with correct checksums: the IPv4 header checksum, and the L4
 //! checksum's pseudo-header (IPv4 and IPv6) and port words. A UDP/IPv4 checksum of zero
 //! (none) stays zero. SCTP's CRC32c does not cover the IP header, so address rewrites need
-//! no fix-up; its ports are never rewritten (see the callers).
+//! no fix-up; it covers the ports, and a port rewrite patches it by the CRC's linearity
+//! (`proxy_common::crc32c`).
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     helpers::bpf_csum_diff,
 };
-use proxy_common::proto;
+use proxy_common::{crc32c::port_change_delta, proto};
 
 use super::{PacketFamily, io::PacketIo, parse::Packet};
 use crate::lb::{V4, V6};
@@ -107,6 +108,9 @@ pub fn rewrite_port<C: PacketIo, A>(ctx: &C, p: &Packet<A>, side: Side, new: u16
     if old == new || p.later_fragment {
         return true;
     }
+    if p.proto == proto::SCTP && !patch_sctp_crc(ctx, p, side, old ^ new) {
+        return false;
+    }
     if let Some((csum_off, extra)) = l4_csum(p.proto)
         && !ctx.l4_csum_replace(
             p.l4_off + csum_off,
@@ -118,4 +122,26 @@ pub fn rewrite_port<C: PacketIo, A>(ctx: &C, p: &Packet<A>, side: Side, new: u16
         return false;
     }
     ctx.store(off, &new)
+}
+
+/// Patches an SCTP packet's CRC32c for a port that changed by `port_delta` (old XOR new,
+/// network order). A fragment's CRC also covers the other fragments: it cannot be
+/// patched from here.
+#[inline(always)]
+fn patch_sctp_crc<C: PacketIo, A>(ctx: &C, p: &Packet<A>, side: Side, port_delta: u16) -> bool {
+    if p.fragment {
+        return false;
+    }
+    let sctp_len = p.l3_len.saturating_sub((p.l4_off - p.l3_off) as u16);
+    let d = port_delta.to_ne_bytes();
+    let delta = match side {
+        Side::Source => [d[0], d[1], 0, 0],
+        Side::Destination => [0, 0, d[0], d[1]],
+    };
+    // The field holds the CRC little-endian (as Linux writes it); on this little-endian
+    // target a native load reads the CRC's value.
+    let Some(crc) = ctx.load::<u32>(p.l4_off + 8) else {
+        return false;
+    };
+    ctx.store(p.l4_off + 8, &(crc ^ port_change_delta(delta, sctp_len)))
 }

@@ -75,7 +75,28 @@ fn attempt_stream(spec: &ProbeSpec, protocol: Protocol) -> Attempt {
         Ok(s) => s,
         Err(err) => return failed(&err, start, false),
     };
+    // SCTP takes an ICMP port unreachable for a soft error (and loses it outright when it
+    // comes back while connect() still holds the socket): it retransmits its INIT until the
+    // timeout. A raw socket of the client's namespace sees the ICMP all the same.
+    let icmp = match spec.proto {
+        Proto::Sctp => match IcmpWatch::open(spec.to) {
+            Ok(watch) => Some(watch),
+            Err(err) => return failed(&err, start, false),
+        },
+        Proto::Tcp | Proto::Udp => None,
+    };
     if let Err(err) = socket.connect_timeout(&spec.to.into(), spec.timeout) {
+        let port = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(|a| a.port());
+        if is_timeout(&err)
+            && let (Some(icmp), Some(port)) = (&icmp, port)
+            && icmp.saw_port_unreachable(port, spec.to)
+        {
+            return Attempt::new(Outcome::Refused, millis(start));
+        }
         return failed(&err, start, false);
     }
     let mut socket = socket;
@@ -96,6 +117,81 @@ fn attempt_stream(spec: &ProbeSpec, protocol: Protocol) -> Attempt {
         },
         Err(err) => failed(&err, start, true),
     }
+}
+
+/// A raw ICMP (ICMPv6) socket of the probe's namespace, open before the attempt starts.
+struct IcmpWatch {
+    socket: Socket,
+    v6: bool,
+}
+
+impl IcmpWatch {
+    fn open(to: SocketAddr) -> io::Result<Self> {
+        let (domain, protocol) = match to {
+            SocketAddr::V4(_) => (Domain::IPV4, Protocol::ICMPV4),
+            SocketAddr::V6(_) => (Domain::IPV6, Protocol::ICMPV6),
+        };
+        let socket = Socket::new(domain, Type::RAW, Some(protocol))?;
+        socket.set_nonblocking(true)?;
+        Ok(Self {
+            socket,
+            v6: to.is_ipv6(),
+        })
+    }
+
+    /// Whether a port unreachable arrived for an SCTP packet from `local_port` to `to`.
+    fn saw_port_unreachable(&self, local_port: u16, to: SocketAddr) -> bool {
+        let mut buf = [0u8; 1500];
+        loop {
+            let n = match (&self.socket).read(&mut buf) {
+                Ok(n) => n,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            };
+            if quotes_sctp_port_unreachable(&buf[..n], self.v6, local_port, to) {
+                return true;
+            }
+        }
+    }
+}
+
+/// Whether `packet` (what a raw socket reads: IPv4 header and ICMP, or an ICMPv6 message)
+/// is a port unreachable quoting an SCTP packet from `local_port` to `to`.
+fn quotes_sctp_port_unreachable(packet: &[u8], v6: bool, local_port: u16, to: SocketAddr) -> bool {
+    const SCTP: u8 = IPPROTO_SCTP as u8;
+    let quoted = if v6 {
+        // ICMPv6 destination unreachable (1), port unreachable (4); then the quoted IPv6
+        // header (40 bytes), whose next header must be SCTP.
+        if packet.len() < 8 + 40 + 4 || packet[0] != 1 || packet[1] != 4 {
+            return false;
+        }
+        let ip = &packet[8..];
+        let mut dst = [0u8; 16];
+        dst.copy_from_slice(&ip[24..40]);
+        if ip[6] != SCTP || IpAddr::from(dst) != to.ip() {
+            return false;
+        }
+        &ip[40..]
+    } else {
+        let ihl = usize::from(packet.first().map_or(0, |b| b & 0x0f)) * 4;
+        // ICMP destination unreachable (3), port unreachable (3).
+        let Some(icmp) = packet.get(ihl..) else {
+            return false;
+        };
+        if icmp.len() < 8 + 20 + 4 || icmp[0] != 3 || icmp[1] != 3 {
+            return false;
+        }
+        let ip = &icmp[8..];
+        let quoted_ihl = usize::from(ip[0] & 0x0f) * 4;
+        let dst = IpAddr::from([ip[16], ip[17], ip[18], ip[19]]);
+        if ip[9] != SCTP || dst != to.ip() || ip.len() < quoted_ihl + 4 {
+            return false;
+        }
+        &ip[quoted_ihl..]
+    };
+    quoted.len() >= 4
+        && u16::from_be_bytes([quoted[0], quoted[1]]) == local_port
+        && u16::from_be_bytes([quoted[2], quoted[3]]) == to.port()
 }
 
 /// Reads until EOF or the timeout; a partial answer before a timeout still counts.
@@ -217,6 +313,50 @@ mod tests {
         let attempt = &probe(&spec(silent.local_addr().unwrap(), Proto::Udp, 1))[0];
         assert_eq!(attempt.outcome, Outcome::Timeout);
         assert!(attempt.elapsed_ms >= 250, "{attempt:?}");
+    }
+
+    #[test]
+    fn sctp_port_unreachables_are_recognised_by_their_quote() {
+        let to: SocketAddr = "172.30.0.41:80".parse().unwrap();
+        // IPv4 header (20), ICMP 3/3 (8), quoted IPv4 header (20, SCTP, to 172.30.0.41),
+        // quoted SCTP ports 40000 -> 80.
+        let mut v4 = vec![0x45u8; 1];
+        v4.extend([0; 19]);
+        v4.extend([3, 3, 0, 0, 0, 0, 0, 0]);
+        let mut quoted = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, 132, 0, 0, 10, 0, 0, 2];
+        quoted.extend([172, 30, 0, 41]);
+        v4.extend(&quoted);
+        v4.extend(40000u16.to_be_bytes());
+        v4.extend(80u16.to_be_bytes());
+        assert!(quotes_sctp_port_unreachable(&v4, false, 40000, to));
+        assert!(!quotes_sctp_port_unreachable(&v4, false, 40001, to));
+        let other: SocketAddr = "172.30.0.42:80".parse().unwrap();
+        assert!(!quotes_sctp_port_unreachable(&v4, false, 40000, other));
+        let mut host_unreachable = v4.clone();
+        host_unreachable[21] = 1;
+        assert!(!quotes_sctp_port_unreachable(
+            &host_unreachable,
+            false,
+            40000,
+            to
+        ));
+
+        let to6: SocketAddr = "[fd00:30::41]:80".parse().unwrap();
+        let mut v6 = vec![1u8, 4, 0, 0, 0, 0, 0, 0];
+        let mut header = [0u8; 40];
+        header[0] = 0x60;
+        header[6] = 132;
+        header[24..40].copy_from_slice(
+            &"fd00:30::41"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        );
+        v6.extend(header);
+        v6.extend(40000u16.to_be_bytes());
+        v6.extend(80u16.to_be_bytes());
+        assert!(quotes_sctp_port_unreachable(&v6, true, 40000, to6));
+        assert!(!quotes_sctp_port_unreachable(&v6[..40], true, 40000, to6));
     }
 
     #[test]

@@ -400,3 +400,46 @@ fn masquerade_all_sends_pod_clusterip_connections_through_tc_with_snat() {
     assert!(!v.masquerade);
     assert_eq!(addrs(&v), ["10.180.0.2:80", "10.180.1.2:80"]);
 }
+
+#[test]
+fn sctp_from_a_pod_is_translated_per_packet_and_its_hairpin_masqueraded() {
+    let mut w = World::new();
+    w.add(
+        mk_service("ns1", "sctp")
+            .cluster_ip("172.30.0.41")
+            .port("p80", 80, "SCTP")
+            .build(),
+        &[
+            ("10.180.0.1", "node-a", true),
+            ("10.180.0.2", "node-a", true),
+        ],
+    );
+    let state = w.state();
+    let mut question = q("10.180.0.1", "172.30.0.41:80", ClientKind::Pod);
+    question.proto = proto::SCTP;
+    let v = trace(&state, &question);
+    assert_eq!(v.action, Action::Forward);
+    assert_eq!(v.decided_by, "tc");
+    assert!(
+        !v.masquerade,
+        "no rule masquerades pod traffic to a ClusterIP"
+    );
+    // The way to itself is masqueraded (hairpin), the way to the other pod is not.
+    let masq: Vec<(String, bool)> = v
+        .candidates
+        .iter()
+        .map(|c| (c.address.to_string(), c.masquerade))
+        .collect();
+    assert_eq!(
+        masq,
+        [
+            ("10.180.0.1".to_string(), true),
+            ("10.180.0.2".to_string(), false)
+        ]
+    );
+    assert!(
+        v.steps.iter().any(|s| s.contains("hairpin")),
+        "{:?}",
+        v.steps
+    );
+}
