@@ -63,6 +63,7 @@ fn options_for(mode: Mode) -> Option<RunOptions> {
         dir_source: false,
         trace_check: false,
         only_proto: None,
+        only_external_clients: false,
     })
 }
 

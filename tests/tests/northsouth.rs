@@ -440,6 +440,7 @@ fn prepare(xdp_mode: Option<&str>) -> Option<(Scenario, RunOptions)> {
         dir_source: false,
         trace_check: false,
         only_proto: None,
+        only_external_clients: false,
     };
     Some((scenario, options))
 }

@@ -110,6 +110,7 @@ fn options(agent: Option<AgentOptions>) -> RunOptions {
         dir_source: true,
         trace_check: false,
         only_proto: None,
+        only_external_clients: false,
     }
 }
 

@@ -345,7 +345,16 @@ fn sctp_scenario_files() -> Vec<PathBuf> {
 /// (tests/tests/scenarios.rs) that can run on the guest's kernel without IPVS in the way.
 const SCTP_MODES: &[(&str, &[&str])] = &[
     ("ebpf", &["--mode", "ebpf", "--trace-check"]),
-    ("ebpf-xdp", &["--mode", "ebpf", "--xdp-mode", "generic"]),
+    (
+        "ebpf-xdp",
+        &[
+            "--mode",
+            "ebpf",
+            "--xdp-mode",
+            "generic",
+            "--only-external-clients",
+        ],
+    ),
     ("iptables", &["--mode", "iptables", "--trace-check"]),
 ];
 

@@ -85,6 +85,10 @@ enum Command {
         /// Only flows of this protocol (tcp, udp, sctp); every stage is still applied.
         #[arg(long, value_parser = parse_proto)]
         only_proto: Option<Proto>,
+        /// Only flows whose client is outside the node (what XDP on the uplink sees);
+        /// every stage is still applied.
+        #[arg(long)]
+        only_external_clients: bool,
     },
     /// Serve echo/plain listeners (`echo/tcp/10.0.0.1:80`, `plain/udp/[fd00::1]:53`);
     /// prints READY once all are bound.
@@ -172,6 +176,7 @@ fn main() -> ExitCode {
             expect_fallback,
             trace_check,
             only_proto,
+            only_external_clients,
         } => {
             tests::scenario::readiness::set_time_scale(time_scale);
             let missing = [Some(mode), expect_fallback]
@@ -212,6 +217,7 @@ fn main() -> ExitCode {
                     dir_source,
                     trace_check,
                     only_proto,
+                    only_external_clients,
                 };
                 let dirs = if dirs.is_empty() && files.is_empty() {
                     default_dirs()

@@ -50,12 +50,21 @@ pub struct RunOptions {
     /// Only flows of this protocol (`None`: every flow). The qemu guest replays only the
     /// SCTP flows, which this host's kernel cannot carry; every stage is still applied.
     pub only_proto: Option<Proto>,
+    /// Only flows whose client is outside the node (`Placement::external_clients`). The
+    /// XDP trial replays these: XDP sits on the uplink, and the node's own and its pods'
+    /// flows would replay the plain ebpf run.
+    pub only_external_clients: bool,
 }
 
 impl RunOptions {
-    /// Whether `flow` is replayed in this run.
-    pub fn replays(&self, flow: &Flow) -> bool {
-        flow.applies_to(self.mode) && self.only_proto.is_none_or(|p| flow.proto == p)
+    /// Whether `flow` is replayed in this run; `external_clients` are the file's clients
+    /// outside the node (`None` where its placement failed: the run then reports why, so
+    /// nothing is filtered out by place).
+    pub fn replays(&self, flow: &Flow, external_clients: Option<&BTreeSet<IpAddr>>) -> bool {
+        flow.applies_to(self.mode)
+            && self.only_proto.is_none_or(|p| flow.proto == p)
+            && (!self.only_external_clients
+                || external_clients.is_none_or(|clients| clients.contains(&flow.from)))
     }
 }
 
@@ -172,14 +181,18 @@ pub async fn run_scenario(
         emit(&r);
         out.push(r);
     };
+    let external_clients = Placement::plan(scenario)
+        .ok()
+        .map(|placement| placement.external_clients);
+    let replays = |f: &Flow| options.replays(f, external_clients.as_ref());
     let applicable = |stage: usize| -> Vec<&Flow> {
         scenario.stages[stage]
             .flows
             .iter()
-            .filter(|f| options.replays(f))
+            .filter(|f| replays(f))
             .collect()
     };
-    if scenario.flows().all(|f| !options.replays(f)) {
+    if scenario.flows().all(|f| !replays(f)) {
         return out;
     }
     let sctp = sctp_supported();
@@ -703,16 +716,55 @@ flows:
             dir_source: false,
             trace_check: false,
             only_proto,
+            only_external_clients: false,
         };
         let replayed = |o: &RunOptions| -> Vec<usize> {
             s.flows()
-                .filter(|f| o.replays(f))
+                .filter(|f| o.replays(f, None))
                 .map(|f| f.index)
                 .collect()
         };
         assert_eq!(replayed(&options(None)), [1, 3]);
         assert_eq!(replayed(&options(Some(Proto::Sctp))), [1]);
         assert_eq!(replayed(&options(Some(Proto::Udp))), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn only_external_clients_keeps_the_flows_from_outside_the_node() {
+        let raw: RawScenario = serde_yaml::from_str(
+            r#"
+name: t
+node: {name: n, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}
+flows:
+- {from: 10.0.0.2, to: '192.168.0.2:30001', expect: DROP}
+- {from: 203.0.113.2, to: '192.168.0.2:30001', expect: DROP}
+- {from: 192.168.0.2, to: '192.168.0.2:30001', expect: DROP}
+- {from: 203.0.113.2, to: '192.168.0.2:30001', expect: DROP, modes: [iptables]}
+"#,
+        )
+        .unwrap();
+        let s = Scenario::from_raw(raw, Path::new("t")).unwrap();
+        let options = RunOptions {
+            mode: Mode::Ebpf,
+            agent: None,
+            runner_exe: PathBuf::new(),
+            timeout: Duration::from_secs(1),
+            keep: false,
+            dir_source: false,
+            trace_check: false,
+            only_proto: None,
+            only_external_clients: true,
+        };
+        let external = Placement::plan(&s).unwrap().external_clients;
+        let replayed = |clients: Option<&BTreeSet<IpAddr>>| -> Vec<usize> {
+            s.flows()
+                .filter(|f| options.replays(f, clients))
+                .map(|f| f.index)
+                .collect()
+        };
+        assert_eq!(replayed(Some(&external)), [2]);
+        // Without a placement nothing is filtered by place (the run reports the failure).
+        assert_eq!(replayed(None), [1, 2, 3]);
     }
 
     #[test]
