@@ -5,15 +5,16 @@
 //! crate per protocol: netlink-packet-route ([`route`]: links and addresses),
 //! netlink-packet-generic ([`genl`]: resolving generic netlink families, and the
 //! framing of the IPVS family in `proxier::ipvs::genl`), netlink-packet-netfilter
-//! (`proxier::conntrack::netlink`: ctnetlink).
+//! (`proxier::conntrack::netlink`: ctnetlink). sock_diag (`proxier::ebpf::sockets::diag`)
+//! sends its fixed-struct bodies as [`RawMessage`]s through the same socket.
 //!
 //! What stays here is the small blocking request loop of [`socket`]: send one request,
 //! read datagrams until its acknowledgement or the end of its dump. The rust-netlink
 //! family's own loop (netlink-proto, and rtnetlink/genetlink above it) is asynchronous:
 //! a connection task on a runtime with a channel per request. Our callers are
 //! synchronous (the proxiers' sync loops, cleanup, and test fixtures that run in another
-//! network namespace on their own thread), one request at a time, so the twenty lines
-//! of [`NetlinkSocket::request`] do the job without a runtime.
+//! network namespace on their own thread), one request at a time, so the short loop of
+//! [`NetlinkSocket::request`] does the job without a runtime.
 
 pub mod genl;
 pub mod route;

@@ -103,8 +103,8 @@ pub fn split_datagram<T: NetlinkDeserializable>(
 ) -> Result<Vec<Received<T>>, DecodeError> {
     let mut out = Vec::new();
     while !data.is_empty() {
-        let length = NetlinkBuffer::new_checked(data)?.length() as usize;
-        let message_type = NetlinkBuffer::new(data).message_type();
+        let header = NetlinkBuffer::new_checked(data)?;
+        let (length, message_type) = (header.length() as usize, header.message_type());
         match NetlinkMessage::<T>::deserialize(&data[..length]) {
             Ok(message) => match message.payload {
                 NetlinkPayload::InnerMessage(inner) => out.push(Received::Data(inner)),
@@ -114,7 +114,7 @@ pub fn split_datagram<T: NetlinkDeserializable>(
                 },
                 NetlinkPayload::Done(done) if done.code == 0 => out.push(Received::Complete),
                 NetlinkPayload::Done(done) => out.push(Received::Refused(-done.code)),
-                NetlinkPayload::Noop | NetlinkPayload::Overrun(_) => {}
+                // NLMSG_NOOP, and NLMSG_OVERRUN, which the kernel does not send.
                 _ => {}
             },
             // Framing and control messages must parse; a data message that does not is
