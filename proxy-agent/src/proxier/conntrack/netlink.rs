@@ -1,108 +1,94 @@
 // SPDX-License-Identifier: Apache-2.0
-//! ctnetlink (NETLINK_NETFILTER, subsystem CTNETLINK): dump one family's conntrack table,
-//! delete entries by their original tuple. The message layout is small enough to write here:
-//! `nlmsghdr`, `nfgenmsg`, then netlink attributes (CTA_*), nested for tuples.
+//! ctnetlink (NETLINK_NETFILTER, subsystem CTNETLINK) on netlink-packet-netfilter: dump
+//! one family's conntrack table, delete entries by their original tuple. The crate has
+//! the messages and the tuple attributes; the zone (`CTA_ZONE`, which it does not
+//! define) travels as a plain attribute.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::net::{IpAddr, Ipv6Addr};
 
-use nix::errno::Errno;
-use nix::sys::socket::{
-    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, sendto,
-    setsockopt, socket, sockopt,
+use netlink_packet_core::{DefaultNla, NLA_TYPE_MASK, Nla};
+use netlink_packet_netfilter::conntrack::{
+    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Tuple as CtTuple,
 };
-use nix::sys::time::TimeVal;
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
+use netlink_sys::protocols::NETLINK_NETFILTER;
+use nix::errno::Errno;
 
 use super::{ConntrackTable, Entry, Error, Result, Tuple};
 use crate::model::IpFamily;
 use crate::proxier::netlink::{
-    Malformed, Message, MessageBuilder, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, attrs, split_messages,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkError, NetlinkMessage, NetlinkSocket, request,
 };
-#[cfg(test)]
-use crate::proxier::netlink::{NLM_F_MULTI, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, take4};
 
-const NFGENMSG_LEN: usize = 4;
-const NFNL_SUBSYS_CTNETLINK: u16 = 1;
-const IPCTNL_MSG_CT_GET: u16 = 1;
-const IPCTNL_MSG_CT_DELETE: u16 = 2;
-
-const CTA_TUPLE_ORIG: u16 = 1;
-const CTA_TUPLE_REPLY: u16 = 2;
+/// `CTA_ZONE`: a big-endian u16, present when the entry is not in zone 0.
 const CTA_ZONE: u16 = 18;
-const CTA_TUPLE_IP: u16 = 1;
-const CTA_TUPLE_PROTO: u16 = 2;
-const CTA_IP_V4_SRC: u16 = 1;
-const CTA_IP_V4_DST: u16 = 2;
-const CTA_IP_V6_SRC: u16 = 3;
-const CTA_IP_V6_DST: u16 = 4;
-const CTA_PROTO_NUM: u16 = 1;
-const CTA_PROTO_SRC_PORT: u16 = 2;
-const CTA_PROTO_DST_PORT: u16 = 3;
 
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
+/// NFNETLINK_V0.
+const NFNETLINK_VERSION: u8 = 0;
 
-fn af(family: IpFamily) -> u8 {
+fn proto_family(family: IpFamily) -> NetfilterProtoFamily {
     match family {
-        IpFamily::V4 => AF_INET,
-        IpFamily::V6 => AF_INET6,
+        IpFamily::V4 => NetfilterProtoFamily::IPv4,
+        IpFamily::V6 => NetfilterProtoFamily::IPv6,
     }
 }
 
-/// A ctnetlink message: the subsystem in the type's high byte, then `nfgenmsg` (family,
-/// NFNETLINK_V0, res_id 0).
-fn ct_message(msg_type: u16, flags: u16, seq: u32, family: u8) -> MessageBuilder {
-    MessageBuilder::new(
-        (NFNL_SUBSYS_CTNETLINK << 8) | msg_type,
-        flags,
-        seq,
-        &[family, 0, 0, 0],
-    )
+/// A ctnetlink request: `nfgenmsg` (family, NFNETLINK_V0, res_id 0), then the message.
+fn ct_request(
+    flags: u16,
+    family: IpFamily,
+    message: ConntrackMessage,
+) -> NetlinkMessage<NetfilterMessage> {
+    let header = NetfilterHeader::new(proto_family(family), NFNETLINK_VERSION, 0);
+    request(flags, NetfilterMessage::new(header, message))
 }
 
 /// A dump of every entry of one family (the kernel filters on the nfgenmsg family).
-pub fn dump_request(family: IpFamily, seq: u32) -> Vec<u8> {
-    ct_message(
-        IPCTNL_MSG_CT_GET,
+pub fn dump_request(family: IpFamily) -> NetlinkMessage<NetfilterMessage> {
+    ct_request(
         NLM_F_REQUEST | NLM_F_DUMP,
-        seq,
-        af(family),
+        family,
+        ConntrackMessage::Get(Vec::new()),
     )
-    .finish()
+}
+
+/// A tuple's attributes: addresses (both IPv4, or both as IPv6), protocol and ports.
+fn tuple_attributes(t: &Tuple) -> Vec<CtTuple> {
+    let (src, dst) = match (t.src, t.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => (IpAddr::V4(src), IpAddr::V4(dst)),
+        (src, dst) => (IpAddr::V6(v6(src)), IpAddr::V6(v6(dst))),
+    };
+    vec![
+        CtTuple::Ip(vec![
+            IPTuple::SourceAddress(src),
+            IPTuple::DestinationAddress(dst),
+        ]),
+        CtTuple::Proto(vec![
+            ProtoTuple::Protocol(t.protocol.into()),
+            ProtoTuple::SourcePort(t.src_port),
+            ProtoTuple::DestinationPort(t.dst_port),
+        ]),
+    ]
 }
 
 /// Deletes `entry`, identified by its original tuple (and zone).
-pub fn delete_request(entry: &Entry, seq: u32) -> Vec<u8> {
-    let mut msg = ct_message(
-        IPCTNL_MSG_CT_DELETE,
-        NLM_F_REQUEST | NLM_F_ACK,
-        seq,
-        af(entry.family),
-    );
-    let t = &entry.orig;
-    msg.begin_nested(CTA_TUPLE_ORIG);
-    msg.begin_nested(CTA_TUPLE_IP);
-    match (t.src, t.dst) {
-        (IpAddr::V4(src), IpAddr::V4(dst)) => {
-            msg.attr(CTA_IP_V4_SRC, &src.octets());
-            msg.attr(CTA_IP_V4_DST, &dst.octets());
-        }
-        (src, dst) => {
-            msg.attr(CTA_IP_V6_SRC, &v6(src).octets());
-            msg.attr(CTA_IP_V6_DST, &v6(dst).octets());
-        }
-    }
-    msg.end_nested();
-    msg.begin_nested(CTA_TUPLE_PROTO);
-    msg.attr(CTA_PROTO_NUM, &[t.protocol]);
-    msg.attr(CTA_PROTO_SRC_PORT, &t.src_port.to_be_bytes());
-    msg.attr(CTA_PROTO_DST_PORT, &t.dst_port.to_be_bytes());
-    msg.end_nested();
-    msg.end_nested();
+pub fn delete_request(entry: &Entry) -> NetlinkMessage<NetfilterMessage> {
+    let mut attributes = vec![ConntrackAttribute::CtaTupleOrig(tuple_attributes(
+        &entry.orig,
+    ))];
     if entry.zone != 0 {
-        msg.attr(CTA_ZONE, &entry.zone.to_be_bytes());
+        attributes.push(ConntrackAttribute::Other(DefaultNla::new(
+            CTA_ZONE,
+            entry.zone.to_be_bytes().to_vec(),
+        )));
     }
-    msg.finish()
+    ct_request(
+        NLM_F_REQUEST | NLM_F_ACK,
+        entry.family,
+        ConntrackMessage::Delete(attributes),
+    )
 }
 
 fn v6(ip: IpAddr) -> Ipv6Addr {
@@ -112,58 +98,34 @@ fn v6(ip: IpAddr) -> Ipv6Addr {
     }
 }
 
-/// One message of a kernel reply.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Reply<'a> {
-    /// A conntrack entry (its nfgenmsg family and attributes).
-    Entry {
-        family: u8,
-        attrs: &'a [u8],
-    },
-    /// An error (or, with 0, an ACK).
-    Error(i32),
-    Done,
-    Other,
-}
-
-/// Splits a datagram into messages.
-pub fn parse_replies(data: &[u8]) -> Result<Vec<Reply<'_>>> {
-    let messages = split_messages(data).map_err(|Malformed(what)| Error::Malformed(what))?;
-    messages
-        .into_iter()
-        .map(|message| {
-            Ok(match message {
-                Message::Done(_) => Reply::Done,
-                Message::Error(code) => Reply::Error(code),
-                Message::Data { msg_type, body } if msg_type >> 8 == NFNL_SUBSYS_CTNETLINK => {
-                    if body.len() < NFGENMSG_LEN {
-                        return Err(Error::Malformed("nfgenmsg"));
-                    }
-                    Reply::Entry {
-                        family: body[0],
-                        attrs: &body[NFGENMSG_LEN..],
-                    }
-                }
-                Message::Data { .. } => Reply::Other,
-            })
-        })
-        .collect()
-}
-
-/// Decodes a dumped entry; `None` for entries this cleanup has no use for (no ports,
-/// unknown family).
-pub fn parse_entry(family: u8, data: &[u8]) -> Option<Entry> {
-    let family = match family {
-        AF_INET => IpFamily::V4,
-        AF_INET6 => IpFamily::V6,
+/// Decodes a dumped entry; `None` for messages that are not conntrack entries and for
+/// entries this cleanup has no use for (no ports, unknown family).
+pub fn parse_entry(message: &NetfilterMessage) -> Option<Entry> {
+    let family = match message.header.family {
+        NetfilterProtoFamily::IPv4 => IpFamily::V4,
+        NetfilterProtoFamily::IPv6 => IpFamily::V6,
+        _ => return None,
+    };
+    let attributes = match &message.inner {
+        NetfilterMessageInner::Conntrack(
+            ConntrackMessage::New(attributes)
+            | ConntrackMessage::Get(attributes)
+            | ConntrackMessage::Delete(attributes),
+        ) => attributes,
         _ => return None,
     };
     let (mut orig, mut reply, mut zone) = (None, None, 0);
-    for (attr_type, payload) in attrs(data) {
-        match attr_type {
-            CTA_TUPLE_ORIG => orig = parse_tuple(payload),
-            CTA_TUPLE_REPLY => reply = parse_tuple(payload),
-            CTA_ZONE if payload.len() >= 2 => zone = u16::from_be_bytes([payload[0], payload[1]]),
+    for attribute in attributes {
+        match attribute {
+            ConntrackAttribute::CtaTupleOrig(t) => orig = parse_tuple(t),
+            ConntrackAttribute::CtaTupleReply(t) => reply = parse_tuple(t),
+            ConntrackAttribute::Other(nla) if nla.kind() & NLA_TYPE_MASK == CTA_ZONE => {
+                let mut value = vec![0u8; nla.value_len()];
+                nla.emit_value(&mut value);
+                if let [a, b, ..] = value[..] {
+                    zone = u16::from_be_bytes([a, b]);
+                }
+            }
             _ => {}
         }
     }
@@ -175,30 +137,25 @@ pub fn parse_entry(family: u8, data: &[u8]) -> Option<Entry> {
     })
 }
 
-fn parse_tuple(data: &[u8]) -> Option<Tuple> {
+fn parse_tuple(attributes: &[CtTuple]) -> Option<Tuple> {
     let (mut src, mut dst, mut protocol, mut sport, mut dport) = (None, None, None, 0, 0);
-    for (attr_type, payload) in attrs(data) {
-        match attr_type {
-            CTA_TUPLE_IP => {
-                for (ip_type, ip) in attrs(payload) {
-                    let addr = match ip.len() {
-                        4 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(ip).ok()?)),
-                        16 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(ip).ok()?)),
-                        _ => continue,
-                    };
-                    match ip_type {
-                        CTA_IP_V4_SRC | CTA_IP_V6_SRC => src = Some(addr),
-                        CTA_IP_V4_DST | CTA_IP_V6_DST => dst = Some(addr),
+    for attribute in attributes {
+        match attribute {
+            CtTuple::Ip(ips) => {
+                for ip in ips {
+                    match ip {
+                        IPTuple::SourceAddress(addr) => src = Some(*addr),
+                        IPTuple::DestinationAddress(addr) => dst = Some(*addr),
                         _ => {}
                     }
                 }
             }
-            CTA_TUPLE_PROTO => {
-                for (proto_type, value) in attrs(payload) {
-                    match (proto_type, value) {
-                        (CTA_PROTO_NUM, [num, ..]) => protocol = Some(*num),
-                        (CTA_PROTO_SRC_PORT, [a, b, ..]) => sport = u16::from_be_bytes([*a, *b]),
-                        (CTA_PROTO_DST_PORT, [a, b, ..]) => dport = u16::from_be_bytes([*a, *b]),
+            CtTuple::Proto(protos) => {
+                for proto in protos {
+                    match proto {
+                        ProtoTuple::Protocol(p) => protocol = Some(u8::from(*p)),
+                        ProtoTuple::SourcePort(port) => sport = *port,
+                        ProtoTuple::DestinationPort(port) => dport = *port,
                         _ => {}
                     }
                 }
@@ -215,118 +172,61 @@ fn parse_tuple(data: &[u8]) -> Option<Tuple> {
     })
 }
 
+/// The conntrack module's errors for the shared socket's.
+fn conntrack_error(err: NetlinkError) -> Error {
+    match err {
+        NetlinkError::Socket(errno) => Error::Socket(errno),
+        NetlinkError::Io { operation, source } => Error::Kernel { operation, source },
+        NetlinkError::Kernel { operation, errno } => Error::Kernel {
+            operation,
+            source: errno,
+        },
+        NetlinkError::Malformed { .. } => Error::Malformed("ctnetlink answer"),
+    }
+}
+
 /// The production cleaner: a NETLINK_NETFILTER socket in the caller's network namespace,
 /// opened per cleanup (cleanups are rare; an idle socket would only hold memory).
 #[derive(Debug, Default)]
-pub struct NetlinkConntrack {
-    seq: u32,
-}
+pub struct NetlinkConntrack;
 
 impl NetlinkConntrack {
     pub fn new() -> Self {
-        Self::default()
+        Self
     }
 
-    fn open() -> Result<OwnedFd> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )
-        .map_err(Error::Socket)?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(Error::Socket)?;
-        // A kernel that never answers must not hang the sync loop.
-        setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::new(5, 0)).map_err(Error::Socket)?;
-        Ok(fd)
+    fn open() -> Result<NetlinkSocket> {
+        NetlinkSocket::open(NETLINK_NETFILTER).map_err(conntrack_error)
     }
-
-    fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
-    }
-
-    fn dump_on(&mut self, fd: &OwnedFd, family: IpFamily) -> Result<Vec<Entry>> {
-        let request = dump_request(family, self.next_seq());
-        send(fd, &request, "dump")?;
-        let mut entries = Vec::new();
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).map_err(|source| {
-                Error::Kernel {
-                    operation: "dump",
-                    source,
-                }
-            })?;
-            for reply in parse_replies(&buf[..n])? {
-                match reply {
-                    // A kernel that ignores the requested family still gets it right.
-                    Reply::Entry { family: af, attrs } => entries
-                        .extend(parse_entry(af, attrs).filter(|entry| entry.family == family)),
-                    Reply::Done => return Ok(entries),
-                    Reply::Error(0) | Reply::Other => {}
-                    Reply::Error(code) => {
-                        return Err(Error::Kernel {
-                            operation: "dump",
-                            source: Errno::from_raw(-code),
-                        });
-                    }
-                }
-            }
-        }
-    }
-
-    fn delete_entry(&mut self, fd: &OwnedFd, entry: &Entry, buf: &mut [u8]) -> Result<bool> {
-        let request = delete_request(entry, self.next_seq());
-        send(fd, &request, "delete")?;
-        let n = recv(fd.as_raw_fd(), buf, MsgFlags::empty()).map_err(|source| Error::Kernel {
-            operation: "delete",
-            source,
-        })?;
-        for reply in parse_replies(&buf[..n])? {
-            match reply {
-                Reply::Error(0) => return Ok(true),
-                // Gone meanwhile (it expired, or another cleanup took it).
-                Reply::Error(code) if -code == Errno::ENOENT as i32 => return Ok(false),
-                Reply::Error(code) => {
-                    return Err(Error::Kernel {
-                        operation: "delete",
-                        source: Errno::from_raw(-code),
-                    });
-                }
-                _ => {}
-            }
-        }
-        Err(Error::Malformed("no acknowledgement"))
-    }
-}
-
-fn send(fd: &OwnedFd, request: &[u8], operation: &'static str) -> Result<()> {
-    sendto(
-        fd.as_raw_fd(),
-        request,
-        &NetlinkAddr::new(0, 0),
-        MsgFlags::empty(),
-    )
-    .map(drop)
-    .map_err(|source| Error::Kernel { operation, source })
 }
 
 impl ConntrackTable for NetlinkConntrack {
     fn list(&mut self, family: IpFamily) -> Result<Vec<Entry>> {
-        let fd = Self::open()?;
-        self.dump_on(&fd, family)
+        let mut socket = Self::open()?;
+        let answers = socket
+            .request(dump_request(family), "dump")
+            .map_err(conntrack_error)?;
+        Ok(answers
+            .iter()
+            .filter_map(parse_entry)
+            // A kernel that ignores the requested family still gets it right.
+            .filter(|entry| entry.family == family)
+            .collect())
     }
 
     fn delete(&mut self, entries: &[Entry]) -> Result<usize> {
         if entries.is_empty() {
             return Ok(0);
         }
-        let fd = Self::open()?;
-        let mut buf = vec![0u8; 8192];
+        let mut socket = Self::open()?;
         let mut deleted = 0;
         for entry in entries {
-            deleted += usize::from(self.delete_entry(&fd, entry, &mut buf)?);
+            match socket.request(delete_request(entry), "delete") {
+                Ok(_) => deleted += 1,
+                // Gone meanwhile (it expired, or another cleanup took it).
+                Err(err) if err.errno() == Some(Errno::ENOENT) => {}
+                Err(err) => return Err(conntrack_error(err)),
+            }
         }
         Ok(deleted)
     }
@@ -335,6 +235,12 @@ impl ConntrackTable for NetlinkConntrack {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxier::netlink::encode;
+    use crate::proxier::netlink::socket::{Received, split_datagram};
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
 
     fn entry() -> Entry {
         Entry {
@@ -357,103 +263,124 @@ mod tests {
         }
     }
 
-    /// A dumped entry as the kernel sends it: both tuples, the zone.
-    fn dumped(entry: &Entry) -> Vec<u8> {
-        let mut msg = ct_message(0, NLM_F_MULTI, 1, af(entry.family));
-        for (attr, t) in [
-            (CTA_TUPLE_ORIG, &entry.orig),
-            (CTA_TUPLE_REPLY, &entry.reply),
-        ] {
-            msg.begin_nested(attr);
-            msg.begin_nested(CTA_TUPLE_IP);
-            match (t.src, t.dst) {
-                (IpAddr::V4(s), IpAddr::V4(d)) => {
-                    msg.attr(CTA_IP_V4_SRC, &s.octets());
-                    msg.attr(CTA_IP_V4_DST, &d.octets());
-                }
-                (s, d) => {
-                    msg.attr(CTA_IP_V6_SRC, &v6(s).octets());
-                    msg.attr(CTA_IP_V6_DST, &v6(d).octets());
-                }
-            }
-            msg.end_nested();
-            msg.begin_nested(CTA_TUPLE_PROTO);
-            msg.attr(CTA_PROTO_NUM, &[t.protocol]);
-            msg.attr(CTA_PROTO_SRC_PORT, &t.src_port.to_be_bytes());
-            msg.attr(CTA_PROTO_DST_PORT, &t.dst_port.to_be_bytes());
-            msg.end_nested();
-            msg.end_nested();
+    fn entry_v6() -> Entry {
+        Entry {
+            family: IpFamily::V6,
+            orig: Tuple {
+                src: "fd00::2".parse().unwrap(),
+                dst: "fd00::42".parse().unwrap(),
+                protocol: super::super::IPPROTO_UDP,
+                src_port: 40001,
+                dst_port: 53,
+            },
+            reply: Tuple {
+                src: "fd00::1".parse().unwrap(),
+                dst: "fd00::2".parse().unwrap(),
+                protocol: super::super::IPPROTO_UDP,
+                src_port: 53,
+                dst_port: 40001,
+            },
+            zone: 0,
         }
-        msg.attr(CTA_ZONE, &entry.zone.to_be_bytes());
-        msg.finish()
+    }
+
+    // The requests' bytes as the former hand-written encoder produced them.
+    const DUMP_V4: &str = "1400000001010103010000000000000002000000";
+    const DUMP_V6: &str = "140000000101010302000000000000000a000000";
+    const DELETE_V4: &str = "50000000020105000900000000000000020000003400018014000180080001000a00000208000200ac1e002a1c0002800500010011000000060002009c40000006000300003500000600120000070000";
+    const DELETE_V6: &str = "60000000020105000a000000000000000a0000004c0001802c00018014000300fd00000000000000000000000000000214000400fd0000000000000000000000000000421c0002800500010011000000060002009c4100000600030000350000";
+
+    #[test]
+    fn requests_are_byte_for_byte_the_former_ones() {
+        assert_eq!(hex(&encode(&mut dump_request(IpFamily::V4), 1)), DUMP_V4);
+        assert_eq!(hex(&encode(&mut dump_request(IpFamily::V6), 2)), DUMP_V6);
+        assert_eq!(hex(&encode(&mut delete_request(&entry()), 9)), DELETE_V4);
+        assert_eq!(
+            hex(&encode(&mut delete_request(&entry_v6()), 10)),
+            DELETE_V6
+        );
+    }
+
+    /// A dumped entry as the kernel sends it (IPCTNL_MSG_CT_NEW): both tuples, the zone.
+    fn dumped(entry: &Entry) -> Vec<u8> {
+        let mut attributes = vec![
+            ConntrackAttribute::CtaTupleOrig(tuple_attributes(&entry.orig)),
+            ConntrackAttribute::CtaTupleReply(tuple_attributes(&entry.reply)),
+        ];
+        attributes.push(ConntrackAttribute::Other(DefaultNla::new(
+            CTA_ZONE,
+            entry.zone.to_be_bytes().to_vec(),
+        )));
+        let mut message = ct_request(0, entry.family, ConntrackMessage::New(attributes));
+        encode(&mut message, 1)
+    }
+
+    fn decode(datagram: &[u8]) -> Vec<Received<NetfilterMessage>> {
+        split_datagram(datagram).unwrap()
     }
 
     #[test]
     fn dumped_entries_decode() {
-        let e = entry();
-        let mut datagram = dumped(&e);
-        let mut v6 = e;
-        v6.family = IpFamily::V6;
-        v6.orig.dst = "fd00::42".parse().unwrap();
-        v6.orig.src = "fd00::2".parse().unwrap();
-        v6.reply.src = "fd00::1".parse().unwrap();
-        v6.reply.dst = "fd00::2".parse().unwrap();
-        datagram.extend(dumped(&v6));
-        let done = MessageBuilder::new(NLMSG_DONE, NLM_F_MULTI, 1, &0i32.to_ne_bytes()).finish();
-        datagram.extend(done);
-        let replies = parse_replies(&datagram).unwrap();
+        let mut datagram = dumped(&entry());
+        datagram.extend(dumped(&entry_v6()));
+        // NLMSG_DONE with status 0.
+        datagram.extend(hex_bytes("1400000003000200010000000000000000000000"));
+        let replies = decode(&datagram);
         assert_eq!(replies.len(), 3);
         let decoded: Vec<Entry> = replies
             .iter()
             .filter_map(|r| match r {
-                Reply::Entry { family, attrs } => parse_entry(*family, attrs),
+                Received::Data(message) => parse_entry(message),
                 _ => None,
             })
             .collect();
-        assert_eq!(decoded, vec![e, v6]);
-        assert_eq!(replies[2], Reply::Done);
+        assert_eq!(decoded, vec![entry(), entry_v6()]);
+        assert_eq!(replies[2], Received::Complete);
+    }
+
+    fn hex_bytes(hex: &str) -> Vec<u8> {
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect()
     }
 
     #[test]
     fn delete_requests_carry_the_original_tuple_and_zone() {
-        let e = entry();
-        let request = delete_request(&e, 9);
-        assert_eq!(
-            u32::from_ne_bytes(take4(&request, 0)) as usize,
-            request.len()
-        );
-        assert_eq!(
-            u16::from_ne_bytes([request[4], request[5]]),
-            (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
-        );
-        assert_eq!(
-            u16::from_ne_bytes([request[6], request[7]]),
-            NLM_F_REQUEST | NLM_F_ACK
-        );
-        assert_eq!(request[NLMSG_HDRLEN], AF_INET);
-        let body = &request[NLMSG_HDRLEN + NFGENMSG_LEN..];
-        let found: Vec<(u16, Option<Tuple>)> = attrs(body)
-            .map(|(t, payload)| {
-                (
-                    t,
-                    (t == CTA_TUPLE_ORIG)
-                        .then(|| parse_tuple(payload))
-                        .flatten(),
-                )
-            })
-            .collect();
-        assert_eq!(found[0], (CTA_TUPLE_ORIG, Some(e.orig)));
-        assert_eq!(found[1].0, CTA_ZONE);
-        assert_eq!(found.len(), 2, "no reply tuple is needed to delete");
+        let bytes = encode(&mut delete_request(&entry()), 9);
+        let [Received::Data(message)] = &decode(&bytes)[..] else {
+            panic!()
+        };
+        let NetfilterMessageInner::Conntrack(ConntrackMessage::Delete(attributes)) = &message.inner
+        else {
+            panic!("{message:?}")
+        };
+        assert_eq!(attributes.len(), 2, "no reply tuple is needed to delete");
+        let ConntrackAttribute::CtaTupleOrig(orig) = &attributes[0] else {
+            panic!()
+        };
+        assert_eq!(parse_tuple(orig), Some(entry().orig));
+        assert_eq!(attributes[1].kind(), CTA_ZONE);
     }
 
     #[test]
     fn errors_and_truncation() {
-        let ack = MessageBuilder::new(NLMSG_ERROR, 0, 1, &(-2i32).to_ne_bytes()).finish();
-        assert_eq!(parse_replies(&ack).unwrap(), vec![Reply::Error(-2)]);
-        let mut bad = ack.clone();
+        // NLMSG_ERROR with -ENOENT, then the request's header.
+        let nack =
+            hex_bytes("24000000020000000100000000000000feffffff1000000001010100090000000000000000");
+        let nack = &nack[..36];
+        assert_eq!(decode(nack), vec![Received::Refused(2)]);
+        let mut bad = nack.to_vec();
         bad[0..4].copy_from_slice(&1000u32.to_ne_bytes());
-        assert!(parse_replies(&bad).is_err());
-        assert_eq!(parse_entry(99, &[]), None);
+        assert!(split_datagram::<NetfilterMessage>(&bad).is_err());
+        let mut other = ct_request(0, IpFamily::V4, ConntrackMessage::New(Vec::new()));
+        other.payload = netlink_packet_core::NetlinkPayload::InnerMessage(NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::Other(99), 0, 0),
+            ConntrackMessage::New(Vec::new()),
+        ));
+        let [Received::Data(message)] = &decode(&encode(&mut other, 1))[..] else {
+            panic!()
+        };
+        assert_eq!(parse_entry(message), None, "unknown family");
     }
 }

@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The IPVS netlink messages: the bytes of each request, and list replies decoded.
+//! The IPVS netlink messages: the bytes of each request (byte for byte those of the
+//! former hand-written encoder), and list replies decoded.
+
+use netlink_packet_core::{DefaultNla, NLA_F_NESTED, NetlinkPayload};
+use netlink_packet_generic::GenlMessage;
 
 use crate::model::Protocol;
 use crate::proxier::ipvs::desired::{RealServer, ServiceKey, VirtualServer};
 use crate::proxier::ipvs::genl::*;
-use crate::proxier::netlink::genl::GENL_HDRLEN;
-use crate::proxier::netlink::{
-    Answer, Message, MessageBuilder, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, attrs, split_messages,
-    string,
-};
+use crate::proxier::netlink::socket::{Received, split_datagram};
+use crate::proxier::netlink::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, encode, request};
 
 const FAMILY: u16 = 0x1d;
 
@@ -20,6 +21,14 @@ fn key() -> ServiceKey {
     }
 }
 
+fn key_v6() -> ServiceKey {
+    ServiceKey {
+        addr: "fd00::10".parse().unwrap(),
+        protocol: Protocol::Udp,
+        port: 53,
+    }
+}
+
 fn server(persistence: Option<u32>) -> VirtualServer {
     VirtualServer {
         key: key(),
@@ -28,125 +37,139 @@ fn server(persistence: Option<u32>) -> VirtualServer {
     }
 }
 
-/// (type, flags, genl command, top-level attributes).
-fn decode(bytes: &[u8]) -> (u16, u16, u8, Vec<(u16, Vec<u8>)>) {
-    assert_eq!(
-        u32::from_ne_bytes(bytes[0..4].try_into().unwrap()) as usize,
-        bytes.len()
-    );
-    let flags = u16::from_ne_bytes([bytes[6], bytes[7]]);
-    let Message::Data { msg_type, body } = &split_messages(bytes).unwrap()[0] else {
-        panic!()
-    };
-    assert_eq!(body[1], 1, "IPVS genl version");
-    let found = attrs(&body[GENL_HDRLEN..])
-        .map(|(t, p)| (t, p.to_vec()))
-        .collect();
-    (*msg_type, flags, body[0], found)
-}
-
-fn nested(payload: &[u8]) -> Vec<(u16, Vec<u8>)> {
-    attrs(payload).map(|(t, p)| (t, p.to_vec())).collect()
-}
-
-#[test]
-fn new_service_carries_key_scheduler_flags_and_netmask() {
-    let (msg_type, flags, cmd, top) =
-        decode(&service_request(&server(Some(10800)), false, FAMILY, 4));
-    assert_eq!((msg_type, cmd), (FAMILY, 1), "IPVS_CMD_NEW_SERVICE");
-    assert_eq!(flags, NLM_F_REQUEST | NLM_F_ACK);
-    assert_eq!(top.len(), 1);
-    assert_eq!(top[0].0, 1, "IPVS_CMD_ATTR_SERVICE");
-    let svc = nested(&top[0].1);
-    let types: Vec<u16> = svc.iter().map(|(t, _)| *t).collect();
-    assert_eq!(types, vec![1, 2, 3, 4, 6, 7, 8, 9]);
-    assert_eq!(svc[0].1, 2u16.to_ne_bytes(), "AF_INET");
-    assert_eq!(svc[1].1, 6u16.to_ne_bytes(), "IPPROTO_TCP");
-    assert_eq!(svc[2].1, vec![10, 96, 0, 10]);
-    assert_eq!(svc[3].1, vec![0, 80], "port in network order");
-    assert_eq!(string(&svc[4].1), Some("rr"));
-    let mut flag_bytes = 1u32.to_ne_bytes().to_vec();
-    flag_bytes.extend(u32::MAX.to_ne_bytes());
-    assert_eq!(svc[5].1, flag_bytes, "persistent, mask all");
-    assert_eq!(svc[6].1, 10800u32.to_ne_bytes());
-    assert_eq!(svc[7].1, u32::MAX.to_ne_bytes(), "IPv4 netmask");
-
-    let (_, _, cmd, top) = decode(&service_request(&server(None), true, FAMILY, 5));
-    assert_eq!(cmd, 2, "IPVS_CMD_SET_SERVICE");
-    let svc = nested(&top[0].1);
-    assert_eq!(svc[5].1[..4], 0u32.to_ne_bytes(), "not persistent");
-}
-
-#[test]
-fn destinations_and_deletions() {
-    let rs = RealServer {
+fn real_v6() -> RealServer {
+    RealServer {
         addr: "fd00::2".parse().unwrap(),
         port: 8080,
-    };
-    let v6 = ServiceKey {
-        addr: "fd00::10".parse().unwrap(),
-        protocol: Protocol::Udp,
-        port: 53,
-    };
-    let (_, _, cmd, top) = decode(&dest_request(&v6, &rs, 1, false, FAMILY, 6));
-    assert_eq!(cmd, 5, "IPVS_CMD_NEW_DEST");
-    assert_eq!(top.iter().map(|(t, _)| *t).collect::<Vec<_>>(), vec![1, 2]);
-    let svc = nested(&top[0].1);
-    assert_eq!(svc.len(), 4, "only the key identifies the service");
-    assert_eq!(svc[0].1, 10u16.to_ne_bytes(), "AF_INET6");
-    assert_eq!(svc[1].1, 17u16.to_ne_bytes());
-    let dest = nested(&top[1].1);
-    assert_eq!(
-        dest.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
-        vec![1, 2, 3, 4, 5, 6, 11]
-    );
-    assert_eq!(
-        dest[0].1,
-        rs.addr
-            .to_string()
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets()
-    );
-    assert_eq!(dest[1].1, 8080u16.to_be_bytes());
-    assert_eq!(dest[2].1, 0u32.to_ne_bytes(), "masquerading");
-    assert_eq!(dest[3].1, 1u32.to_ne_bytes(), "weight");
+    }
+}
 
-    let (_, _, cmd, top) = decode(&dest_request(&v6, &rs, 0, true, FAMILY, 7));
-    assert_eq!(cmd, 6, "IPVS_CMD_SET_DEST");
-    assert_eq!(nested(&top[1].1)[3].1, 0u32.to_ne_bytes(), "drain weight");
+fn real_v4() -> RealServer {
+    RealServer {
+        addr: "10.180.0.1".parse().unwrap(),
+        port: 9376,
+    }
+}
 
-    let (_, _, cmd, top) = decode(&delete_dest_request(&v6, &rs, FAMILY, 8));
-    assert_eq!(cmd, 7, "IPVS_CMD_DEL_DEST");
-    assert_eq!(nested(&top[1].1).len(), 2, "address and port");
+fn hex(mut request: IpvsRequest, seq: u32) -> String {
+    encode(&mut request, seq)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
-    let (_, _, cmd, top) = decode(&delete_service_request(&key(), FAMILY, 9));
-    assert_eq!(cmd, 3, "IPVS_CMD_DEL_SERVICE");
-    assert_eq!(nested(&top[0].1).len(), 4);
+/// Header flags and the decoded message, as the kernel reads the request.
+fn decode(mut request: IpvsRequest) -> (u16, GenlMessage<IpvsMessage>) {
+    let flags = request.header.flags;
+    let bytes = encode(&mut request, 1);
+    match split_datagram(&bytes).unwrap().pop() {
+        Some(Received::Data(message)) => (flags, message),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
-fn lists_and_timeouts() {
-    let (_, flags, cmd, top) = decode(&list_services_request(FAMILY, 1));
-    assert_eq!((cmd, flags), (4, NLM_F_REQUEST | NLM_F_DUMP));
-    assert!(top.is_empty());
-    let (_, flags, cmd, top) = decode(&list_dests_request(&key(), FAMILY, 2));
-    assert_eq!((cmd, flags), (8, NLM_F_REQUEST | NLM_F_DUMP));
-    assert_eq!(top[0].0, 1);
+fn service_requests_are_byte_for_byte_the_former_ones() {
+    let sctp = ServiceKey {
+        addr: "10.96.0.11".parse().unwrap(),
+        protocol: Protocol::Sctp,
+        port: 7777,
+    };
+    let v6server = VirtualServer {
+        key: key_v6(),
+        scheduler: "wrr".into(),
+        persistence_timeout: None,
+    };
+    // NEW_SERVICE: AF_INET, IPPROTO_TCP, 10.96.0.10, port 80 in network order, "rr",
+    // flags persistent with every flag in the mask, timeout 10800, netmask /32.
+    assert_eq!(
+        hex(service_request(&server(Some(10800)), false, FAMILY), 4),
+        "5c0000001d0005000400000000000000010100004800018006000100020000000600020006000000080003000a60000a060004000050000007000600727200000c00070001000000ffffffff08000800302a000008000900ffffffff"
+    );
+    assert_eq!(
+        hex(service_request(&server(None), true, FAMILY), 5),
+        "5c0000001d0005000500000000000000020100004800018006000100020000000600020006000000080003000a60000a060004000050000007000600727200000c00070000000000ffffffff080008000000000008000900ffffffff"
+    );
+    assert_eq!(
+        hex(service_request(&v6server, false, FAMILY), 6),
+        "680000001d00050006000000000000000101000054000180060001000a000000060002001100000014000300fd000000000000000000000000000010060004000035000008000600777272000c00070000000000ffffffff08000800000000000800090080000000"
+    );
+    assert_eq!(
+        hex(delete_service_request(&key(), FAMILY), 9),
+        "380000001d0005000900000000000000030100002400018006000100020000000600020006000000080003000a60000a0600040000500000"
+    );
+    assert_eq!(
+        hex(delete_service_request(&sctp, FAMILY), 10),
+        "380000001d0005000a00000000000000030100002400018006000100020000000600020084000000080003000a60000b060004001e610000"
+    );
+    assert_eq!(
+        hex(list_services_request(FAMILY), 1),
+        "140000001d000103010000000000000004010000"
+    );
+}
+
+#[test]
+fn dest_and_config_requests_are_byte_for_byte_the_former_ones() {
+    assert_eq!(
+        hex(dest_request(&key_v6(), &real_v6(), 1, false, FAMILY), 6),
+        "8c0000001d00050006000000000000000501000030000180060001000a000000060002001100000014000300fd00000000000000000000000000001006000400003500004800028014000100fd000000000000000000000000000002060002001f900000080003000000000008000400010000000800050000000000080006000000000006000b000a000000"
+    );
+    assert_eq!(
+        hex(dest_request(&key(), &real_v4(), 0, true, FAMILY), 7),
+        "740000001d0005000700000000000000060100002400018006000100020000000600020006000000080003000a60000a06000400005000003c000280080001000ab400010600020024a00000080003000000000008000400000000000800050000000000080006000000000006000b0002000000"
+    );
+    assert_eq!(
+        hex(delete_dest_request(&key_v6(), &real_v6(), FAMILY), 8),
+        "640000001d00050008000000000000000701000030000180060001000a000000060002001100000014000300fd00000000000000000000000000001006000400003500002000028014000100fd000000000000000000000000000002060002001f900000"
+    );
+    assert_eq!(
+        hex(delete_dest_request(&key(), &real_v4(), FAMILY), 11),
+        "4c0000001d0005000b00000000000000070100002400018006000100020000000600020006000000080003000a60000a060004000050000014000280080001000ab400010600020024a00000"
+    );
+    assert_eq!(
+        hex(list_dests_request(&key(), FAMILY), 2),
+        "380000001d0001030200000000000000080100002400018006000100020000000600020006000000080003000a60000a0600040000500000"
+    );
     let timeouts = Timeouts {
         tcp: 900,
         tcp_fin: 120,
         udp: 300,
     };
-    let (_, _, cmd, top) = decode(&set_timeouts_request(&timeouts, FAMILY, 3));
-    assert_eq!(cmd, 12, "IPVS_CMD_SET_CONFIG");
     assert_eq!(
-        top,
-        vec![
-            (4, 900u32.to_ne_bytes().to_vec()),
-            (5, 120u32.to_ne_bytes().to_vec()),
-            (6, 300u32.to_ne_bytes().to_vec())
-        ]
+        hex(set_timeouts_request(&timeouts, FAMILY), 3),
+        "2c0000001d00050003000000000000000c01000008000400840300000800050078000000080006002c010000"
+    );
+}
+
+#[test]
+fn requests_decode_to_what_was_asked() {
+    let (flags, message) = decode(service_request(&server(Some(10800)), false, FAMILY));
+    assert_eq!(flags, NLM_F_REQUEST | NLM_F_ACK);
+    assert_eq!(message.resolved_family_id(), FAMILY);
+    assert_eq!((message.header.cmd, message.header.version), (1, 1));
+    let answer = parse_service(&message).unwrap();
+    assert_eq!(answer, server(Some(10800)));
+
+    let (flags, message) = decode(list_dests_request(&key(), FAMILY));
+    assert_eq!((message.header.cmd, flags), (8, NLM_F_REQUEST | NLM_F_DUMP));
+    assert_eq!(
+        message.payload.attributes,
+        vec![IpvsAttribute::Service(vec![
+            ServiceAttribute::AddressFamily(2),
+            ServiceAttribute::Protocol(6),
+            ServiceAttribute::Address(vec![10, 96, 0, 10]),
+            ServiceAttribute::Port(80),
+        ])]
+    );
+
+    let (_, message) = decode(dest_request(&key_v6(), &real_v6(), 0, true, FAMILY));
+    assert_eq!(message.header.cmd, 6, "IPVS_CMD_SET_DEST");
+    let status = parse_dest(&message, 10).unwrap();
+    assert_eq!(status.server, real_v6());
+    assert_eq!(
+        (status.weight, status.masquerading),
+        (0, true),
+        "drain weight"
     );
 }
 
@@ -158,34 +181,46 @@ fn service_reply(
     port: u16,
     flags: u32,
     fwmark: u32,
-) -> Answer {
-    let mut msg = MessageBuilder::new(FAMILY, 0, 1, &[4, 1, 0, 0]);
-    msg.begin_nested(1);
-    msg.attr_u16(1, af);
+) -> GenlMessage<IpvsMessage> {
+    let mut service = vec![ServiceAttribute::AddressFamily(af)];
     if fwmark != 0 {
-        msg.attr_u32(5, fwmark);
+        service.push(ServiceAttribute::Fwmark(fwmark));
     } else {
-        msg.attr_u16(2, proto);
-        msg.attr(3, &addr);
-        msg.attr(4, &port.to_be_bytes());
+        service.extend([
+            ServiceAttribute::Protocol(proto),
+            ServiceAttribute::Address(addr.to_vec()),
+            ServiceAttribute::Port(port),
+        ]);
     }
-    msg.attr_str(6, "wrr");
-    let mut f = flags.to_ne_bytes().to_vec();
-    f.extend(u32::MAX.to_ne_bytes());
-    msg.attr(7, &f);
-    msg.attr_u32(8, 600);
-    msg.attr_u32(9, u32::MAX);
-    msg.begin_nested(10);
-    msg.attr_u32(1, 42);
-    msg.end_nested();
-    msg.end_nested();
-    let bytes = msg.finish();
-    let Message::Data { msg_type, body } = &split_messages(&bytes).unwrap()[0] else {
-        panic!()
-    };
-    Answer {
-        msg_type: *msg_type,
-        body: body.to_vec(),
+    service.extend([
+        ServiceAttribute::Scheduler("wrr".into()),
+        ServiceAttribute::Flags {
+            flags,
+            mask: u32::MAX,
+        },
+        ServiceAttribute::Timeout(600),
+        ServiceAttribute::Netmask(u32::MAX),
+        // IPVS_SVC_ATTR_STATS, nested: IPVS_STATS_ATTR_CONNS 42.
+        ServiceAttribute::Other(DefaultNla::new(
+            10 | NLA_F_NESTED,
+            vec![8, 0, 1, 0, 42, 0, 0, 0],
+        )),
+    ]);
+    let mut message = GenlMessage::from_payload(IpvsMessage {
+        command: 4,
+        attributes: vec![IpvsAttribute::Service(service)],
+    });
+    message.set_resolved_family_id(FAMILY);
+    reply(message)
+}
+
+/// `message` through the kernel's bytes.
+fn reply(message: GenlMessage<IpvsMessage>) -> GenlMessage<IpvsMessage> {
+    let mut message = request(0, message);
+    let bytes = encode(&mut message, 1);
+    match split_datagram(&bytes).unwrap().pop() {
+        Some(Received::Data(answer)) => answer,
+        other => panic!("{other:?}"),
     }
 }
 
@@ -212,25 +247,20 @@ fn list_replies_decode() {
         "fwmark services are not ours"
     );
 
-    let mut msg = MessageBuilder::new(FAMILY, 0, 1, &[8, 1, 0, 0]);
-    msg.begin_nested(2);
-    msg.attr(1, &v4);
-    msg.attr(2, &8080u16.to_be_bytes());
-    msg.attr_u32(3, 0);
-    msg.attr_u32(4, 0);
-    msg.attr_u32(7, 3);
-    msg.attr_u32(8, 5);
-    msg.attr_u16(11, 2);
-    msg.end_nested();
-    let bytes = msg.finish();
-    let Message::Data { msg_type, body } = &split_messages(&bytes).unwrap()[0] else {
-        panic!()
-    };
-    let answer = Answer {
-        msg_type: *msg_type,
-        body: body.to_vec(),
-    };
-    let status = parse_dest(&answer, 2).unwrap();
+    let mut message = GenlMessage::from_payload(IpvsMessage {
+        command: 8,
+        attributes: vec![IpvsAttribute::Dest(vec![
+            DestAttribute::Address(v4.to_vec()),
+            DestAttribute::Port(8080),
+            DestAttribute::ForwardMethod(0),
+            DestAttribute::Weight(0),
+            DestAttribute::ActiveConnections(3),
+            DestAttribute::InactiveConnections(5),
+            DestAttribute::AddressFamily(2),
+        ])],
+    });
+    message.set_resolved_family_id(FAMILY);
+    let status = parse_dest(&reply(message), 2).unwrap();
     assert_eq!(status.server.to_string(), "10.96.0.10:8080");
     assert_eq!(
         (
@@ -241,4 +271,26 @@ fn list_replies_decode() {
         ),
         (0, true, 3, 5)
     );
+}
+
+#[test]
+fn replies_without_a_service_or_dest_are_skipped() {
+    let message = reply({
+        let mut m = GenlMessage::from_payload(IpvsMessage {
+            command: 4,
+            attributes: Vec::new(),
+        });
+        m.set_resolved_family_id(FAMILY);
+        m
+    });
+    assert!(parse_service(&message).is_none());
+    assert!(parse_dest(&message, 2).is_none());
+    // An ack ends the answer.
+    let ack: Vec<Received<GenlMessage<IpvsMessage>>> = split_datagram(&[
+        0x24, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0x1d, 0, 5,
+        0, 1, 0, 0, 0, 0, 0, 0, 0,
+    ])
+    .unwrap();
+    assert_eq!(ack, vec![Received::Complete]);
+    let _ = NetlinkPayload::<IpvsMessage>::Noop;
 }
