@@ -7,9 +7,9 @@
 //! - `guest::ipvs_scenarios`: ONE boot for all ipvs work: the scenario runner in ipvs mode
 //!   over every shared scenario and the main IPv6 variants ([`IPV6_FILES`]), then the
 //!   privileged ipvs_kernel test binary, and the ipvs tests of the agent_restart and
-//!   drift_repair binaries ([`GUEST_TEST_BINARIES`]), each when built. Fails with the
-//!   runner's FAIL lines and the failing binaries' output (a skipped ipvs test fails: the
-//!   guest has IPVS). Skipped with the reason when this host runs ipvs itself
+//!   drift_repair modules of the privileged binary ([`GUEST_TEST_BINARIES`]), each when
+//!   built. Fails with the runner's FAIL lines and the failing binaries' output (a skipped
+//!   ipvs test fails: the guest has IPVS). Skipped with the reason when this host runs ipvs itself
 //!   (tests/tests/scenarios.rs and those binaries then do), or the agent has no ipvs
 //!   proxier yet.
 //! - `guest::sctp_scenarios`: ONE boot replaying the SCTP flows (`--only-proto sctp`; the
@@ -162,9 +162,12 @@ fn ipvs_kernel_binary() -> Option<PathBuf> {
     test_binary("ipvs_kernel")
 }
 
-/// The test binaries (beside ipvs_kernel) whose ipvs tests the guest runs, as (binary,
+/// The tests (beside ipvs_kernel) the guest runs, as (name of their log, test binary,
 /// filter selecting them): they skip on a host without IPVS.
-const GUEST_TEST_BINARIES: &[(&str, &str)] = &[("agent_restart", "ipvs"), ("drift_repair", "ipvs")];
+const GUEST_TEST_BINARIES: &[(&str, &str, &str)] = &[
+    ("agent_restart", "privileged", "agent_restart::ipvs_"),
+    ("drift_repair", "privileged", "drift_repair::ipvs_"),
+];
 
 /// The newest build of test binary `name` beside this one, if any.
 fn test_binary(name: &str) -> Option<PathBuf> {
@@ -264,10 +267,12 @@ fn ipvs_scenarios() -> Result<(), Failed> {
     let kernel_tests = ipvs_kernel_binary();
     let other_tests: Vec<(&str, PathBuf, &str)> = GUEST_TEST_BINARIES
         .iter()
-        .filter_map(|(name, filter)| match test_binary(name) {
+        .filter_map(|(name, target, filter)| match test_binary(target) {
             Some(binary) => Some((*name, binary, *filter)),
             None => {
-                eprintln!("{name} is not built: its ipvs tests do not run in the guest");
+                eprintln!(
+                    "{target} is not built: the ipvs tests of {name} do not run in the guest"
+                );
                 None
             }
         })

@@ -187,6 +187,15 @@ impl Loaded {
     }
 }
 
+impl Loaded {
+    /// A program of the loaded object, for tests that run it with `BPF_PROG_TEST_RUN`
+    /// (tests/tests/privileged/bpf_test_run.rs).
+    #[cfg(feature = "test-fixtures")]
+    pub fn program_mut(&mut self, name: &str) -> Option<&mut aya::programs::Program> {
+        self.ebpf.program_mut(name)
+    }
+}
+
 pub fn maps_dir(root: &Path) -> PathBuf {
     root.join("maps")
 }
