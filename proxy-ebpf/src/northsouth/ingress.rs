@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 //! Ingress on the node's uplink devices: north-south load balancing. The same logic runs
-//! in tc and, when enabled, in XDP before it (see [`super::io`]).
+//! in tc and, when enabled, in XDP before it (see [`super::packet_io`]).
 
 use proxy_common::{CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, CtValue, proto, svc_flags};
 
 use super::{
     PacketFamily, ct, icmp,
-    io::{PacketIo, Plan},
     nat::{AddrRewrite, Side, rewrite_port},
-    parse::{self, ETH_P_IP, ETH_P_IPV6, Packet, TCP_ACK, TCP_SYN},
+    packet_io::{PacketIo, Plan},
+    parse::{self, ETH_P_IP, ETH_P_IPV6, TCP_ACK, TCP_SYN},
     reply,
     route::Next,
 };
@@ -20,6 +20,7 @@ use crate::{
         select_backend,
     },
     maps::CT_SCRATCH,
+    packet::Packet,
 };
 
 #[inline(always)]

@@ -20,12 +20,14 @@ use proxy_common::{CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_SNAT, CtValue, proto};
 
 use super::{
     PacketFamily,
-    io::PacketIo,
     nat::{AddrRewrite, Side},
-    parse::Packet,
+    packet_io::PacketIo,
     route::Next,
 };
-use crate::maps::{REPLY_SCRATCH, REPLY_SCRATCH_LEN};
+use crate::{
+    maps::{REPLY_SCRATCH, REPLY_SCRATCH_LEN},
+    packet::Packet,
+};
 
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_ICMPV6: u8 = 58;

@@ -12,9 +12,9 @@ use proxy_common::{
 
 use super::{
     PacketFamily,
-    parse::{Packet, TCP_FIN, TCP_RST},
+    parse::{TCP_FIN, TCP_RST},
 };
-use crate::maps::LB_CONFIG_V1;
+use crate::{maps::LB_CONFIG_V1, packet::Packet};
 
 const DEFAULT_TCP_LIFETIME: u32 = 21_600;
 const DEFAULT_UDP_LIFETIME: u32 = 60;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 //! North-south load balancing with BPF conntrack: tc programs on the node's devices, and
-//! the same translation in XDP on the uplinks as an accelerator (see [`io`]).
+//! the same translation in XDP on the uplinks as an accelerator (see [`packet_io`]).
 //!
 //! - uplink ingress (XDP, then tc): new flows to a NodePort / externalIP / LB IP from outside are
 //!   translated (backend chosen, DNAT, SNAT to the node for eTP=Cluster), recorded in CT,
@@ -17,8 +17,8 @@ pub mod ct;
 pub mod egress;
 pub mod icmp;
 pub mod ingress;
-pub mod io;
 pub mod nat;
+pub mod packet_io;
 pub mod parse;
 pub mod pod;
 pub mod reject;
@@ -30,9 +30,9 @@ use proxy_common::{Ct4Key, Ct6Key, CtValue, Frag4Key, Frag6Key, FragPorts};
 use crate::{
     lb::{Family, V4, V6},
     maps::{CT4_V1, CT6_V1, FRAG4_V1, FRAG6_V1, PKT4_SCRATCH, PKT6_SCRATCH},
+    packet::Packet,
 };
-use io::PacketIo;
-use parse::Packet;
+use packet_io::PacketIo;
 
 /// The packet-level side of an address family.
 pub trait PacketFamily: Family {

@@ -6,11 +6,11 @@ use proxy_common::{CT_DIR_REPLY, CT_F_SNAT, CtValue};
 
 use super::{
     PacketFamily, ct,
-    io::PacketIo,
     nat::{AddrRewrite, Side, rewrite_port},
-    parse::Packet,
+    packet_io::PacketIo,
     route::Next,
 };
+use crate::packet::Packet;
 
 /// The flow `p` answers, if it answers one (refreshing its lifetime).
 #[inline(always)]

@@ -6,11 +6,11 @@
 
 use aya_ebpf::{bindings::bpf_fib_lookup, helpers::generated::bpf_fib_lookup as fib_lookup};
 
-use super::{PacketFamily, io::PacketIo};
+use super::{PacketFamily, packet_io::PacketIo};
 use crate::{
     lb::{V4, V6},
     maps::FIB_SCRATCH,
-    nodeport::parse::Packet,
+    packet::Packet,
 };
 
 /// Where a rewritten packet goes: its new addresses and ports.

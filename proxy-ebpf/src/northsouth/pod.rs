@@ -15,10 +15,13 @@ use super::{
     ct, egress, icmp,
     ingress::{self, Masquerade},
     nat::AddrRewrite,
-    parse::{self, ETH_P_IP, ETH_P_IPV6, Packet},
+    parse::{self, ETH_P_IP, ETH_P_IPV6},
     reply,
 };
-use crate::lb::{V4, V6, pods_are_local};
+use crate::{
+    lb::{V4, V6, pods_are_local},
+    packet::Packet,
+};
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> i32 {

@@ -30,7 +30,7 @@ use super::{
     reject,
     route::{self, FibAddrs, Next},
 };
-use crate::{maps::FIB_SCRATCH, nodeport::parse::Packet};
+use crate::{maps::FIB_SCRATCH, packet::Packet};
 
 /// How a translated packet leaves: up the stack as it is now (which routes it), back out
 /// of the device it came in by with the MAC addresses of the FIB lookup (XDP), or (tc) to

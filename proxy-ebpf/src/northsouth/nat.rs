@@ -11,8 +11,11 @@ use aya_ebpf::{
 };
 use proxy_common::{crc32c::port_change_delta, proto};
 
-use super::{PacketFamily, io::PacketIo, parse::Packet};
-use crate::lb::{V4, V6};
+use super::{PacketFamily, packet_io::PacketIo};
+use crate::{
+    lb::{V4, V6},
+    packet::Packet,
+};
 
 /// Offset of the L4 checksum and extra flags for `bpf_l4_csum_replace`, when the protocol
 /// has a ones'-complement checksum over a pseudo header.
