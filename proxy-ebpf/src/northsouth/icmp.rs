@@ -73,9 +73,9 @@ pub fn handle<F: AddrRewrite>(ctx: &TcContext, p: &Packet<F::Addr>) -> i32 {
     }
     // The quote is a packet of the flow as one side saw it, so its reversed tuple is that
     // side's key: the backend's (reply) or the client's (forward).
-    let (toward_client, v) = match lookup::<F>(&quote, CT_DIR_REPLY) {
+    let (toward_client, v) = match lookup::<F>(quote, CT_DIR_REPLY) {
         Some(v) => (true, v),
-        None => match lookup::<F>(&quote, CT_DIR_FORWARD) {
+        None => match lookup::<F>(quote, CT_DIR_FORWARD) {
             Some(v) => (false, v),
             None => return TcContext::PASS,
         },

@@ -109,7 +109,7 @@ impl PacketFamily for V4 {
     #[inline(always)]
     fn frag_get(p: &Packet<u32>) -> Option<FragPorts> {
         // SAFETY: the value is copied out at once.
-        unsafe { FRAG4_V1.get(&frag4_key(p)).copied() }
+        unsafe { FRAG4_V1.get(frag4_key(p)).copied() }
     }
     #[inline(always)]
     fn frag_put(p: &Packet<u32>) {
@@ -117,7 +117,7 @@ impl PacketFamily for V4 {
             sport: p.sport,
             dport: p.dport,
         };
-        let _ = FRAG4_V1.insert(&frag4_key(p), &ports, 0);
+        let _ = FRAG4_V1.insert(frag4_key(p), ports, 0);
     }
 }
 
@@ -166,7 +166,7 @@ impl PacketFamily for V6 {
     #[inline(always)]
     fn frag_get(p: &Packet<[u8; 16]>) -> Option<FragPorts> {
         // SAFETY: the value is copied out at once.
-        unsafe { FRAG6_V1.get(&frag6_key(p)).copied() }
+        unsafe { FRAG6_V1.get(frag6_key(p)).copied() }
     }
     #[inline(always)]
     fn frag_put(p: &Packet<[u8; 16]>) {
@@ -174,7 +174,7 @@ impl PacketFamily for V6 {
             sport: p.sport,
             dport: p.dport,
         };
-        let _ = FRAG6_V1.insert(&frag6_key(p), &ports, 0);
+        let _ = FRAG6_V1.insert(frag6_key(p), ports, 0);
     }
 }
 

@@ -79,6 +79,7 @@ impl AddrRewrite for V6 {
         if !p.later_fragment
             && let Some((csum_off, extra)) = l4_csum(p.proto)
         {
+            // SAFETY: both buffers are 16-byte locals, the sizes passed.
             let diff = unsafe {
                 bpf_csum_diff(
                     old.as_mut_ptr().cast(),

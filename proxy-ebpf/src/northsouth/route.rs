@@ -45,15 +45,14 @@ pub fn lookup<C: PacketIo, F: FibAddrs>(ctx: &C, p: &Packet<F::Addr>, next: &Nex
     params.ifindex = ctx.ifindex();
     F::fib_addrs(params, &next.saddr, &next.daddr);
     // SAFETY: the parameters live in a map value of the right size.
-    let rc = unsafe {
+    unsafe {
         fib_lookup(
             ctx.raw(),
             params,
             core::mem::size_of::<bpf_fib_lookup>() as i32,
             0,
         )
-    };
-    rc
+    }
 }
 
 /// The output device of this run's last lookup.
