@@ -22,15 +22,13 @@ use super::{
     PacketFamily,
     nat::{AddrRewrite, Side},
     packet_io::PacketIo,
-    route::Next,
+    parse::{IPPROTO_ICMP, IPPROTO_ICMPV6},
+    route::{self, Next},
 };
 use crate::{
     maps::{REPLY_SCRATCH, REPLY_SCRATCH_LEN},
     packet::Packet,
 };
-
-pub const IPPROTO_ICMP: u8 = 1;
-pub const IPPROTO_ICMPV6: u8 = 58;
 
 /// Bytes of the quoted headers whose checksum effect is taken as a whole: the IP header
 /// and the ports (a multiple of 4, as `bpf_csum_diff` wants).
@@ -152,10 +150,7 @@ fn translate<F: AddrRewrite>(
         sport: 0,
         dport: 0,
     };
-    match ctx.plan::<F>(p, &next, false) {
-        Some(plan) => ctx.send(plan),
-        None => TcContext::PASS,
-    }
+    route::tc_send(route::tc_plan::<F>(ctx, p, &next))
 }
 
 /// Copies the first `len` (QUOTE4 or QUOTE6) bytes of the quote into `dst`.

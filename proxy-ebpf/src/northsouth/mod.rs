@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 //! North-south load balancing with BPF conntrack: tc programs on the node's devices, and
-//! the same translation in XDP on the uplinks as an accelerator (see [`packet_io`]).
+//! the same translation in XDP on the uplinks as an accelerator (see [`forward`]).
 //!
 //! - uplink ingress (XDP, then tc): new flows to a NodePort / externalIP / LB IP from outside are
 //!   translated (backend chosen, DNAT, SNAT to the node for eTP=Cluster), recorded in CT,
@@ -15,6 +15,7 @@
 
 pub mod ct;
 pub mod egress;
+pub mod forward;
 pub mod icmp;
 pub mod ingress;
 pub mod nat;

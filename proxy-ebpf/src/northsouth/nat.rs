@@ -25,7 +25,7 @@ fn l4_csum(p: u8) -> Option<(usize, u64)> {
         proto::TCP => Some((16, 0)),
         proto::UDP => Some((6, BPF_F_MARK_MANGLED_0 as u64)),
         // ICMPv6 (never seen in IPv4 packets) sums a pseudo header; ICMP does not.
-        super::icmp::IPPROTO_ICMPV6 => Some((2, 0)),
+        super::parse::IPPROTO_ICMPV6 => Some((2, 0)),
         _ => None,
     }
 }

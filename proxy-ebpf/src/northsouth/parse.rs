@@ -16,6 +16,9 @@ const IPV6_HLEN: usize = 40;
 /// The IPv6 fragment extension header.
 const IPPROTO_FRAGMENT: u8 = 44;
 
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_ICMPV6: u8 = 58;
+
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;

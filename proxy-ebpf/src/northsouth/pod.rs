@@ -38,7 +38,7 @@ fn run<F: AddrRewrite + Masquerade>(ctx: &TcContext) -> i32 {
     let Some(p) = super::parse_into::<TcContext, F>(ctx) else {
         return TC_ACT_OK;
     };
-    if p.proto == icmp::IPPROTO_ICMP || p.proto == icmp::IPPROTO_ICMPV6 {
+    if p.proto == parse::IPPROTO_ICMP || p.proto == parse::IPPROTO_ICMPV6 {
         return icmp::handle::<F>(ctx, p);
     }
     if p.proto != proto::TCP && p.proto != proto::UDP && p.proto != proto::SCTP {

@@ -6,6 +6,7 @@ use proxy_common::{CT_DIR_REPLY, CT_F_SNAT, CtValue};
 
 use super::{
     PacketFamily, ct,
+    forward::Forward,
     nat::{AddrRewrite, Side, rewrite_port},
     packet_io::PacketIo,
     route::Next,
@@ -61,7 +62,7 @@ pub fn rewrite<C: PacketIo, F: AddrRewrite>(
 /// Rewrites and sends the answer towards the client; passes it up untouched when this
 /// layer does not handle where it goes.
 #[inline(never)]
-pub fn translate<C: PacketIo, F: AddrRewrite>(ctx: &C, p: &Packet<F::Addr>, v: &CtValue) -> i32 {
+pub fn translate<C: Forward, F: AddrRewrite>(ctx: &C, p: &Packet<F::Addr>, v: &CtValue) -> i32 {
     let next = next::<F>(p, v);
     // The new source is the frontend, often a node address: never handed to the stack.
     let Some(plan) = ctx.plan::<F>(p, &next, false) else {
