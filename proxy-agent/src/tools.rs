@@ -61,7 +61,7 @@ pub struct TraceArgs {
     /// Client address.
     #[arg(long, value_name = "IP")]
     pub from: IpAddr,
-    /// Destination, IP:PORT ([IPv6]:PORT).
+    /// Destination, `IP:PORT` (`[IPv6]:PORT`).
     #[arg(long, value_name = "IP:PORT")]
     pub to: SocketAddr,
     /// tcp, udp or sctp.

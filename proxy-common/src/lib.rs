@@ -39,6 +39,8 @@ pub mod proto {
 macro_rules! impl_pod {
     ($($t:ty),* $(,)?) => {
         $(
+            // SAFETY: as the macro's doc says: `#[repr(C)]`, `Copy`, integers only, no
+            // padding.
             #[allow(unsafe_code)]
             unsafe impl aya::Pod for $t {}
         )*

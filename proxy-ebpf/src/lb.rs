@@ -75,6 +75,7 @@ impl Family for V4 {
     }
     #[inline(always)]
     fn backend(id: u32) -> Option<Backend4Value> {
+        // SAFETY: the value is copied out before any other map operation.
         unsafe { BACKENDS4_V1.get(id).copied() }
     }
     #[inline(always)]
@@ -83,10 +84,12 @@ impl Family for V4 {
     }
     #[inline(always)]
     fn rev_nat(id: u16) -> Option<(u32, u16)> {
+        // SAFETY: the value is copied out before any other map operation.
         unsafe { REV_NAT4_V1.get(id).map(|v: &RevNat4Value| (v.addr, v.port)) }
     }
     #[inline(always)]
     fn is_nodeport_addr(addr: u32) -> bool {
+        // SAFETY: only whether the key is present is used.
         unsafe { NODEPORT_ADDRS4_V1.get(NodeAddr4Key { addr }).is_some() }
     }
     #[inline(always)]
@@ -168,10 +171,12 @@ impl Family for V6 {
     }
     #[inline(always)]
     fn svc(key: &Svc6Key) -> Option<SvcValue> {
+        // SAFETY: the value is copied out before any other map operation.
         unsafe { SVC6_V1.get(key).copied() }
     }
     #[inline(always)]
     fn backend(id: u32) -> Option<Backend6Value> {
+        // SAFETY: the value is copied out before any other map operation.
         unsafe { BACKENDS6_V1.get(id).copied() }
     }
     #[inline(always)]
@@ -180,10 +185,12 @@ impl Family for V6 {
     }
     #[inline(always)]
     fn rev_nat(id: u16) -> Option<([u8; 16], u16)> {
+        // SAFETY: the value is copied out before any other map operation.
         unsafe { REV_NAT6_V1.get(id).map(|v: &RevNat6Value| (v.addr, v.port)) }
     }
     #[inline(always)]
     fn is_nodeport_addr(addr: [u8; 16]) -> bool {
+        // SAFETY: only whether the key is present is used.
         unsafe { NODEPORT_ADDRS6_V1.get(NodeAddr6Key { addr }).is_some() }
     }
     #[inline(always)]
@@ -269,10 +276,10 @@ pub fn lookup_frontend<F: Family>(
         }
         None => {
             let wildcard = F::svc_key(addr, 0, 0, SCOPE_EXTERNAL, 0);
-            if let Some(w) = F::svc(&wildcard) {
-                if w.flags & svc_flags::WILDCARD != 0 {
-                    return Frontend::Reject;
-                }
+            if let Some(w) = F::svc(&wildcard)
+                && w.flags & svc_flags::WILDCARD != 0
+            {
+                return Frontend::Reject;
             }
             if F::in_service_cidr(addr) {
                 Frontend::Drop
@@ -352,6 +359,7 @@ pub fn select_backend<F: Family>(
         return None;
     }
     let affinity = svc.flags & svc_flags::AFFINITY != 0;
+    // SAFETY: a helper without pointer arguments.
     let now = (unsafe { bpf_ktime_get_coarse_ns() } / 1_000_000_000) as u32;
     let mut akey = AffinityKey::default();
     if affinity {
@@ -372,23 +380,25 @@ pub fn select_backend<F: Family>(
             }
         }
         akey.rev_nat_id = svc.rev_nat_id;
+        // SAFETY: the value is copied out before any other map operation.
         if let Some(prev) = unsafe { AFFINITY_V1.get(akey).copied() } {
             // slot 0's backend_id holds the affinity timeout in seconds.
-            if now.wrapping_sub(prev.last_used) <= svc.backend_id {
-                if let Some(backend) = F::backend(prev.backend_id) {
-                    let _ = AFFINITY_V1.insert(
-                        akey,
-                        AffinityValue {
-                            backend_id: prev.backend_id,
-                            last_used: now,
-                        },
-                        0,
-                    );
-                    return Some((prev.backend_id, backend));
-                }
+            if now.wrapping_sub(prev.last_used) <= svc.backend_id
+                && let Some(backend) = F::backend(prev.backend_id)
+            {
+                let _ = AFFINITY_V1.insert(
+                    akey,
+                    AffinityValue {
+                        backend_id: prev.backend_id,
+                        last_used: now,
+                    },
+                    0,
+                );
+                return Some((prev.backend_id, backend));
             }
         }
     }
+    // SAFETY: a helper without pointer arguments.
     let slot = (unsafe { bpf_get_prandom_u32() } % count) + 1;
     let mut slot_key = *key;
     F::set_slot(&mut slot_key, slot as u16);

@@ -5,7 +5,8 @@
 
 mod lb;
 mod maps;
-mod nodeport;
+mod northsouth;
+mod packet;
 mod sock;
 
 use aya_ebpf::{
@@ -57,25 +58,25 @@ pub fn sock_getpeername6(ctx: SockAddrContext) -> i32 {
 
 #[classifier]
 pub fn tc_uplink_ingress(ctx: TcContext) -> i32 {
-    nodeport::ingress::handle(&ctx)
+    northsouth::ingress::handle(&ctx)
 }
 
 /// The uplink ingress translation, earlier: what it does not finish goes on to tc.
 #[xdp]
 pub fn xdp_uplink(ctx: XdpContext) -> u32 {
-    let verdict = nodeport::ingress::handle(&ctx) as u32;
+    let verdict = northsouth::ingress::handle(&ctx) as u32;
     maps::count_xdp(verdict);
     verdict
 }
 
 #[classifier]
 pub fn tc_uplink_egress(ctx: TcContext) -> i32 {
-    nodeport::egress::handle(&ctx)
+    northsouth::egress::handle(&ctx)
 }
 
 #[classifier]
 pub fn tc_pod_ingress(ctx: TcContext) -> i32 {
-    nodeport::pod::handle(&ctx)
+    northsouth::pod::handle(&ctx)
 }
 
 #[cfg(not(test))]

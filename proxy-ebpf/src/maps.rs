@@ -3,7 +3,7 @@
 //! the agent pins them and overrides `max_entries` from its configuration at load time.
 //! The static names are the pinned names (see `proxy_common::maps`).
 
-use crate::nodeport::parse::Packet;
+use crate::packet::Packet;
 use aya_ebpf::{
     bindings::bpf_fib_lookup,
     btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, SkStorage},

@@ -63,10 +63,12 @@ pub trait SockFamily: Family {
 impl SockFamily for V4 {
     #[inline(always)]
     fn dst(sa: *mut bpf_sock_addr) -> (u32, u16) {
+        // SAFETY: the context's sock_addr is valid for the program's run.
         unsafe { ((*sa).user_ip4, (*sa).user_port as u16) }
     }
     #[inline(always)]
     fn set_dst(sa: *mut bpf_sock_addr, addr: u32, port: u16) {
+        // SAFETY: the context's sock_addr is valid for the program's run.
         unsafe {
             (*sa).user_ip4 = addr;
             (*sa).user_port = port as u32;
@@ -74,6 +76,7 @@ impl SockFamily for V4 {
     }
     #[inline(always)]
     fn bound_src(sa: *mut bpf_sock_addr) -> u32 {
+        // SAFETY: the context's sock_addr is valid for the program's run.
         unsafe {
             let sk = (*sa).__bindgen_anon_1.sk;
             if sk.is_null() { 0 } else { (*sk).src_ip4 }
@@ -81,6 +84,7 @@ impl SockFamily for V4 {
     }
     #[inline(always)]
     fn msg_src(sa: *mut bpf_sock_addr) -> u32 {
+        // SAFETY: the context's sock_addr is valid for the program's run.
         unsafe { (*sa).msg_src_ip4 }
     }
     #[inline(always)]
@@ -97,6 +101,7 @@ impl SockFamily for V4 {
             rev_nat_id: id,
         };
         // An identical entry (a UDP socket sending again) is left alone: no write per datagram.
+        // SAFETY: only compared at once, never kept.
         if unsafe { SOCK_REV_NAT4_V1.get(key) } != Some(&value) {
             let _ = SOCK_REV_NAT4_V1.insert(key, value, 0);
         }
@@ -109,6 +114,7 @@ impl SockFamily for V4 {
             port: backend.1,
             _pad: 0,
         };
+        // SAFETY: the value is copied out before any other map operation.
         unsafe {
             SOCK_REV_NAT4_V1
                 .get(key)
@@ -146,6 +152,7 @@ fn bytes_to_words(b: [u8; 16]) -> [u32; 4] {
 impl SockFamily for V6 {
     #[inline(always)]
     fn dst(sa: *mut bpf_sock_addr) -> ([u8; 16], u16) {
+        // SAFETY: the context's sock_addr is valid for the program's run.
         unsafe {
             let w = [
                 (*sa).user_ip6[0],
@@ -159,6 +166,7 @@ impl SockFamily for V6 {
     #[inline(always)]
     fn set_dst(sa: *mut bpf_sock_addr, addr: [u8; 16], port: u16) {
         let w = bytes_to_words(addr);
+        // SAFETY: the context's sock_addr is valid for the program's run.
         unsafe {
             (*sa).user_ip6[0] = w[0];
             (*sa).user_ip6[1] = w[1];
@@ -169,6 +177,7 @@ impl SockFamily for V6 {
     }
     #[inline(always)]
     fn bound_src(sa: *mut bpf_sock_addr) -> [u8; 16] {
+        // SAFETY: the context's sock_addr is valid for the program's run.
         unsafe {
             let sk = (*sa).__bindgen_anon_1.sk;
             if sk.is_null() {
@@ -185,6 +194,7 @@ impl SockFamily for V6 {
     }
     #[inline(always)]
     fn msg_src(sa: *mut bpf_sock_addr) -> [u8; 16] {
+        // SAFETY: the context's sock_addr is valid for the program's run.
         unsafe {
             let w = [
                 (*sa).msg_src_ip6[0],
@@ -208,6 +218,7 @@ impl SockFamily for V6 {
             port: frontend.1,
             rev_nat_id: id,
         };
+        // SAFETY: only compared at once, never kept.
         if unsafe { SOCK_REV_NAT6_V1.get(key) } != Some(&value) {
             let _ = SOCK_REV_NAT6_V1.insert(key, value, 0);
         }
@@ -220,6 +231,7 @@ impl SockFamily for V6 {
             port: backend.1,
             _pad: [0; 6],
         };
+        // SAFETY: the value is copied out before any other map operation.
         unsafe {
             SOCK_REV_NAT6_V1
                 .get(key)
@@ -241,6 +253,7 @@ impl SockFamily for V6 {
 #[inline(always)]
 fn reject() -> i32 {
     // The syscall fails with ECONNREFUSED instead of the default EPERM.
+    // SAFETY: a helper without pointer arguments.
     unsafe { bpf_set_retval(-ECONNREFUSED) };
     0
 }
@@ -282,6 +295,7 @@ fn source_allowed<F: SockFamily, const SENDMSG: bool>(
 #[inline(always)]
 pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i32 {
     let sa = ctx.sock_addr;
+    // SAFETY: the context's sock_addr is valid for the program's run.
     let protocol = unsafe { (*sa).protocol } as u8;
     if protocol != proto::TCP && protocol != proto::UDP && protocol != proto::SCTP {
         return 1;
@@ -295,9 +309,11 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
         // and peer on every kernel (unlike socket storage, which 6.18 no longer reports
         // for UDP). A socket connecting to this address without translation (a pod
         // directly) must not keep one left by an earlier translated datagram to it.
+        // SAFETY: the context pointer is valid for the program's run.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
         F::forget_rev(cookie, (addr, port));
     }
+    // SAFETY: the context pointer is valid for the program's run.
     let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let (host_netns, cfg_flags) = host_and_flags();
     let from_host = netns == host_netns;
@@ -331,6 +347,7 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
     let target = F::backend_target(&backend);
     if SENDMSG || udp_connect {
         // Unconnected UDP: one socket may talk to many backends. Connected UDP: see above.
+        // SAFETY: the context pointer is valid for the program's run.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
         F::save_rev(cookie, target, (addr, port), svc.rev_nat_id);
     }
@@ -376,6 +393,7 @@ pub fn restore<F: SockFamily>(ctx: &SockAddrContext) -> i32 {
             return 1;
         }
     }
+    // SAFETY: the context pointer is valid for the program's run.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some((addr, port, id)) = F::load_rev(cookie, peer) {
         match F::rev_nat(id) {

@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod lint;
 mod scenarios;
 mod setup;
 mod test;
@@ -15,7 +16,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(
     name = "xtask",
-    about = "Project tasks: setup, build, test, scenarios, demo, bench, vm"
+    about = "Project tasks: setup, build, lint, test, scenarios, demo, bench, vm"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -33,7 +34,11 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
-    /// The README's test command: setup when needed, build everything, run every test.
+    /// The lint gate: rustfmt, clippy (host crates and the eBPF crate), rustdoc, unused
+    /// dependencies and import cycles, warnings denied everywhere.
+    Lint(lint::LintArgs),
+    /// The README's test command: setup when needed, the lint gate, build everything, run
+    /// every test.
     Test(test::TestArgs),
     /// Benchmarks (root): `bench clusterip|nodeport|sync [--quick]`.
     Bench(bench::BenchArgs),
@@ -60,6 +65,7 @@ fn main() -> anyhow::Result<()> {
             setup::ensure_ready()?;
             util::build_workspace(release)
         }
+        Task::Lint(args) => lint::run(&args),
         Task::Test(args) => test::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Demo(args) => demo::run(&args),

@@ -39,6 +39,11 @@ const APT_PACKAGES: &[&str] = &[
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The unused-dependency check of `cargo xtask lint`. cargo-shear's current releases need a
+/// newer rustc than 1.95 (rust-analyzer crates); cargo-machete 0.9.2 builds on it.
+const CARGO_MACHETE_VERSION: &str = "0.9.2";
+/// rustup components: `core`'s source for build-std (bpfel target), and the lint tools.
+const RUST_COMPONENTS: &[&str] = &["rust-src", "clippy", "rustfmt"];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
 #[derive(Args, Default)]
@@ -59,13 +64,18 @@ pub fn run(args: &SetupArgs) -> anyhow::Result<()> {
         install_packages(&missing)?;
     }
 
-    step("rust-src component (build-std for the bpfel target)");
-    if has_rust_src() {
+    step("rustup components (rust-src for build-std on the bpfel target, clippy, rustfmt)");
+    let missing = missing_components();
+    if missing.is_empty() {
         println!("    installed");
     } else if args.check {
-        println!("    missing");
+        println!("    missing: {}", missing.join(" "));
     } else {
-        run_cmd(Command::new("rustup").args(["component", "add", "rust-src"]))?;
+        run_cmd(
+            Command::new("rustup")
+                .args(["component", "add"])
+                .args(&missing),
+        )?;
     }
 
     step(&format!("bpf-linker {BPF_LINKER_VERSION} against LLVM 22"));
@@ -90,6 +100,23 @@ pub fn run(args: &SetupArgs) -> anyhow::Result<()> {
         }
     }
 
+    step(&format!("cargo-machete {CARGO_MACHETE_VERSION}"));
+    if has_cargo_machete() {
+        println!("    installed");
+    } else if args.check {
+        println!("    missing");
+    } else {
+        run_cmd(crate::util::cargo().args([
+            "install",
+            &format!("cargo-machete@{CARGO_MACHETE_VERSION}"),
+            "--locked",
+            "--force",
+        ]))?;
+        if !has_cargo_machete() {
+            bail!("cargo-machete still not usable after installing it");
+        }
+    }
+
     step("bpffs at /sys/fs/bpf");
     if bpffs_mounted() {
         println!("    mounted");
@@ -106,8 +133,9 @@ pub fn run(args: &SetupArgs) -> anyhow::Result<()> {
 /// Runs setup only when something is missing (fast path: a few checks).
 pub fn ensure_ready() -> anyhow::Result<()> {
     if missing_packages().is_empty()
-        && has_rust_src()
+        && missing_components().is_empty()
         && bpf_linker_state() == LinkerState::Good
+        && has_cargo_machete()
         && bpffs_mounted()
     {
         return Ok(());
@@ -138,9 +166,22 @@ fn install_packages(missing: &[&str]) -> anyhow::Result<()> {
     .context("apt-get install (are you root?)")
 }
 
-fn has_rust_src() -> bool {
-    output(Command::new("rustup").args(["component", "list", "--installed"]))
-        .is_some_and(|list| list.lines().any(|l| l.starts_with("rust-src")))
+fn missing_components() -> Vec<&'static str> {
+    let installed = output(Command::new("rustup").args(["component", "list", "--installed"]))
+        .unwrap_or_default();
+    RUST_COMPONENTS
+        .iter()
+        .copied()
+        .filter(|c| !installed.lines().any(|l| l.starts_with(c)))
+        .collect()
+}
+
+/// cargo's list of the binaries it installed tells cargo-machete's version.
+fn has_cargo_machete() -> bool {
+    output(crate::util::cargo().args(["install", "--list"])).is_some_and(|list| {
+        list.lines()
+            .any(|l| l.starts_with(&format!("cargo-machete v{CARGO_MACHETE_VERSION}:")))
+    })
 }
 
 #[derive(Debug, PartialEq, Eq)]

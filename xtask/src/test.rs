@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `cargo xtask test`: setup when needed, build everything (the eBPF object required), then
-//! run every test with the test runner, whose own summary closes the run.
+//! `cargo xtask test`: setup when needed, the lint gate (`cargo xtask lint`), build
+//! everything (the eBPF object required), then run every test with the test runner, whose
+//! own summary closes the run.
 
 use clap::Args;
 
 use crate::{
-    setup,
+    lint, setup,
     util::{cargo, step},
 };
 
@@ -36,7 +37,9 @@ pub fn run_tests(args: &TestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The lint gate first, so that CI (`cargo xtask test`) fails on a lint.
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
+    lint::run(&lint::LintArgs::default())?;
     run_tests(args)
 }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The ClusterIP benchmark: builds the namespaces ([`net`](super::net)), starts the
+//! The ClusterIP benchmark: builds the namespaces ([`net`]), starts the
 //! echo server and the agent, then, rep after rep, for each service count (ascending in
 //! even reps, descending in odd ones) loads the maps, waits until the agent has synced them
 //! and the service map holds exactly that many frontends, and runs the client, which

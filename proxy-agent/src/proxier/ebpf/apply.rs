@@ -13,7 +13,7 @@
 //! maps a previous agent left behind without rewriting identical entries.
 //!
 //! When the maps are full, services are admitted whole or not at all, in a fixed order
-//! (see [`admission`]): what does not fit is reported and retried at every sync.
+//! (see `admission`): what does not fit is reported and retried at every sync.
 
 mod admission;
 

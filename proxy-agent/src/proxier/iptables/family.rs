@@ -269,7 +269,7 @@ impl FamilyProxier {
     }
 }
 
-/// Chain names declared in `iptables-save` output (":NAME POLICY [p:b]").
+/// Chain names declared in `iptables-save` output (`:NAME POLICY [p:b]`).
 pub fn chains_in_save(saved: &str) -> impl Iterator<Item = &str> {
     saved
         .lines()

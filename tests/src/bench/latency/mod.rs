@@ -3,7 +3,7 @@
 //! `network_programming_duration`: the time from a change reaching the API server to the
 //! first connection through the new frontend that the backend answers.
 //!
-//! The agent runs in the node namespace and cgroup ([`BenchNet`]), connected to the test
+//! The agent runs in the node namespace and cgroup (`BenchNet`), connected to the test
 //! API server (served from this process, bound inside the node namespace) that holds
 //! `services` filler services of 4 endpoints before the agent starts. Once it has synced
 //! them, changes are written into the API server's store at a fixed rate, each a new

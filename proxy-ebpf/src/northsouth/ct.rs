@@ -12,9 +12,9 @@ use proxy_common::{
 
 use super::{
     PacketFamily,
-    parse::{Packet, TCP_FIN, TCP_RST},
+    parse::{TCP_FIN, TCP_RST},
 };
-use crate::maps::LB_CONFIG_V1;
+use crate::{maps::LB_CONFIG_V1, packet::Packet};
 
 const DEFAULT_TCP_LIFETIME: u32 = 21_600;
 const DEFAULT_UDP_LIFETIME: u32 = 60;
@@ -22,6 +22,7 @@ const DEFAULT_CLOSING_LIFETIME: u32 = 10;
 
 #[inline(always)]
 pub fn now() -> u32 {
+    // SAFETY: a helper without pointer arguments.
     (unsafe { bpf_ktime_get_coarse_ns() } / 1_000_000_000) as u32
 }
 
@@ -139,6 +140,7 @@ pub fn snat_port<F: PacketFamily>(
     let span = (max - min) as u32 + 1;
     let mut i = 0;
     while i < 4 {
+        // SAFETY: a helper without pointer arguments.
         let port = (min as u32 + unsafe { bpf_get_prandom_u32() } % span) as u16;
         let port = port.to_be();
         if free(port) {

@@ -20,15 +20,15 @@ use proxy_common::{CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_SNAT, CtValue, proto};
 
 use super::{
     PacketFamily,
-    io::PacketIo,
     nat::{AddrRewrite, Side},
-    parse::Packet,
-    route::Next,
+    packet_io::PacketIo,
+    parse::{IPPROTO_ICMP, IPPROTO_ICMPV6},
+    route::{self, Next},
 };
-use crate::maps::{REPLY_SCRATCH, REPLY_SCRATCH_LEN};
-
-pub const IPPROTO_ICMP: u8 = 1;
-pub const IPPROTO_ICMPV6: u8 = 58;
+use crate::{
+    maps::{REPLY_SCRATCH, REPLY_SCRATCH_LEN},
+    packet::Packet,
+};
 
 /// Bytes of the quoted headers whose checksum effect is taken as a whole: the IP header
 /// and the ports (a multiple of 4, as `bpf_csum_diff` wants).
@@ -71,9 +71,9 @@ pub fn handle<F: AddrRewrite>(ctx: &TcContext, p: &Packet<F::Addr>) -> i32 {
     }
     // The quote is a packet of the flow as one side saw it, so its reversed tuple is that
     // side's key: the backend's (reply) or the client's (forward).
-    let (toward_client, v) = match lookup::<F>(&quote, CT_DIR_REPLY) {
+    let (toward_client, v) = match lookup::<F>(quote, CT_DIR_REPLY) {
         Some(v) => (true, v),
-        None => match lookup::<F>(&quote, CT_DIR_FORWARD) {
+        None => match lookup::<F>(quote, CT_DIR_FORWARD) {
             Some(v) => (false, v),
             None => return TcContext::PASS,
         },
@@ -150,10 +150,7 @@ fn translate<F: AddrRewrite>(
         sport: 0,
         dport: 0,
     };
-    match ctx.plan::<F>(p, &next, false) {
-        Some(plan) => ctx.send(plan),
-        None => TcContext::PASS,
-    }
+    route::tc_send(route::tc_plan::<F>(ctx, p, &next))
 }
 
 /// Copies the first `len` (QUOTE4 or QUOTE6) bytes of the quote into `dst`.

@@ -18,9 +18,12 @@ use proxy_common::proto;
 
 use super::{
     PacketFamily,
-    parse::{ETH_HLEN, Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    parse::{ETH_HLEN, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
-use crate::maps::{REPLY_SCRATCH, REPLY_SCRATCH_LEN};
+use crate::{
+    maps::{REPLY_SCRATCH, REPLY_SCRATCH_LEN},
+    packet::Packet,
+};
 
 type Buf = [u8; REPLY_SCRATCH_LEN];
 

@@ -18,10 +18,13 @@ use proxy_common::svc_flags;
 use super::{
     PacketFamily, ct,
     nat::AddrRewrite,
-    parse::{self, ETH_P_IP, ETH_P_IPV6, Packet},
+    parse::{self, ETH_P_IP, ETH_P_IPV6},
     reply,
 };
-use crate::lb::{Frontend, V4, V6, lookup_frontend, pods_are_local};
+use crate::{
+    lb::{Frontend, V4, V6, lookup_frontend, pods_are_local},
+    packet::Packet,
+};
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> i32 {

@@ -1,16 +1,16 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 //! Ingress on the node's uplink devices: north-south load balancing. The same logic runs
-//! in tc and, when enabled, in XDP before it (see [`super::io`]).
+//! in tc and, when enabled, in XDP before it (see [`super::forward`]).
 
 use proxy_common::{CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, CtValue, proto, svc_flags};
 
 use super::{
-    PacketFamily, ct, icmp,
-    io::{PacketIo, Plan},
+    PacketFamily, ct,
+    forward::Forward,
     nat::{AddrRewrite, Side, rewrite_port},
-    parse::{self, ETH_P_IP, ETH_P_IPV6, Packet, TCP_ACK, TCP_SYN},
+    parse::{self, ETH_P_IP, ETH_P_IPV6, TCP_ACK, TCP_SYN},
     reply,
-    route::Next,
+    route::{Next, Plan},
 };
 use aya_ebpf::programs::TcContext;
 
@@ -20,10 +20,11 @@ use crate::{
         select_backend,
     },
     maps::CT_SCRATCH,
+    packet::Packet,
 };
 
 #[inline(always)]
-pub fn handle<C: PacketIo>(ctx: &C) -> i32 {
+pub fn handle<C: Forward>(ctx: &C) -> i32 {
     match parse::ethertype(ctx) {
         Some(ETH_P_IP) => run::<C, V4>(ctx),
         Some(ETH_P_IPV6) => run::<C, V6>(ctx),
@@ -53,11 +54,11 @@ impl Masquerade for V6 {
 // One frame per family: inlining both into the program would add their stacks up. The
 // frame is kept small (it sits under every other call of the chain).
 #[inline(never)]
-fn run<C: PacketIo, F: AddrRewrite + Masquerade>(ctx: &C) -> i32 {
+fn run<C: Forward, F: AddrRewrite + Masquerade>(ctx: &C) -> i32 {
     let Some(p) = super::parse_into::<C, F>(ctx) else {
         return C::PASS;
     };
-    if p.proto == icmp::IPPROTO_ICMP || p.proto == icmp::IPPROTO_ICMPV6 {
+    if p.proto == parse::IPPROTO_ICMP || p.proto == parse::IPPROTO_ICMPV6 {
         return ctx.icmp::<F>(p);
     }
     if p.proto != proto::TCP && p.proto != proto::UDP && p.proto != proto::SCTP {
@@ -72,7 +73,7 @@ fn run<C: PacketIo, F: AddrRewrite + Masquerade>(ctx: &C) -> i32 {
 
 /// A packet towards a frontend: its flow's translation, or a new flow's.
 #[inline(always)]
-fn balance<C: PacketIo, F: AddrRewrite + Masquerade>(
+fn balance<C: Forward, F: AddrRewrite + Masquerade>(
     ctx: &C,
     p: &Packet<F::Addr>,
     side: ClientSide,
@@ -130,7 +131,7 @@ fn forward_entry<F: PacketFamily>(p: &Packet<F::Addr>) -> Option<&'static CtValu
 }
 
 #[inline(never)]
-fn new_flow<C: PacketIo, F: AddrRewrite + Masquerade>(
+fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
     ctx: &C,
     p: &Packet<F::Addr>,
     cfg: &proxy_common::LbConfig,
@@ -229,7 +230,7 @@ fn forward_next<F: PacketFamily>(p: &Packet<F::Addr>, v: &CtValue) -> Next<F::Ad
 }
 
 #[inline(never)]
-fn plan_forward<C: PacketIo, F: AddrRewrite>(
+fn plan_forward<C: Forward, F: AddrRewrite>(
     ctx: &C,
     p: &Packet<F::Addr>,
     v: &CtValue,
@@ -240,7 +241,7 @@ fn plan_forward<C: PacketIo, F: AddrRewrite>(
 
 /// Applies a flow's translation to one of its forward packets and sends it on.
 #[inline(never)]
-fn forward<C: PacketIo, F: AddrRewrite>(
+fn forward<C: Forward, F: AddrRewrite>(
     ctx: &C,
     p: &Packet<F::Addr>,
     v: &CtValue,

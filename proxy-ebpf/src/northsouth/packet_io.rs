@@ -1,56 +1,21 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 //! What the north-south path needs from the context it runs in — tc (socket buffers) or XDP
 //! (frames before the stack) — so that the translation logic is written once for both:
-//! bounded loads and stores, checksum fix-ups, and how a translated packet leaves.
-//!
-//! XDP is an accelerator in front of tc: whatever it does not handle completely it passes
-//! up untouched (`plan` answers `None`), and the tc program on the same device, which
-//! handles everything, sees the packet next. So XDP only ever takes the simple, common
-//! cases: transmit back out of the device it came in by, or deliver a DNATed packet to
-//! the stack when the stack can route it as it is.
+//! bounded loads and stores, and checksum fix-ups. How a translated packet leaves differs
+//! more between the two: see [`super::forward`].
 
 use core::{ffi::c_void, mem::MaybeUninit};
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{
-        BPF_F_MARK_MANGLED_0, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_NOT_FWDED,
-        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT, xdp_action,
-    },
+    bindings::{BPF_F_MARK_MANGLED_0, TC_ACT_OK, TC_ACT_SHOT, xdp_action},
     helpers::generated::{
-        bpf_l3_csum_replace, bpf_l4_csum_replace, bpf_redirect_neigh, bpf_xdp_load_bytes,
-        bpf_xdp_store_bytes,
+        bpf_l3_csum_replace, bpf_l4_csum_replace, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     programs::{TcContext, XdpContext},
 };
 
-use super::{
-    PacketFamily, icmp,
-    nat::AddrRewrite,
-    reject,
-    route::{self, FibAddrs, Next},
-};
-use crate::{maps::FIB_SCRATCH, nodeport::parse::Packet};
-
-/// How a translated packet leaves: up the stack as it is now (which routes it), back out
-/// of the device it came in by with the MAC addresses of the FIB lookup (XDP), or (tc) to
-/// a device, the neighbour resolved by the kernel. One integer rather than an enum with
-/// data: the verifier rejects the undefined payload bytes of the other variants when such
-/// an enum is spilled.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Plan(u32);
-
-impl Plan {
-    pub const STACK: Plan = Plan(0);
-    pub const TRANSMIT: Plan = Plan(u32::MAX);
-
-    /// To device `ifindex` (never 0 for a real device).
-    #[inline(always)]
-    pub fn redirect(ifindex: u32) -> Plan {
-        Plan(ifindex)
-    }
-}
-
+/// Bounded packet access and checksum fix-ups, for tc and XDP alike.
 pub trait PacketIo {
     /// The verdict that hands the packet on unchanged in meaning (tc: to the stack; XDP:
     /// to the stack, through tc).
@@ -68,21 +33,6 @@ pub trait PacketIo {
     /// The device the packet arrived on.
     fn ifindex(&self) -> u32;
     fn raw(&self) -> *mut c_void;
-    /// How the packet leaves once it is translated to `next`, decided before anything is
-    /// rewritten. `None`: not this layer's job; the caller passes the packet up untouched.
-    /// `stack_ok`: the translated packet may go up the stack (its new source is not one
-    /// of the node's addresses, which the stack would drop as martian).
-    fn plan<F: FibAddrs>(
-        &self,
-        p: &Packet<F::Addr>,
-        next: &Next<F::Addr>,
-        stack_ok: bool,
-    ) -> Option<Plan>;
-    fn send(&self, plan: Plan) -> i32;
-    /// Answers a packet for a frontend without endpoints (upstream's REJECT).
-    fn reject<F: PacketFamily>(&self, p: &Packet<F::Addr>) -> i32;
-    /// Handles an ICMP(v6) packet: errors about tracked flows are translated.
-    fn icmp<F: AddrRewrite>(&self, p: &Packet<F::Addr>) -> i32;
 }
 
 impl PacketIo for TcContext {
@@ -131,39 +81,6 @@ impl PacketIo for TcContext {
     #[inline(always)]
     fn raw(&self) -> *mut c_void {
         self.as_ptr()
-    }
-    #[inline(always)]
-    fn plan<F: FibAddrs>(
-        &self,
-        p: &Packet<F::Addr>,
-        next: &Next<F::Addr>,
-        _stack_ok: bool,
-    ) -> Option<Plan> {
-        // tc handles everything: when the FIB cannot tell, the stack decides.
-        let rc = route::lookup::<Self, F>(self, p, next);
-        Some(
-            if rc == BPF_FIB_LKUP_RET_SUCCESS as i64 || rc == BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
-                Plan::redirect(route::out_ifindex())
-            } else {
-                Plan::STACK
-            },
-        )
-    }
-    #[inline(always)]
-    fn send(&self, plan: Plan) -> i32 {
-        if plan == Plan::STACK || plan == Plan::TRANSMIT {
-            return TC_ACT_OK;
-        }
-        // SAFETY: a plain helper call; no neighbour parameters (the kernel resolves).
-        unsafe { bpf_redirect_neigh(plan.0, core::ptr::null_mut(), 0, 0) as i32 }
-    }
-    #[inline(always)]
-    fn reject<F: PacketFamily>(&self, p: &Packet<F::Addr>) -> i32 {
-        reject::reject::<F>(self, p)
-    }
-    #[inline(always)]
-    fn icmp<F: AddrRewrite>(&self, p: &Packet<F::Addr>) -> i32 {
-        icmp::handle::<F>(self, p)
     }
 }
 
@@ -232,49 +149,6 @@ impl PacketIo for XdpContext {
     #[inline(always)]
     fn raw(&self) -> *mut c_void {
         self.as_ptr()
-    }
-    #[inline(always)]
-    fn plan<F: FibAddrs>(
-        &self,
-        p: &Packet<F::Addr>,
-        next: &Next<F::Addr>,
-        stack_ok: bool,
-    ) -> Option<Plan> {
-        let rc = route::lookup::<Self, F>(self, p, next);
-        if rc == BPF_FIB_LKUP_RET_SUCCESS as i64 && route::out_ifindex() == self.ifindex() {
-            return Some(Plan::TRANSMIT);
-        }
-        // A local backend (another device, or the node itself): the stack routes the
-        // DNATed packet, unless its source is now the node's own address.
-        let local =
-            rc == BPF_FIB_LKUP_RET_SUCCESS as i64 || rc == BPF_FIB_LKUP_RET_NOT_FWDED as i64;
-        (local && stack_ok).then_some(Plan::STACK)
-    }
-    #[inline(always)]
-    fn send(&self, plan: Plan) -> i32 {
-        if plan != Plan::TRANSMIT {
-            crate::maps::count_xdp(proxy_common::maps::XDP_STAT_TRANSLATED_PASS);
-            return Self::PASS;
-        }
-        let Some(params) = FIB_SCRATCH.get_ptr(0) else {
-            return Self::DROP;
-        };
-        // SAFETY: per-CPU scratch filled by this run's FIB lookup.
-        let (dmac, smac) = unsafe { ((*params).dmac, (*params).smac) };
-        if !self.store(0, &dmac) || !self.store(6, &smac) {
-            return Self::DROP;
-        }
-        xdp_action::XDP_TX as i32
-    }
-    #[inline(always)]
-    fn reject<F: PacketFamily>(&self, _p: &Packet<F::Addr>) -> i32 {
-        // tc, next on the same device, answers it.
-        Self::PASS
-    }
-    #[inline(always)]
-    fn icmp<F: AddrRewrite>(&self, _p: &Packet<F::Addr>) -> i32 {
-        // Rare and intricate: tc handles it.
-        Self::PASS
     }
 }
 

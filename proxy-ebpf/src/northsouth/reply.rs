@@ -6,11 +6,12 @@ use proxy_common::{CT_DIR_REPLY, CT_F_SNAT, CtValue};
 
 use super::{
     PacketFamily, ct,
-    io::PacketIo,
+    forward::Forward,
     nat::{AddrRewrite, Side, rewrite_port},
-    parse::Packet,
+    packet_io::PacketIo,
     route::Next,
 };
+use crate::packet::Packet;
 
 /// The flow `p` answers, if it answers one (refreshing its lifetime).
 #[inline(always)]
@@ -61,7 +62,7 @@ pub fn rewrite<C: PacketIo, F: AddrRewrite>(
 /// Rewrites and sends the answer towards the client; passes it up untouched when this
 /// layer does not handle where it goes.
 #[inline(never)]
-pub fn translate<C: PacketIo, F: AddrRewrite>(ctx: &C, p: &Packet<F::Addr>, v: &CtValue) -> i32 {
+pub fn translate<C: Forward, F: AddrRewrite>(ctx: &C, p: &Packet<F::Addr>, v: &CtValue) -> i32 {
     let next = next::<F>(p, v);
     // The new source is the frontend, often a node address: never handed to the stack.
     let Some(plan) = ctx.plan::<F>(p, &next, false) else {

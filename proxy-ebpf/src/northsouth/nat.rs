@@ -11,8 +11,11 @@ use aya_ebpf::{
 };
 use proxy_common::{crc32c::port_change_delta, proto};
 
-use super::{PacketFamily, io::PacketIo, parse::Packet};
-use crate::lb::{V4, V6};
+use super::{PacketFamily, packet_io::PacketIo};
+use crate::{
+    lb::{V4, V6},
+    packet::Packet,
+};
 
 /// Offset of the L4 checksum and extra flags for `bpf_l4_csum_replace`, when the protocol
 /// has a ones'-complement checksum over a pseudo header.
@@ -22,7 +25,7 @@ fn l4_csum(p: u8) -> Option<(usize, u64)> {
         proto::TCP => Some((16, 0)),
         proto::UDP => Some((6, BPF_F_MARK_MANGLED_0 as u64)),
         // ICMPv6 (never seen in IPv4 packets) sums a pseudo header; ICMP does not.
-        super::icmp::IPPROTO_ICMPV6 => Some((2, 0)),
+        super::parse::IPPROTO_ICMPV6 => Some((2, 0)),
         _ => None,
     }
 }
@@ -76,6 +79,7 @@ impl AddrRewrite for V6 {
         if !p.later_fragment
             && let Some((csum_off, extra)) = l4_csum(p.proto)
         {
+            // SAFETY: both buffers are 16-byte locals, the sizes passed.
             let diff = unsafe {
                 bpf_csum_diff(
                     old.as_mut_ptr().cast(),

@@ -6,7 +6,8 @@
 
 use proxy_common::proto;
 
-use super::io::PacketIo;
+use super::packet_io::PacketIo;
+use crate::packet::Packet;
 
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP: u16 = 0x0800;
@@ -15,31 +16,8 @@ const IPV6_HLEN: usize = 40;
 /// The IPv6 fragment extension header.
 const IPPROTO_FRAGMENT: u8 = 44;
 
-/// One parsed packet, addresses and ports in network byte order.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Packet<A> {
-    pub saddr: A,
-    pub daddr: A,
-    /// Ports (0 when the protocol has none or this is a non-first fragment).
-    pub sport: u16,
-    pub dport: u16,
-    pub proto: u8,
-    /// Offset of the L3 header.
-    pub l3_off: usize,
-    /// Offset of the L4 header.
-    pub l4_off: usize,
-    /// A non-first fragment: no L4 header.
-    pub later_fragment: bool,
-    /// A fragment (first or later) of a datagram: `frag_id` identifies it.
-    pub fragment: bool,
-    /// The datagram's identification (IPv4: the 16-bit IP id; IPv6: the fragment header's).
-    pub frag_id: u32,
-    /// TCP flags (0 for other protocols).
-    pub tcp_flags: u8,
-    /// Length of the L3 packet (header and payload), host order.
-    pub l3_len: u16,
-}
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_ICMPV6: u8 = 58;
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;

@@ -4,13 +4,17 @@
 //! node address: a forwarded packet whose source is local would be dropped as martian);
 //! XDP transmits when the answer is the device the packet came in by.
 
-use aya_ebpf::{bindings::bpf_fib_lookup, helpers::generated::bpf_fib_lookup as fib_lookup};
+use aya_ebpf::{
+    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, bpf_fib_lookup},
+    helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect_neigh},
+    programs::TcContext,
+};
 
-use super::{PacketFamily, io::PacketIo};
+use super::{PacketFamily, packet_io::PacketIo};
 use crate::{
     lb::{V4, V6},
     maps::FIB_SCRATCH,
-    nodeport::parse::Packet,
+    packet::Packet,
 };
 
 /// Where a rewritten packet goes: its new addresses and ports.
@@ -20,6 +24,25 @@ pub struct Next<A> {
     pub daddr: A,
     pub sport: u16,
     pub dport: u16,
+}
+
+/// How a translated packet leaves: up the stack as it is now (which routes it), back out
+/// of the device it came in by with the MAC addresses of the FIB lookup (XDP), or (tc) to
+/// a device, the neighbour resolved by the kernel. One integer rather than an enum with
+/// data: the verifier rejects the undefined payload bytes of the other variants when such
+/// an enum is spilled.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Plan(u32);
+
+impl Plan {
+    pub const STACK: Plan = Plan(0);
+    pub const TRANSMIT: Plan = Plan(u32::MAX);
+
+    /// To device `ifindex` (never 0 for a real device).
+    #[inline(always)]
+    pub fn redirect(ifindex: u32) -> Plan {
+        Plan(ifindex)
+    }
 }
 
 /// Returned when the lookup could not even be made.
@@ -45,15 +68,14 @@ pub fn lookup<C: PacketIo, F: FibAddrs>(ctx: &C, p: &Packet<F::Addr>, next: &Nex
     params.ifindex = ctx.ifindex();
     F::fib_addrs(params, &next.saddr, &next.daddr);
     // SAFETY: the parameters live in a map value of the right size.
-    let rc = unsafe {
+    unsafe {
         fib_lookup(
             ctx.raw(),
             params,
             core::mem::size_of::<bpf_fib_lookup>() as i32,
             0,
         )
-    };
-    rc
+    }
 }
 
 /// The output device of this run's last lookup.
@@ -63,6 +85,28 @@ pub fn out_ifindex() -> u32 {
     FIB_SCRATCH
         .get_ptr(0)
         .map_or(0, |p| unsafe { (*p).ifindex })
+}
+
+/// tc's way out for a packet translated to `next`: tc handles everything, so when the FIB
+/// cannot tell, the stack decides.
+#[inline(always)]
+pub fn tc_plan<F: FibAddrs>(ctx: &TcContext, p: &Packet<F::Addr>, next: &Next<F::Addr>) -> Plan {
+    let rc = lookup::<TcContext, F>(ctx, p, next);
+    if rc == BPF_FIB_LKUP_RET_SUCCESS as i64 || rc == BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
+        Plan::redirect(out_ifindex())
+    } else {
+        Plan::STACK
+    }
+}
+
+/// Sends a packet from tc the way [`tc_plan`] chose.
+#[inline(always)]
+pub fn tc_send(plan: Plan) -> i32 {
+    if plan == Plan::STACK || plan == Plan::TRANSMIT {
+        return TC_ACT_OK;
+    }
+    // SAFETY: a plain helper call; no neighbour parameters (the kernel resolves).
+    unsafe { bpf_redirect_neigh(plan.0, core::ptr::null_mut(), 0, 0) as i32 }
 }
 
 /// Writes a family's addresses into the FIB lookup parameters.

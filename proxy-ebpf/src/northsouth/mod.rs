@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 //! North-south load balancing with BPF conntrack: tc programs on the node's devices, and
-//! the same translation in XDP on the uplinks as an accelerator (see [`io`]).
+//! the same translation in XDP on the uplinks as an accelerator (see [`forward`]).
 //!
 //! - uplink ingress (XDP, then tc): new flows to a NodePort / externalIP / LB IP from outside are
 //!   translated (backend chosen, DNAT, SNAT to the node for eTP=Cluster), recorded in CT,
@@ -15,10 +15,11 @@
 
 pub mod ct;
 pub mod egress;
+pub mod forward;
 pub mod icmp;
 pub mod ingress;
-pub mod io;
 pub mod nat;
+pub mod packet_io;
 pub mod parse;
 pub mod pod;
 pub mod reject;
@@ -30,9 +31,9 @@ use proxy_common::{Ct4Key, Ct6Key, CtValue, Frag4Key, Frag6Key, FragPorts};
 use crate::{
     lb::{Family, V4, V6},
     maps::{CT4_V1, CT6_V1, FRAG4_V1, FRAG6_V1, PKT4_SCRATCH, PKT6_SCRATCH},
+    packet::Packet,
 };
-use io::PacketIo;
-use parse::Packet;
+use packet_io::PacketIo;
 
 /// The packet-level side of an address family.
 pub trait PacketFamily: Family {
@@ -109,7 +110,7 @@ impl PacketFamily for V4 {
     #[inline(always)]
     fn frag_get(p: &Packet<u32>) -> Option<FragPorts> {
         // SAFETY: the value is copied out at once.
-        unsafe { FRAG4_V1.get(&frag4_key(p)).copied() }
+        unsafe { FRAG4_V1.get(frag4_key(p)).copied() }
     }
     #[inline(always)]
     fn frag_put(p: &Packet<u32>) {
@@ -117,7 +118,7 @@ impl PacketFamily for V4 {
             sport: p.sport,
             dport: p.dport,
         };
-        let _ = FRAG4_V1.insert(&frag4_key(p), &ports, 0);
+        let _ = FRAG4_V1.insert(frag4_key(p), ports, 0);
     }
 }
 
@@ -166,7 +167,7 @@ impl PacketFamily for V6 {
     #[inline(always)]
     fn frag_get(p: &Packet<[u8; 16]>) -> Option<FragPorts> {
         // SAFETY: the value is copied out at once.
-        unsafe { FRAG6_V1.get(&frag6_key(p)).copied() }
+        unsafe { FRAG6_V1.get(frag6_key(p)).copied() }
     }
     #[inline(always)]
     fn frag_put(p: &Packet<[u8; 16]>) {
@@ -174,7 +175,7 @@ impl PacketFamily for V6 {
             sport: p.sport,
             dport: p.dport,
         };
-        let _ = FRAG6_V1.insert(&frag6_key(p), &ports, 0);
+        let _ = FRAG6_V1.insert(frag6_key(p), ports, 0);
     }
 }
 

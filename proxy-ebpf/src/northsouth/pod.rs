@@ -15,10 +15,13 @@ use super::{
     ct, egress, icmp,
     ingress::{self, Masquerade},
     nat::AddrRewrite,
-    parse::{self, ETH_P_IP, ETH_P_IPV6, Packet},
+    parse::{self, ETH_P_IP, ETH_P_IPV6},
     reply,
 };
-use crate::lb::{V4, V6, pods_are_local};
+use crate::{
+    lb::{V4, V6, pods_are_local},
+    packet::Packet,
+};
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> i32 {
@@ -35,7 +38,7 @@ fn run<F: AddrRewrite + Masquerade>(ctx: &TcContext) -> i32 {
     let Some(p) = super::parse_into::<TcContext, F>(ctx) else {
         return TC_ACT_OK;
     };
-    if p.proto == icmp::IPPROTO_ICMP || p.proto == icmp::IPPROTO_ICMPV6 {
+    if p.proto == parse::IPPROTO_ICMP || p.proto == parse::IPPROTO_ICMPV6 {
         return icmp::handle::<F>(ctx, p);
     }
     if p.proto != proto::TCP && p.proto != proto::UDP && p.proto != proto::SCTP {
