@@ -107,6 +107,22 @@ pub fn time_scale() -> u32 {
         .max(1)
 }
 
+/// Returns from an ipvs-mode test on a kernel without IPVS (or without ipvsadm/ipset),
+/// saying where it runs instead.
+#[macro_export]
+macro_rules! require_ipvs {
+    () => {
+        if let Some(reason) = $crate::node_harness::ipvs_missing() {
+            eprintln!(
+                "SKIP {}: {reason}; the IPVS guest runs it (guest::ipvs_scenarios in \
+                 tests/tests/vm_guest.rs, or cargo xtask vm)",
+                module_path!()
+            );
+            return;
+        }
+    };
+}
+
 /// Why the agent cannot run ipvs mode here, if it cannot: the kernel has no IPVS (asked
 /// over generic netlink from a fresh namespace, which loads ip_vs where it is a module),
 /// or `ipvsadm` (the tests read the table with it) or `ipset` is missing. The qemu guest

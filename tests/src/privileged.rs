@@ -27,22 +27,6 @@ macro_rules! require_root {
     };
 }
 
-/// Returns from an ipvs-mode test on a kernel without IPVS (or without ipvsadm/ipset),
-/// saying where it runs instead.
-#[macro_export]
-macro_rules! require_ipvs {
-    () => {
-        if let Some(reason) = $crate::node_harness::ipvs_missing() {
-            eprintln!(
-                "SKIP {}: {reason}; the IPVS guest runs it (guest::ipvs_scenarios in \
-                 tests/tests/vm_guest.rs, or cargo xtask vm)",
-                module_path!()
-            );
-            return;
-        }
-    };
-}
-
 /// The cgroup v2 mount point.
 pub fn cgroup2_root() -> PathBuf {
     proxy_agent::proxier::ebpf::loader::detect_cgroup2_root()
