@@ -7,8 +7,7 @@ use std::{collections::BTreeMap, fmt::Debug, time::Duration};
 
 use proxy_agent::{
     k8s::watch::{Change, ClusterEvent},
-    model::{IpFamily, ObjectKind},
-    state::ClusterState,
+    model::{ClusterState, IpFamily, ObjectKind},
 };
 use tokio::sync::{mpsc, watch};
 

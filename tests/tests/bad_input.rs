@@ -15,8 +15,7 @@ use proxy_agent::{
         fixtures::{mk_endpoint, mk_endpointslice, mk_node, mk_service},
         watch::spawn_watchers,
     },
-    model::ObjectKind,
-    state::ClusterState,
+    model::{ClusterState, ObjectKind},
 };
 use tests::{
     apiserver::TestApiServer,

@@ -2,7 +2,7 @@
 //! Upstream's health-check tests (pkg/proxy/healthcheck/healthcheck_test.go, the newest
 //! version: TestServer, TestHealthzServer, TestLivezServer, TestServerWithSelectiveListeningAddress;
 //! and the IPVS proxier's Test_HealthCheckNodePortWhenTerminating) restated against the real
-//! servers over HTTP: the proxy health server (`health::router`: /healthz, /livez) and the
+//! servers over HTTP: the proxy health server (`serve::healthz_router`: /healthz, /livez) and the
 //! health-check node port servers (`ServiceHealthServers`), fed the way the agent feeds them
 //! (objects -> `ClusterState` -> `sync`). No privileges: everything listens on loopback.
 //!
@@ -16,10 +16,8 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use proxy_agent::{
-    health::{self, Family, ProxyHealth, TO_BE_DELETED_TAINT},
-    metrics::Metrics,
-    service_health::ServiceHealthServers,
+use proxy_agent::serve::{
+    self, Family, Metrics, ProxyHealth, ServiceHealthServers, TO_BE_DELETED_TAINT,
 };
 use serde_json::Value;
 use tests::scenario::{http::parse_timestamp, readiness::parse_any_time};
@@ -126,7 +124,7 @@ async fn health_server() -> HealthServer {
     let metrics = Metrics::new();
     let listener = TcpListener::bind((LOOPBACK, 0)).await.expect("bind");
     let addr = listener.local_addr().expect("local addr");
-    let app = health::router(health.clone(), Some(metrics.clone()));
+    let app = serve::healthz_router(health.clone(), Some(metrics.clone()));
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });

@@ -7,8 +7,8 @@ use tracing::{info, warn};
 
 use crate::{
     k8s::events::{EventSink, NodeEvent},
-    metrics::Metrics,
     proxier::SyncStats,
+    serve::Metrics,
 };
 
 /// Reports the capacity side of a successful sync. `short_before`: whether the previous

@@ -13,29 +13,22 @@ use k8s_openapi::api::core::v1::Node;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use super::{AgentError, ModeChoice, Result, node_facts::NodeFacts};
+use super::{
+    error::{AgentError, Result},
+    mode::ModeChoice,
+    node_facts::{NodeFacts, NodeSource},
+};
 use crate::{
-    config::{ProxyMode, Resolved},
-    health::{Family as HealthFamily, ProxyHealth},
+    config::Resolved,
     k8s::{
         events::{EventSink, NodeEvent},
         watch::{Change, ClusterEvent, ResourceKind},
     },
-    metrics::Metrics,
-    model::{IpFamily, NamespacedName},
-    node::{ProcSysctl, host_addresses},
-    proxier::{
-        NodeContext, Proxier, StaleConntrack, SyncRequest,
-        ebpf::{
-            EbpfProxier,
-            loader::{LoadOptions, MapSizes},
-        },
-        iptables::{IptablesConfig, IptablesProxier},
-        ipvs::{IpvsProxier, ipvs_config},
-    },
+    model::{ClusterState, IpFamily, NamespacedName, StaleConntrack},
+    node::host_addresses,
+    proxier::{self, HostLayout, ModeSettings, NodeContext, Proxier, SyncRequest},
     runner::SyncRunner,
-    service_health::ServiceHealthServers,
-    state::ClusterState,
+    serve::{Family as HealthFamily, Metrics, ProxyHealth, ServiceHealthServers},
 };
 
 pub struct EventLoop {
@@ -197,65 +190,6 @@ impl EventLoop {
         });
     }
 
-    fn start_proxier(
-        &self,
-        mode: ProxyMode,
-        facts: &NodeFacts,
-        node: &NodeContext,
-    ) -> std::result::Result<Box<dyn Proxier>, String> {
-        match mode {
-            ProxyMode::Iptables => {
-                let config = IptablesConfig {
-                    sync_period: self.runner_sync_period,
-                };
-                let proxier = IptablesProxier::new(config, node, &mut ProcSysctl::default())
-                    .map_err(|e| e.to_string())?;
-                Ok(Box::new(proxier))
-            }
-            ProxyMode::Ebpf => {
-                let config = &self.resolved.config;
-                let cgroup = if config.ebpf.cgroup_root.is_empty() {
-                    crate::proxier::ebpf::loader::detect_cgroup2_root()
-                        .map_err(|e| e.to_string())?
-                } else {
-                    config.ebpf.cgroup_root.clone().into()
-                };
-                let sizes = &config.ebpf.map_sizes;
-                let opts = LoadOptions {
-                    bpffs_root: super::bpffs_root(&self.resolved),
-                    cgroup,
-                    map_sizes: MapSizes {
-                        services: sizes.services,
-                        backends: sizes.backends,
-                        rev_nat: sizes.rev_nat,
-                        sock_rev_nat: sizes.sock_rev_nat,
-                        affinity: sizes.affinity,
-                        conntrack: sizes.conntrack,
-                        source_ranges: sizes.source_ranges,
-                    },
-                    devices: facts.devices.clone(),
-                    xdp: self.resolved.effective.xdp_mode,
-                };
-                let cookie =
-                    crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
-                let proxier =
-                    EbpfProxier::start(&opts, lb_config(cookie, node, &config.ebpf.conntrack))
-                        .map_err(|e| e.to_string())?;
-                Ok(Box::new(proxier))
-            }
-            ProxyMode::Ipvs => {
-                let config = ipvs_config(&self.resolved.config);
-                let proxier = IpvsProxier::new(config, &mut ProcSysctl::default())
-                    .map_err(|e| e.to_string())?;
-                Ok(Box::new(proxier))
-            }
-            other => Err(format!(
-                "{} mode is not available in this build yet",
-                other.as_str()
-            )),
-        }
-    }
-
     /// Creates the dataplane (falling back if it cannot start) and runs until a signal.
     pub async fn start(mut self, choice: ModeChoice, facts: NodeFacts) -> Result<()> {
         let config = &self.resolved.config;
@@ -275,18 +209,30 @@ impl EventLoop {
             localhost_nodeports: config.iptables.localhost_node_ports.unwrap_or(true),
         };
 
+        let layout = HostLayout::from_config(config);
+        let settings = ModeSettings {
+            config,
+            layout: &layout,
+            xdp: self.resolved.effective.xdp_mode,
+            sync_period: self.runner_sync_period,
+            devices: &facts.devices,
+            node: &node,
+        };
         let mut choice = choice;
-        let mut proxier = match self.start_proxier(choice.mode, &facts, &node) {
+        let mut proxier = match proxier::start(choice.mode, &settings) {
             Ok(p) => p,
-            Err(reason) if choice.mode != ProxyMode::Iptables => {
-                choice =
-                    super::mode::fallback(choice.mode, reason, self.resolved.options.strict_mode)?;
+            Err(reason) if proxier::fallback_of(choice.mode).is_some() => {
+                choice = super::mode::fallback(
+                    choice.mode,
+                    reason,
+                    self.resolved.options.strict_mode,
+                    &layout,
+                )?;
                 self.record_fallback(&choice);
-                self.start_proxier(choice.mode, &facts, &node)
-                    .map_err(|reason| AgentError::Dataplane {
-                        mode: choice.mode.as_str(),
-                        reason,
-                    })?
+                proxier::start(choice.mode, &settings).map_err(|reason| AgentError::Dataplane {
+                    mode: choice.mode.as_str(),
+                    reason,
+                })?
             }
             Err(reason) => {
                 return Err(AgentError::Dataplane {
@@ -301,11 +247,7 @@ impl EventLoop {
             requested = choice.requested.as_str(),
             "proxier running"
         );
-        crate::cleanup::cleanup_other_modes(
-            choice.mode,
-            &super::bpffs_root(&self.resolved),
-            &crate::proxier::ipvs::ipvs_config(&self.resolved.config).exclude_cidrs,
-        );
+        crate::cleanup::cleanup_other_modes(choice.mode, &layout.bpffs_root, &layout.ipvs_exclude);
         let mut service_health =
             ServiceHealthServers::new(self.health.clone(), node.nodeport_addresses.clone());
 
@@ -506,71 +448,19 @@ impl EventLoop {
     }
 }
 
-/// The dataplane's runtime configuration: the node's namespace, its masquerade addresses,
-/// how long idle north-south flows are remembered.
-fn lb_config(
-    host_netns_cookie: u64,
-    node: &NodeContext,
-    conntrack: &crate::config::EbpfConntrack,
-) -> proxy_common::LbConfig {
-    // Validation keeps these within u32 seconds; saturate rather than wrap regardless.
-    let secs = |d: crate::config::Duration| u32::try_from(d.to_std().as_secs()).unwrap_or(u32::MAX);
-    let mut cfg = proxy_common::LbConfig {
-        host_netns_cookie,
-        ct_tcp_lifetime: secs(conntrack.tcp_timeout),
-        ct_closing_lifetime: secs(conntrack.tcp_closing_timeout),
-        ct_udp_lifetime: secs(conntrack.udp_timeout),
-        ..Default::default()
-    };
-    for ip in node.primary_ips.iter() {
-        match ip {
-            std::net::IpAddr::V4(a) => cfg.masq4 = u32::from_ne_bytes(a.octets()),
-            std::net::IpAddr::V6(a) => cfg.masq6 = a.octets(),
-        }
+impl NodeSource for EventLoop {
+    fn node_object(&self) -> Option<&Node> {
+        EventLoop::node_object(self)
     }
-    cfg
+
+    async fn wait_for_node(&mut self, ready: impl Fn(&Node) -> bool) -> Result<Arc<Node>> {
+        EventLoop::wait_for_node(self, ready).await
+    }
 }
 
 fn health_family(f: IpFamily) -> HealthFamily {
     match f {
         IpFamily::V4 => HealthFamily::V4,
         IpFamily::V6 => HealthFamily::V6,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{config::EbpfConntrack, node::NodeAddresses};
-
-    #[test]
-    fn lb_config_carries_the_masquerade_addresses_and_the_conntrack_lifetimes() {
-        let node = NodeContext {
-            primary_ips: NodeAddresses {
-                v4: Some("192.168.0.2".parse().unwrap()),
-                v6: Some("fd00::2".parse().unwrap()),
-            },
-            ..Default::default()
-        };
-        let conntrack = EbpfConntrack {
-            tcp_timeout: crate::config::Duration::from_hours(2),
-            tcp_closing_timeout: crate::config::Duration::from_secs(7),
-            udp_timeout: crate::config::Duration::from_secs(45),
-        };
-        let cfg = lb_config(42, &node, &conntrack);
-        assert_eq!(cfg.host_netns_cookie, 42);
-        assert_eq!(cfg.masq4, u32::from_ne_bytes([192, 168, 0, 2]));
-        assert_eq!(
-            cfg.masq6,
-            "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets()
-        );
-        assert_eq!(
-            (
-                cfg.ct_tcp_lifetime,
-                cfg.ct_closing_lifetime,
-                cfg.ct_udp_lifetime
-            ),
-            (7200, 7, 45)
-        );
     }
 }

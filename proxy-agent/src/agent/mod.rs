@@ -4,6 +4,7 @@
 //! model and the proxier.
 
 mod capacity;
+mod error;
 mod event_loop;
 mod mode;
 mod node_facts;
@@ -13,51 +14,21 @@ use std::{net::SocketAddr, path::PathBuf};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-pub use self::mode::{ModeChoice, choose_mode, ipvs_unavailable};
+pub use self::{
+    error::{AgentError, Result},
+    mode::{ModeChoice, choose_mode},
+};
+pub use crate::proxier::ipvs::mode::ipvs_unavailable;
 use crate::{
-    config::{ProxyMode, Resolved},
-    health::ProxyHealth,
+    config::Resolved,
     k8s::{
         client::{ConnectionSettings, make_client},
         events::EventSink,
         watch::{ClusterEvent, spawn_watchers},
     },
-    metrics::Metrics,
     model::IpFamily,
+    serve::{Metrics, ProxyHealth},
 };
-
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    #[error("determining the node name: {0}")]
-    NodeName(std::io::Error),
-    #[error(transparent)]
-    Client(#[from] crate::k8s::client::ClientError),
-    #[error("proxy mode {requested} cannot run on this node: {reason}")]
-    ModeUnavailable {
-        requested: &'static str,
-        reason: String,
-    },
-    #[error("starting the {mode} dataplane: {reason}")]
-    Dataplane { mode: &'static str, reason: String },
-    #[error("invalid {what} {value:?}: {reason}")]
-    Address {
-        what: &'static str,
-        value: String,
-        reason: String,
-    },
-    #[error("binding {what} on {addr}: {source}")]
-    Bind {
-        what: &'static str,
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("the event sources stopped")]
-    SourcesStopped,
-    #[error("{0}")]
-    LocalDetector(#[from] crate::node::LocalDetectorError),
-}
-
-pub type Result<T, E = AgentError> = std::result::Result<T, E>;
 
 /// The IP families this node can serve (the kernel has IPv6 unless it is disabled).
 pub fn node_families() -> Vec<IpFamily> {
@@ -116,11 +87,11 @@ pub async fn run(resolved: Resolved) -> Result<()> {
     let metrics_addr = parse_bind("metricsBindAddress", &config.metrics_bind_address)?;
     spawn_server("healthz", healthz, config.bind_address_hard_fail, {
         let (h, m) = (health.clone(), metrics.clone());
-        move |addr| crate::health::serve(addr, h, Some(m))
+        move |addr| crate::serve::serve_healthz(addr, h, Some(m))
     });
     spawn_server("metrics", metrics_addr, config.bind_address_hard_fail, {
         let (h, m) = (health.clone(), metrics.clone());
-        move |addr| crate::metrics::serve(addr, m, h)
+        move |addr| crate::serve::serve_metrics(addr, m, h)
     });
     if config.enable_profiling {
         info!("enableProfiling is set; this agent has no /debug/pprof handlers");
@@ -139,7 +110,7 @@ pub async fn run(resolved: Resolved) -> Result<()> {
     event_loop.set_event_sink(events);
     event_loop.wait_for_initial_state().await?;
     let facts = node_facts::establish(&resolved, &mut event_loop).await?;
-    let choice = choose_mode(requested, &resolved, &facts)?;
+    let choice = choose_mode(requested, &resolved)?;
     if choice.fell_back() {
         event_loop.record_fallback(&choice);
     }
@@ -171,15 +142,5 @@ where
 
 /// The pin directory of the ebpf mode.
 pub fn bpffs_root(resolved: &Resolved) -> PathBuf {
-    let root = &resolved.config.ebpf.bpffs_root;
-    if root.is_empty() {
-        PathBuf::from(crate::config::DEFAULT_BPFFS_ROOT)
-    } else {
-        PathBuf::from(root)
-    }
-}
-
-/// Whether `mode` is ours to run (nftables is parsed but refused by validation).
-pub fn implemented(mode: ProxyMode) -> bool {
-    !matches!(mode, ProxyMode::Nftables)
+    crate::proxier::ebpf::pins::bpffs_root(&resolved.config.ebpf.bpffs_root)
 }

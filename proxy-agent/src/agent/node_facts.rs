@@ -4,12 +4,14 @@
 //! (NodeCIDR waits for the Node's podCIDRs), nodePortAddresses resolved, the uplink devices;
 //! then the process settings (oomScoreAdj, conntrack sysctls).
 
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
+
+use k8s_openapi::api::core::v1::Node;
 
 use ipnet::IpNet;
 use tracing::{info, warn};
 
-use super::{Result, event_loop::EventLoop};
+use super::error::Result;
 use crate::{
     config::{LocalMode, ProxyMode, Resolved},
     node::{
@@ -31,7 +33,7 @@ pub struct NodeFacts {
     pub devices: Vec<String>,
 }
 
-fn pod_cidrs(node: &k8s_openapi::api::core::v1::Node) -> Vec<IpNet> {
+fn pod_cidrs(node: &Node) -> Vec<IpNet> {
     let spec = node.spec.as_ref();
     let mut cidrs: Vec<String> = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
     if cidrs.is_empty()
@@ -45,7 +47,17 @@ fn pod_cidrs(node: &k8s_openapi::api::core::v1::Node) -> Vec<IpNet> {
         .collect()
 }
 
-pub async fn establish(resolved: &Resolved, event_loop: &mut EventLoop) -> Result<NodeFacts> {
+/// Where start-up reads this node's Node object from: the event loop, which keeps it.
+pub trait NodeSource {
+    fn node_object(&self) -> Option<&Node>;
+    /// Processes events until this node's Node object satisfies `ready`.
+    fn wait_for_node(
+        &mut self,
+        ready: impl Fn(&Node) -> bool,
+    ) -> impl std::future::Future<Output = Result<Arc<Node>>>;
+}
+
+pub async fn establish(resolved: &Resolved, event_loop: &mut impl NodeSource) -> Result<NodeFacts> {
     let config = &resolved.config;
     let bind: Option<IpAddr> = config.bind_address.parse().ok();
     let node_ips = event_loop

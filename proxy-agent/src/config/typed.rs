@@ -11,7 +11,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::duration::Duration;
 use super::field::FieldError;
-use super::net::parse_cidr_sloppy;
+use super::net::{is_ipv4_like, parse_cidr_sloppy};
 use super::types::KubeProxyConfiguration;
 
 /// Which dataplane programs the services.
@@ -191,25 +191,21 @@ pub(crate) const NODE_PORT_KEYWORDS_DETAIL: &str =
 
 impl KubeProxyConfiguration {
     pub fn proxy_mode(&self) -> Result<ProxyMode, FieldError> {
-        ProxyMode::parse(&self.mode).ok_or_else(|| super::validate::invalid_mode(&self.mode))
+        ProxyMode::parse(&self.mode).ok_or_else(|| invalid_mode(&self.mode))
     }
 
     pub fn local_mode(&self) -> Result<LocalMode, FieldError> {
         LocalMode::parse(&self.detect_local_mode)
-            .ok_or_else(|| super::validate::unsupported_local_mode(&self.detect_local_mode))
+            .ok_or_else(|| unsupported_local_mode(&self.detect_local_mode))
     }
 
     pub fn xdp_mode(&self) -> Result<XdpMode, FieldError> {
-        XdpMode::parse(&self.ebpf.xdp_mode)
-            .ok_or_else(|| super::validate::unsupported_xdp_mode(&self.ebpf.xdp_mode))
+        XdpMode::parse(&self.ebpf.xdp_mode).ok_or_else(|| unsupported_xdp_mode(&self.ebpf.xdp_mode))
     }
 
     /// `clusterCIDR` split into one CIDR or a dual-stack pair; empty when unset.
     pub fn cluster_cidrs(&self) -> Result<Vec<IpNet>, FieldError> {
-        match super::validate::cluster_cidr_errors(&self.cluster_cidr)
-            .into_iter()
-            .next()
-        {
+        match cluster_cidr_errors(&self.cluster_cidr).into_iter().next() {
             Some(error) => Err(error),
             None if self.cluster_cidr.is_empty() => Ok(Vec::new()),
             None => Ok(self
@@ -291,6 +287,81 @@ impl KubeProxyConfiguration {
             _ => "iptables",
         }
     }
+}
+
+// The errors of the accessors above, which validation reports too (one wording for both).
+
+const LOCAL_MODES: &[&str] = &[
+    "ClusterCIDR",
+    "NodeCIDR",
+    "BridgeInterface",
+    "InterfaceNamePrefix",
+    "",
+];
+
+const XDP_MODES: &[&str] = &["off", "generic", "native"];
+
+const DUAL_STACK_DETAIL: &str = "must be either a single CIDR or a dual-stack pair of CIDRs (e.g. 10.100.0.0/16,fde4:8dba:82e1::/48)";
+
+pub(crate) fn invalid_mode(mode: &str) -> FieldError {
+    if mode == "nftables" {
+        return FieldError::invalid(
+            "mode",
+            mode,
+            "unsupported proxy mode nftables: this agent implements ebpf, iptables and ipvs",
+        );
+    }
+    FieldError::invalid(
+        "mode",
+        mode,
+        "must be ebpf, iptables, ipvs or blank (blank means the best-available proxy [currently ebpf])",
+    )
+}
+
+pub(crate) fn unsupported_local_mode(mode: &str) -> FieldError {
+    FieldError::not_supported("detectLocalMode", mode, LOCAL_MODES)
+}
+
+pub(crate) fn unsupported_xdp_mode(mode: &str) -> FieldError {
+    FieldError::not_supported("ebpf.xdpMode", mode, XDP_MODES)
+}
+
+/// The clusterCIDR checks upstream applies in ClusterCIDR mode: one CIDR or a pair of
+/// different families, each a valid CIDR.
+pub(crate) fn cluster_cidr_errors(cluster_cidr: &str) -> Vec<FieldError> {
+    if cluster_cidr.is_empty() {
+        return Vec::new();
+    }
+    let parts: Vec<&str> = cluster_cidr.split(',').collect();
+    if parts.len() > 2 {
+        return vec![FieldError::invalid(
+            "clusterCIDR",
+            cluster_cidr,
+            DUAL_STACK_DETAIL,
+        )];
+    }
+    let mut errors = Vec::new();
+    let mut parsed = Vec::new();
+    for part in &parts {
+        match parse_cidr_sloppy(part) {
+            Some(cidr) => parsed.push(cidr),
+            None => errors.push(FieldError::invalid(
+                "clusterCIDR",
+                *part,
+                "must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            )),
+        }
+    }
+    if let [first, second] = parsed.as_slice()
+        && is_ipv4_like(first.network()) == is_ipv4_like(second.network())
+    {
+        errors.push(FieldError::invalid(
+            "clusterCIDR",
+            cluster_cidr,
+            DUAL_STACK_DETAIL,
+        ));
+    }
+    errors
 }
 
 #[cfg(test)]

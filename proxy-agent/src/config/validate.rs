@@ -4,8 +4,8 @@
 //! All errors are collected, each naming its field in the file's own spelling
 //! (`iptables.masqueradeBit`, `ipvs.excludeCIDRs[1]`), as upstream's newest validation does
 //! for v1alpha1 input. Rules and messages are upstream's, except where noted:
-//! - mode: `ebpf` is valid and the blank default; `nftables` is parsed but refused because
-//!   this agent does not implement it; `kernelspace` is Windows-only and refused.
+//! - mode: `ebpf` is valid and the blank default; any mode the mode registry
+//!   ([`crate::proxier::MODES`]) lacks is refused (`nftables` is parsed but not implemented); `kernelspace` is Windows-only and refused.
 //! - ipvs.scheduler is checked against the kernel's schedulers (upstream dropped the check);
 //! - featureGates: any name is accepted (upstream refuses names it does not know);
 //! - showHiddenMetricsForVersion: only the `<major>.<minor>` form is checked, since the agent
@@ -19,10 +19,11 @@ use std::path::Path;
 
 use super::duration::Duration;
 use super::field::FieldError;
-use super::net::{
-    go_atoi, is_ipv4_like, parse_cidr_sloppy, parse_ip_sloppy, parse_port_range, split_host_port,
+use super::net::{go_atoi, parse_cidr_sloppy, parse_ip_sloppy, parse_port_range, split_host_port};
+use super::typed::{
+    LocalMode, NODE_PORT_KEYWORDS_DETAIL, NodePortAddress, ProxyMode, XdpMode, cluster_cidr_errors,
+    invalid_mode, unsupported_local_mode, unsupported_xdp_mode,
 };
-use super::typed::{LocalMode, NODE_PORT_KEYWORDS_DETAIL, NodePortAddress, ProxyMode, XdpMode};
 use super::types::{KubeProxyConfiguration, LoggingConfiguration, MapSizes};
 
 /// Upper bound for `ebpf.mapSizes.*`: beyond 16M entries the kernel's memory accounting (and
@@ -34,16 +35,7 @@ pub const IPVS_SCHEDULERS: &[&str] = &[
     "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh",
 ];
 
-const LOCAL_MODES: &[&str] = &[
-    "ClusterCIDR",
-    "NodeCIDR",
-    "BridgeInterface",
-    "InterfaceNamePrefix",
-    "",
-];
-const XDP_MODES: &[&str] = &["off", "generic", "native"];
 const LOG_FORMATS: &[&str] = &["text", "json"];
-const DUAL_STACK_DETAIL: &str = "must be either a single CIDR or a dual-stack pair of CIDRs (e.g. 10.100.0.0/16,fde4:8dba:82e1::/48)";
 const NON_NEGATIVE: &str = "must be greater than or equal to 0";
 const POSITIVE: &str = "must be greater than 0";
 
@@ -76,10 +68,8 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
             "must be within the range [-1000, 1000]",
         ));
     }
-    if !matches!(
-        ProxyMode::parse(&config.mode),
-        Some(ProxyMode::Ebpf | ProxyMode::Iptables | ProxyMode::Ipvs)
-    ) {
+    // The mode must be one this agent runs: the mode registry's.
+    if !ProxyMode::parse(&config.mode).is_some_and(crate::proxier::is_registered) {
         errors.push(invalid_mode(&config.mode));
     }
     // Upstream decodes through JSON, which has no NaN or infinity: such a qps never gets
@@ -136,29 +126,6 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
 
     errors.sort_by(|a, b| a.field.cmp(&b.field));
     errors
-}
-
-pub(crate) fn invalid_mode(mode: &str) -> FieldError {
-    if mode == "nftables" {
-        return FieldError::invalid(
-            "mode",
-            mode,
-            "unsupported proxy mode nftables: this agent implements ebpf, iptables and ipvs",
-        );
-    }
-    FieldError::invalid(
-        "mode",
-        mode,
-        "must be ebpf, iptables, ipvs or blank (blank means the best-available proxy [currently ebpf])",
-    )
-}
-
-pub(crate) fn unsupported_local_mode(mode: &str) -> FieldError {
-    FieldError::not_supported("detectLocalMode", mode, LOCAL_MODES)
-}
-
-pub(crate) fn unsupported_xdp_mode(mode: &str) -> FieldError {
-    FieldError::not_supported("ebpf.xdpMode", mode, XDP_MODES)
 }
 
 /// Upstream validates the one sync-period pair of the selected mode (ipvs, nftables, or
@@ -307,44 +274,6 @@ fn validate_show_hidden_metrics_version(version: &str, errors: &mut Vec<FieldErr
             "must be of the form <major>.<minor> (e.g. '1.16')",
         ));
     }
-}
-
-/// The clusterCIDR checks upstream applies in ClusterCIDR mode: one CIDR or a pair of
-/// different families, each a valid CIDR.
-pub(crate) fn cluster_cidr_errors(cluster_cidr: &str) -> Vec<FieldError> {
-    if cluster_cidr.is_empty() {
-        return Vec::new();
-    }
-    let parts: Vec<&str> = cluster_cidr.split(',').collect();
-    if parts.len() > 2 {
-        return vec![FieldError::invalid(
-            "clusterCIDR",
-            cluster_cidr,
-            DUAL_STACK_DETAIL,
-        )];
-    }
-    let mut errors = Vec::new();
-    let mut parsed = Vec::new();
-    for part in &parts {
-        match parse_cidr_sloppy(part) {
-            Some(cidr) => parsed.push(cidr),
-            None => errors.push(FieldError::invalid(
-                "clusterCIDR",
-                *part,
-                "must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
-            )),
-        }
-    }
-    if let [first, second] = parsed.as_slice()
-        && is_ipv4_like(first.network()) == is_ipv4_like(second.network())
-    {
-        errors.push(FieldError::invalid(
-            "clusterCIDR",
-            cluster_cidr,
-            DUAL_STACK_DETAIL,
-        ));
-    }
-    errors
 }
 
 fn validate_detect_local(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) {

@@ -5,11 +5,15 @@
 //! Every type here is free of Kubernetes API types; conversion lives in
 //! [`crate::k8s::convert`]. The trackers' `update` / `endpoint_slice_update` entry points
 //! take API objects and convert them; everything else works on domain values. Each
-//! tracker and map covers one IP family, as each upstream proxier does.
+//! tracker and map covers one IP family, as each upstream proxier does. [`ClusterState`]
+//! holds them all (every family's trackers and the maps they are applied to, a
+//! [`FamilyState`] each) for the event loop.
 
+mod cluster_state;
 mod endpoint;
 mod endpoints_tracker;
 mod endpointslice_cache;
+mod family;
 mod invalid;
 mod names;
 mod service_port;
@@ -19,9 +23,11 @@ pub mod topology;
 #[cfg(test)]
 mod tests;
 
+pub use cluster_state::{AppliedChanges, ClusterState};
 pub use endpoint::{Endpoint, SliceEndpoint, SliceInfo, SlicePort};
 pub use endpoints_tracker::{EndpointsChangeTracker, EndpointsMap, UpdateEndpointsMapResult};
 pub use endpointslice_cache::{EndpointSliceCache, EndpointsChange, ServiceEndpoints};
+pub use family::{FamilyState, StaleConntrack};
 pub use invalid::{InvalidObject, ObjectKind, Rejections};
 pub use names::{IpFamily, NamespacedName, Protocol, ServicePortName};
 pub use service_port::{LoadBalancerIngress, LoadBalancerIpMode, ServicePort, SessionAffinity};

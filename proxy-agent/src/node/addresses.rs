@@ -78,6 +78,9 @@ pub fn primary_node_ips(bind_address: Option<IpAddr>, node_ips: &[IpAddr]) -> No
     out
 }
 
+/// The ipvs mode's dummy interface, which holds service addresses, not the node's.
+pub const IPVS_DUMMY_DEVICE: &str = "kube-ipvs0";
+
 /// Every address configured on the host's interfaces, in the agent's network namespace
 /// (`getifaddrs`).
 pub fn host_addresses() -> Vec<IpAddr> {
@@ -85,7 +88,7 @@ pub fn host_addresses() -> Vec<IpAddr> {
     if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
         for ifa in addrs {
             // The ipvs mode's dummy interface holds service addresses, not the node's.
-            if ifa.interface_name == crate::proxier::ipvs::kernel::DUMMY_DEVICE {
+            if ifa.interface_name == IPVS_DUMMY_DEVICE {
                 continue;
             }
             let Some(addr) = ifa.address else { continue };

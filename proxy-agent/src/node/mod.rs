@@ -7,7 +7,9 @@ pub mod addresses;
 pub mod local;
 pub mod sysctl;
 
-pub use addresses::{NodeAddresses, host_addresses, node_ips_from_node, primary_node_ips};
+pub use addresses::{
+    IPVS_DUMMY_DEVICE, NodeAddresses, host_addresses, node_ips_from_node, primary_node_ips,
+};
 pub use local::{LocalDetector, LocalDetectorError};
 pub use sysctl::{ConntrackSettings, ProcSysctl, Sysctl, apply_conntrack, apply_oom_score_adj};
 

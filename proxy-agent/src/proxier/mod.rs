@@ -1,274 +1,77 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Dataplanes. Each mode has a folder; what they share lives here once: the inputs of a
-//! sync (the model of each IP family and the facts about this node), the [`Proxier`]
-//! trait, and helpers every mode needs.
-
-use std::{
-    collections::{BTreeMap, HashSet},
-    net::IpAddr,
-    sync::Arc,
-};
-
-use ipnet::IpNet;
-
-use crate::{
-    model::{
-        EndpointsMap, IpFamily, NamespacedName, ServicePort, ServicePortMap,
-        UpdateEndpointsMapResult, UpdateServiceMapResult,
-    },
-    node::{LocalDetector, NodeAddresses},
-};
+//! Dataplanes. Each mode has a folder and one registration line in [`MODES`]; what they
+//! share lives once in `sync` (the inputs and report of a sync, the [`Proxier`] trait) and
+//! in `registry` (how the agent probes, starts and cleans up a mode without naming it).
+//!
+//! Adding a mode: a folder with the proxier and a `mode.rs` holding its
+//! [`ModeEntry`] (probe, start, cleanup, fallback), then one line in [`MODES`].
 
 pub mod conntrack;
 pub mod ebpf;
 pub mod iptables;
 pub mod ipvs;
 pub mod netlink;
+mod registry;
+mod sync;
 
-/// The model of one IP family, as the event loop keeps it.
-#[derive(Debug)]
-pub struct FamilyState {
-    pub family: IpFamily,
-    pub services: ServicePortMap,
-    pub endpoints: EndpointsMap,
-    /// Service CIDRs of this family (from ServiceCIDR objects), for the dataplanes that
-    /// police them (ebpf drops traffic to unallocated addresses inside them, as nftables).
-    pub service_cidrs: Vec<IpNet>,
-}
+pub use self::{
+    registry::{CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings},
+    sync::{
+        ConntrackReconcile, FullMap, MapUsage, NodeContext, Proxier, SocketSweep, SyncError,
+        SyncRequest, SyncStats, resolve_nodeport_addresses,
+    },
+};
+use crate::config::{KubeProxyConfiguration, ProxyMode};
+/// The inputs of a sync, which the model owns.
+pub use crate::model::{FamilyState, StaleConntrack};
 
-impl FamilyState {
-    pub fn new(family: IpFamily) -> Self {
+/// Every mode this agent runs, one line each. The order is the order `--cleanup` and a
+/// starting mode remove what the others left: ebpf, then ipvs (its sets can only go once
+/// no rule refers to them, and it removes its own rules), then iptables.
+pub static MODES: &[&ModeEntry] = &[&ebpf::mode::MODE, &ipvs::mode::MODE, &iptables::mode::MODE];
+
+impl HostLayout {
+    pub fn from_config(config: &KubeProxyConfiguration) -> Self {
         Self {
-            family,
-            services: ServicePortMap::new(),
-            endpoints: EndpointsMap::new(),
-            service_cidrs: Vec::new(),
+            bpffs_root: ebpf::pins::bpffs_root(&config.ebpf.bpffs_root),
+            ipvs_exclude: ipvs::ipvs_config(config).exclude_cidrs,
         }
     }
 }
 
-/// Facts about this node and the settings every proxier shares.
-#[derive(Clone, Debug, Default)]
-pub struct NodeContext {
-    pub name: String,
-    /// The Node's labels (topology.kubernetes.io/zone for topology hints).
-    pub labels: BTreeMap<String, String>,
-    /// The node's primary IPs (--bind-address or the Node object).
-    pub primary_ips: NodeAddresses,
-    /// Every address on the host's interfaces.
-    pub host_addresses: Vec<IpAddr>,
-    /// nodePortAddresses resolved: the addresses NodePorts are served on, or `None` for
-    /// "every local address".
-    pub nodeport_addresses: Option<Vec<IpAddr>>,
-    pub local_detector: LocalDetector,
-    pub masquerade_all: bool,
-    /// The fwmark bit iptables/ipvs use to mark packets for masquerading.
-    pub masquerade_bit: u32,
-    /// iptables.localhostNodePorts (iptables mode, IPv4).
-    pub localhost_nodeports: bool,
+/// The registration of `mode`, if this agent runs it.
+pub fn entry(mode: ProxyMode) -> Option<&'static ModeEntry> {
+    MODES.iter().copied().find(|e| e.mode == mode)
 }
 
-impl NodeContext {
-    /// NodePort addresses of one family (`None`: every local address of it).
-    pub fn nodeport_addresses_of(&self, family: IpFamily) -> Option<Vec<IpAddr>> {
-        self.nodeport_addresses.as_ref().map(|addrs| {
-            addrs
-                .iter()
-                .filter(|a| family.contains(a))
-                .copied()
-                .collect()
-        })
-    }
+/// Whether this agent runs `mode` (configuration validation refuses the others).
+pub fn is_registered(mode: ProxyMode) -> bool {
+    entry(mode).is_some()
+}
 
-    /// Whether `ip` is one of this node's addresses.
-    pub fn is_node_address(&self, ip: &IpAddr) -> bool {
-        self.host_addresses.contains(ip)
+/// Why `mode` cannot run on this node, if it cannot.
+pub fn unavailable(mode: ProxyMode, layout: &HostLayout) -> Option<String> {
+    match entry(mode) {
+        Some(e) => (e.probe)(layout),
+        None => Some(format!(
+            "{} mode is not implemented by this proxy",
+            mode.as_str()
+        )),
     }
 }
 
-/// Resolves nodePortAddresses against the host's addresses: keywords `primary`, `localhost`,
-/// `all` and CIDRs, as upstream's `NodePortAddresses`. An empty list means every address.
-pub fn resolve_nodeport_addresses(
-    cidrs: &[IpNet],
-    include_primary: bool,
-    primary: &NodeAddresses,
-    host_addresses: &[IpAddr],
-) -> Option<Vec<IpAddr>> {
-    if cidrs.is_empty() && !include_primary {
-        return None;
-    }
-    let mut out: Vec<IpAddr> = host_addresses
-        .iter()
-        .filter(|a| cidrs.iter().any(|c| c.contains(*a)))
-        .copied()
-        .collect();
-    if include_primary {
-        out.extend(primary.iter());
-    }
-    out.sort();
-    out.dedup();
-    Some(out)
-}
-
-/// What the trackers reported since the last sync for the stale UDP conntrack reconciler
-/// (see [`conntrack`]): whether it must run, and the frontends it can no longer find in
-/// the model.
-#[derive(Clone, Debug, Default)]
-pub struct StaleConntrack {
-    /// Previous versions of UDP service ports removed or changed (any family).
-    pub replaced_udp_ports: Vec<Arc<ServicePort>>,
-    /// The endpoints of a service with a UDP port changed.
-    pub udp_endpoints_changed: bool,
-}
-
-impl StaleConntrack {
-    /// Adds what one family's trackers reported when they were applied.
-    pub fn record(
-        &mut self,
-        services: &UpdateServiceMapResult,
-        endpoints: &UpdateEndpointsMapResult,
-    ) {
-        self.replaced_udp_ports
-            .extend(services.replaced_udp_ports.iter().cloned());
-        self.udp_endpoints_changed |= endpoints.conntrack_cleanup_required;
-    }
-
-    /// Adds a later report (changes applied while no sync succeeded yet).
-    pub fn merge(&mut self, later: StaleConntrack) {
-        self.replaced_udp_ports.extend(later.replaced_udp_ports);
-        self.udp_endpoints_changed |= later.udp_endpoints_changed;
-    }
-
-    /// Whether anything changed that can leave UDP conntrack entries stale.
-    pub fn cleanup_required(&self) -> bool {
-        self.udp_endpoints_changed || !self.replaced_udp_ports.is_empty()
+/// Starts `mode`.
+pub fn start(mode: ProxyMode, settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
+    match entry(mode) {
+        Some(e) => (e.start)(settings),
+        None => Err(format!(
+            "{} mode is not available in this build yet",
+            mode.as_str()
+        )),
     }
 }
 
-/// One sync.
-#[derive(Clone, Copy, Debug)]
-pub struct SyncRequest<'a> {
-    pub families: &'a [FamilyState],
-    pub node: &'a NodeContext,
-    /// Rebuild everything and compare with the kernel's actual state (first sync, after a
-    /// failure, periodically); otherwise only `changed` needs work.
-    pub full: bool,
-    /// Services whose ports or endpoints changed since the last successful sync.
-    pub changed: &'a HashSet<NamespacedName>,
-    pub stale: &'a StaleConntrack,
-}
-
-/// What a sync did, for logs and metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SyncStats {
-    /// Services (of all families) programmed.
-    pub services: usize,
-    /// Kernel objects written and deleted (map entries, rules, virtual servers).
-    pub written: usize,
-    pub deleted: usize,
-    /// Services with a Local traffic policy and no local endpoint.
-    pub no_local_endpoints_internal: usize,
-    pub no_local_endpoints_external: usize,
-    /// Services (distinct names) left out, in one family or all, because a map was full;
-    /// the rest was programmed. They are retried at every sync.
-    pub not_programmed: usize,
-    /// The first few of them (`namespace/name`, sorted), for the log and the Node event.
-    pub not_programmed_examples: Vec<String>,
-    /// The maps that had no room for them.
-    pub full_maps: Vec<FullMap>,
-    /// Entries and capacity of each map the agent fills (ebpf mode).
-    pub map_usage: Vec<MapUsage>,
-    /// The stale UDP conntrack reconciles this sync ran, per family (none when nothing
-    /// called for one).
-    pub conntrack_reconciles: Vec<conntrack::ConntrackReconcile>,
-    /// The sweep for connected UDP sockets whose backend went away (ebpf mode).
-    pub connected_udp: ebpf::sockets::SocketSweep,
-}
-
-/// A map that could not take every service.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct FullMap {
-    /// The map's pinned name (e.g. `SVC4_V1`).
-    pub map: &'static str,
-    pub capacity: usize,
-    /// The configuration field that sets its capacity (e.g. `ebpf.mapSizes.services`).
-    pub setting: &'static str,
-}
-
-/// How full one map is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MapUsage {
-    pub map: &'static str,
-    /// Entries the agent keeps in it.
-    pub entries: usize,
-    pub capacity: usize,
-}
-
-/// A failed sync; the runner retries it with a full sync.
-#[derive(Debug, thiserror::Error)]
-#[error("{mode} sync failed: {source}")]
-pub struct SyncError {
-    pub mode: &'static str,
-    #[source]
-    pub source: Box<dyn std::error::Error + Send + Sync>,
-}
-
-impl SyncError {
-    pub fn new(mode: &'static str, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        Self {
-            mode,
-            source: Box::new(source),
-        }
-    }
-}
-
-/// A dataplane: turns the model into kernel state.
-pub trait Proxier: Send {
-    /// The mode name (`ebpf`, `iptables`, `ipvs`).
-    fn mode(&self) -> &'static str;
-
-    /// Brings the kernel in line with the model. Must leave the dataplane consistent
-    /// whatever happens: a failure part-way is repaired by the next (full) sync.
-    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError>;
-
-    /// Periodic housekeeping between syncs (new devices, expired state).
-    fn maintain(&mut self) {}
-
-    /// Whether the kernel state was wiped by someone else since the last sync (a firewall
-    /// reload flushing iptables, say), so that the next sync must be full. The agent calls
-    /// it periodically; modes that cannot tell return false.
-    fn needs_full_resync(&mut self) -> bool {
-        false
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nodeport_addresses_resolution() {
-        let host: Vec<IpAddr> = ["127.0.0.1", "192.168.0.2", "192.168.1.2", "fd00::2"]
-            .iter()
-            .map(|a| a.parse().unwrap())
-            .collect();
-        let primary = NodeAddresses {
-            v4: Some("192.168.0.2".parse().unwrap()),
-            v6: None,
-        };
-        assert_eq!(
-            resolve_nodeport_addresses(&[], false, &primary, &host),
-            None
-        );
-        let only_primary = resolve_nodeport_addresses(&[], true, &primary, &host).unwrap();
-        assert_eq!(only_primary, vec!["192.168.0.2".parse::<IpAddr>().unwrap()]);
-        let cidr: IpNet = "192.168.1.0/24".parse().unwrap();
-        let some = resolve_nodeport_addresses(&[cidr], false, &primary, &host).unwrap();
-        assert_eq!(some, vec!["192.168.1.2".parse::<IpAddr>().unwrap()]);
-        let ctx = NodeContext {
-            nodeport_addresses: Some(host.clone()),
-            ..Default::default()
-        };
-        assert_eq!(ctx.nodeport_addresses_of(IpFamily::V6).unwrap().len(), 1);
-    }
+/// The mode to run when `mode` cannot.
+pub fn fallback_of(mode: ProxyMode) -> Option<ProxyMode> {
+    entry(mode).and_then(|e| e.fallback)
 }

@@ -32,6 +32,7 @@ use aya::programs::{SchedClassifier, TestRun, TestRunOptions, TestRunResult, Xdp
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proxy_agent::{
     k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
+    model::ClusterState,
     model::IpFamily,
     node::NodeAddresses,
     proxier::{
@@ -41,7 +42,6 @@ use proxy_agent::{
             loader::{LoadError, LoadOptions, Loaded, MapSizes, load_and_attach},
         },
     },
-    state::ClusterState,
 };
 use proxy_common::LbConfig;
 use tests::{

@@ -12,8 +12,7 @@ use proxy_agent::{
         fixtures::{mk_endpoint, mk_endpointslice, mk_node, mk_service},
         watch::spawn_watchers,
     },
-    model::IpFamily,
-    state::ClusterState,
+    model::{ClusterState, IpFamily},
 };
 use tests::{
     apiserver::{ServerConfig, TestApiServer, Verb},

@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use proxy_agent::{
     k8s::convert::{ClusterObject, parse_objects},
-    model::IpFamily,
-    proxier::FamilyState,
-    state::ClusterState,
+    model::{ClusterState, FamilyState, IpFamily},
 };
 
 /// The agent's `ClusterState` holding exactly the objects of the last [`Cluster::set`].

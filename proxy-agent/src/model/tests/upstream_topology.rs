@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use super::port_name;
 use crate::k8s::convert::{ClusterObject, parse_objects};
+use crate::model::ClusterState;
 use crate::model::{CategorizedEndpoints, IpFamily, Protocol, categorize_endpoints};
-use crate::state::ClusterState;
 
 const NODE: &str = "test-node";
 

@@ -23,8 +23,8 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
+use crate::model::FamilyState;
 use crate::model::{IpFamily, Protocol, ServicePort};
-use crate::proxier::FamilyState;
 
 /// What a translated flow's original destination and chosen backend amount to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

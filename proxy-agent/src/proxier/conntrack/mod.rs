@@ -22,9 +22,10 @@ pub mod fake;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::model::{IpFamily, Protocol, ServicePort};
+pub use crate::proxier::ConntrackReconcile;
 use crate::proxier::SyncRequest;
 
 pub use frontends::{FlowVerdict, UdpFrontends};
@@ -109,14 +110,6 @@ pub fn stale_udp_entries<'e>(frontends: &UdpFrontends, entries: &'e [Entry]) -> 
                 == FlowVerdict::Stale
         })
         .collect()
-}
-
-/// One family's reconcile, for `kubeproxy_conntrack_reconciler_*`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConntrackReconcile {
-    pub family: IpFamily,
-    pub took: Duration,
-    pub deleted: usize,
 }
 
 /// Runs the reconcile after the syncs that call for one.

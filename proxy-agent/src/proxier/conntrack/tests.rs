@@ -14,7 +14,8 @@ use super::fake::{FakeConntrack, entry, udp_entry};
 use super::*;
 use crate::k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service};
 use crate::model::{EndpointsChangeTracker, ServiceChangeTracker};
-use crate::proxier::{FamilyState, NodeContext, StaleConntrack};
+use crate::model::{FamilyState, StaleConntrack};
+use crate::proxier::NodeContext;
 
 const CLUSTER_IP: &str = "172.30.1.1";
 const EXTERNAL_IP: &str = "192.168.99.100";

@@ -35,8 +35,8 @@ use super::{
     maps::{LbMaps, MapOpError},
 };
 use crate::{
-    model::{IpFamily, NamespacedName},
-    proxier::{FamilyState, NodeContext, SyncStats},
+    model::{FamilyState, IpFamily, NamespacedName},
+    proxier::{NodeContext, SyncStats},
 };
 
 #[derive(Debug, thiserror::Error)]

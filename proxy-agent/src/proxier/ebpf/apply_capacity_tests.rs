@@ -13,9 +13,8 @@ use super::{
 };
 use crate::{
     k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
-    model::IpFamily,
+    model::{ClusterState, IpFamily},
     proxier::FullMap,
-    state::ClusterState,
 };
 
 /// SVC4 holds `services` entries; every other map is roomy.

@@ -15,10 +15,9 @@ use super::{
 };
 use crate::{
     k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
-    model::{IpFamily, NamespacedName},
+    model::{ClusterState, IpFamily, NamespacedName},
     node::NodeAddresses,
     proxier::{NodeContext, SyncStats},
-    state::ClusterState,
 };
 
 pub(super) const TCP: u8 = 6;

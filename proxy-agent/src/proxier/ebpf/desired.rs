@@ -10,10 +10,10 @@ use proxy_common::{proto, svc_flags};
 
 use crate::{
     model::{
-        CategorizedEndpoints, Endpoint, IpFamily, NamespacedName, Protocol, ServicePort,
-        categorize_endpoints,
+        CategorizedEndpoints, Endpoint, FamilyState, IpFamily, NamespacedName, Protocol,
+        ServicePort, categorize_endpoints,
     },
-    proxier::{FamilyState, NodeContext},
+    proxier::NodeContext,
 };
 
 /// A frontend's identity: what a client addresses.

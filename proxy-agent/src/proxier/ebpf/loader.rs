@@ -22,6 +22,7 @@ use aya::{
 use proxy_common::{LB_CFG_READY, LbConfig, maps as names};
 use tracing::{debug, info, warn};
 
+pub use super::pins::{MapSizes, links_dir, maps_dir, unpin_all};
 use super::{
     maps::{KernelHash, KernelLpm, LbMaps},
     node_settings::LocalCidrMaps,
@@ -82,33 +83,6 @@ pub enum LoadError {
 }
 
 pub type Result<T, E = LoadError> = std::result::Result<T, E>;
-
-/// Capacities of the maps (from the configuration's `ebpf.mapSizes`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapSizes {
-    pub services: u32,
-    pub backends: u32,
-    pub rev_nat: u32,
-    pub sock_rev_nat: u32,
-    pub affinity: u32,
-    pub conntrack: u32,
-    pub source_ranges: u32,
-}
-
-impl Default for MapSizes {
-    fn default() -> Self {
-        use proxy_common::maps::*;
-        Self {
-            services: DEFAULT_SVC_ENTRIES as u32,
-            backends: DEFAULT_BACKEND_ENTRIES as u32,
-            rev_nat: DEFAULT_REV_NAT_ENTRIES as u32,
-            sock_rev_nat: DEFAULT_SOCK_REV_NAT_ENTRIES as u32,
-            affinity: DEFAULT_AFFINITY_ENTRIES as u32,
-            conntrack: DEFAULT_CT_ENTRIES as u32,
-            source_ranges: DEFAULT_SRC_RANGE_ENTRIES as u32,
-        }
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -194,14 +168,6 @@ impl Loaded {
     pub fn program_mut(&mut self, name: &str) -> Option<&mut aya::programs::Program> {
         self.ebpf.program_mut(name)
     }
-}
-
-pub fn maps_dir(root: &Path) -> PathBuf {
-    root.join("maps")
-}
-
-pub fn links_dir(root: &Path) -> PathBuf {
-    root.join("links")
 }
 
 /// The mount point of the cgroup v2 hierarchy (e.g. /sys/fs/cgroup or, on hybrid systems,
@@ -509,30 +475,6 @@ fn replace_pinned_link(links_dir: &Path, name: &str, link: FdLink) -> Result<()>
     drop(pinned);
     debug!(program = name, pin = %final_path.display(), "link pinned");
     Ok(())
-}
-
-/// Detaches every program and removes every pin under `root` (links first, then maps).
-pub fn unpin_all(root: &Path) -> io::Result<usize> {
-    let mut removed = 0;
-    for dir in [links_dir(root), maps_dir(root)] {
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let entry = entry?;
-            fs::remove_file(entry.path())?;
-            removed += 1;
-        }
-        fs::remove_dir(&dir)?;
-    }
-    match fs::remove_dir(root) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => warn!(root = %root.display(), error = %e, "could not remove the bpffs root"),
-    }
-    Ok(removed)
 }
 
 fn take_hash<K: aya::Pod + Send, V: aya::Pod + Send>(

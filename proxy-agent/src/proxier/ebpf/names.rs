@@ -28,13 +28,9 @@ use super::{
     maps::{KernelHash, KvMap, MapOpError},
     resize,
 };
-use crate::{
-    model::{IpFamily, NamespacedName, ServicePort},
-    proxier::FamilyState,
-};
+use crate::model::{FamilyState, IpFamily, NamespacedName, ServicePort};
 
-/// Pin name of the table (layout version in the suffix, as for the programs' maps).
-pub const SVC_NAMES: &str = "SVC_NAMES_V1";
+pub use super::pins::SVC_NAMES;
 
 const NS_LEN: usize = 64;
 const NAME_LEN: usize = 64;
@@ -336,7 +332,7 @@ mod tests {
     use super::*;
     use crate::{
         k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
-        model::IpFamily,
+        model::{ClusterState, IpFamily},
         node::NodeAddresses,
         proxier::{
             NodeContext,
@@ -345,7 +341,6 @@ mod tests {
                 maps::{LbMaps, MemMap},
             },
         },
-        state::ClusterState,
     };
 
     #[test]

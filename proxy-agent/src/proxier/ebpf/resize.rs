@@ -32,8 +32,8 @@ use proxy_common::{
 use tracing::{debug, info, warn};
 
 use super::{
-    loader::MapSizes,
     maps::{KernelHash, KernelLpm, KvMap, MapOpError},
+    pins::MapSizes,
 };
 
 /// What a map is, as far as copying its entries goes.

@@ -25,9 +25,10 @@ use aya::maps::{HashMap as AyaHash, MapData};
 use proxy_common::{Ct4Key, Ct6Key, CtValue, proto};
 
 use super::maps::is_not_found;
+use crate::model::FamilyState;
 use crate::model::IpFamily;
+use crate::proxier::SyncRequest;
 use crate::proxier::conntrack::{ConntrackReconcile, FlowVerdict, UdpFrontends};
-use crate::proxier::{FamilyState, SyncRequest};
 
 /// Where a flow went and who it was given to (the value's frontend and backend).
 fn flow_ends(value: &CtValue, family: IpFamily) -> (SocketAddr, SocketAddr) {

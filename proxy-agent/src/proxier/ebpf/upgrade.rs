@@ -14,7 +14,7 @@ use std::{fs, io, path::Path};
 use proxy_common::maps as names;
 use tracing::{info, warn};
 
-use super::names::SVC_NAMES;
+use super::pins::SVC_NAMES;
 
 /// Whether the loader should defer attaching: an earlier agent's programs are attached and
 /// this layout's maps are new.

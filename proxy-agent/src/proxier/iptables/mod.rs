@@ -15,6 +15,7 @@ pub mod cleanup;
 pub mod exec;
 pub mod family;
 pub mod jumps;
+pub mod mode;
 pub mod names;
 pub mod rules;
 pub mod setup;

@@ -11,7 +11,7 @@ use crate::proxier::netlink::NetlinkError;
 use crate::proxier::netlink::route::RouteSocket;
 
 /// The dummy interface holding the service addresses.
-pub const DUMMY_DEVICE: &str = "kube-ipvs0";
+pub const DUMMY_DEVICE: &str = crate::node::IPVS_DUMMY_DEVICE;
 
 pub trait IpvsTable: Send {
     fn services(&mut self) -> Result<Vec<VirtualServer>, NetlinkError>;

@@ -16,6 +16,7 @@ pub mod genl;
 pub mod graceful;
 pub mod ipset;
 pub mod kernel;
+pub mod mode;
 pub mod rules;
 pub mod sets;
 pub mod setup;

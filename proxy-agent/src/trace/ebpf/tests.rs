@@ -10,13 +10,12 @@ use super::*;
 use crate::{
     inspect::live::{LiveAffinity, RawMaps, decode},
     k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
-    model::IpFamily,
+    model::{ClusterState, IpFamily},
     node::{LocalDetector, NodeAddresses},
     proxier::{
         NodeContext,
         ebpf::{apply::ApplyState, maps::LbMaps, names::PortRef, node_settings},
     },
-    state::ClusterState,
 };
 
 struct World {

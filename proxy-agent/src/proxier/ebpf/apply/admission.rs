@@ -16,9 +16,9 @@ use tracing::debug;
 
 use super::{AppliedService, ApplyState, Plan, v6};
 use crate::{
-    model::{IpFamily, NamespacedName},
+    model::{FamilyState, IpFamily, NamespacedName},
     proxier::{
-        FamilyState, FullMap, NodeContext,
+        FullMap, NodeContext,
         ebpf::{
             budget::{Budget, Demand, MapKind, PerMap},
             desired::{BackendAddr, DesiredService, desired_service},

@@ -53,12 +53,13 @@ pub mod namespaces;
 pub mod reach;
 pub mod translations;
 
+pub use crate::proxier::SocketSweep;
 use std::{path::Path, sync::Arc};
 
 use tracing::{debug, error, info, warn};
 
 use self::{
-    namespaces::{Netns, Unsupported},
+    namespaces::Netns,
     reach::SocketReach,
     translations::{TranslatedUdp, Translations},
 };
@@ -69,37 +70,6 @@ use crate::{
         conntrack::{FlowVerdict, UdpFrontends},
     },
 };
-
-/// How one sync's sweep went, for `kubeproxy_ebpf_udp_socket_*`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SocketSweep {
-    /// Whether this sync swept at all (it does when UDP services or endpoints changed, and
-    /// at the first sync).
-    pub swept: bool,
-    /// Connected UDP sockets destroyed.
-    pub terminated: usize,
-    /// Namespaces not searched because entering them was refused (CAP_SYS_ADMIN).
-    pub netns_unreachable: usize,
-    /// What the kernel lacks, when that stopped the sweep.
-    pub unsupported: Option<Unsupported>,
-    /// Something else failed; the next sync sweeps again.
-    pub failed: bool,
-}
-
-impl SocketSweep {
-    /// The metric's `result` label.
-    pub fn result(&self) -> &'static str {
-        if self.unsupported.is_some() {
-            "kernel_unsupported"
-        } else if self.failed {
-            "failed"
-        } else if self.netns_unreachable > 0 {
-            "netns_unreachable"
-        } else {
-            "complete"
-        }
-    }
-}
 
 /// The translated sockets of `sockets` to destroy: those whose pair no longer serves (the
 /// frontend is gone, or the backend no longer serves it). `frontends` holds each family's

@@ -19,9 +19,9 @@ use super::{
 };
 use crate::{
     k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
+    model::ClusterState,
     node::NodeAddresses,
     proxier::NodeContext,
-    state::ClusterState,
 };
 
 const VIP: &str = "172.30.0.41";

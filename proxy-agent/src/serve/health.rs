@@ -23,7 +23,7 @@ use axum::{
 };
 use tracing::info;
 
-use crate::metrics::Metrics;
+use super::metrics::Metrics;
 
 /// Taint the cluster autoscaler puts on nodes it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";

@@ -16,13 +16,11 @@ use k8s_openapi::api::{
     networking::v1::ServiceCIDR,
 };
 
-use crate::{
-    k8s::convert::parse_cidr_sloppy,
-    model::{
-        EndpointsChangeTracker, InvalidObject, IpFamily, NamespacedName, ServiceChangeTracker,
-    },
-    proxier::{FamilyState, StaleConntrack},
+use super::{
+    EndpointsChangeTracker, FamilyState, InvalidObject, IpFamily, NamespacedName,
+    ServiceChangeTracker, StaleConntrack,
 };
+use crate::k8s::convert::parse_cidr_sloppy;
 
 /// The change trackers of one family (its model is the `FamilyState` at the same index).
 #[derive(Debug)]

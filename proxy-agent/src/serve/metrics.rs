@@ -2,16 +2,12 @@
 //! Prometheus metrics on metricsBindAddress (default 127.0.0.1:10249), with upstream
 //! kube-proxy's `kubeproxy_*` names, types and buckets, plus the dataplane's own.
 
-use std::{net::SocketAddr, time::SystemTime};
+use std::time::SystemTime;
 
-use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
 use prometheus::{
     Encoder as _, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, Opts, Registry, TextEncoder, exponential_buckets,
 };
-use tracing::info;
-
-use crate::health::ProxyHealth;
 
 const NS: &str = "kubeproxy";
 
@@ -360,43 +356,6 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
-}
-
-#[derive(Clone)]
-struct AppState {
-    metrics: Metrics,
-    health: ProxyHealth,
-}
-
-async fn metrics_page(State(app): State<AppState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        app.metrics.render(),
-    )
-}
-
-async fn healthz_plain(State(app): State<AppState>) -> impl IntoResponse {
-    // The metrics server's /healthz is the generic "the process is up" check.
-    let _ = &app.health;
-    "ok"
-}
-
-async fn proxy_mode(State(app): State<AppState>) -> impl IntoResponse {
-    app.health.proxy_mode()
-}
-
-pub async fn serve(addr: SocketAddr, metrics: Metrics, health: ProxyHealth) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(metrics_page))
-        .route("/healthz", get(healthz_plain))
-        .route("/proxyMode", get(proxy_mode))
-        .with_state(AppState { metrics, health });
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    info!(%addr, "metrics server listening");
-    axum::serve(listener, app).await
 }
 
 #[cfg(test)]

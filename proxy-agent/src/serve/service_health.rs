@@ -21,11 +21,8 @@ use axum::{
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::{
-    health::ProxyHealth,
-    model::{NamespacedName, ServicePortMap},
-    proxier::FamilyState,
-};
+use super::health::ProxyHealth;
+use crate::model::{FamilyState, NamespacedName, ServicePortMap};
 
 /// One service's health as served.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

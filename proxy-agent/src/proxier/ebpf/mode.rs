@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The ebpf mode's registration: whether it can run here, how it starts, what it leaves.
+
+use std::path::Path;
+
+use super::{EbpfProxier, loader, loader::LoadOptions, pins};
+use crate::{
+    config::{EbpfConntrack, ProxyMode},
+    proxier::{
+        CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, NodeContext, Proxier,
+    },
+};
+
+pub static MODE: ModeEntry = ModeEntry {
+    mode: ProxyMode::Ebpf,
+    fallback: Some(ProxyMode::Iptables),
+    probe: unavailable,
+    start,
+    cleanup,
+};
+
+/// Why ebpf mode cannot run here, if it cannot.
+fn unavailable(layout: &HostLayout) -> Option<String> {
+    if let Some(reason) = crate::ebpf_object::unavailable_reason() {
+        return Some(reason.to_string());
+    }
+    let root = &layout.bpffs_root;
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let bpffs_mounted = mounts.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        let (_, point, fs) = (f.next(), f.next(), f.next());
+        fs == Some("bpf") && point.is_some_and(|p| root.starts_with(p))
+    });
+    if !bpffs_mounted {
+        return Some(format!(
+            "no BPF filesystem mounted above {}",
+            root.display()
+        ));
+    }
+    if loader::detect_cgroup2_root().is_err() {
+        return Some("no cgroup v2 hierarchy is mounted".into());
+    }
+    None
+}
+
+fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
+    let config = settings.config;
+    let cgroup = if config.ebpf.cgroup_root.is_empty() {
+        loader::detect_cgroup2_root().map_err(|e| e.to_string())?
+    } else {
+        config.ebpf.cgroup_root.clone().into()
+    };
+    let opts = LoadOptions {
+        bpffs_root: settings.layout.bpffs_root.clone(),
+        cgroup,
+        map_sizes: config.ebpf.map_sizes,
+        devices: settings.devices.to_vec(),
+        xdp: settings.xdp,
+    };
+    let cookie = crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
+    let proxier = EbpfProxier::start(
+        &opts,
+        lb_config(cookie, settings.node, &config.ebpf.conntrack),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Box::new(proxier))
+}
+
+/// The dataplane's runtime configuration: the node's namespace, its masquerade addresses,
+/// how long idle north-south flows are remembered.
+fn lb_config(
+    host_netns_cookie: u64,
+    node: &NodeContext,
+    conntrack: &EbpfConntrack,
+) -> proxy_common::LbConfig {
+    // Validation keeps these within u32 seconds; saturate rather than wrap regardless.
+    let secs = |d: crate::config::Duration| u32::try_from(d.to_std().as_secs()).unwrap_or(u32::MAX);
+    let mut cfg = proxy_common::LbConfig {
+        host_netns_cookie,
+        ct_tcp_lifetime: secs(conntrack.tcp_timeout),
+        ct_closing_lifetime: secs(conntrack.tcp_closing_timeout),
+        ct_udp_lifetime: secs(conntrack.udp_timeout),
+        ..Default::default()
+    };
+    for ip in node.primary_ips.iter() {
+        match ip {
+            std::net::IpAddr::V4(a) => cfg.masq4 = u32::from_ne_bytes(a.octets()),
+            std::net::IpAddr::V6(a) => cfg.masq6 = a.octets(),
+        }
+    }
+    cfg
+}
+
+/// Removes the programs (their pinned links) and maps under the pin directory; when
+/// another mode starts, only if that directory exists.
+fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
+    let root: &Path = &layout.bpffs_root;
+    if matches!(scope, CleanupScope::LeftBeside(_)) && !root.exists() {
+        return None;
+    }
+    let mut report = CleanupReport::default();
+    match pins::unpin_all(root) {
+        Ok(n) => report.removed += n,
+        Err(e) => report
+            .errors
+            .push(format!("ebpf pins under {}: {e}", root.display())),
+    }
+    Some(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{config::EbpfConntrack, node::NodeAddresses};
+
+    #[test]
+    fn lb_config_carries_the_masquerade_addresses_and_the_conntrack_lifetimes() {
+        let node = NodeContext {
+            primary_ips: NodeAddresses {
+                v4: Some("192.168.0.2".parse().unwrap()),
+                v6: Some("fd00::2".parse().unwrap()),
+            },
+            ..Default::default()
+        };
+        let conntrack = EbpfConntrack {
+            tcp_timeout: crate::config::Duration::from_hours(2),
+            tcp_closing_timeout: crate::config::Duration::from_secs(7),
+            udp_timeout: crate::config::Duration::from_secs(45),
+        };
+        let cfg = lb_config(42, &node, &conntrack);
+        assert_eq!(cfg.host_netns_cookie, 42);
+        assert_eq!(cfg.masq4, u32::from_ne_bytes([192, 168, 0, 2]));
+        assert_eq!(
+            cfg.masq6,
+            "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
+        assert_eq!(
+            (
+                cfg.ct_tcp_lifetime,
+                cfg.ct_closing_lifetime,
+                cfg.ct_udp_lifetime
+            ),
+            (7200, 7, 45)
+        );
+    }
+}

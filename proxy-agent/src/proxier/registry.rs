@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+//! What the agent asks of a mode without naming it: whether it can run here (and why
+//! not), starting it from one settings value, its fallback, and removing what it left on
+//! the node. Each mode describes itself in one [`ModeEntry`] (its folder's `mode.rs`);
+//! [`super::MODES`] lists them and the functions beside it look a mode up there.
+
+use std::{path::PathBuf, time::Duration};
+
+use ipnet::IpNet;
+
+use super::sync::{NodeContext, Proxier};
+use crate::config::{KubeProxyConfiguration, ProxyMode, XdpMode};
+
+/// One mode, as the agent sees it.
+pub struct ModeEntry {
+    pub mode: ProxyMode,
+    /// The mode to run instead when this one cannot run on this node (`None`: none; the
+    /// agent exits). `--strict-mode` turns any fallback into an exit.
+    pub fallback: Option<ProxyMode>,
+    /// Why the mode cannot run on this node, if it cannot.
+    pub probe: fn(&HostLayout) -> Option<String>,
+    /// Starts the dataplane; the error is the reason, for the fallback's log and event.
+    pub start: fn(&ModeSettings<'_>) -> Result<Box<dyn Proxier>, String>,
+    /// Removes what the mode installed on the node; `None` when there was nothing to look at
+    /// (nothing is logged then).
+    pub cleanup: fn(&HostLayout, CleanupScope) -> Option<CleanupReport>,
+}
+
+/// Where the modes keep their state on this node: what probing and cleaning up need,
+/// before (or without) a running agent.
+#[derive(Clone, Debug)]
+pub struct HostLayout {
+    /// The ebpf mode's pin directory.
+    pub bpffs_root: PathBuf,
+    /// Virtual servers the ipvs mode leaves alone (`ipvs.excludeCIDRs`).
+    pub ipvs_exclude: Vec<IpNet>,
+}
+
+/// Everything a mode starts from.
+#[derive(Clone, Copy, Debug)]
+pub struct ModeSettings<'a> {
+    /// The validated configuration.
+    pub config: &'a KubeProxyConfiguration,
+    pub layout: &'a HostLayout,
+    pub xdp: XdpMode,
+    /// The periodic full sync's interval.
+    pub sync_period: Duration,
+    /// The node's uplink devices.
+    pub devices: &'a [String],
+    pub node: &'a NodeContext,
+}
+
+/// Which cleanup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CleanupScope {
+    /// `--cleanup`: everything the mode ever installed.
+    Everything,
+    /// Another mode (given; never this one) is starting: what this one left that the
+    /// running mode does not reuse, so that switching modes leaves no trace of the
+    /// previous one.
+    LeftBeside(ProxyMode),
+}
+
+/// What one mode's cleanup did.
+#[derive(Debug, Default)]
+pub struct CleanupReport {
+    pub removed: usize,
+    pub errors: Vec<String>,
+}

@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: Apache-2.0
+//! What every mode shares: the facts about this node a sync needs, one sync's request and
+//! report, and the [`Proxier`] trait each mode implements.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    net::IpAddr,
+    time::Duration,
+};
+
+use ipnet::IpNet;
+
+use crate::{
+    model::{FamilyState, IpFamily, NamespacedName, StaleConntrack},
+    node::{LocalDetector, NodeAddresses},
+    proxier::ebpf::sockets::namespaces::Unsupported,
+};
+
+/// Facts about this node and the settings every proxier shares.
+#[derive(Clone, Debug, Default)]
+pub struct NodeContext {
+    pub name: String,
+    /// The Node's labels (topology.kubernetes.io/zone for topology hints).
+    pub labels: BTreeMap<String, String>,
+    /// The node's primary IPs (--bind-address or the Node object).
+    pub primary_ips: NodeAddresses,
+    /// Every address on the host's interfaces.
+    pub host_addresses: Vec<IpAddr>,
+    /// nodePortAddresses resolved: the addresses NodePorts are served on, or `None` for
+    /// "every local address".
+    pub nodeport_addresses: Option<Vec<IpAddr>>,
+    pub local_detector: LocalDetector,
+    pub masquerade_all: bool,
+    /// The fwmark bit iptables/ipvs use to mark packets for masquerading.
+    pub masquerade_bit: u32,
+    /// iptables.localhostNodePorts (iptables mode, IPv4).
+    pub localhost_nodeports: bool,
+}
+
+impl NodeContext {
+    /// NodePort addresses of one family (`None`: every local address of it).
+    pub fn nodeport_addresses_of(&self, family: IpFamily) -> Option<Vec<IpAddr>> {
+        self.nodeport_addresses.as_ref().map(|addrs| {
+            addrs
+                .iter()
+                .filter(|a| family.contains(a))
+                .copied()
+                .collect()
+        })
+    }
+
+    /// Whether `ip` is one of this node's addresses.
+    pub fn is_node_address(&self, ip: &IpAddr) -> bool {
+        self.host_addresses.contains(ip)
+    }
+}
+
+/// Resolves nodePortAddresses against the host's addresses: keywords `primary`, `localhost`,
+/// `all` and CIDRs, as upstream's `NodePortAddresses`. An empty list means every address.
+pub fn resolve_nodeport_addresses(
+    cidrs: &[IpNet],
+    include_primary: bool,
+    primary: &NodeAddresses,
+    host_addresses: &[IpAddr],
+) -> Option<Vec<IpAddr>> {
+    if cidrs.is_empty() && !include_primary {
+        return None;
+    }
+    let mut out: Vec<IpAddr> = host_addresses
+        .iter()
+        .filter(|a| cidrs.iter().any(|c| c.contains(*a)))
+        .copied()
+        .collect();
+    if include_primary {
+        out.extend(primary.iter());
+    }
+    out.sort();
+    out.dedup();
+    Some(out)
+}
+
+/// One sync.
+#[derive(Clone, Copy, Debug)]
+pub struct SyncRequest<'a> {
+    pub families: &'a [FamilyState],
+    pub node: &'a NodeContext,
+    /// Rebuild everything and compare with the kernel's actual state (first sync, after a
+    /// failure, periodically); otherwise only `changed` needs work.
+    pub full: bool,
+    /// Services whose ports or endpoints changed since the last successful sync.
+    pub changed: &'a HashSet<NamespacedName>,
+    pub stale: &'a StaleConntrack,
+}
+
+/// What a sync did, for logs and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Services (of all families) programmed.
+    pub services: usize,
+    /// Kernel objects written and deleted (map entries, rules, virtual servers).
+    pub written: usize,
+    pub deleted: usize,
+    /// Services with a Local traffic policy and no local endpoint.
+    pub no_local_endpoints_internal: usize,
+    pub no_local_endpoints_external: usize,
+    /// Services (distinct names) left out, in one family or all, because a map was full;
+    /// the rest was programmed. They are retried at every sync.
+    pub not_programmed: usize,
+    /// The first few of them (`namespace/name`, sorted), for the log and the Node event.
+    pub not_programmed_examples: Vec<String>,
+    /// The maps that had no room for them.
+    pub full_maps: Vec<FullMap>,
+    /// Entries and capacity of each map the agent fills (ebpf mode).
+    pub map_usage: Vec<MapUsage>,
+    /// The stale UDP conntrack reconciles this sync ran, per family (none when nothing
+    /// called for one).
+    pub conntrack_reconciles: Vec<ConntrackReconcile>,
+    /// The sweep for connected UDP sockets whose backend went away (ebpf mode).
+    pub connected_udp: SocketSweep,
+}
+
+/// One family's reconcile, for `kubeproxy_conntrack_reconciler_*`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConntrackReconcile {
+    pub family: IpFamily,
+    pub took: Duration,
+    pub deleted: usize,
+}
+
+/// How one sync's sweep went, for `kubeproxy_ebpf_udp_socket_*`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SocketSweep {
+    /// Whether this sync swept at all (it does when UDP services or endpoints changed, and
+    /// at the first sync).
+    pub swept: bool,
+    /// Connected UDP sockets destroyed.
+    pub terminated: usize,
+    /// Namespaces not searched because entering them was refused (CAP_SYS_ADMIN).
+    pub netns_unreachable: usize,
+    /// What the kernel lacks, when that stopped the sweep.
+    pub unsupported: Option<Unsupported>,
+    /// Something else failed; the next sync sweeps again.
+    pub failed: bool,
+}
+
+impl SocketSweep {
+    /// The metric's `result` label.
+    pub fn result(&self) -> &'static str {
+        if self.unsupported.is_some() {
+            "kernel_unsupported"
+        } else if self.failed {
+            "failed"
+        } else if self.netns_unreachable > 0 {
+            "netns_unreachable"
+        } else {
+            "complete"
+        }
+    }
+}
+
+/// A map that could not take every service.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FullMap {
+    /// The map's pinned name (e.g. `SVC4_V1`).
+    pub map: &'static str,
+    pub capacity: usize,
+    /// The configuration field that sets its capacity (e.g. `ebpf.mapSizes.services`).
+    pub setting: &'static str,
+}
+
+/// How full one map is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapUsage {
+    pub map: &'static str,
+    /// Entries the agent keeps in it.
+    pub entries: usize,
+    pub capacity: usize,
+}
+
+/// A failed sync; the runner retries it with a full sync.
+#[derive(Debug, thiserror::Error)]
+#[error("{mode} sync failed: {source}")]
+pub struct SyncError {
+    pub mode: &'static str,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl SyncError {
+    pub fn new(mode: &'static str, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self {
+            mode,
+            source: Box::new(source),
+        }
+    }
+}
+
+/// A dataplane: turns the model into kernel state.
+pub trait Proxier: Send {
+    /// The mode name (`ebpf`, `iptables`, `ipvs`).
+    fn mode(&self) -> &'static str;
+
+    /// Brings the kernel in line with the model. Must leave the dataplane consistent
+    /// whatever happens: a failure part-way is repaired by the next (full) sync.
+    fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError>;
+
+    /// Periodic housekeeping between syncs (new devices, expired state).
+    fn maintain(&mut self) {}
+
+    /// Whether the kernel state was wiped by someone else since the last sync (a firewall
+    /// reload flushing iptables, say), so that the next sync must be full. The agent calls
+    /// it periodically; modes that cannot tell return false.
+    fn needs_full_resync(&mut self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodeport_addresses_resolution() {
+        let host: Vec<IpAddr> = ["127.0.0.1", "192.168.0.2", "192.168.1.2", "fd00::2"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let primary = NodeAddresses {
+            v4: Some("192.168.0.2".parse().unwrap()),
+            v6: None,
+        };
+        assert_eq!(
+            resolve_nodeport_addresses(&[], false, &primary, &host),
+            None
+        );
+        let only_primary = resolve_nodeport_addresses(&[], true, &primary, &host).unwrap();
+        assert_eq!(only_primary, vec!["192.168.0.2".parse::<IpAddr>().unwrap()]);
+        let cidr: IpNet = "192.168.1.0/24".parse().unwrap();
+        let some = resolve_nodeport_addresses(&[cidr], false, &primary, &host).unwrap();
+        assert_eq!(some, vec!["192.168.1.2".parse::<IpAddr>().unwrap()]);
+        let ctx = NodeContext {
+            nodeport_addresses: Some(host.clone()),
+            ..Default::default()
+        };
+        assert_eq!(ctx.nodeport_addresses_of(IpFamily::V6).unwrap().len(), 1);
+    }
+}
