@@ -23,6 +23,7 @@ pub mod conntrack;
 pub mod ebpf;
 pub mod iptables;
 pub mod ipvs;
+pub mod netfilter;
 pub mod netlink;
 
 /// The model of one IP family, as the event loop keeps it.
