@@ -18,7 +18,7 @@ use std::fmt::Write;
 use super::desired::{DropRule, DropTarget, FamilyDesired};
 use super::sets::SetKind;
 use crate::model::IpFamily;
-use crate::proxier::iptables::rules::LocalMatch;
+use crate::proxier::netfilter::matches::LocalMatch;
 use crate::proxier::netfilter::names::{
     KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
     protocol_lower,

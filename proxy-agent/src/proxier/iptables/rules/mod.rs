@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::fmt::Write;
 
 pub use cache::RuleCache;
-pub use context::{FamilyContext, LocalMatch, RuleOptions};
+pub use context::{FamilyContext, RuleOptions};
 
 use super::names::ChainName;
 use crate::model::{EndpointsMap, IpFamily, NamespacedName, ServicePortMap};
