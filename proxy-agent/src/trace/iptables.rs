@@ -215,7 +215,7 @@ fn kind_of(comment: &str, chain_hint: bool) -> FrontendKind {
 }
 
 /// The clients the `recent` module remembers, per list (endpoint chain) name, as
-/// /proc/net/xt_recent/<name> shows them ("src=10.0.0.2 ttl: ...").
+/// `/proc/net/xt_recent/<name>` shows them ("src=10.0.0.2 ttl: ...").
 pub type RecentLists = std::collections::HashMap<String, Vec<IpAddr>>;
 
 pub fn parse_recent(text: &str) -> Vec<IpAddr> {

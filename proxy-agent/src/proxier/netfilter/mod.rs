@@ -7,7 +7,7 @@
 //! - [`save`] is the one reader of iptables text (save output, restore input, `-S`
 //!   listings) with its one tokenizer; proxiers, cleanup, `inspect rules` and `trace` use it;
 //! - [`jumps`] writes and recognises the rules hooking a mode's chains into the built-in
-//!   chains; [`cleanup`] removes chains and the rules jumping to them; [`matches`] writes
+//!   chains; [`cleanup`] removes chains and the rules jumping to them; [`mod@matches`] writes
 //!   the local-traffic match and the masquerade mark;
 //! - [`names`] holds the chain names upstream's proxiers share and upstream's SHA-256 chain
 //!   name hash; [`table`] the tables.
