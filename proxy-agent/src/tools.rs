@@ -13,10 +13,7 @@ use clap::{Args, Subcommand};
 use crate::{
     inspect::{self, Output, Subject, live, rules::RulesError},
     model::IpFamily,
-    proxier::iptables::{
-        exec::{CommandBackend, IptablesBackend as _},
-        jumps::Table,
-    },
+    proxier::netfilter::{CommandBackend, IptablesBackend as _, Table},
     trace::{self, ClientKind, Question},
 };
 

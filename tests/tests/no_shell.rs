@@ -50,12 +50,12 @@ fn the_agent_starts_only_ipset_and_iptables_and_never_a_shell() {
     assert_eq!(
         process_spawns(&src),
         [
-            "proxier/iptables/exec.rs: program",
             "proxier/ipvs/ipset.rs: \"ipset\"",
+            "proxier/netfilter/exec.rs: program",
         ]
     );
     // exec.rs's `program` is one of the names fixed at detection.
-    let exec = fs::read_to_string(src.join("proxier/iptables/exec.rs")).unwrap();
+    let exec = fs::read_to_string(src.join("proxier/netfilter/exec.rs")).unwrap();
     for fixed in [
         "save: format!(\"{prefix}-save\")",
         "restore: format!(\"{prefix}-restore\")",

@@ -11,9 +11,9 @@ use serde::Serialize;
 
 use crate::{
     model::IpFamily,
-    proxier::iptables::{
-        exec::{CommandBackend, ExecError, IptablesBackend},
-        jumps::Table,
+    proxier::netfilter::{
+        CommandBackend, ExecError, IptablesBackend, Table,
+        save::{self, Rule},
     },
 };
 
@@ -70,92 +70,6 @@ pub struct RuleVerdict {
     pub comment: String,
 }
 
-/// One `-A CHAIN ...` rule, its options by name (last value wins; `!` kept as a prefix).
-#[derive(Debug, Default)]
-pub(crate) struct Rule {
-    pub(crate) chain: String,
-    pub(crate) opts: BTreeMap<String, String>,
-}
-
-impl Rule {
-    pub(crate) fn get(&self, k: &str) -> Option<&str> {
-        self.opts.get(k).map(String::as_str)
-    }
-}
-
-/// Splits a saved rule line into words, honouring double quotes.
-fn words(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' if quoted => {
-                if let Some(n) = chars.next() {
-                    cur.push(n);
-                }
-            }
-            '"' => quoted = !quoted,
-            c if c.is_whitespace() && !quoted => {
-                if !cur.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-            }
-            c => cur.push(c),
-        }
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
-}
-
-pub(crate) fn parse_rule(line: &str) -> Option<Rule> {
-    let w = words(line);
-    if w.first().map(String::as_str) != Some("-A") {
-        return None;
-    }
-    let mut rule = Rule {
-        chain: w.get(1)?.clone(),
-        ..Default::default()
-    };
-    let mut i = 2;
-    let mut negate = false;
-    while i < w.len() {
-        let word = &w[i];
-        if word == "!" {
-            negate = true;
-            i += 1;
-            continue;
-        }
-        if word.starts_with('-') {
-            let value = w
-                .get(i + 1)
-                .filter(|v| !v.starts_with('-') || v.parse::<f64>().is_ok());
-            let key = if negate {
-                format!("!{word}")
-            } else {
-                word.clone()
-            };
-            match value {
-                Some(v) => {
-                    rule.opts.insert(key, v.clone());
-                    i += 2;
-                }
-                None => {
-                    rule.opts.insert(key, String::new());
-                    i += 1;
-                }
-            }
-            negate = false;
-        } else {
-            i += 1;
-        }
-    }
-    Some(rule)
-}
-
 fn strip_host(addr: &str) -> String {
     addr.strip_suffix("/32")
         .or_else(|| addr.strip_suffix("/128"))
@@ -175,7 +89,7 @@ pub fn summarise(family: IpFamily, nat: &str, filter: &str) -> Vec<RuleService> 
         IpFamily::V4 => "IPv4",
         IpFamily::V6 => "IPv6",
     };
-    let nat: Vec<Rule> = nat.lines().filter_map(parse_rule).collect();
+    let nat: Vec<Rule> = save::rules(nat).collect();
     let mut services: BTreeMap<String, RuleService> = BTreeMap::new();
     fn entry<'a>(
         services: &'a mut BTreeMap<String, RuleService>,
@@ -236,7 +150,7 @@ pub fn summarise(family: IpFamily, nat: &str, filter: &str) -> Vec<RuleService> 
             _ => {}
         }
     }
-    for r in filter.lines().filter_map(parse_rule) {
+    for r in save::rules(filter) {
         let target = r.get("-j").unwrap_or_default();
         if !(target == "REJECT" || target == "DROP") || !r.chain.starts_with("KUBE-") {
             continue;

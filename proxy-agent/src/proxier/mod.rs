@@ -10,6 +10,7 @@ pub mod conntrack;
 pub mod ebpf;
 pub mod iptables;
 pub mod ipvs;
+pub mod netfilter;
 pub mod netlink;
 mod registry;
 mod sync;

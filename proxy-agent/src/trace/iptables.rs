@@ -13,11 +13,9 @@ use ipnet::IpNet;
 use proxy_common::proto;
 
 use super::{Action, AffinityInfo, Candidate, ClientKind, MatchedFrontend, Question, Verdict};
-use crate::inspect::{
-    live::{FrontendKind, proto_name},
-    rules::{Rule, parse_rule},
-};
+use crate::inspect::live::{FrontendKind, proto_name};
 use crate::proxier::ebpf::names::PortRef;
+use crate::proxier::netfilter::save::{self, Rule};
 
 /// The masquerade bit upstream and we use by default (0x4000 = bit 14).
 const DEFAULT_MASQ_MARK: u32 = 0x4000;
@@ -263,7 +261,7 @@ pub fn trace(
     let ctx = Ctx {
         q,
         node_addresses,
-        nat: nat.lines().filter_map(parse_rule).collect(),
+        nat: save::rules(nat).collect(),
     };
     let mut ends = Vec::new();
     ctx.walk("KUBE-SERVICES", Path::default(), 0, &mut ends);
@@ -366,7 +364,7 @@ pub fn trace(
     }
     steps.push(format!("no nat rule translates {}", q.to));
     // No DNAT: the filter table's verdicts on the original destination.
-    let filter: Vec<Rule> = filter.lines().filter_map(parse_rule).collect();
+    let filter: Vec<Rule> = save::rules(filter).collect();
     let mut chains = vec!["KUBE-PROXY-FIREWALL", "KUBE-SERVICES"];
     if q.client != ClientKind::Node {
         chains.push("KUBE-EXTERNAL-SERVICES");

@@ -7,9 +7,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::exec::{ExecError, IptablesBackend};
-use super::jumps::{Table, jump_target};
 use crate::model::IpFamily;
+use crate::proxier::netfilter::exec::failed_line;
+use crate::proxier::netfilter::save::{self, Line, Op, jump_target};
+use crate::proxier::netfilter::{ExecError, IptablesBackend, Table};
 
 /// Targets that are not chains.
 const BUILTIN_TARGETS: &[&str] = &[
@@ -44,7 +45,7 @@ impl TableState {
         self.chains
             .values()
             .flatten()
-            .any(|rule| jump_target(rule) == Some(chain))
+            .any(|rule| jump_target(rule).is_some_and(|target| target == chain))
     }
 }
 
@@ -87,89 +88,79 @@ impl FakeIptables {
         for (index, raw) in input.lines().enumerate() {
             let line = raw.trim();
             let fail = |why: &str| format!("line {} failed: {why}: {line}", index + 1);
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            if let Some(name) = line.strip_prefix('*') {
-                let table = match name {
-                    "filter" => Table::Filter,
-                    "nat" => Table::Nat,
-                    "mangle" => Table::Mangle,
-                    _ => return Err(fail("unknown table")),
-                };
-                let state = self.table(family, table).clone();
-                current = Some((table, state));
-                continue;
-            }
-            if line == "COMMIT" {
-                staged.push(
-                    current
-                        .take()
-                        .ok_or_else(|| fail("COMMIT outside a table"))?,
-                );
-                continue;
-            }
-            let (table, state) = current.as_mut().ok_or_else(|| fail("no table"))?;
-            if let Some(decl) = line.strip_prefix(':') {
-                let chain = decl
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
-                let builtin = table.builtin_chains().contains(&chain.as_str());
-                if builtin {
-                    return Err(fail("declaring a built-in chain flushes it; not expected"));
+            let command = match save::parse_line(line) {
+                Line::Blank | Line::Comment(_) => continue,
+                Line::Table(name) => {
+                    let table = Table::from_name(name).ok_or_else(|| fail("unknown table"))?;
+                    let state = self.table(family, table).clone();
+                    current = Some((table, state));
+                    continue;
                 }
-                state.chains.insert(chain, Vec::new());
-                continue;
-            }
-            let mut words = line.splitn(3, ' ');
-            let (op, chain, rest) = (
-                words.next().unwrap_or_default(),
-                words.next().unwrap_or_default().to_string(),
-                words.next().unwrap_or_default().to_string(),
-            );
-            match op {
-                "-A" | "-I" => {
-                    if let Some(target) = jump_target(&rest)
-                        && !BUILTIN_TARGETS.contains(&target)
-                        && !state.chains.contains_key(target)
+                Line::Commit => {
+                    staged.push(
+                        current
+                            .take()
+                            .ok_or_else(|| fail("COMMIT outside a table"))?,
+                    );
+                    continue;
+                }
+                Line::Chain(decl) => {
+                    let (table, state) = current.as_mut().ok_or_else(|| fail("no table"))?;
+                    if table.builtin_chains().contains(&decl.name) {
+                        return Err(fail("declaring a built-in chain flushes it; not expected"));
+                    }
+                    state.chains.insert(decl.name.to_string(), Vec::new());
+                    continue;
+                }
+                Line::Command(command) => command,
+                Line::Unknown(_) => {
+                    current.as_mut().ok_or_else(|| fail("no table"))?;
+                    return Err(fail("unknown command"));
+                }
+            };
+            let (_, state) = current.as_mut().ok_or_else(|| fail("no table"))?;
+            let (chain, rest) = (command.chain, command.spec);
+            match command.op {
+                Op::Append | Op::Insert => {
+                    if let Some(target) = jump_target(rest)
+                        && !BUILTIN_TARGETS.contains(&target.as_ref())
+                        && !state.chains.contains_key(target.as_ref())
                     {
                         return Err(fail("jump to a missing chain"));
                     }
                     let rules = state
                         .chains
-                        .get_mut(&chain)
+                        .get_mut(chain)
                         .ok_or_else(|| fail("no such chain"))?;
-                    if op == "-A" {
-                        rules.push(rest);
+                    if command.op == Op::Append {
+                        rules.push(rest.to_string());
                     } else {
-                        rules.insert(0, rest);
+                        rules.insert(0, rest.to_string());
                     }
                 }
-                "-D" => {
+                Op::Delete => {
                     let rules = state
                         .chains
-                        .get_mut(&chain)
+                        .get_mut(chain)
                         .ok_or_else(|| fail("no such chain"))?;
                     let at = rules
                         .iter()
-                        .position(|r| *r == rest)
+                        .position(|r| r == rest)
                         .ok_or_else(|| fail("no such rule"))?;
                     rules.remove(at);
                 }
-                "-X" => {
-                    match state.chains.get(&chain) {
+                Op::DeleteChain => {
+                    match state.chains.get(chain) {
                         None => return Err(fail("no such chain")),
                         Some(rules) if !rules.is_empty() => return Err(fail("chain not empty")),
                         Some(_) => {}
                     }
-                    if state.referenced(&chain) {
+                    if state.referenced(chain) {
                         return Err(fail("chain still referenced"));
                     }
-                    state.chains.remove(&chain);
+                    state.chains.remove(chain);
                 }
-                _ => return Err(fail("unknown command")),
+                Op::NewChain | Op::Flush | Op::Policy => return Err(fail("unknown command")),
             }
         }
         if current.is_some() {
@@ -186,7 +177,7 @@ fn failed(program: &str, stderr: String) -> ExecError {
     ExecError::Failed {
         program: program.into(),
         status: "exit status: 1".into(),
-        line: super::exec::failed_line(&stderr),
+        line: failed_line(&stderr),
         stderr,
     }
 }

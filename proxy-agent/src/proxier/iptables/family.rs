@@ -8,14 +8,17 @@ use std::fmt::Write;
 use std::time::{Duration, Instant};
 
 use super::Error;
-use super::exec::{ExecError, IptablesBackend, lines_around};
-use super::jumps::{FLUSH_WITNESSES, JUMPS, Jump, LOCALNET_JUMPS, Table, write_missing_jumps};
-use super::names::{KUBE_PROXY_CANARY, is_service_chain};
+use super::jumps::{FLUSH_WITNESSES, JUMPS, LOCALNET_JUMPS};
+use super::names::is_service_chain;
 use super::rules::{
     self, FamilyContext, Generated, Model, Probabilities, RestoreBuffers, RuleCache, RuleOptions,
     Scope,
 };
 use crate::model::{IpFamily, NamespacedName};
+use crate::proxier::netfilter::exec::lines_around;
+use crate::proxier::netfilter::jumps::write_missing_jumps;
+use crate::proxier::netfilter::names::KUBE_PROXY_CANARY;
+use crate::proxier::netfilter::{ExecError, IptablesBackend, Jump, Table, save};
 use crate::proxier::{FamilyState, NodeContext};
 
 /// What one family's sync did.
@@ -186,7 +189,7 @@ impl FamilyProxier {
         };
         self.last_stale_scan = Some(Instant::now());
         let active: HashSet<String> = self.cache.all_chains().map(ToString::to_string).collect();
-        let stale: Vec<&str> = chains_in_save(&saved)
+        let stale: Vec<&str> = save::declared_chains(&saved)
             .filter(|chain| is_service_chain(chain) && !active.contains(*chain))
             .collect();
         let deleted = self.buffers.delete_chains(stale);
@@ -267,12 +270,4 @@ impl FamilyProxier {
         }
         Ok(None)
     }
-}
-
-/// Chain names declared in `iptables-save` output (`:NAME POLICY [p:b]`).
-pub fn chains_in_save(saved: &str) -> impl Iterator<Item = &str> {
-    saved
-        .lines()
-        .filter_map(|line| line.strip_prefix(':'))
-        .filter_map(|decl| decl.split_ascii_whitespace().next())
 }

@@ -10,9 +10,11 @@
 //!   entries;
 //! - [`IptablesProxier::check_flushed`] notices when someone flushed our rules;
 //! - [`cleanup::cleanup_with`] / [`cleanup_leftovers`] remove everything.
+//!
+//! Running the iptables binaries, reading their output and the jump rules' mechanics are
+//! shared with the ipvs mode in [`crate::proxier::netfilter`].
 
 pub mod cleanup;
-pub mod exec;
 pub mod family;
 pub mod jumps;
 pub mod mode;
@@ -27,13 +29,16 @@ pub(crate) mod tests;
 
 use std::time::Duration;
 
-pub use cleanup::{CleanupReport, cleanup_with};
-pub use exec::{CommandBackend, ExecError, IptablesBackend};
+pub use cleanup::cleanup_with;
 pub use rules::RuleOptions;
+
+// The backend this mode is built with (tests and benchmarks construct it).
+pub use crate::proxier::netfilter::{CommandBackend, ExecError, IptablesBackend};
 
 use crate::model::IpFamily;
 use crate::node::Sysctl;
 use crate::proxier::conntrack::{ConntrackTable, NetlinkConntrack, UdpConntrackReconciler};
+use crate::proxier::netfilter::cleanup::{CleanupError, CleanupReport, cleanup_chains_with};
 use crate::proxier::{NodeContext, Proxier, SyncError, SyncRequest, SyncStats};
 use family::FamilyProxier;
 
@@ -55,6 +60,8 @@ pub enum Error {
     },
     #[error("iptables is not usable: {0}")]
     Detect(#[source] ExecError),
+    #[error(transparent)]
+    Cleanup(#[from] CleanupError),
     #[error("cannot set sysctl {name}: {source}")]
     Sysctl {
         name: &'static str,
@@ -213,9 +220,9 @@ pub fn cleanup_leftovers() -> Result<CleanupReport> {
 /// rewrites the shared chains on its first sync).
 pub fn cleanup_iptables_only_chains() -> Result<CleanupReport> {
     let mut backend = CommandBackend::detect().map_err(Error::Detect)?;
-    cleanup::cleanup_chains_with(
+    Ok(cleanup_chains_with(
         &mut backend,
         &[IpFamily::V4, IpFamily::V6],
         cleanup::iptables_only,
-    )
+    )?)
 }

@@ -1,26 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Chain names. The fixed chains carry upstream's names; per-service chains carry
-//! upstream's hashed names (the first 16 characters of the base32 of a SHA-256), so an
-//! operator sees the same `KUBE-SVC-XPGD46QRK7WJZT7O` for the same service port that
-//! kube-proxy would program.
+//! The iptables mode's per-service chains: a kind prefix (`KUBE-SVC-`, `KUBE-SEP-`, ...)
+//! and upstream's hash ([`crate::proxier::netfilter::names`]), so the names equal
+//! kube-proxy's for the same service ports and endpoints.
 
 use std::fmt;
-use std::net::SocketAddr;
 
-use ring::digest;
-
-use crate::model::{Protocol, ServicePortName};
-
-pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
-pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
-pub const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
-pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
-pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
-pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
-pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
-pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
-/// Shared with kubelet (which may program the same localnet rule).
-pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+use crate::proxier::netfilter::names::ChainHash;
 
 /// The per-service chain kinds, by prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -62,33 +47,6 @@ pub fn is_service_chain(name: &str) -> bool {
     ChainKind::ALL.iter().any(|k| name.starts_with(k.prefix()))
 }
 
-/// The 16-character hash part of a per-service chain name.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ChainHash([u8; 16]);
-
-impl ChainHash {
-    /// Hashes the concatenation of `parts`, as upstream hashes its concatenated strings.
-    fn of(parts: &[&[u8]]) -> Self {
-        let mut ctx = digest::Context::new(&digest::SHA256);
-        for part in parts {
-            ctx.update(part);
-        }
-        let sum = ctx.finish();
-        Self(base32_prefix(sum.as_ref()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        // Only base32 alphabet bytes are ever stored.
-        std::str::from_utf8(&self.0).unwrap_or("")
-    }
-}
-
-impl fmt::Debug for ChainHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// A per-service chain name; `Copy`, so writing rules never allocates for names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ChainName {
@@ -109,70 +67,15 @@ impl fmt::Display for ChainName {
     }
 }
 
-/// Upstream lowercases the API protocol name before hashing ("tcp").
-pub fn protocol_lower(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-        Protocol::Sctp => "sctp",
-    }
-}
-
-/// The hash shared by a service port's SVC, SVL, EXT and FW chains:
-/// sha256("ns/name:port" + "tcp").
-pub fn service_port_hash(name_text: &str, protocol: Protocol) -> ChainHash {
-    ChainHash::of(&[name_text.as_bytes(), protocol_lower(protocol).as_bytes()])
-}
-
-/// The hash of an endpoint's SEP chain: sha256("ns/name:port" + "tcp" + "ip:port"), with
-/// the endpoint written as upstream does (`[v6]:port` for IPv6).
-pub fn endpoint_hash(name_text: &str, protocol: Protocol, endpoint: &SocketAddr) -> ChainHash {
-    use std::io::Write;
-    let mut addr = [0u8; 64];
-    let len = {
-        let mut cursor = std::io::Cursor::new(&mut addr[..]);
-        // 64 bytes hold the longest "[v6]:port"; a failure would only shorten the input.
-        let _ = write!(cursor, "{endpoint}");
-        cursor.position() as usize
-    };
-    ChainHash::of(&[
-        name_text.as_bytes(),
-        protocol_lower(protocol).as_bytes(),
-        &addr[..len],
-    ])
-}
-
-/// The text upstream hashes for a service port ("ns/name:port", "ns/name" when unnamed).
-pub fn service_port_text(name: &ServicePortName) -> String {
-    name.to_string()
-}
-
-/// RFC 4648 base32 (standard alphabet) of the first 10 bytes: exactly 16 characters.
-fn base32_prefix(bytes: &[u8]) -> [u8; 16] {
-    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-    let mut out = [b'A'; 16];
-    // 80 bits, encoded as two 40-bit halves of eight characters each.
-    let half = |range: std::ops::Range<usize>| {
-        bytes
-            .get(range)
-            .unwrap_or_default()
-            .iter()
-            .fold(0u64, |a, &b| (a << 8) | u64::from(b))
-    };
-    let (hi, lo) = (half(0..5), half(5..10));
-    for (half, value) in [hi, lo].into_iter().enumerate() {
-        for i in 0..8 {
-            let shift = 35 - 5 * i;
-            out[half * 8 + i] = ALPHABET[((value >> shift) & 0x1f) as usize];
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
     use super::*;
-    use crate::model::NamespacedName;
+    use crate::model::{NamespacedName, Protocol, ServicePortName};
+    use crate::proxier::netfilter::names::{
+        KUBE_SERVICES, endpoint_hash, service_port_hash, service_port_text,
+    };
 
     fn port(ns: &str, name: &str, port: &str) -> String {
         service_port_text(&ServicePortName::new(
@@ -180,14 +83,6 @@ mod tests {
             port,
             Protocol::Tcp,
         ))
-    }
-
-    #[test]
-    fn base32_matches_rfc4648_vectors() {
-        // RFC 4648 section 10: BASE32("foobar") = "MZXW6YTBOI======"; 10 bytes of "foobarfoob"
-        // give 16 full characters.
-        let enc = base32_prefix(b"foobarfoob");
-        assert_eq!(&enc, b"MZXW6YTBOJTG633C");
     }
 
     #[test]

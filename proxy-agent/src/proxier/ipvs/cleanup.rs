@@ -16,10 +16,9 @@ use super::kernel::DUMMY_DEVICE;
 use super::rules::{ipvs_chain, ipvs_only_chain};
 use super::{Error, Result};
 use crate::model::IpFamily;
-use crate::proxier::iptables::cleanup::cleanup_chains_with;
-use crate::proxier::iptables::exec::{CommandBackend, IptablesBackend};
-use crate::proxier::iptables::family::chains_in_save;
-use crate::proxier::iptables::jumps::Table;
+use crate::proxier::netfilter::cleanup::cleanup_chains_with;
+use crate::proxier::netfilter::save::declared_chains;
+use crate::proxier::netfilter::{CommandBackend, IptablesBackend, Table};
 use crate::proxier::netlink::route::RouteSocket;
 
 /// What a cleanup removed.
@@ -50,7 +49,7 @@ pub fn leftovers_present(iptables: Option<&mut CommandBackend>) -> bool {
         for family in [IpFamily::V4, IpFamily::V6] {
             for table in [Table::Nat, Table::Filter] {
                 if let Ok(saved) = backend.save(family, table)
-                    && chains_in_save(&saved).any(|c| ipvs_only_chain(table, c))
+                    && declared_chains(&saved).any(|c| ipvs_only_chain(table, c))
                 {
                     return true;
                 }

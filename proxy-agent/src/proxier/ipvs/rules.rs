@@ -18,12 +18,12 @@ use std::fmt::Write;
 use super::desired::{DropRule, DropTarget, FamilyDesired};
 use super::sets::SetKind;
 use crate::model::IpFamily;
-use crate::proxier::iptables::jumps::{Jump, Table};
-use crate::proxier::iptables::names::{
+use crate::proxier::netfilter::matches::LocalMatch;
+use crate::proxier::netfilter::names::{
     KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
     protocol_lower,
 };
-use crate::proxier::iptables::rules::LocalMatch;
+use crate::proxier::netfilter::{Jump, Table};
 
 pub const KUBE_NODE_PORT: &str = "KUBE-NODE-PORT";
 pub const KUBE_LOAD_BALANCER: &str = "KUBE-LOAD-BALANCER";

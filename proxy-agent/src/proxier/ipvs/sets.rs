@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::model::{IpFamily, Protocol};
-use crate::proxier::iptables::names::protocol_lower;
+use crate::proxier::netfilter::names::protocol_lower;
 
 /// How a set's members are typed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

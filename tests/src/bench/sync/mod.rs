@@ -27,8 +27,9 @@ use proxy_agent::{
         conntrack::NetlinkConntrack,
         iptables::{
             CommandBackend, ExecError, IptablesBackend, IptablesConfig, IptablesProxier,
-            RuleOptions, exec::Variant, jumps::Table,
+            RuleOptions,
         },
+        netfilter::{Table, Variant},
     },
 };
 

@@ -6,7 +6,8 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::model::{NamespacedName, ServicePortMap, ServicePortName};
-use crate::proxier::iptables::names::{ChainHash, ChainName};
+use crate::proxier::iptables::names::ChainName;
+use crate::proxier::netfilter::names::ChainHash;
 
 /// The endpoint facts the top-level rules depend on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -18,13 +18,14 @@ use std::collections::HashSet;
 use std::fmt::Write;
 
 pub use cache::RuleCache;
-pub use context::{FamilyContext, LocalMatch, RuleOptions};
+pub use context::{FamilyContext, RuleOptions};
 
-use super::names::{
-    ChainName, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
+use super::names::ChainName;
+use crate::model::{EndpointsMap, IpFamily, NamespacedName, ServicePortMap};
+use crate::proxier::netfilter::names::{
+    KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
     KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
-use crate::model::{EndpointsMap, IpFamily, NamespacedName, ServicePortMap};
 
 /// Above this many endpoints, per-endpoint comments are left out and stale chains are
 /// looked for less often (upstream's "large cluster mode").

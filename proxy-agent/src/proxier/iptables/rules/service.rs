@@ -8,9 +8,10 @@ use std::sync::Arc;
 use super::cache::{PortFlags, PortState};
 use super::{FamilyContext, Probabilities, RestoreBuffers, line};
 use crate::model::{Endpoint, ServicePort, ServicePortName, categorize_endpoints};
-use crate::proxier::iptables::names::{
-    ChainHash, ChainKind, ChainName, KUBE_EXTERNAL_SERVICES, KUBE_MARK_MASQ, KUBE_NODEPORTS,
-    KUBE_PROXY_FIREWALL, KUBE_SERVICES, endpoint_hash, protocol_lower, service_port_hash,
+use crate::proxier::iptables::names::{ChainKind, ChainName};
+use crate::proxier::netfilter::names::{
+    ChainHash, KUBE_EXTERNAL_SERVICES, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL,
+    KUBE_SERVICES, endpoint_hash, protocol_lower, service_port_hash,
 };
 
 pub(super) struct ServiceWriter<'a, 'c> {

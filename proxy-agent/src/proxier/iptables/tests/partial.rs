@@ -8,11 +8,10 @@ use super::scenario::{Replay, Scenario, Step, scenario_files};
 use crate::model::{IpFamily, NamespacedName, Protocol, ServicePortName};
 use crate::proxier::conntrack::fake::FakeConntrack;
 use crate::proxier::iptables::fake::SharedFake;
-use crate::proxier::iptables::jumps::Table;
-use crate::proxier::iptables::names::{
-    ChainKind, ChainName, endpoint_hash, service_port_hash, service_port_text,
-};
+use crate::proxier::iptables::names::{ChainKind, ChainName};
 use crate::proxier::iptables::{IptablesConfig, IptablesProxier, RuleOptions};
+use crate::proxier::netfilter::Table;
+use crate::proxier::netfilter::names::{endpoint_hash, service_port_hash, service_port_text};
 use crate::proxier::{Proxier, SyncRequest};
 
 pub fn new_proxier(fake: &SharedFake) -> (IptablesProxier, FakeConntrack) {

@@ -9,9 +9,9 @@ use crate::proxier::Proxier;
 use crate::proxier::conntrack::IPPROTO_TCP;
 use crate::proxier::conntrack::fake::{entry, udp_entry};
 use crate::proxier::iptables::cleanup_with;
-use crate::proxier::iptables::exec::IptablesBackend;
 use crate::proxier::iptables::fake::SharedFake;
-use crate::proxier::iptables::jumps::{JUMPS, Table};
+use crate::proxier::iptables::jumps::JUMPS;
+use crate::proxier::netfilter::{IptablesBackend, Table};
 
 fn simple() -> Scenario {
     let objects = [

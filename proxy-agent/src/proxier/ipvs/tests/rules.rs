@@ -4,12 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::IpFamily;
-use crate::proxier::iptables::jumps::Table;
-use crate::proxier::iptables::rules::LocalMatch;
 use crate::proxier::ipvs::desired::FamilyDesired;
 use crate::proxier::ipvs::ipset::{diff, our_sets, parse_save};
 use crate::proxier::ipvs::rules::{RuleContext, assemble, generate, ipvs_only_chain};
 use crate::proxier::ipvs::sets::{SetEntry, SetKind};
+use crate::proxier::netfilter::Table;
+use crate::proxier::netfilter::matches::LocalMatch;
 
 fn context(family: IpFamily, local: LocalMatch) -> RuleContext {
     RuleContext {

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Talking to iptables: the few operations this mode needs, behind a trait so the sync
-//! logic is testable without privileges, and their implementation with the `iptables`,
-//! `iptables-save` and `iptables-restore` binaries on PATH (ip6tables-* for IPv6), as
-//! upstream does. Whether those are the nft or the legacy variant is the host's choice
-//! (the binaries on PATH decide); it is detected only to be logged.
+//! Talking to iptables: the few operations the iptables and ipvs modes need, behind a trait
+//! so the sync logic is testable without privileges, and their implementation with the
+//! `iptables`, `iptables-save` and `iptables-restore` binaries on PATH (ip6tables-* for
+//! IPv6), as upstream does. Whether those are the nft or the legacy variant is the host's
+//! choice (the binaries on PATH decide, or [`CommandBackend::detect_named`] names one); it
+//! is detected to be logged and to know which options the binaries accept.
 
 use std::fs::File;
 use std::io::Write;
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
 
-use super::jumps::Table;
+use super::table::Table;
 use crate::model::IpFamily;
 
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +38,7 @@ pub enum ExecError {
     Output { program: String, detail: String },
 }
 
-/// The iptables operations of this mode.
+/// The iptables operations of the iptables and ipvs modes.
 pub trait IptablesBackend: Send {
     /// `iptables-restore --noflush` of `input`, all tables in it committed atomically.
     fn restore(&mut self, family: IpFamily, input: &str) -> Result<(), ExecError>;
