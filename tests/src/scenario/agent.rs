@@ -28,6 +28,11 @@ pub fn bpffs_root(run_id: &str) -> PathBuf {
     Path::new("/sys/fs/bpf").join(run_id)
 }
 
+/// The pinned IPv4 service map under the agent's bpffs root.
+pub fn service_map_pin(bpffs_root: &Path) -> PathBuf {
+    proxy_agent::proxier::ebpf::loader::maps_dir(bpffs_root).join(proxy_common::maps::SVC4)
+}
+
 /// Everything the runner must set, merged over the scenario's `config:` fragment.
 #[derive(Debug, Clone)]
 pub struct ConfigInputs<'a> {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! `cargo xtask bench [suite] [--quick]`: builds the agent and the load generator in
 //! release mode (the eBPF object required), runs the suite as root inside network
-//! namespaces (`loadgen bench-<suite>`, see tests/src/bench), appends its rows to
+//! namespaces (`loadgen bench-<suite>`, see bench/src), appends its rows to
 //! target/bench/<suite>.csv and regenerates docs/benchmarks.md from the CSVs. `--quick`
 //! runs a small slice, writes target/bench/<suite>-quick.csv and leaves the docs alone.
 //!
@@ -293,7 +293,7 @@ fn prepare() -> anyhow::Result<()> {
     step("building the agent and the load generator (release, eBPF object required)");
     run_cmd(
         cargo()
-            .args(["build", "--release", "-p", "proxy-agent", "-p", "tests"])
+            .args(["build", "--release", "-p", "proxy-agent", "-p", "bench"])
             .env("PROXY_REQUIRE_EBPF", "1"),
     )
 }
