@@ -31,6 +31,9 @@
 //! `memory`: the agent's resident memory and its BPF maps' memory with N services of 4
 //! endpoints (ebpf mode; iptables mode with the legacy iptables).
 //!
+//! [`suites`]: the report's suites one after the other, their rows published for the
+//! report (`cargo xtask bench` launches it, then regenerates the report).
+//!
 //! `latency`: how long after a change reaches the API server a connection through the new
 //! frontend first succeeds (the analogue of `network_programming_duration`).
 //!
@@ -63,6 +66,7 @@ pub mod rows;
 pub mod shaped;
 pub mod signals;
 pub mod stats;
+pub mod suites;
 pub mod sync;
 pub mod udp;
 

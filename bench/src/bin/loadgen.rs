@@ -15,6 +15,7 @@
 //! sudo loadgen bench-memory [--quick] [--csv FILE]      # agent RSS, BPF map memory
 //! sudo loadgen bench-dataplane [--quick] [--csv FILE]  # direct/ebpf/iptables/kube-proxy-*
 //! sudo loadgen bench-latency [--quick] [--mode ebpf --mode iptables-legacy] [--csv FILE]
+//! sudo loadgen bench-report-suites --csv-dir target/bench --publish docs/bench [--quick]
 //! sudo loadgen cleanup-stale                              # after a run was SIGKILLed
 //! ```
 #![forbid(unsafe_code)]
@@ -37,6 +38,7 @@ use bench::{
     nodeport::{self, Attach, Backend, NodeportOptions, run_nodeport},
     report::run_reported,
     run_clusterip, signals,
+    suites::{SuitesOptions, run_suites},
     sync::{
         IptablesCommands, SyncMode, SyncOptions, run_sync,
         suite::{SideKind, SuiteOptions, run_suite},
@@ -301,6 +303,27 @@ enum Command {
     /// The dataplane benchmark (root): connection rate, latencies and throughput through
     /// N services in each mode (direct, ebpf, iptables, kube-proxy-shaped iptables/nft).
     BenchDataplane(bench::dataplane::cli::DataplaneArgs),
+    /// The report's suites (all, or those given with --suite), each a `bench-<suite>` run of
+    /// this binary appending to <csv-dir>/<suite>.csv (or <suite>-quick.csv); unless
+    /// --quick, this run's rows are then published as <publish>/<suite>.csv (what
+    /// `cargo xtask bench` runs before it regenerates the report).
+    BenchReportSuites {
+        /// A suite to run (repeatable; default: dataplane, sync, latency, bpf, memory).
+        #[arg(long = "suite")]
+        suites: Vec<String>,
+        /// Each suite's quick slice; nothing is published.
+        #[arg(long)]
+        quick: bool,
+        /// Where the suites append their rows.
+        #[arg(long)]
+        csv_dir: PathBuf,
+        /// Where this run's rows are published (docs/bench).
+        #[arg(long)]
+        publish: Option<PathBuf>,
+        /// Options for every suite run.
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
     /// Remove namespaces, cgroups, pins and files of benchmark runs whose process died.
     CleanupStale,
 }
@@ -638,6 +661,26 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::BenchDataplane(args) => bench::dataplane::cli::main(args),
+        Command::BenchReportSuites {
+            suites,
+            quick,
+            csv_dir,
+            publish,
+            extra,
+        } => {
+            let here = std::env::current_exe().context("locating this binary")?;
+            let opts = SuitesOptions {
+                suites,
+                quick,
+                csv_dir,
+                publish,
+                extra,
+            };
+            Ok(match run_suites(&here, &opts)? {
+                None => ExitCode::SUCCESS,
+                Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            })
+        }
         Command::CleanupStale => {
             for line in nodeport::cleanup_stale()? {
                 println!("removed {line}");
