@@ -1,25 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The agent under benchmark: ebpf mode (strict: no fallback), fed from a manifest
-//! directory, in the node namespace and cgroup, with its own bpffs root. Readiness comes
-//! from its sync metrics, read from inside the node namespace.
+//! directory, in the node namespace and cgroup, with its own bpffs root; started, stopped
+//! and cleaned up by the scenario harness's [`Agent`]. Readiness comes from its sync
+//! metrics alone (a benchmark times the sync), read from inside the node namespace.
 
 use std::{
-    fs,
     path::{Path, PathBuf},
-    process::{Child, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
-use nix::sched::{CloneFlags, setns};
 use serde_json::{Map, Value, json};
 
 use ::tests::scenario::{
     Mode,
-    agent::{ConfigInputs, METRICS_BIND, render_config},
+    agent::{Agent, ConfigInputs, Launch, METRICS_BIND, get_in},
     cluster::AgentConnection,
-    http::{self, HttpResponse},
-    netns::{Place, netns_path},
+    netns::Place,
     readiness::{Change, judge_metrics, parse_sync_times},
 };
 
@@ -51,15 +48,14 @@ pub fn config_fragment() -> Map<String, Value> {
     fragment
 }
 
+/// How long a GET of the agent's metrics may take.
+const GET_TIMEOUT: Duration = Duration::from_millis(500);
+
 #[derive(Debug)]
 pub struct BenchAgent {
-    child: Option<Child>,
-    binary: PathBuf,
-    bpffs_root: PathBuf,
-    node: Place,
-    /// Environment the agent and its `--cleanup` run with (e.g. a PATH naming other
-    /// iptables commands).
-    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    /// Stops the agent and runs its `--cleanup` (with the same environment) on drop.
+    agent: Agent,
+    node_ns: String,
     pub log: PathBuf,
 }
 
@@ -147,41 +143,32 @@ impl BenchAgent {
             .cgroup
             .clone()
             .ok_or_else(|| Error::Setup("the node has no cgroup".into()))?;
-        let config = render_config(&ConfigInputs {
-            fragment: spec.fragment,
+        let node_ns = node.netns.clone();
+        let agent = Agent::launch(&Launch {
+            binary,
             mode: spec.mode,
-            node_name: NODE_NAME,
-            connection: &spec.connection,
-            bpffs_root,
-            cgroup_root: &cgroup,
-        })?;
-        let config_path = run_dir.join("agent.yaml");
-        fs::write(&config_path, config)
-            .map_err(Error::io(format!("writing {}", config_path.display())))?;
-        let log = run_dir.join("agent.log");
-        let out =
-            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
-        let err = out.try_clone().map_err(Error::io("agent log"))?;
-        let mut args = vec!["--config".to_string(), config_path.display().to_string()];
-        if let AgentConnection::SourceDir(dir) = &spec.connection {
-            args.extend(["--source".to_string(), dir.display().to_string()]);
-        }
-        args.push("--strict-mode".to_string());
-        let mut command = node.command(binary, &args);
-        command.envs(spec.env.iter().map(|(k, v)| (k, v)));
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(Error::io(format!("starting {}", binary.display())))?;
-        Ok(BenchAgent {
-            child: Some(child),
-            binary: binary.to_path_buf(),
-            bpffs_root: bpffs_root.to_path_buf(),
+            inputs: &ConfigInputs {
+                fragment: spec.fragment,
+                mode: spec.mode,
+                node_name: NODE_NAME,
+                connection: &spec.connection,
+                bpffs_root,
+                cgroup_root: &cgroup,
+            },
             node,
+            config: run_dir.join("agent.yaml"),
+            log: run_dir.join("agent.log"),
+            extra_args: vec!["--strict-mode".to_string()],
             env: spec.env.clone(),
-            log,
+            // Unused: the benchmarks' waits ([`wait_synced`](Self::wait_synced)) take
+            // their own.
+            ready_timeout: Duration::ZERO,
+            keep: false,
+        })?;
+        Ok(BenchAgent {
+            log: agent.log.clone(),
+            agent,
+            node_ns,
         })
     }
 
@@ -191,12 +178,10 @@ impl BenchAgent {
         let url = format!("http://{METRICS_BIND}/metrics");
         loop {
             signals::check()?;
-            if let Some(child) = &mut self.child
-                && let Ok(Some(status)) = child.try_wait()
-            {
+            if let Some(status) = self.agent.exit_status() {
                 return Err(self.failure(format!("exited ({status})")));
             }
-            let last = match get_in(&self.node.netns, &url) {
+            let last = match get_in(&self.node_ns, &url, GET_TIMEOUT) {
                 Ok(metrics) if metrics.status == 200 => {
                     match judge_metrics(
                         parse_sync_times(&metrics.body),
@@ -208,7 +193,7 @@ impl BenchAgent {
                     }
                 }
                 Ok(other) => format!("/metrics answered {}", other.status),
-                Err(err) => err.to_string(),
+                Err(err) => err,
             };
             if Instant::now() >= deadline {
                 return Err(self.failure(format!("not synced after {timeout:?}: {last}")));
@@ -219,87 +204,20 @@ impl BenchAgent {
 
     /// The agent's process id while it runs (the node's `nsenter` execs it in place).
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.agent.pid()
     }
 
     pub fn failure(&self, reason: String) -> Error {
-        let text = fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(30)..].join("\n");
         Error::Agent(format!(
-            "{reason}\n--- last lines of {} ---\n{tail}",
-            self.log.display()
+            "{reason}\n--- last lines of {} ---\n{}",
+            self.log.display(),
+            self.agent.log_tail(30)
         ))
     }
 
     /// SIGTERM, SIGKILL after 5 s, then `--cleanup` on its pins and the pin directory
     /// removed.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if let Ok(pid) = i32::try_from(child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        let args = [
-            "--cleanup".to_string(),
-            "--bpffs-root".to_string(),
-            self.bpffs_root.display().to_string(),
-        ];
-        match self
-            .node
-            .command(&self.binary, &args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .output()
-        {
-            Ok(out) if !out.status.success() => eprintln!(
-                "cleanup: {} --cleanup failed: {}",
-                self.binary.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-            Err(err) => eprintln!(
-                "cleanup: running {} --cleanup: {err}",
-                self.binary.display()
-            ),
-            Ok(_) => {}
-        }
-        if self.bpffs_root.exists()
-            && let Err(err) = fs::remove_dir_all(&self.bpffs_root)
-        {
-            eprintln!("cleanup: removing {}: {err}", self.bpffs_root.display());
-        }
+        self.agent.stop();
     }
-}
-
-impl Drop for BenchAgent {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// An HTTP GET from inside network namespace `ns` (the agent's 127.0.0.1 is the node's):
-/// a short-lived thread enters the namespace and makes the request.
-pub fn get_in(ns: &str, url: &str) -> Result<HttpResponse> {
-    let path = netns_path(ns);
-    let url = url.to_string();
-    let name = ns.to_string();
-    thread::spawn(move || {
-        let file =
-            fs::File::open(&path).map_err(Error::io(format!("opening {}", path.display())))?;
-        setns(&file, CloneFlags::CLONE_NEWNET)
-            .map_err(|source| Error::Scenario(::tests::scenario::Error::Setns { name, source }))?;
-        Ok(http::get(&url, Duration::from_millis(500))?)
-    })
-    .join()
-    .map_err(|_| Error::Setup("the namespace GET thread panicked".into()))?
 }

@@ -14,19 +14,17 @@
 
 use std::{
     fs,
-    io::{BufRead, BufReader},
     net::Ipv4Addr,
     path::{Path, PathBuf},
-    process::{Child, Stdio},
-    sync::{
-        atomic::{AtomicU32, Ordering},
-        mpsc,
-    },
+    sync::atomic::{AtomicU32, Ordering},
     thread,
     time::{Duration, Instant},
 };
 
-use ::tests::scenario::netns::{self, Place, add_netns, ip_in, sysctl_in};
+use ::tests::scenario::{
+    netns::{self, Place, add_netns, ip_in, sysctl_in},
+    topology::ReadyProcesses,
+};
 
 use super::error::{Error, Result};
 
@@ -149,89 +147,6 @@ pub fn cleanup_stale() -> Result<Vec<String>> {
     Ok(removed)
 }
 
-#[derive(Debug)]
-struct Managed {
-    name: String,
-    child: Child,
-}
-
-/// Long-running helpers (servers) of a run, each started in its place and waited for
-/// until it prints `READY`; killed (and reaped) on [`kill_all`](Self::kill_all) or drop.
-#[derive(Debug)]
-pub struct Processes {
-    /// Where their stderr logs go.
-    log_dir: PathBuf,
-    list: Vec<Managed>,
-}
-
-impl Processes {
-    pub fn new(log_dir: &Path) -> Self {
-        Processes {
-            log_dir: log_dir.to_path_buf(),
-            list: Vec::new(),
-        }
-    }
-
-    /// Starts `exe args` in `place` and waits (10 s at most) for its `READY` line.
-    pub fn spawn_ready(
-        &mut self,
-        name: &str,
-        place: &Place,
-        exe: &Path,
-        args: &[String],
-    ) -> Result<()> {
-        let log = self.log_dir.join(format!("{name}.log"));
-        let stderr =
-            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
-        let mut child = place
-            .command(exe, args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .map_err(Error::io(format!("starting {name}")))?;
-        let stdout = child.stdout.take();
-        self.list.push(Managed {
-            name: name.to_string(),
-            child,
-        });
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            let mut line = String::new();
-            if let Some(out) = stdout {
-                let _ = BufReader::new(out).read_line(&mut line);
-            }
-            let _ = tx.send(line);
-        });
-        match rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(line) if line.trim() == "READY" => Ok(()),
-            other => Err(Error::Setup(format!(
-                "{name} did not start ({}): {}",
-                if other.is_ok() { "exited" } else { "timed out" },
-                fs::read_to_string(&log).unwrap_or_default().trim()
-            ))),
-        }
-    }
-
-    /// Kills and reaps every process; safe to call twice.
-    pub fn kill_all(&mut self) {
-        for managed in &mut self.list {
-            let _ = managed.child.kill();
-        }
-        for mut managed in self.list.drain(..) {
-            if let Err(err) = managed.child.wait() {
-                eprintln!("cleanup: waiting for {}: {err}", managed.name);
-            }
-        }
-    }
-}
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        self.kill_all();
-    }
-}
-
 /// The namespaces, cgroup and run directory of one benchmark run; removed on drop.
 #[derive(Debug)]
 pub struct BenchNet {
@@ -243,7 +158,7 @@ pub struct BenchNet {
     pub run_dir: PathBuf,
     namespaces: Vec<String>,
     cgroup_created: bool,
-    processes: Processes,
+    processes: ReadyProcesses,
     cleaned: bool,
 }
 
@@ -276,7 +191,7 @@ impl BenchNet {
     pub fn build(id: &str) -> Result<Self> {
         let cgroup = netns::cgroup2_root()?.join(format!("{id}-node"));
         let run_dir = runs_dir().join(id);
-        let processes = Processes::new(&run_dir);
+        let processes = ReadyProcesses::new(&run_dir);
         let mut net = BenchNet {
             id: id.to_string(),
             node_ns: format!("{id}-node"),
@@ -406,7 +321,8 @@ impl BenchNet {
         exe: &Path,
         args: &[String],
     ) -> Result<()> {
-        self.processes.spawn_ready(name, place, exe, args)
+        self.processes.spawn_ready(name, place, exe, args)?;
+        Ok(())
     }
 
     /// Removes everything; safe to call twice. Errors are printed, not returned: this runs

@@ -15,19 +15,18 @@ use std::{
 
 use serde_json::{Map, Value, json};
 
+use ::tests::scenario::{
+    agent::{METRICS_BIND, get_in},
+    netns::{ip_in, sysctl_in, sysctl_in_ignoring_unknown},
+};
+
 use super::{
     objects::CLUSTER_RANGE,
     prober::{Report, parse_report},
     results::SyncCounts,
     run::{LatencyMode, LatencyOptions},
 };
-use ::tests::scenario::{
-    agent::METRICS_BIND,
-    netns::{ip_in, sysctl_in, sysctl_in_ignoring_unknown},
-};
-
 use crate::{
-    agent::get_in,
     error::{Error, Result},
     net::BenchNet,
 };
@@ -215,7 +214,9 @@ pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
 
 pub(super) fn sync_counts(node_ns: &str) -> SyncCounts {
     let url = format!("http://{METRICS_BIND}/metrics");
-    let text = get_in(node_ns, &url).map(|r| r.body).unwrap_or_default();
+    let text = get_in(node_ns, &url, Duration::from_millis(500))
+        .map(|r| r.body)
+        .unwrap_or_default();
     let value = |kind: &str, part: &str| {
         let name = format!("kubeproxy_sync_{kind}_proxy_rules_duration_seconds_{part}");
         metric_sum(&text, &name).unwrap_or(0.0)

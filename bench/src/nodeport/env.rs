@@ -31,13 +31,12 @@ use ::tests::scenario::{
     placement::Placement,
     readiness::Change,
     run::merged_config,
-    topology::{Topology, UPLINK},
+    topology::{ReadyProcesses, Topology, UPLINK},
 };
 
 use super::super::{
     agent::{BenchAgent, NODE_NAME, config_fragment},
     error::{Error, Result},
-    net::Processes,
 };
 use super::{Attach, Backend};
 
@@ -160,7 +159,7 @@ impl XdpAttached {
 /// stops and the servers die before the namespaces go.
 pub struct NodeportEnv {
     agent: Option<BenchAgent>,
-    servers: Processes,
+    servers: ReadyProcesses,
     source: DirSource,
     pub topology: Topology,
     agent_binary: PathBuf,
@@ -174,7 +173,7 @@ impl NodeportEnv {
         let scenario = scenario()?;
         let placement = Placement::plan(&scenario)?;
         let topology = Topology::build(&scenario.node, &placement, false)?;
-        let servers = Processes::new(&topology.run_dir);
+        let servers = ReadyProcesses::new(&topology.run_dir);
         let source = DirSource::in_dir(&topology.run_dir.join("objects"))?;
         let initial = match &scenario.stages[0].change {
             StageChange::Replace(objects) => objects.clone(),
