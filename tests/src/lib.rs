@@ -5,7 +5,6 @@
 #![deny(unsafe_code)]
 
 pub mod apiserver;
-pub mod bench;
 pub mod model_feed;
 pub mod node_harness;
 pub mod privileged;

@@ -3,9 +3,10 @@
 //! configuration, start, readiness (via /healthz `lastUpdated`), stop and cleanup.
 
 use std::{
+    ffi::OsString,
     fs,
     path::{Path, PathBuf},
-    process::{Child, Stdio},
+    process::{Child, ExitStatus, Stdio},
     thread,
     time::{Duration, Instant, SystemTime},
 };
@@ -26,6 +27,11 @@ pub const METRICS_BIND: &str = "127.0.0.1:10249";
 
 pub fn bpffs_root(run_id: &str) -> PathBuf {
     Path::new("/sys/fs/bpf").join(run_id)
+}
+
+/// The pinned IPv4 service map under the agent's bpffs root.
+pub fn service_map_pin(bpffs_root: &Path) -> PathBuf {
+    proxy_agent::proxier::ebpf::loader::maps_dir(bpffs_root).join(proxy_common::maps::SVC4)
 }
 
 /// Everything the runner must set, merged over the scenario's `config:` fragment.
@@ -100,6 +106,28 @@ pub struct AgentOptions {
     pub ready_timeout: Duration,
 }
 
+/// How [`Agent::launch`] starts the agent: what the scenario runner ([`Agent::start`])
+/// and the benchmarks share.
+#[derive(Debug, Clone)]
+pub struct Launch<'a> {
+    pub binary: &'a Path,
+    /// The mode the agent is asked to run (see [`AgentOptions::mode`]).
+    pub mode: Mode,
+    pub inputs: &'a ConfigInputs<'a>,
+    pub node: Place,
+    /// Where the configuration is written and the agent's output goes.
+    pub config: PathBuf,
+    pub log: PathBuf,
+    /// Appended to the agent's command line (after `--config` and `--source`).
+    pub extra_args: Vec<String>,
+    /// Added to the environment of the agent and of its `--cleanup` at stop (e.g. a PATH
+    /// whose `iptables*` are the legacy ones).
+    pub env: Vec<(OsString, OsString)>,
+    pub ready_timeout: Duration,
+    /// Leave the agent's pins and rules at stop, for inspection.
+    pub keep: bool,
+}
+
 /// The running agent. Dropping it stops it and removes what it left behind.
 #[derive(Debug)]
 pub struct Agent {
@@ -107,6 +135,7 @@ pub struct Agent {
     pub log: PathBuf,
     pub config: PathBuf,
     binary: PathBuf,
+    env: Vec<(OsString, OsString)>,
     /// The mode the agent was asked to run.
     requested: Mode,
     bpffs_root: PathBuf,
@@ -130,40 +159,76 @@ impl Agent {
         _runner_exe: &Path,
         keep: bool,
     ) -> Result<Self> {
-        let config = run_dir.join(format!("agent-{}.yaml", options.mode));
-        fs::write(&config, render_config(inputs)?)
+        Self::launch(&Launch {
+            binary: &options.binary,
+            mode: options.mode,
+            inputs,
+            node,
+            config: run_dir.join(format!("agent-{}.yaml", options.mode)),
+            log: run_dir.join(format!("agent-{}.log", options.mode)),
+            extra_args: options.extra_args.clone(),
+            env: Vec::new(),
+            ready_timeout: options.ready_timeout,
+            keep,
+        })
+    }
+
+    /// Writes the configuration and starts the agent as `launch` says.
+    pub fn launch(launch: &Launch<'_>) -> Result<Self> {
+        let Launch {
+            binary,
+            inputs,
+            node,
+            config,
+            log,
+            ..
+        } = launch;
+        fs::write(config, render_config(inputs)?)
             .map_err(Error::io(format!("writing {}", config.display())))?;
-        let log = run_dir.join(format!("agent-{}.log", options.mode));
         let out =
-            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
+            fs::File::create(log).map_err(Error::io(format!("creating {}", log.display())))?;
         let err = out.try_clone().map_err(Error::io("agent log"))?;
         let mut args = vec!["--config".to_string(), config.display().to_string()];
         if let AgentConnection::SourceDir(dir) = inputs.connection {
             args.extend(["--source".to_string(), dir.display().to_string()]);
         }
-        args.extend(options.extra_args.iter().cloned());
+        args.extend(launch.extra_args.iter().cloned());
         let child = node
-            .command(&options.binary, &args)
+            .command(binary, &args)
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(Error::io(format!("starting {}", options.binary.display())))?;
+            .map_err(Error::io(format!("starting {}", binary.display())))?;
         Ok(Agent {
             child: Some(child),
-            log,
-            config,
-            binary: options.binary.clone(),
-            requested: options.mode,
+            log: log.clone(),
+            config: config.clone(),
+            binary: binary.to_path_buf(),
+            env: launch.env.clone(),
+            requested: launch.mode,
             bpffs_root: inputs.bpffs_root.to_path_buf(),
             probe_place: Place {
                 netns: node.netns.clone(),
                 cgroup: None,
             },
-            node,
-            ready_timeout: options.ready_timeout,
-            keep,
+            node: node.clone(),
+            ready_timeout: launch.ready_timeout,
+            keep: launch.keep,
         })
+    }
+
+    /// The agent's process id while it runs (the node's `nsenter` execs it in place).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// How the agent exited, if it has.
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|child| child.try_wait().ok().flatten())
     }
 
     /// Waits until the agent has applied `change`: by its sync metrics, or failing
@@ -235,24 +300,13 @@ impl Agent {
         })
     }
 
-    /// GET from inside the node namespace (127.0.0.1 there is not ours), over a socket
-    /// made there by a short-lived thread: no process per poll, which matters where
-    /// every exec is slow (the emulated test VM) and the agent needs the CPU to sync.
+    /// GET from inside the node namespace (see [`get_in`]), on a blocking task.
     async fn get(&self, url: &str) -> Result<HttpResponse, String> {
         let netns = self.probe_place.netns.clone();
         let url = url.to_string();
-        tokio::task::spawn_blocking(move || {
-            let timeout = Duration::from_millis(300);
-            http::get_with(&url, timeout, |addr| {
-                netns::in_netns(&netns, move || {
-                    std::net::TcpStream::connect_timeout(&addr, timeout)
-                })
-                .map_err(std::io::Error::other)
-            })
-            .map_err(|err| err.to_string())
-        })
-        .await
-        .map_err(|err| format!("GET task: {err}"))?
+        tokio::task::spawn_blocking(move || get_in(&netns, &url, Duration::from_millis(300)))
+            .await
+            .map_err(|err| format!("GET task: {err}"))?
     }
 
     fn failure(&self, reason: String) -> Error {
@@ -310,6 +364,7 @@ impl Agent {
         match self
             .node
             .command(&self.binary, &args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .output()
         {
@@ -336,6 +391,20 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// An HTTP GET from inside network namespace `ns` (the agent's 127.0.0.1 is the node's),
+/// over a socket made there by a short-lived thread: no process per poll, which matters
+/// where every exec is slow (the emulated test VM) and the agent needs the CPU to sync.
+pub fn get_in(ns: &str, url: &str, timeout: Duration) -> Result<HttpResponse, String> {
+    let netns = ns.to_string();
+    http::get_with(url, timeout, |addr| {
+        netns::in_netns(&netns, move || {
+            std::net::TcpStream::connect_timeout(&addr, timeout)
+        })
+        .map_err(std::io::Error::other)
+    })
+    .map_err(|err| err.to_string())
 }
 
 /// `text` without ANSI escape sequences (the agent's log may be coloured).

@@ -130,6 +130,16 @@ pub fn cgroup_pids(path: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// SIGKILL to every process in the cgroup (they may take a moment to exit).
+pub fn kill_cgroup_processes(path: &Path) {
+    for pid in cgroup_pids(path) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
 /// Kills whatever still runs in the cgroup, then removes it (retrying while the
 /// killed processes finish exiting).
 pub fn remove_cgroup(path: &Path) -> Result<()> {
@@ -138,12 +148,7 @@ pub fn remove_cgroup(path: &Path) -> Result<()> {
     }
     let mut last = None;
     for _ in 0..50 {
-        for pid in cgroup_pids(path) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        kill_cgroup_processes(path);
         match fs::remove_dir(path) {
             Ok(()) => return Ok(()),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),

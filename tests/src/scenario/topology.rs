@@ -106,10 +106,142 @@ pub fn run_id_of(name: &str) -> Option<&str> {
     .then_some(id)
 }
 
+/// A long-running helper process (a listener, a server) started by
+/// [`spawn_and_wait_ready`].
 #[derive(Debug)]
-struct Managed {
+pub struct Managed {
     name: String,
     child: Child,
+}
+
+impl Managed {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Kills the process and reaps it.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        if let Err(err) = self.child.wait() {
+            eprintln!("stopping {}: {err}", self.name);
+        }
+    }
+}
+
+/// Long-running helpers, each started with [`spawn_and_wait_ready`] (its log under
+/// `log_dir`); killed and reaped on [`kill_all`](Self::kill_all) or drop.
+#[derive(Debug)]
+pub struct ReadyProcesses {
+    log_dir: PathBuf,
+    list: Vec<Managed>,
+}
+
+impl ReadyProcesses {
+    pub fn new(log_dir: &Path) -> Self {
+        ReadyProcesses {
+            log_dir: log_dir.to_path_buf(),
+            list: Vec::new(),
+        }
+    }
+
+    /// Starts `exe args` in `place` and waits for its `READY` line (see
+    /// [`spawn_and_wait_ready`]); returns the lines it printed before.
+    pub fn spawn_ready(
+        &mut self,
+        name: &str,
+        place: &Place,
+        exe: &Path,
+        args: &[String],
+    ) -> Result<Vec<String>> {
+        let (managed, before) = spawn_and_wait_ready(&self.log_dir, name, place, exe, args)?;
+        self.list.push(managed);
+        Ok(before)
+    }
+
+    /// Kills every process, then reaps them; safe to call twice.
+    pub fn kill_all(&mut self) {
+        for managed in &mut self.list {
+            let _ = managed.child.kill();
+        }
+        for mut managed in self.list.drain(..) {
+            if let Err(err) = managed.child.wait() {
+                eprintln!("cleanup: waiting for {}: {err}", managed.name);
+            }
+        }
+    }
+}
+
+impl Drop for ReadyProcesses {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// Starts `exe args` in `place` (stderr to `<log_dir>/<name>.log`) and waits until it
+/// prints `READY` (10 s, plus the listener's own `--bind-patience-ms`); also returns the
+/// lines it printed before (plain listeners that could not bind). A process that exits
+/// or times out is killed, and the error carries its log.
+pub fn spawn_and_wait_ready(
+    log_dir: &Path,
+    name: &str,
+    place: &Place,
+    exe: &Path,
+    args: &[String],
+) -> Result<(Managed, Vec<String>)> {
+    let log = log_dir.join(format!("{name}.log"));
+    let stderr =
+        fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
+    let mut child = place
+        .command(exe, args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .map_err(Error::io(format!("starting {name}")))?;
+    let stdout = child.stdout.take();
+    let mut managed = Managed {
+        name: name.to_string(),
+        child,
+    };
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut before = Vec::new();
+        let mut ready = false;
+        if let Some(out) = stdout {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if line.trim() == "READY" {
+                    ready = true;
+                    break;
+                }
+                before.push(line);
+            }
+        }
+        let _ = tx.send((ready, before));
+    });
+    // The listener's own bind patience comes on top of starting it.
+    let patience = args
+        .iter()
+        .position(|a| a == "--bind-patience-ms")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|ms| ms.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_millis);
+    let outcome = rx.recv_timeout(Duration::from_secs(10) + patience);
+    match outcome {
+        Ok((true, before)) => Ok((managed, before)),
+        other => {
+            let _ = managed.child.kill();
+            let _ = managed.child.wait();
+            Err(Error::Setup(format!(
+                "{name} did not start ({}): {}",
+                match other {
+                    Ok(_) => "exited",
+                    Err(_) => "timed out",
+                },
+                fs::read_to_string(&log).unwrap_or_default().trim()
+            )))
+        }
+    }
 }
 
 /// The node's uplink device, in the node namespace and in every remote node's.
@@ -758,9 +890,7 @@ impl Topology {
             let _ = managed.child.kill();
         }
         for mut managed in self.plain.drain(..) {
-            if let Err(err) = managed.child.wait() {
-                eprintln!("stopping {}: {err}", managed.name);
-            }
+            managed.stop();
         }
     }
 
@@ -773,60 +903,7 @@ impl Topology {
         exe: &Path,
         args: &[String],
     ) -> Result<(Managed, Vec<String>)> {
-        let log = self.run_dir.join(format!("{name}.log"));
-        let stderr =
-            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
-        let mut child = place
-            .command(exe, args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .map_err(Error::io(format!("starting {name}")))?;
-        let stdout = child.stdout.take();
-        let mut managed = Managed {
-            name: name.to_string(),
-            child,
-        };
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            let mut before = Vec::new();
-            let mut ready = false;
-            if let Some(out) = stdout {
-                for line in BufReader::new(out).lines() {
-                    let Ok(line) = line else { break };
-                    if line.trim() == "READY" {
-                        ready = true;
-                        break;
-                    }
-                    before.push(line);
-                }
-            }
-            let _ = tx.send((ready, before));
-        });
-        // The listener's own bind patience comes on top of starting it.
-        let patience = args
-            .iter()
-            .position(|a| a == "--bind-patience-ms")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|ms| ms.parse().ok())
-            .map_or(Duration::ZERO, Duration::from_millis);
-        let outcome = rx.recv_timeout(Duration::from_secs(10) + patience);
-        match outcome {
-            Ok((true, before)) => Ok((managed, before)),
-            other => {
-                let _ = managed.child.kill();
-                let _ = managed.child.wait();
-                Err(Error::Setup(format!(
-                    "{name} did not start ({}): {}",
-                    match other {
-                        Ok(_) => "exited",
-                        Err(_) => "timed out",
-                    },
-                    fs::read_to_string(&log).unwrap_or_default().trim()
-                )))
-            }
-        }
+        spawn_and_wait_ready(&self.run_dir, name, place, exe, args)
     }
 
     /// Every address the node namespace owns right now.

@@ -172,7 +172,7 @@ fn connect_is_translated_rejected_or_left_alone() {
 /// `bpftool -j map dump pinned` on the services map prints every entry with its fields
 /// named (the maps carry BTF), so an operator can read them without our tools.
 fn assert_service_map_dump_has_named_fields(bpffs_root: &std::path::Path) {
-    let pin = tests::bench::maps::service_map_pin(bpffs_root);
+    let pin = tests::scenario::agent::service_map_pin(bpffs_root);
     let out = std::process::Command::new("bpftool")
         .args(["-j", "map", "dump", "pinned"])
         .arg(&pin)

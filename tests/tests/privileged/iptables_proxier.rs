@@ -491,5 +491,5 @@ fn cleanup_leaves_no_kube_chains_and_can_run_twice() {
     });
 }
 
-// The sync benchmark against raw iptables-restore lives in tests/src/bench/sync
+// The sync benchmark against raw iptables-restore lives in bench/src/sync
 // (`cargo xtask bench sync --mode iptables`).

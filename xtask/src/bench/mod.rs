@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `cargo xtask bench [suite] [--quick]`: builds the agent and the load generator in
-//! release mode (the eBPF object required), runs the suite as root inside network
-//! namespaces (`loadgen bench-<suite>`, see tests/src/bench), appends its rows to
-//! target/bench/<suite>.csv and regenerates docs/benchmarks.md from the CSVs. `--quick`
-//! runs a small slice, writes target/bench/<suite>-quick.csv and leaves the docs alone.
+//! `cargo xtask bench [suite] [--quick]`: builds the agent and the load generator (the
+//! bench crate) in release mode (the eBPF object required) and launches the suite as root
+//! (`loadgen bench-<suite>`, or `loadgen bench-report-suites` for the report's suites; the
+//! measuring is all in bench/src), which appends its rows to target/bench/<suite>.csv;
+//! then regenerates docs/benchmarks.md from the CSVs. `--quick` runs a small slice, writes
+//! target/bench/<suite>-quick.csv and leaves the docs alone.
 //!
 //! Without a suite, the report's five suites run one after the other — `dataplane`,
 //! `sync`, `latency`, `bpf`, `memory` — and each one's latest run is published as
@@ -181,85 +182,54 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The load generator's subcommand of a report suite.
-fn loadgen_command(suite: &str) -> String {
-    match suite {
-        "sync" => "bench-sync-modes".into(),
-        other => format!("bench-{other}"),
+/// Runs report suites (all when `suites` is empty) with `loadgen bench-report-suites`,
+/// which appends to target/bench and, unless quick, publishes this run's rows to
+/// docs/bench; then, unless quick, regenerates the report.
+fn run_report_suites(suites: &[&str], quick: bool, extra: &[String]) -> anyhow::Result<()> {
+    prepare()?;
+    let dir = report::docs_bench_dir(&docs_path());
+    let mut cmd = Command::new(target_dir().join("release").join("loadgen"));
+    cmd.arg("bench-report-suites")
+        .arg("--csv-dir")
+        .arg(target_dir().join("bench"))
+        .arg("--publish")
+        .arg(&dir);
+    for suite in suites {
+        cmd.args(["--suite", suite]);
     }
-}
-
-/// Runs one report suite; returns what it appended to its CSV (with the header), which is
-/// the run published (a suite may write rows of several runs: one per mode).
-fn run_suite(suite: &str, quick: bool, extra: &[String]) -> anyhow::Result<String> {
-    let csv = csv_path(suite, quick);
-    let before = std::fs::read_to_string(&csv).unwrap_or_default();
-    step(&format!(
-        "running the {suite} suite{}",
-        if quick { " (quick)" } else { "" }
-    ));
-    let mut cmd = loadgen(&loadgen_command(suite), &csv);
     if quick {
         cmd.arg("--quick");
     }
-    cmd.args(extra);
+    if !extra.is_empty() {
+        cmd.arg("--").args(extra);
+    }
     run_loadgen(&mut cmd)?;
-    let after =
-        std::fs::read_to_string(&csv).with_context(|| format!("reading {}", csv.display()))?;
-    Ok(report::appended(&before, &after))
+    if quick {
+        return Ok(());
+    }
+    regenerate_report()
 }
 
 /// One report suite, then the report.
 fn suite(name: &str, args: &SuiteArgs) -> anyhow::Result<()> {
-    prepare()?;
-    let rows = run_suite(name, args.quick, &args.extra)?;
-    if args.quick {
-        return Ok(());
-    }
-    publish_and_report(&[(name, rows)])
+    run_report_suites(&[name], args.quick, &args.extra)
 }
 
-/// Every report suite (under 40 minutes on a 2-core machine), then the report.
+/// Every report suite (under 40 minutes on a 2-core machine), then the report; or only
+/// the report, from the published CSVs.
 fn all_suites(quick: bool, report_only: bool) -> anyhow::Result<()> {
-    if !report_only {
-        prepare()?;
-        let started = std::time::Instant::now();
-        let mut published = Vec::new();
-        for name in report::SUITES {
-            let before = std::time::Instant::now();
-            // Upstream's default minSyncPeriod (iptables mode) beside ebpf's, for scale.
-            let extra: Vec<String> = match (name, quick) {
-                ("latency", false) => ["--mode", "ebpf", "--mode", "iptables-legacy"]
-                    .map(String::from)
-                    .to_vec(),
-                _ => Vec::new(),
-            };
-            published.push((name, run_suite(name, quick, &extra)?));
-            println!(
-                "    {name}: {:.0} s (all so far: {:.1} min)",
-                before.elapsed().as_secs_f64(),
-                started.elapsed().as_secs_f64() / 60.0
-            );
-        }
-        if quick {
-            return Ok(());
-        }
-        return publish_and_report(&published);
+    if report_only {
+        return regenerate_report();
     }
-    publish_and_report(&[])
+    run_report_suites(&[], quick, &[])
 }
 
-/// Publishes each suite's rows of this run (`(suite, CSV text)`) to docs/bench, then
-/// regenerates the report from docs/bench/*.csv.
-fn publish_and_report(runs: &[(&str, String)]) -> anyhow::Result<()> {
+/// Regenerates the report (docs/benchmarks.md's section and the plots in docs/bench) from
+/// docs/bench/*.csv.
+fn regenerate_report() -> anyhow::Result<()> {
     let doc = docs_path();
     let dir = report::docs_bench_dir(&doc);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (name, text) in runs {
-        let target = dir.join(format!("{name}.csv"));
-        std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
-        println!("    published {}", target.display());
-    }
     step("regenerating the report in docs/benchmarks.md and the plots in docs/bench");
     let mut all = Vec::new();
     for name in report::SUITES {
@@ -293,7 +263,7 @@ fn prepare() -> anyhow::Result<()> {
     step("building the agent and the load generator (release, eBPF object required)");
     run_cmd(
         cargo()
-            .args(["build", "--release", "-p", "proxy-agent", "-p", "tests"])
+            .args(["build", "--release", "-p", "proxy-agent", "-p", "bench"])
             .env("PROXY_REQUIRE_EBPF", "1"),
     )
 }

@@ -19,7 +19,7 @@ use super::{
 pub const BEGIN: &str = "<!-- BEGIN generated: report -->";
 pub const END: &str = "<!-- END generated: report -->";
 
-/// The suites of the report, in the order they run.
+/// The suites of the report, in the order they run (as bench::suites::REPORT_SUITES).
 pub const SUITES: [&str; 5] = ["dataplane", "sync", "latency", "bpf", "memory"];
 
 /// The rows of one suite's latest run.
@@ -33,19 +33,6 @@ pub struct SuiteRows {
 pub fn docs_bench_dir(docs: &Path) -> PathBuf {
     docs.parent()
         .map_or_else(|| PathBuf::from("bench"), |d| d.join("bench"))
-}
-
-/// What a run appended to a CSV (`before` → `after`), with the header: a new file is
-/// all new; an existing one keeps its header and earlier runs' lines at the top.
-pub fn appended(before: &str, after: &str) -> String {
-    let header = after.lines().next().unwrap_or_default();
-    let new = after.strip_prefix(before).unwrap_or(after);
-    let mut out = format!("{header}\n");
-    for line in new.lines().filter(|l| !l.trim().is_empty() && *l != header) {
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
 }
 
 fn median(values: &mut [f64]) -> Option<f64> {
@@ -351,20 +338,6 @@ mod tests {
     fn csv(lines: &[&str]) -> Vec<Row> {
         let text = format!("{HEADER}\n{}\n", lines.join("\n"));
         parse_csv(&text).unwrap()
-    }
-
-    #[test]
-    fn what_a_run_appended_is_published_alone() {
-        let old = format!("{HEADER}\nsync,ebpf,1000,0,full_sync_wall,10,ms,0.2,k,c,r1\n");
-        let new =
-            "sync,ebpf,1000,0,full_sync_wall,12,ms,0.3,k,c,r2\nsync,ebpf,1000,0,x,1,ms,,k,c,r3\n";
-        let published = appended(&old, &format!("{old}{new}"));
-        assert_eq!(published, format!("{HEADER}\n{new}"));
-        // A new file: everything but its header once.
-        assert_eq!(
-            appended("", &format!("{HEADER}\n{new}")),
-            format!("{HEADER}\n{new}")
-        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! one namespace per pod (routed veths, Calico-style), a cgroup of its own under the cgroup2
 //! root, and the processes running there. Everything carries the `kpdemo` prefix and is
 //! removed by [`Sandbox::teardown`], which also runs on drop (errors, Ctrl-C). The host's
-//! interfaces, cgroups and processes are never touched.
+//! interfaces, cgroups and processes are never touched. Namespaces, cgroups and the
+//! commands that run inside them come from the scenario harness (`tests::scenario::netns`).
 
 use std::{
     fs,
@@ -16,6 +17,9 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use tests::scenario::netns::{
+    self, Place, add_netns, cgroup2_root, kill_cgroup_processes, remove_cgroup, sysctl_in,
+};
 
 use super::examples::Pod;
 
@@ -46,131 +50,38 @@ pub fn work_dir() -> PathBuf {
     std::env::temp_dir().join(PREFIX)
 }
 
-/// Runs a command quietly; a failure carries its stderr.
-pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    let shown = format!("{program} {}", args.join(" "));
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("starting {shown}"))?;
-    if !out.status.success() {
-        bail!(
-            "{shown}: {} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn ip_in(ns: &str, args: &[&str]) -> anyhow::Result<()> {
-    let mut full = vec!["-n", ns];
-    full.extend_from_slice(args);
-    run("ip", &full).map(drop)
-}
-
-/// sysctls as seen from inside `ns` (/proc/sys/net belongs to the reader's namespace).
-fn sysctl_in(ns: &str, settings: &[(String, &str)]) -> anyhow::Result<()> {
-    let netns = format!("--net=/run/netns/{ns}");
-    let assignments: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let mut args = vec![netns.as_str(), "--", "sysctl", "-q", "-w"];
-    args.extend(assignments.iter().map(String::as_str));
-    run("nsenter", &args).map(drop)
-}
-
-fn add_netns(name: &str) -> anyhow::Result<()> {
-    run("ip", &["netns", "add", name])?;
-    ip_in(name, &["link", "set", "lo", "up"])
+    netns::ip_in(ns, args)?;
+    Ok(())
 }
 
 /// Our namespaces that exist now.
 fn our_namespaces() -> Vec<String> {
-    run("ip", &["netns", "list"])
+    netns::list_netns()
         .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
+        .into_iter()
         .filter(|name| name.starts_with(&format!("{PREFIX}-")))
-        .map(str::to_string)
         .collect()
 }
 
-/// The cgroup2 mount point (hybrid hosts have it at /sys/fs/cgroup/unified).
-pub fn cgroup2_root() -> anyhow::Result<PathBuf> {
-    let mounts = fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
-    mounts
-        .lines()
-        .find_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
-        })
-        .context("no cgroup v2 hierarchy is mounted")
-}
-
-fn cgroup_pids(cgroup: &Path) -> Vec<String> {
-    fs::read_to_string(cgroup.join("cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-fn kill_cgroup_processes(cgroup: &Path) {
-    let pids = cgroup_pids(cgroup);
-    if !pids.is_empty() {
-        let mut args = vec!["-KILL"];
-        args.extend(pids.iter().map(String::as_str));
-        let _ = run("kill", &args);
-    }
-}
-
-/// Kills what still runs in the cgroup, then removes it (retrying while the processes exit).
-fn remove_cgroup(cgroup: &Path) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        kill_cgroup_processes(cgroup);
-        match fs::remove_dir(cgroup) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if Instant::now() > deadline => {
-                return Err(e).with_context(|| format!("removing {}", cgroup.display()));
-            }
-            Err(_) => thread::sleep(Duration::from_millis(50)),
-        }
-    }
-}
-
-/// Where a process runs: the network namespace `netns`, inside the demo's cgroup.
-/// A shell moves itself into the cgroup, then execs nsenter, so the program starts in
-/// both; nsenter (unlike `ip netns exec`) leaves /sys alone, so bpffs and the cgroup
-/// tree stay visible. Its own process group keeps the terminal's Ctrl-C away from it:
+/// Where a process runs: the network namespace `netns`, inside the demo's cgroup (see
+/// [`Place::command`]). Its own process group keeps the terminal's Ctrl-C away from it:
 /// the demo stops it, in order, itself.
 pub fn command_in(netns: &str, cgroup: Option<&Path>, program: &Path, args: &[&str]) -> Command {
-    let netns = format!("--net=/run/netns/{netns}");
-    let mut command = match cgroup {
-        Some(cgroup) => {
-            let mut c = Command::new("sh");
-            c.arg("-c")
-                .arg(r#"procs="$1"; ns="$2"; shift 2; echo $$ > "$procs" && exec nsenter "$ns" -- "$@""#)
-                .arg("sh")
-                .arg(cgroup.join("cgroup.procs"))
-                .arg(netns);
-            c
-        }
-        None => {
-            let mut c = Command::new("nsenter");
-            c.arg(netns).arg("--");
-            c
-        }
+    let place = Place {
+        netns: netns.to_string(),
+        cgroup: cgroup.map(Path::to_path_buf),
     };
-    command.arg(program).args(args).process_group(0);
+    let args: Vec<String> = args.iter().map(ToString::to_string).collect();
+    let mut command = place.command(program, &args);
+    command.process_group(0);
     command
 }
 
 /// SIGTERM, then SIGKILL after `grace`.
 pub fn stop_child(child: &mut Child, grace: Duration) {
     if matches!(child.try_wait(), Ok(None)) {
-        let _ = run("kill", &["-TERM", &child.id().to_string()]);
+        let _ = netns::run("kill", &["-TERM", &child.id().to_string()]);
         let deadline = Instant::now() + grace;
         while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(20));
@@ -241,8 +152,7 @@ impl Sandbox {
             agent: None,
             torn_down: false,
         };
-        fs::create_dir(&sandbox.cgroup)
-            .with_context(|| format!("creating cgroup {}", sandbox.cgroup.display()))?;
+        netns::create_cgroup(&sandbox.cgroup)?;
         sandbox.cgroup_created = true;
 
         let (node, outside) = (node_ns(), outside_ns());
@@ -254,14 +164,14 @@ impl Sandbox {
         sysctl_in(
             &node,
             &[
-                ("net.ipv4.ip_forward".into(), "1"),
-                ("net.ipv4.conf.all.rp_filter".into(), "0"),
-                ("net.ipv4.conf.default.rp_filter".into(), "0"),
+                ("net.ipv4.ip_forward", "1"),
+                ("net.ipv4.conf.all.rp_filter", "0"),
+                ("net.ipv4.conf.default.rp_filter", "0"),
             ],
         )?;
         // The outside only answers ARP for the router: what the node sends there
         // untranslated goes nowhere.
-        sysctl_in(&outside, &[("net.ipv4.ip_forward".into(), "0")])?;
+        sysctl_in(&outside, &[("net.ipv4.ip_forward", "0")])?;
         ip_in(
             &node,
             &[
@@ -330,13 +240,10 @@ impl Sandbox {
             ],
         )?;
         // proxy_delay defaults to a random wait of up to 0.8 s per proxied ARP reply.
-        sysctl_in(
-            &node,
-            &[
-                (format!("net.ipv4.conf.{host_if}.proxy_arp"), "1"),
-                (format!("net.ipv4.neigh.{host_if}.proxy_delay"), "0"),
-            ],
-        )
+        let proxy_arp = format!("net.ipv4.conf.{host_if}.proxy_arp");
+        let proxy_delay = format!("net.ipv4.neigh.{host_if}.proxy_delay");
+        sysctl_in(&node, &[(&proxy_arp, "1"), (&proxy_delay, "0")])?;
+        Ok(())
     }
 
     /// Starts the pod's backend (this very binary, `demo-backend`) in its namespace.
@@ -432,7 +339,7 @@ impl Sandbox {
         }
         // Pods first: deleting the node namespace then finds no veth peer left to destroy.
         for ns in self.namespaces.drain(..).rev() {
-            if let Err(e) = run("ip", &["netns", "delete", &ns]) {
+            if let Err(e) = netns::delete_netns(&ns) {
                 problems.push(format!("{e:#}"));
             }
         }

@@ -1,0 +1,492 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The sync suite of the benchmarks (`loadgen bench-sync-modes`, `cargo xtask bench
+//! sync`): for N services × 4 endpoints, every side ([`sides`](super::sides)) in its own
+//! fresh namespace goes through the same steps — a cold full sync, adding one service,
+//! removing one endpoint, scaling one service from 4 to 40 endpoints — each step measured
+//! on every side before the next (the sides take turns opening a step, rep by rep), so
+//! that the ratios compare the same moment of the machine. Ratios are against
+//! `kube-proxy-iptables` (raw `iptables-legacy-restore` of rules shaped like upstream's).
+
+use std::{collections::HashSet, fmt::Write as _, time::Duration};
+
+use super::{
+    model::SyncWorld,
+    sides::{EbpfSide, IptablesSide, ShapedSide, ShapedTool, Step, StepCost, StepKind, SyncSide},
+};
+use crate::{
+    error::{Error, Result},
+    net,
+    results::{Environment, csv_num},
+    signals,
+    stats::median,
+};
+
+pub const BENCH: &str = "sync";
+/// The side every ratio of the suite is taken against.
+pub const BASELINE: &str = "kube-proxy-iptables";
+/// The most services the nft baseline is run with (see [`SideKind::runs_at`]).
+pub const NFT_MAX_SERVICES: u32 = 10_000;
+/// The endpoints a service scales to in the scale step.
+pub const SCALED_ENDPOINTS: u8 = 40;
+
+/// Which sides run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideKind {
+    Ebpf,
+    Iptables,
+    IpvsFallback,
+    KubeProxyIptables,
+    KubeProxyNft,
+}
+
+impl SideKind {
+    pub const ALL: [SideKind; 5] = [
+        SideKind::Ebpf,
+        SideKind::Iptables,
+        SideKind::IpvsFallback,
+        SideKind::KubeProxyIptables,
+        SideKind::KubeProxyNft,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SideKind::Ebpf => "ebpf",
+            SideKind::Iptables => "iptables",
+            SideKind::IpvsFallback => "ipvs-fallback",
+            SideKind::KubeProxyIptables => "kube-proxy-iptables",
+            SideKind::KubeProxyNft => "kube-proxy-nft",
+        }
+    }
+
+    /// Whether this side runs at `services` in rep `rep`. `nft -f` of the nftables-shaped
+    /// rules grows much faster than linearly on this kernel (1,000 services: 0.7 s; 10,000:
+    /// 115 s, nearly all of it in the kernel), so it runs once at 10,000 and not above:
+    /// 50,000 would not finish within the suite's time.
+    pub fn runs_at(self, services: u32, rep: u32) -> bool {
+        match self {
+            SideKind::KubeProxyNft => {
+                services < NFT_MAX_SERVICES || services == NFT_MAX_SERVICES && rep == 0
+            }
+            _ => true,
+        }
+    }
+
+    fn build(self, id: &str, rep: u32, services: u32) -> Result<Box<dyn SyncSide>> {
+        Ok(match self {
+            SideKind::Ebpf => Box::new(EbpfSide::new(
+                id,
+                rep,
+                services,
+                u32::from(SCALED_ENDPOINTS),
+            )?),
+            SideKind::Iptables => Box::new(IptablesSide::new(id, rep, false)?),
+            SideKind::IpvsFallback => Box::new(IptablesSide::new(id, rep, true)?),
+            SideKind::KubeProxyIptables => {
+                Box::new(ShapedSide::new(ShapedTool::IptablesRestore, id, rep)?)
+            }
+            SideKind::KubeProxyNft => Box::new(ShapedSide::new(ShapedTool::Nft, id, rep)?),
+        })
+    }
+}
+
+impl std::str::FromStr for SideKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        SideKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown side {s:?} (one of: {})",
+                    SideKind::ALL.map(SideKind::as_str).join(", ")
+                )
+            })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    pub service_counts: Vec<u32>,
+    pub endpoints_per_service: u8,
+    pub reps: u32,
+    /// Reps at 50,000 services and more (their full syncs take the longest).
+    pub reps_large: u32,
+    pub sides: Vec<SideKind>,
+    pub verbose: bool,
+}
+
+impl SuiteOptions {
+    /// 1,000, 10,000 and 50,000 services × 4 endpoints; 3 reps (1 at 50,000, where the
+    /// iptables sides take minutes); every side.
+    pub fn full() -> Self {
+        SuiteOptions {
+            service_counts: vec![1_000, 10_000, 50_000],
+            endpoints_per_service: 4,
+            reps: 3,
+            reps_large: 1,
+            sides: SideKind::ALL.to_vec(),
+            verbose: true,
+        }
+    }
+
+    /// The slice the test suite runs: 1 rep at 1,000 services.
+    pub fn quick() -> Self {
+        SuiteOptions {
+            service_counts: vec![1_000],
+            reps: 1,
+            reps_large: 1,
+            ..Self::full()
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuiteSample {
+    pub side: &'static str,
+    pub baseline: bool,
+    pub services: u32,
+    pub rep: u32,
+    pub step: StepKind,
+    pub cost: StepCost,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuiteResults {
+    pub run_id: String,
+    pub env: Environment,
+    pub samples: Vec<SuiteSample>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The order the sides open steps in rep `rep`: rotated by one each rep.
+pub fn side_order(count: usize, rep: u32) -> Vec<usize> {
+    let shift = rep as usize % count.max(1);
+    (0..count).map(|i| (i + shift) % count).collect()
+}
+
+/// Runs the suite. Needs root, iptables-legacy, nft and the eBPF object.
+pub fn run_suite(opts: &SuiteOptions) -> Result<SuiteResults> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err(Error::Setup(
+            "the sync suite needs root (network namespaces, iptables, eBPF)".into(),
+        ));
+    }
+    if opts.reps == 0 || opts.service_counts.is_empty() || opts.sides.is_empty() {
+        return Err(Error::Setup(
+            "need at least one rep, one service count and one side".into(),
+        ));
+    }
+    for line in net::cleanup_stale()? {
+        progress(opts, &format!("removed stale {line}"));
+    }
+    let env = Environment::detect();
+    let id = net::new_run_id();
+    let mut counts = opts.service_counts.clone();
+    counts.sort_unstable();
+    counts.dedup();
+    let mut samples = Vec::new();
+    let none = HashSet::new();
+    for &services in &counts {
+        let reps = if services >= 50_000 {
+            opts.reps_large.max(1)
+        } else {
+            opts.reps
+        };
+        for rep in 0..reps {
+            signals::check()?;
+            // A fresh cluster per rep: every rep starts from N services × E endpoints.
+            let mut world = SyncWorld::new(services, opts.endpoints_per_service);
+            let mut sides = opts
+                .sides
+                .iter()
+                .filter(|kind| kind.runs_at(services, rep))
+                .map(|kind| kind.build(&id, rep, services))
+                .collect::<Result<Vec<_>>>()?;
+            let order = side_order(sides.len(), rep);
+            for kind in StepKind::ALL {
+                signals::check()?;
+                let changed = match kind {
+                    StepKind::Full => none.clone(),
+                    StepKind::AddService => world.add_service().1,
+                    StepKind::RemoveEndpoint => {
+                        let index = world.changed_service(rep);
+                        let before = world.endpoints_of(index);
+                        world.set_endpoints(index, before.saturating_sub(1))
+                    }
+                    StepKind::ScaleUp => {
+                        let index = world.changed_service(rep + 1);
+                        world.set_endpoints(index, SCALED_ENDPOINTS)
+                    }
+                };
+                if kind != StepKind::Full && changed.is_empty() {
+                    return Err(Error::Setup(format!(
+                        "{}: the model reports no change",
+                        kind.as_str()
+                    )));
+                }
+                let step = Step {
+                    kind,
+                    world: &world,
+                    changed: &changed,
+                };
+                let mut line = format!("N={services} rep {rep} {:<15}", kind.as_str());
+                for &i in &order {
+                    signals::check()?;
+                    let side = &mut sides[i];
+                    let cost = side.apply(&step)?;
+                    let _ = write!(
+                        line,
+                        " {} {:.1} ms (cpu {:.1})",
+                        side.name(),
+                        ms(cost.cost.wall),
+                        ms(cost.cost.cpu())
+                    );
+                    samples.push(SuiteSample {
+                        side: side.name(),
+                        baseline: side.is_baseline(),
+                        services,
+                        rep,
+                        step: kind,
+                        cost,
+                    });
+                }
+                progress(opts, &line);
+            }
+            drop(sides);
+        }
+    }
+    Ok(SuiteResults {
+        run_id: id,
+        env,
+        samples,
+    })
+}
+
+fn progress(opts: &SuiteOptions, line: &str) {
+    if opts.verbose {
+        eprintln!("==> {line}");
+    }
+}
+
+/// The metrics of one sample: (name suffix, value, unit).
+fn metrics(cost: &StepCost) -> [(&'static str, f64, &'static str); 3] {
+    [
+        ("wall", ms(cost.cost.wall), "ms"),
+        ("cpu", ms(cost.cost.cpu()), "ms"),
+        ("peak_rss", cost.peak_rss_kib as f64 / 1024.0, "MiB"),
+    ]
+}
+
+impl SuiteResults {
+    /// The baseline's sample of the same N, rep and step.
+    fn baseline_of(&self, s: &SuiteSample) -> Option<&SuiteSample> {
+        self.samples.iter().find(|b| {
+            b.side == BASELINE && b.services == s.services && b.rep == s.rep && b.step == s.step
+        })
+    }
+
+    /// CSV rows (no header): wall, CPU and peak RSS of every side and step; ratios of
+    /// wall and CPU against the same rep's `kube-proxy-iptables` (baselines: none).
+    pub fn csv_rows(&self) -> Vec<String> {
+        let env = &self.env;
+        let tail = env.csv_tail();
+        let mut rows = Vec::new();
+        for s in &self.samples {
+            let base = if s.baseline {
+                None
+            } else {
+                self.baseline_of(s)
+            };
+            for (i, (name, value, unit)) in metrics(&s.cost).into_iter().enumerate() {
+                let ratio = base
+                    .filter(|_| name != "peak_rss")
+                    .map(|b| metrics(&b.cost)[i].1)
+                    .filter(|b| *b > 0.0)
+                    .map(|b| csv_num(value / b))
+                    .unwrap_or_default();
+                rows.push(format!(
+                    "{BENCH},{},{},{},{}_{name},{},{unit},{ratio},{tail}",
+                    s.side,
+                    s.services,
+                    s.rep,
+                    s.step.as_str(),
+                    csv_num(value)
+                ));
+            }
+        }
+        rows
+    }
+
+    /// Medians of wall time per side, N and step, for the terminal.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "sync suite ({}; kernel {}): median wall ms (ratio to {BASELINE})",
+            self.env.cpu, self.env.kernel
+        );
+        let mut counts: Vec<u32> = self.samples.iter().map(|s| s.services).collect();
+        counts.sort_unstable();
+        counts.dedup();
+        let mut sides: Vec<&str> = Vec::new();
+        for s in &self.samples {
+            if !sides.contains(&s.side) {
+                sides.push(s.side);
+            }
+        }
+        for n in counts {
+            for kind in StepKind::ALL {
+                let mut line = format!("N={n:<6} {:<16}", kind.as_str());
+                let base = self.median_wall(BASELINE, n, kind);
+                for side in &sides {
+                    if let Some(v) = self.median_wall(side, n, kind) {
+                        let _ = write!(line, " {side} {v:.1}");
+                        if let Some(b) = base.filter(|b| *b > 0.0 && *side != BASELINE) {
+                            let _ = write!(line, " ({:.2}x)", v / b);
+                        }
+                    }
+                }
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        out
+    }
+
+    fn median_wall(&self, side: &str, n: u32, kind: StepKind) -> Option<f64> {
+        let values: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|s| s.side == side && s.services == n && s.step == kind)
+            .map(|s| ms(s.cost.cost.wall))
+            .collect();
+        median(&values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::measure::Cost;
+
+    fn sample(side: &'static str, baseline: bool, wall_ms: u64, step: StepKind) -> SuiteSample {
+        SuiteSample {
+            side,
+            baseline,
+            services: 1000,
+            rep: 0,
+            step,
+            cost: StepCost {
+                cost: Cost {
+                    wall: Duration::from_millis(wall_ms),
+                    cpu_self: Duration::from_millis(wall_ms / 2),
+                    cpu_children: Duration::ZERO,
+                },
+                peak_rss_kib: 2048,
+            },
+        }
+    }
+
+    #[test]
+    fn sides_parse_and_rotate() {
+        assert_eq!("ebpf".parse::<SideKind>(), Ok(SideKind::Ebpf));
+        assert_eq!(
+            "kube-proxy-nft".parse::<SideKind>(),
+            Ok(SideKind::KubeProxyNft)
+        );
+        assert!("bogus".parse::<SideKind>().is_err());
+        assert_eq!(side_order(3, 0), [0, 1, 2]);
+        assert_eq!(side_order(3, 1), [1, 2, 0]);
+        assert_eq!(side_order(3, 4), [1, 2, 0]);
+        assert!(SideKind::KubeProxyNft.runs_at(1_000, 2));
+        assert!(SideKind::KubeProxyNft.runs_at(10_000, 0));
+        assert!(!SideKind::KubeProxyNft.runs_at(10_000, 1));
+        assert!(!SideKind::KubeProxyNft.runs_at(50_000, 0));
+        assert!(SideKind::Ebpf.runs_at(50_000, 3));
+    }
+
+    #[test]
+    fn rows_carry_ratios_against_the_iptables_baseline() {
+        let results = SuiteResults {
+            run_id: "kpb1n0".into(),
+            env: Environment {
+                kernel: "6.18".into(),
+                cpu: "cpu x2".into(),
+                run: "2026-11-25T00:00:00Z".into(),
+            },
+            samples: vec![
+                sample(BASELINE, true, 200, StepKind::Full),
+                sample("ebpf", false, 50, StepKind::Full),
+                sample("kube-proxy-nft", true, 100, StepKind::Full),
+            ],
+        };
+        let rows = results.csv_rows();
+        assert_eq!(rows.len(), 9);
+        assert!(rows.contains(
+            &"sync,ebpf,1000,0,full_sync_wall,50.0000,ms,0.2500,6.18,cpu x2,2026-11-25T00:00:00Z"
+                .to_string()
+        ));
+        assert!(
+            rows.iter()
+                .any(|r| r.starts_with("sync,ebpf,1000,0,full_sync_peak_rss,2.0000,MiB,,"))
+        );
+        assert!(
+            rows.iter()
+                .filter(|r| r.starts_with("sync,kube-proxy-"))
+                .all(|r| r.split(',').nth(7) == Some(""))
+        );
+        let table = results.table();
+        assert!(table.contains("ebpf 50.0 (0.25x)"), "{table}");
+    }
+
+    /// The quick slice, as the test suite runs it: every side goes through every step at
+    /// 1,000 services, each step measured, ratios written, nothing left behind. Speed is
+    /// not judged. Needs root and the eBPF object (skips without them, unless
+    /// PROXY_REQUIRE_EBPF=1, as `cargo xtask test` sets, says they must be there).
+    #[test]
+    fn quick_sync_suite_measures_every_side_and_step_and_cleans_up() {
+        let required = std::env::var("PROXY_REQUIRE_EBPF").is_ok_and(|v| v == "1");
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("SKIP quick sync suite: needs root");
+            return;
+        }
+        if let Some(reason) = proxy_agent::ebpf_object::unavailable_reason() {
+            assert!(!required, "quick sync suite cannot run: {reason}");
+            eprintln!("SKIP quick sync suite: {reason}");
+            return;
+        }
+        let mut opts = SuiteOptions::quick();
+        opts.verbose = false;
+        let results = run_suite(&opts).expect("quick sync suite");
+        assert_eq!(
+            results.samples.len(),
+            SideKind::ALL.len() * StepKind::ALL.len()
+        );
+        for side in SideKind::ALL {
+            for step in StepKind::ALL {
+                let s = results
+                    .samples
+                    .iter()
+                    .find(|s| s.side == side.as_str() && s.step == step)
+                    .unwrap_or_else(|| panic!("{} {}", side.as_str(), step.as_str()));
+                assert!(s.cost.cost.wall > Duration::ZERO, "{s:?}");
+                assert_eq!(s.services, 1_000);
+            }
+        }
+        let rows = results.csv_rows();
+        assert!(
+            rows.iter()
+                .any(|r| r.starts_with("sync,ebpf,1000,0,add_service_wall,"))
+        );
+        // Every row of ours has a ratio against the iptables baseline.
+        assert!(
+            rows.iter()
+                .filter(|r| r.starts_with("sync,ebpf,") && !r.contains("_peak_rss,"))
+                .all(|r| r.split(',').nth(7).is_some_and(|ratio| !ratio.is_empty()))
+        );
+        let left = net::leftovers(&results.run_id).unwrap();
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+}
