@@ -16,12 +16,14 @@ use serde::de::DeserializeOwned;
 use ::tests::scenario::netns::Place;
 
 use super::{
-    clusterip::MAX_ERROR_SHARE,
     cpustat,
     error::{Error, Result},
     load::ClientReport,
     signals,
 };
+
+/// A run stops rather than report numbers when more than this share of connections fail.
+pub const MAX_ERROR_SHARE: f64 = 0.001;
 
 /// One `loadgen client` run from `place` against `target` (pinned to `cpu` when given):
 /// its report, or an error when it made no connection or more than [`MAX_ERROR_SHARE`]

@@ -17,7 +17,7 @@ use ::tests::scenario::readiness::Change;
 
 use super::{
     agent::BenchAgent,
-    client::run_json,
+    client::{MAX_ERROR_SHARE, run_json},
     error::{Error, Result},
     load::{ClientReport, allowed_cpus},
     manifests::{self, BACKEND_PORT, SERVICE_IP, SERVICE_PORT},
@@ -26,8 +26,6 @@ use super::{
     signals,
 };
 
-/// A run stops rather than report numbers when more than this share of connections fail.
-pub const MAX_ERROR_SHARE: f64 = 0.001;
 /// The longest the reverse-NAT fill may take (it ends early once it made its connections).
 const FILL_TIME_LIMIT: Duration = Duration::from_secs(120);
 

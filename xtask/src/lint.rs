@@ -17,7 +17,11 @@ use crate::{
 };
 
 #[derive(Args, Default)]
-pub struct LintArgs {}
+pub struct LintArgs {
+    /// Run only the checks whose name contains this word (e.g. `cycles`, `clippy`).
+    #[arg(long)]
+    only: Option<String>,
+}
 
 /// The eBPF crate: built only for the BPF target, never with the host crates.
 const EBPF_CRATE: &str = "proxy-ebpf";
@@ -27,7 +31,7 @@ const EBPF_TARGET: &str = "bpfel-unknown-none";
 /// One check: whether it passed (its command's own output says why not).
 type Check = fn() -> anyhow::Result<bool>;
 
-pub fn run(_args: &LintArgs) -> anyhow::Result<()> {
+pub fn run(args: &LintArgs) -> anyhow::Result<()> {
     setup::ensure_ready()?;
     let checks: [(&str, Check); 6] = [
         ("rustfmt", fmt),
@@ -38,7 +42,10 @@ pub fn run(_args: &LintArgs) -> anyhow::Result<()> {
         ("import cycles", import_cycles),
     ];
     let mut failed = Vec::new();
-    for (name, check) in checks {
+    let chosen = checks
+        .into_iter()
+        .filter(|(name, _)| args.only.as_deref().is_none_or(|word| name.contains(word)));
+    for (name, check) in chosen {
         step(&format!("lint: {name}"));
         if !check()? {
             failed.push(name);

@@ -25,11 +25,13 @@
 
 mod node;
 pub mod objects;
+mod options;
 pub mod prober;
 pub mod results;
 mod run;
 
 pub use self::{
+    options::{LatencyMode, LatencyOptions},
     results::LatencyResults,
-    run::{LatencyMode, LatencyOptions, run_latency},
+    run::run_latency,
 };

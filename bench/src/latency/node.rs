@@ -22,9 +22,9 @@ use ::tests::scenario::{
 
 use super::{
     objects::CLUSTER_RANGE,
+    options::{LatencyMode, LatencyOptions},
     prober::{Report, parse_report},
     results::SyncCounts,
-    run::{LatencyMode, LatencyOptions},
 };
 use crate::{
     error::{Error, Result},

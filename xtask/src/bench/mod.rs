@@ -19,6 +19,7 @@ mod docs_nodeport;
 mod docs_sync;
 pub mod plots;
 mod report;
+mod stats;
 mod targets;
 
 use std::{
@@ -238,7 +239,7 @@ fn regenerate_report() -> anyhow::Result<()> {
             Ok(text) => docs::parse_csv(&text)?,
             Err(_) => Vec::new(),
         };
-        all.push(report::SuiteRows { suite: name, rows });
+        all.push(stats::SuiteRows { suite: name, rows });
     }
     for (file, title, panels) in report::plots(&all) {
         let path = dir.join(file);

@@ -13,6 +13,7 @@ use std::{
 use super::{
     docs::Row,
     plots::{Panel, Series},
+    stats::{Stat, SuiteRows, rows_of, stat, value},
     targets::{num, targets, verdict},
 };
 
@@ -22,66 +23,10 @@ pub const END: &str = "<!-- END generated: report -->";
 /// The suites of the report, in the order they run (as bench::suites::REPORT_SUITES).
 pub const SUITES: [&str; 5] = ["dataplane", "sync", "latency", "bpf", "memory"];
 
-/// The rows of one suite's latest run.
-#[derive(Debug, Clone, Default)]
-pub struct SuiteRows {
-    pub suite: &'static str,
-    pub rows: Vec<Row>,
-}
-
 /// docs/bench: the published CSVs and the plots.
 pub fn docs_bench_dir(docs: &Path) -> PathBuf {
     docs.parent()
         .map_or_else(|| PathBuf::from("bench"), |d| d.join("bench"))
-}
-
-fn median(values: &mut [f64]) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
-        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
-    }
-}
-
-/// A (mode, N, metric)'s value and ratio: the suite's own `median` row when it wrote one,
-/// else the medians over its reps.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Stat {
-    pub value: Option<f64>,
-    pub ratio: Option<f64>,
-}
-
-pub fn stat(rows: &[Row], mode: &str, n: u32, metric: &str) -> Option<Stat> {
-    let of: Vec<&Row> = rows
-        .iter()
-        .filter(|r| r.mode == mode && r.n == n && r.metric == metric)
-        .collect();
-    if let Some(m) = of.iter().find(|r| r.rep == "median") {
-        return Some(Stat {
-            value: m.value,
-            ratio: m.ratio,
-        });
-    }
-    let reps: Vec<&&Row> = of.iter().filter(|r| r.rep.parse::<u32>().is_ok()).collect();
-    if reps.is_empty() {
-        return None;
-    }
-    let mut values: Vec<f64> = reps.iter().filter_map(|r| r.value).collect();
-    let mut ratios: Vec<f64> = reps.iter().filter_map(|r| r.ratio).collect();
-    Some(Stat {
-        value: median(&mut values),
-        ratio: median(&mut ratios),
-    })
-}
-
-pub(super) fn value(rows: &[Row], mode: &str, n: u32, metric: &str) -> Option<f64> {
-    stat(rows, mode, n, metric).and_then(|s| s.value)
-}
-
-pub(super) fn ratio(rows: &[Row], mode: &str, n: u32, metric: &str) -> Option<f64> {
-    stat(rows, mode, n, metric).and_then(|s| s.ratio)
 }
 
 /// Modes and Ns of `metric`, in the order they first appear.
@@ -95,13 +40,6 @@ fn modes_and_ns(rows: &[Row], metric: &str) -> (Vec<String>, Vec<u32>) {
         ns.insert(r.n);
     }
     (modes, ns.into_iter().collect())
-}
-
-/// The rows of `suite` in `all` (none when it did not run).
-pub(super) fn rows_of<'a>(all: &'a [SuiteRows], suite: &str) -> &'a [Row] {
-    all.iter()
-        .find(|s| s.suite == suite)
-        .map_or(&[], |s| s.rows.as_slice())
 }
 
 /// A table of `metric`: a row per mode, a column per N, cells "value (ratio×)".

@@ -2,7 +2,7 @@
 //! The targets of issue 8, judged against the latest run of each suite (pure): the
 //! measured value, whether it holds, and by how much it misses.
 
-use super::report::{SuiteRows, ratio, rows_of, value};
+use super::stats::{SuiteRows, ratio, rows_of, value};
 
 /// One target of issue 8.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The latest run of each suite as rows, and a (mode, N, metric)'s value and ratio in
+//! them: what the report and the targets both read.
+
+use super::docs::Row;
+
+/// The rows of one suite's latest run.
+#[derive(Debug, Clone, Default)]
+pub struct SuiteRows {
+    pub suite: &'static str,
+    pub rows: Vec<Row>,
+}
+
+fn median(values: &mut [f64]) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// A (mode, N, metric)'s value and ratio: the suite's own `median` row when it wrote one,
+/// else the medians over its reps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stat {
+    pub value: Option<f64>,
+    pub ratio: Option<f64>,
+}
+
+pub fn stat(rows: &[Row], mode: &str, n: u32, metric: &str) -> Option<Stat> {
+    let of: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.mode == mode && r.n == n && r.metric == metric)
+        .collect();
+    if let Some(m) = of.iter().find(|r| r.rep == "median") {
+        return Some(Stat {
+            value: m.value,
+            ratio: m.ratio,
+        });
+    }
+    let reps: Vec<&&Row> = of.iter().filter(|r| r.rep.parse::<u32>().is_ok()).collect();
+    if reps.is_empty() {
+        return None;
+    }
+    let mut values: Vec<f64> = reps.iter().filter_map(|r| r.value).collect();
+    let mut ratios: Vec<f64> = reps.iter().filter_map(|r| r.ratio).collect();
+    Some(Stat {
+        value: median(&mut values),
+        ratio: median(&mut ratios),
+    })
+}
+
+pub fn value(rows: &[Row], mode: &str, n: u32, metric: &str) -> Option<f64> {
+    stat(rows, mode, n, metric).and_then(|s| s.value)
+}
+
+pub fn ratio(rows: &[Row], mode: &str, n: u32, metric: &str) -> Option<f64> {
+    stat(rows, mode, n, metric).and_then(|s| s.ratio)
+}
+
+/// The rows of `suite` in `all` (none when it did not run).
+pub fn rows_of<'a>(all: &'a [SuiteRows], suite: &str) -> &'a [Row] {
+    all.iter()
+        .find(|s| s.suite == suite)
+        .map_or(&[], |s| s.rows.as_slice())
+}
