@@ -304,8 +304,8 @@ enum Command {
     /// N services in each mode (direct, ebpf, iptables, kube-proxy-shaped iptables/nft).
     BenchDataplane(bench::dataplane::cli::DataplaneArgs),
     /// The report's suites (all, or those given with --suite), each a `bench-<suite>` run of
-    /// this binary appending to <csv-dir>/<suite>.csv (or <suite>-quick.csv); unless
-    /// --quick, this run's rows are then published as <publish>/<suite>.csv (what
+    /// this binary appending to `<csv-dir>/<suite>.csv` (or `<suite>-quick.csv`); unless
+    /// --quick, this run's rows are then published as `<publish>/<suite>.csv` (what
     /// `cargo xtask bench` runs before it regenerates the report).
     BenchReportSuites {
         /// A suite to run (repeatable; default: dataplane, sync, latency, bpf, memory).
