@@ -693,6 +693,21 @@ flows:
         assert_eq!(ports.port_for(client, a), first);
     }
 
+    /// Options of an ebpf-mode run without agent, filtering flows as given.
+    fn filtering_options(only_proto: Option<Proto>, only_external_clients: bool) -> RunOptions {
+        RunOptions {
+            mode: Mode::Ebpf,
+            agent: None,
+            runner_exe: PathBuf::new(),
+            timeout: Duration::from_secs(1),
+            keep: false,
+            dir_source: false,
+            trace_check: false,
+            only_proto,
+            only_external_clients,
+        }
+    }
+
     #[test]
     fn only_proto_keeps_the_flows_of_one_protocol_in_the_mode() {
         let raw: RawScenario = serde_yaml::from_str(
@@ -707,17 +722,7 @@ flows:
         )
         .unwrap();
         let s = Scenario::from_raw(raw, Path::new("t")).unwrap();
-        let options = |only_proto| RunOptions {
-            mode: Mode::Ebpf,
-            agent: None,
-            runner_exe: PathBuf::new(),
-            timeout: Duration::from_secs(1),
-            keep: false,
-            dir_source: false,
-            trace_check: false,
-            only_proto,
-            only_external_clients: false,
-        };
+        let options = |only_proto| filtering_options(only_proto, false);
         let replayed = |o: &RunOptions| -> Vec<usize> {
             s.flows()
                 .filter(|f| o.replays(f, None))
@@ -744,17 +749,7 @@ flows:
         )
         .unwrap();
         let s = Scenario::from_raw(raw, Path::new("t")).unwrap();
-        let options = RunOptions {
-            mode: Mode::Ebpf,
-            agent: None,
-            runner_exe: PathBuf::new(),
-            timeout: Duration::from_secs(1),
-            keep: false,
-            dir_source: false,
-            trace_check: false,
-            only_proto: None,
-            only_external_clients: true,
-        };
+        let options = filtering_options(None, true);
         let external = Placement::plan(&s).unwrap().external_clients;
         let replayed = |clients: Option<&BTreeSet<IpAddr>>| -> Vec<usize> {
             s.flows()
