@@ -15,6 +15,7 @@ use super::rules::{
     Scope,
 };
 use crate::model::{IpFamily, NamespacedName};
+use crate::proxier::netfilter::cleanup::TableError;
 use crate::proxier::netfilter::exec::lines_around;
 use crate::proxier::netfilter::jumps::write_missing_jumps;
 use crate::proxier::netfilter::names::KUBE_PROXY_CANARY;
@@ -152,10 +153,11 @@ impl FamilyProxier {
             } else {
                 tracing::error!(family = %self.family, reason = %err, "iptables-restore failed");
             }
-            return Err(Error::Restore {
+            return Err(TableError::Restore {
                 family: self.family,
                 source: err,
-            });
+            }
+            .into());
         }
         self.needs_full = false;
         self.synced = true;
@@ -219,9 +221,12 @@ impl FamilyProxier {
             &mut buffers.nat_rules,
             &mut buffers.filter_rules,
         )
-        .map_err(|source| Error::List {
-            family: self.family,
-            source,
+        .map_err(|source| {
+            TableError::List {
+                family: self.family,
+                source,
+            }
+            .into()
         })
     }
 

@@ -38,7 +38,7 @@ pub use crate::proxier::netfilter::{CommandBackend, ExecError, IptablesBackend};
 use crate::model::IpFamily;
 use crate::node::Sysctl;
 use crate::proxier::conntrack::{ConntrackTable, NetlinkConntrack, UdpConntrackReconciler};
-use crate::proxier::netfilter::cleanup::{CleanupError, CleanupReport, cleanup_chains_with};
+use crate::proxier::netfilter::cleanup::{CleanupReport, TableError, cleanup_chains_with};
 use crate::proxier::{NodeContext, Proxier, SyncError, SyncRequest, SyncStats};
 use family::FamilyProxier;
 
@@ -46,22 +46,10 @@ pub const MODE: &str = "iptables";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("iptables-restore ({family}) failed: {source}")]
-    Restore {
-        family: IpFamily,
-        #[source]
-        source: ExecError,
-    },
-    #[error("listing iptables rules ({family}) failed: {source}")]
-    List {
-        family: IpFamily,
-        #[source]
-        source: ExecError,
-    },
+    #[error(transparent)]
+    Table(#[from] TableError),
     #[error("iptables is not usable: {0}")]
     Detect(#[source] ExecError),
-    #[error(transparent)]
-    Cleanup(#[from] CleanupError),
     #[error("cannot set sysctl {name}: {source}")]
     Sysctl {
         name: &'static str,

@@ -32,6 +32,7 @@ use ipnet::IpNet;
 use crate::model::{IpFamily, NamespacedName};
 use crate::node::Sysctl;
 use crate::proxier::conntrack::{NetlinkConntrack, UdpConntrackReconciler};
+use crate::proxier::netfilter::cleanup::TableError;
 use crate::proxier::netfilter::jumps::write_missing_jumps;
 use crate::proxier::netfilter::matches::{LocalMatch, masquerade_mark};
 use crate::proxier::netfilter::{CommandBackend, ExecError, IptablesBackend, Table};
@@ -54,18 +55,8 @@ pub enum Error {
     Netlink(#[from] NetlinkError),
     #[error("{0}")]
     Ipset(#[from] IpsetError),
-    #[error("iptables-restore ({family}) failed: {source}")]
-    Restore {
-        family: IpFamily,
-        #[source]
-        source: ExecError,
-    },
-    #[error("listing iptables rules ({family}) failed: {source}")]
-    List {
-        family: IpFamily,
-        #[source]
-        source: ExecError,
-    },
+    #[error(transparent)]
+    Table(#[from] TableError),
     #[error("iptables is not usable: {0}")]
     Detect(#[source] ExecError),
     #[error("cannot set sysctl {name}: {source}")]
@@ -213,13 +204,13 @@ impl IpvsProxier {
                     &mut extra_nat,
                     &mut extra_filter,
                 )
-                .map_err(|source| Error::List { family, source })?;
+                .map_err(|source| TableError::List { family, source })?;
             }
             let input = rules::assemble(&filter, &nat, &extra_filter, &extra_nat);
             self.parts
                 .iptables
                 .restore(family, &input)
-                .map_err(|source| Error::Restore { family, source })?;
+                .map_err(|source| TableError::Restore { family, source })?;
             stats.services += d.keys_by_service.len();
             stats.no_local_endpoints_internal += d.no_local_endpoints_internal;
             stats.no_local_endpoints_external += d.no_local_endpoints_external;

@@ -12,8 +12,10 @@ use super::save;
 use super::table::Table;
 use crate::model::IpFamily;
 
+/// A restore or a listing of one family's tables that failed: the iptables and ipvs
+/// proxiers and the chain cleanup report these alike.
 #[derive(Debug, thiserror::Error)]
-pub enum CleanupError {
+pub enum TableError {
     #[error("iptables-restore ({family}) failed: {source}")]
     Restore {
         family: IpFamily,
@@ -85,19 +87,19 @@ pub fn cleanup_chains_with(
     backend: &mut dyn IptablesBackend,
     families: &[IpFamily],
     which: ChainFilter,
-) -> Result<CleanupReport, CleanupError> {
+) -> Result<CleanupReport, TableError> {
     let mut report = CleanupReport::default();
     let mut first_error = None;
     for &family in families {
         for table in [Table::Filter, Table::Nat, Table::Mangle] {
             let result = backend
                 .save(family, table)
-                .map_err(|source| CleanupError::List { family, source })
+                .map_err(|source| TableError::List { family, source })
                 .and_then(
                     |saved| match cleanup_input_of(table, &saved, &mut report, which) {
                         Some(input) => backend
                             .restore(family, &input)
-                            .map_err(|source| CleanupError::Restore { family, source }),
+                            .map_err(|source| TableError::Restore { family, source }),
                         None => Ok(()),
                     },
                 );
