@@ -2,7 +2,10 @@
 //! proxy-agent: the binary's edge (flags, logging, exit codes).
 
 use clap::{CommandFactory as _, FromArgMatches as _, Parser};
-use proxy_agent::config::{self, Flags};
+use proxy_agent::{
+    config::{self, Flags},
+    proxier::HostLayout,
+};
 use tracing::{info, warn};
 
 /// A Kubernetes service proxy: kube-proxy's behaviour with an eBPF fast path.
@@ -23,11 +26,11 @@ fn main() -> std::process::ExitCode {
         Err(e) => e.exit(),
     };
     if let Some(tool) = &cli.tool {
-        // The configuration (when it resolves) supplies the default bpffs root.
-        let root = config::resolve(&cli.flags, &matches)
-            .map(|r| proxy_agent::agent::bpffs_root(&r))
-            .unwrap_or_else(|_| std::path::PathBuf::from(config::DEFAULT_BPFFS_ROOT));
-        return match proxy_agent::tools::run(tool, &root) {
+        // The configuration (when it resolves) says where the modes keep their state.
+        let layout = config::resolve(&cli.flags, &matches)
+            .map(|r| HostLayout::from_config(&r.config))
+            .unwrap_or_else(|_| HostLayout::from_defaults());
+        return match proxy_agent::tools::run(tool, &layout) {
             Ok(text) => {
                 print!("{text}");
                 std::process::ExitCode::SUCCESS
@@ -67,9 +70,8 @@ fn main() -> std::process::ExitCode {
         };
     }
     if resolved.options.cleanup {
-        let root = proxy_agent::agent::bpffs_root(&resolved);
-        let exclude = proxy_agent::proxier::ipvs::ipvs_config(&resolved.config).exclude_cidrs;
-        return if proxy_agent::cleanup::cleanup_all(&root, &exclude) {
+        let layout = HostLayout::from_config(&resolved.config);
+        return if proxy_agent::cleanup::cleanup_all(&layout.bpffs_root, &layout.ipvs_exclude) {
             std::process::ExitCode::SUCCESS
         } else {
             std::process::ExitCode::from(1)

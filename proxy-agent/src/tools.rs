@@ -5,16 +5,16 @@
 
 use std::{
     net::{IpAddr, SocketAddr},
-    path::{Path, PathBuf},
+    path::PathBuf,
 };
 
 use clap::{Args, Subcommand};
 
 use crate::{
-    inspect::{self, Output, Subject, live, rules::RulesError},
-    model::IpFamily,
-    proxier::netfilter::{CommandBackend, IptablesBackend as _, Table},
-    trace::{self, ClientKind, Question},
+    config::ProxyMode,
+    inspect::{Output, Subject},
+    proxier::{self, HostLayout},
+    trace::{ClientKind, TraceRequest},
 };
 
 #[derive(Clone, Debug, Subcommand)]
@@ -76,8 +76,21 @@ pub struct TraceArgs {
     pub bpffs_root: Option<PathBuf>,
     /// The running mode to trace: ebpf or iptables (default: ebpf when its maps are
     /// pinned, else iptables).
-    #[arg(long, value_parser = ["ebpf", "iptables"])]
-    pub mode: Option<String>,
+    #[arg(long, value_parser = parse_traced_mode)]
+    pub mode: Option<ProxyMode>,
+}
+
+/// A mode `trace` can follow (the registry says which).
+fn parse_traced_mode(s: &str) -> Result<ProxyMode, String> {
+    let traced = || {
+        proxier::MODES
+            .iter()
+            .filter(|e| e.tools.trace.is_some())
+            .map(|e| e.mode.as_str())
+    };
+    ProxyMode::parse(s)
+        .filter(|m| traced().any(|t| t == m.as_str()))
+        .ok_or_else(|| format!("cannot trace {s:?}: {}", traced().collect::<Vec<_>>().join(", ")))
 }
 
 fn parse_subject(s: &str) -> Result<Subject, String> {
@@ -105,20 +118,22 @@ fn parse_client(s: &str) -> Result<ClientKind, String> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
-    #[error(transparent)]
-    Inspect(#[from] inspect::InspectError),
-    #[error(transparent)]
-    Live(#[from] live::LiveError),
-    #[error(transparent)]
-    Rules(#[from] RulesError),
+    /// No mode answers, or the mode's reader failed (its message).
+    #[error("{0}")]
+    Mode(String),
     #[error("encoding JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("socket terminator: {0}")]
     SocketTerminator(#[source] std::io::Error),
 }
 
-/// Runs a subcommand; returns what to print.
-pub fn run(tool: &Tool, default_root: &Path) -> Result<String, ToolError> {
+/// Runs a subcommand; returns what to print. `layout` is where the modes keep their state
+/// (from the configuration, or the defaults); `--bpffs-root` overrides its pin directory.
+pub fn run(tool: &Tool, layout: &HostLayout) -> Result<String, ToolError> {
+    let with_root = |root: &Option<PathBuf>| HostLayout {
+        bpffs_root: root.clone().unwrap_or_else(|| layout.bpffs_root.clone()),
+        ..layout.clone()
+    };
     match tool {
         Tool::SocketTerminator(a) => {
             // A long-running server: its log goes to stderr like the agent's.
@@ -127,79 +142,35 @@ pub fn run(tool: &Tool, default_root: &Path) -> Result<String, ToolError> {
                 .map_err(ToolError::SocketTerminator)?;
             Ok(String::new())
         }
-        Tool::Inspect(a) => Ok(inspect::run(
-            a.subject,
-            a.output,
-            a.bpffs_root.as_deref().unwrap_or(default_root),
-        )?),
+        Tool::Inspect(a) => {
+            let layout = with_root(&a.bpffs_root);
+            let entry = proxier::tool_mode(None, &layout, |t| proxier::inspects(t, a.subject))
+                .map_err(|e| ToolError::Mode(format!("inspect {}: {e}", a.subject.as_str())))?;
+            let inspect = entry.tools.inspect.ok_or_else(|| {
+                ToolError::Mode(format!("{} mode has no inspect", entry.mode.as_str()))
+            })?;
+            inspect(&layout, a.subject, a.output).map_err(ToolError::Mode)
+        }
         Tool::Trace(a) => {
-            let root = a.bpffs_root.as_deref().unwrap_or(default_root);
-            let ebpf = match a.mode.as_deref() {
-                Some(mode) => mode == "ebpf",
-                None => inspect::pinned::is_pinned(root),
-            };
-            let question = |client| Question {
+            let layout = with_root(&a.bpffs_root);
+            let entry = proxier::tool_mode(a.mode, &layout, |t| t.trace.is_some())
+                .map_err(|e| ToolError::Mode(format!("trace: {e}")))?;
+            let trace = entry.tools.trace.ok_or_else(|| {
+                ToolError::Mode(format!("{} mode has no trace", entry.mode.as_str()))
+            })?;
+            let request = TraceRequest {
                 from: a.from,
                 to: a.to,
                 proto: a.proto,
-                client,
+                client: a.client,
             };
-            let verdict = if ebpf {
-                let state = live::decode(&inspect::pinned::read_pinned(root)?);
-                // The uplinks are known from the link pins of the tc programs; where tc
-                // attaches over netlink (kernels before 6.6) there are none, and the devices
-                // holding the node's addresses are the uplinks, as for iptables mode.
-                let client = a.client.unwrap_or_else(|| {
-                    let uplinks = if state.node.uplinks.is_empty() {
-                        trace::client::address_devices()
-                    } else {
-                        state.node.uplinks.clone()
-                    };
-                    trace::client::classify(&a.from, &uplinks)
-                });
-                trace::ebpf::trace(&state, &question(client))
-            } else {
-                let client = a.client.unwrap_or_else(|| {
-                    trace::client::classify(&a.from, &trace::client::address_devices())
-                });
-                let family = if a.to.is_ipv6() {
-                    IpFamily::V6
-                } else {
-                    IpFamily::V4
-                };
-                let mut backend = CommandBackend::detect().map_err(RulesError::from)?;
-                let nat = backend.save(family, Table::Nat).map_err(RulesError::from)?;
-                let filter = backend
-                    .save(family, Table::Filter)
-                    .map_err(RulesError::from)?;
-                let node: Vec<IpAddr> = trace::client::local_addresses()
-                    .into_iter()
-                    .map(|(_, ip)| ip)
-                    .collect();
-                trace::iptables::trace(&nat, &filter, &node, &recent_lists(), &question(client))
-            };
+            let verdict = trace(&layout, &request).map_err(ToolError::Mode)?;
             Ok(match a.output {
                 Output::Json => serde_json::to_string_pretty(&verdict)? + "\n",
                 Output::Text => verdict.to_text(),
             })
         }
     }
-}
-
-/// The affinity lists of the `recent` module in this network namespace (endpoint chains).
-fn recent_lists() -> trace::iptables::RecentLists {
-    std::fs::read_dir("/proc/net/xt_recent")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            name.starts_with("KUBE-SEP-").then(|| {
-                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-                (name, trace::iptables::parse_recent(&text))
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ mod event_loop;
 mod mode;
 mod node_facts;
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::net::SocketAddr;
 
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -138,9 +138,4 @@ where
             warn!(server = what, %addr, error = %e, "cannot serve");
         }
     });
-}
-
-/// The pin directory of the ebpf mode.
-pub fn bpffs_root(resolved: &Resolved) -> PathBuf {
-    crate::proxier::ebpf::pins::bpffs_root(&resolved.config.ebpf.bpffs_root)
 }

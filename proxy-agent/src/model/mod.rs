@@ -29,7 +29,7 @@ pub use endpoints_tracker::{EndpointsChangeTracker, EndpointsMap, UpdateEndpoint
 pub use endpointslice_cache::{EndpointSliceCache, EndpointsChange, ServiceEndpoints};
 pub use family::{FamilyState, StaleConntrack};
 pub use invalid::{InvalidObject, ObjectKind, Rejections};
-pub use names::{IpFamily, NamespacedName, Protocol, ServicePortName};
+pub use names::{IpFamily, NamespacedName, PortRef, Protocol, ServicePortName};
 pub use service_port::{LoadBalancerIngress, LoadBalancerIpMode, ServicePort, SessionAffinity};
 pub use service_tracker::{
     ServiceChangeTracker, ServicePortMap, ServicePorts, UpdateServiceMapResult,

@@ -143,3 +143,23 @@ impl fmt::Display for ServicePortName {
         }
     }
 }
+
+/// A service port by its names, as the dataplanes label what they hold (the ebpf names
+/// table, iptables rule comments) and as `inspect` and `trace` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct PortRef {
+    pub namespace: String,
+    pub name: String,
+    /// "" for a single unnamed port.
+    pub port_name: String,
+}
+
+impl std::fmt::Display for PortRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)?;
+        if !self.port_name.is_empty() {
+            write!(f, ":{}", self.port_name)?;
+        }
+        Ok(())
+    }
+}

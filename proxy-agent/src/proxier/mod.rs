@@ -16,13 +16,16 @@ mod registry;
 mod sync;
 
 pub use self::{
-    registry::{CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings},
+    registry::{CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools},
     sync::{
         ConntrackReconcile, FullMap, MapUsage, NodeContext, Proxier, SocketSweep, SyncError,
         SyncRequest, SyncStats, resolve_nodeport_addresses,
     },
 };
-use crate::config::{KubeProxyConfiguration, ProxyMode};
+use crate::{
+    config::{KubeProxyConfiguration, ProxyMode},
+    inspect::Subject,
+};
 /// The inputs of a sync, which the model owns.
 pub use crate::model::{FamilyState, StaleConntrack};
 
@@ -38,6 +41,37 @@ impl HostLayout {
             ipvs_exclude: ipvs::ipvs_config(config).exclude_cidrs,
         }
     }
+
+    /// The defaults' layout, when there is no usable configuration (the operator tools
+    /// still run).
+    pub fn from_defaults() -> Self {
+        Self::from_config(&KubeProxyConfiguration::default())
+    }
+}
+
+/// The mode whose live state an operator tool reads: the one named, else the first
+/// (in [`MODES`]' order) that offers the tool and whose state is on this node, else the
+/// last that offers it. `offers` says whether a mode answers.
+pub fn tool_mode(
+    named: Option<ProxyMode>,
+    layout: &HostLayout,
+    offers: impl Fn(&ModeTools) -> bool,
+) -> Result<&'static ModeEntry, String> {
+    let offering = || MODES.iter().copied().filter(|e| offers(&e.tools));
+    match named {
+        Some(mode) => offering()
+            .find(|e| e.mode == mode)
+            .ok_or_else(|| format!("{} mode does not answer this", mode.as_str())),
+        None => offering()
+            .find(|e| (e.tools.in_use)(layout))
+            .or_else(|| offering().last())
+            .ok_or_else(|| "no mode answers this".to_string()),
+    }
+}
+
+/// Whether a mode's tools answer `inspect subject`.
+pub fn inspects(tools: &ModeTools, subject: Subject) -> bool {
+    tools.inspect.is_some() && tools.inspect_subjects.contains(&subject)
 }
 
 /// The registration of `mode`, if this agent runs it.

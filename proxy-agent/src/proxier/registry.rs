@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! What the agent asks of a mode without naming it: whether it can run here (and why
-//! not), starting it from one settings value, its fallback, and removing what it left on
-//! the node. Each mode describes itself in one [`ModeEntry`] (its folder's `mode.rs`);
+//! not), starting it from one settings value, its fallback, removing what it left on
+//! the node, and the operator tools (`inspect`, `trace`) on its live state. Each mode describes itself in one [`ModeEntry`] (its folder's `mode.rs`);
 //! [`super::MODES`] lists them and the functions beside it look a mode up there.
 
 use std::{path::PathBuf, time::Duration};
@@ -9,7 +9,11 @@ use std::{path::PathBuf, time::Duration};
 use ipnet::IpNet;
 
 use super::sync::{NodeContext, Proxier};
-use crate::config::{KubeProxyConfiguration, ProxyMode, XdpMode};
+use crate::{
+    config::{KubeProxyConfiguration, ProxyMode, XdpMode},
+    inspect::{Output, Subject},
+    trace::{TraceRequest, Verdict},
+};
 
 /// One mode, as the agent sees it.
 pub struct ModeEntry {
@@ -24,6 +28,31 @@ pub struct ModeEntry {
     /// Removes what the mode installed on the node; `None` when there was nothing to look at
     /// (nothing is logged then).
     pub cleanup: fn(&HostLayout, CleanupScope) -> Option<CleanupReport>,
+    /// `inspect` and `trace` on what the mode installed.
+    pub tools: ModeTools,
+}
+
+/// The operator tools a mode answers, reading its live state on this node. The errors are
+/// the readers' own, as text for the command line.
+pub struct ModeTools {
+    /// Whether the mode's state is on this node: the tools read the first mode in use that
+    /// answers, when the command line names none.
+    pub in_use: fn(&HostLayout) -> bool,
+    /// The `inspect` subjects the mode answers, and how.
+    pub inspect_subjects: &'static [Subject],
+    pub inspect: Option<fn(&HostLayout, Subject, Output) -> Result<String, String>>,
+    /// What the running dataplane would do with one connection.
+    pub trace: Option<fn(&HostLayout, &TraceRequest) -> Result<Verdict, String>>,
+}
+
+impl ModeTools {
+    /// A mode without operator tools.
+    pub const NONE: Self = Self {
+        in_use: |_| false,
+        inspect_subjects: &[],
+        inspect: None,
+        trace: None,
+    };
 }
 
 /// Where the modes keep their state on this node: what probing and cleaning up need,

@@ -1,22 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 //! `proxy-agent trace`: what the running dataplane would do with one connection.
 //!
-//! The decision is pure: [`ebpf::trace`] takes the decoded live state
-//! ([`crate::inspect::live::LiveState`]) and a [`Question`] and returns a [`Verdict`],
-//! following the programs' own lookup order step by step. Only [`client`] (where the
-//! client sits, from the node's addresses and routes) and the map reading look at the
-//! system.
+//! This module holds the vocabulary every mode answers in (a [`Question`], a [`Verdict`])
+//! and [`client`] (where the client sits, from the node's addresses and routes). Each mode
+//! that can be traced follows its own dataplane's lookup order in its folder (ebpf: the
+//! decoded pinned maps; iptables: iptables-save) and registers that with the mode (see
+//! [`crate::proxier::ModeTools`]); the decision itself is pure.
 
 pub mod client;
-pub mod ebpf;
-pub mod iptables;
 
 use std::net::{IpAddr, SocketAddr};
 
+use proxy_common::proto;
 use serde::Serialize;
 
-use crate::inspect::live::FrontendKind;
-use crate::proxier::ebpf::names::PortRef;
+use crate::model::PortRef;
 
 /// Where the client of the traced connection sits, which decides which programs see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -37,6 +35,29 @@ impl ClientKind {
             "pod" => Some(Self::Pod),
             "external" => Some(Self::External),
             _ => None,
+        }
+    }
+}
+
+/// A trace as asked on the command line: where the client sits may be left to the mode,
+/// which knows its uplinks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceRequest {
+    pub from: IpAddr,
+    pub to: SocketAddr,
+    /// IANA protocol number.
+    pub proto: u8,
+    pub client: Option<ClientKind>,
+}
+
+impl TraceRequest {
+    /// The question, with the client placed by `classify` unless the request placed it.
+    pub fn question(&self, classify: impl FnOnce(&IpAddr) -> ClientKind) -> Question {
+        Question {
+            from: self.from,
+            to: self.to,
+            proto: self.proto,
+            client: self.client.unwrap_or_else(|| classify(&self.from)),
         }
     }
 }
@@ -161,5 +182,36 @@ impl Verdict {
         }
         out.push('\n');
         out
+    }
+}
+
+/// What kind of address a frontend is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FrontendKind {
+    ClusterIp,
+    NodePort,
+    ExternalIp,
+    LoadBalancer,
+}
+
+impl FrontendKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::ClusterIp => "ClusterIP",
+            Self::NodePort => "NodePort",
+            Self::ExternalIp => "ExternalIP",
+            Self::LoadBalancer => "LoadBalancer",
+        }
+    }
+}
+
+/// The protocol's name as the Service API spells it.
+pub fn proto_name(p: u8) -> &'static str {
+    match p {
+        proto::TCP => "TCP",
+        proto::UDP => "UDP",
+        proto::SCTP => "SCTP",
+        _ => "?",
     }
 }

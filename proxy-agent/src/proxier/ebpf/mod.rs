@@ -11,6 +11,7 @@ pub mod budget;
 pub mod desired;
 pub mod entries;
 pub mod ids;
+mod inspect;
 pub mod loader;
 pub mod maps;
 pub mod mode;
@@ -20,6 +21,7 @@ pub mod pins;
 pub mod resize;
 pub mod sockets;
 pub mod stale_ct;
+mod trace;
 pub mod upgrade;
 pub mod xdp;
 

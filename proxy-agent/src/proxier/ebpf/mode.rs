@@ -3,11 +3,12 @@
 
 use std::path::Path;
 
-use super::{EbpfProxier, loader, loader::LoadOptions, pins};
+use super::{EbpfProxier, inspect, loader, loader::LoadOptions, pins, trace};
 use crate::{
     config::{EbpfConntrack, ProxyMode},
     proxier::{
-        CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, NodeContext, Proxier,
+        CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools,
+        NodeContext, Proxier,
     },
 };
 
@@ -17,6 +18,12 @@ pub static MODE: ModeEntry = ModeEntry {
     probe: unavailable,
     start,
     cleanup,
+    tools: ModeTools {
+        in_use: |layout| inspect::is_pinned(&layout.bpffs_root),
+        inspect_subjects: inspect::SUBJECTS,
+        inspect: Some(inspect::inspect_live),
+        trace: Some(trace::trace_live),
+    },
 };
 
 /// Why ebpf mode cannot run here, if it cannot.

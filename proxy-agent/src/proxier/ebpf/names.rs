@@ -28,7 +28,7 @@ use super::{
     maps::{KernelHash, KvMap, MapOpError},
     resize,
 };
-use crate::model::{FamilyState, IpFamily, NamespacedName, ServicePort};
+use crate::model::{FamilyState, IpFamily, NamespacedName, PortRef, ServicePort};
 
 pub use super::pins::SVC_NAMES;
 
@@ -38,25 +38,6 @@ const PORT_LEN: usize = 16;
 pub const VALUE_LEN: usize = NS_LEN + NAME_LEN + PORT_LEN;
 
 pub type NameValue = [u8; VALUE_LEN];
-
-/// A service port, as the table names it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-pub struct PortRef {
-    pub namespace: String,
-    pub name: String,
-    /// "" for a single unnamed port.
-    pub port_name: String,
-}
-
-impl std::fmt::Display for PortRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)?;
-        if !self.port_name.is_empty() {
-            write!(f, ":{}", self.port_name)?;
-        }
-        Ok(())
-    }
-}
 
 pub fn key(v6: bool, rev_nat_id: u16) -> u32 {
     (u32::from(v6) << 16) | u32::from(rev_nat_id)

@@ -21,6 +21,7 @@ pub mod mode;
 pub mod names;
 pub mod rules;
 pub mod setup;
+mod trace;
 
 #[cfg(test)]
 mod fake;

@@ -2,11 +2,15 @@
 //! The iptables mode's registration: whether it can run here, how it starts, what it
 //! leaves. It is the fallback of the other modes, so it has none itself.
 
-use super::{IptablesConfig, IptablesProxier};
+use super::{IptablesConfig, IptablesProxier, trace};
 use crate::{
     config::ProxyMode,
+    inspect::Subject,
     node::ProcSysctl,
-    proxier::{CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, Proxier},
+    proxier::{
+        CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools, Proxier,
+        netfilter,
+    },
 };
 
 pub static MODE: ModeEntry = ModeEntry {
@@ -15,6 +19,14 @@ pub static MODE: ModeEntry = ModeEntry {
     probe: |_| unavailable(),
     start,
     cleanup,
+    // iptables-save is always there to read, and iptables is tried last: it answers
+    // whatever wrote the rules when no other mode's state is found.
+    tools: ModeTools {
+        in_use: |_| true,
+        inspect_subjects: &[Subject::Rules],
+        inspect: Some(netfilter::inspect::inspect_live),
+        trace: Some(trace::trace_live),
+    },
 };
 
 /// Why iptables mode cannot run here, if it cannot (the ipvs mode needs it too).

@@ -10,7 +10,9 @@ use super::{
 use crate::{
     config::ProxyMode,
     node::ProcSysctl,
-    proxier::{CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, Proxier},
+    proxier::{
+        CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools, Proxier,
+    },
 };
 
 pub static MODE: ModeEntry = ModeEntry {
@@ -20,6 +22,8 @@ pub static MODE: ModeEntry = ModeEntry {
     probe: |_| ipvs_unavailable().or_else(crate::proxier::iptables::mode::unavailable),
     start,
     cleanup,
+    // No reader of IPVS's tables yet; its iptables rules are iptables mode's to show.
+    tools: ModeTools::NONE,
 };
 
 /// Why ipvs mode cannot run here, if it cannot: the kernel must answer the IPVS generic

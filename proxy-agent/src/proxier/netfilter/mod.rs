@@ -14,6 +14,7 @@
 
 pub mod cleanup;
 pub mod exec;
+pub mod inspect;
 pub mod jumps;
 pub mod matches;
 pub mod names;

@@ -12,11 +12,15 @@ use std::{
 use ipnet::IpNet;
 use proxy_common::{
     AFFINITY_CLIENT_NETNS, AffinityKey, AffinityValue, CT_DIR_REPLY, CT_F_CLOSING, CT_F_REPLY_SEEN,
-    CT_F_SNAT, Ct4Key, Ct6Key, CtValue, LbConfig, SCOPE_INTERNAL, SvcValue, proto, svc_flags,
+    CT_F_SNAT, Ct4Key, Ct6Key, CtValue, LbConfig, SCOPE_INTERNAL, SvcValue, svc_flags,
 };
 use serde::Serialize;
 
-use crate::proxier::ebpf::{entries::Snapshot, maps::MapOpError, names::PortRef};
+use crate::{
+    model::PortRef,
+    proxier::ebpf::{entries::Snapshot, maps::MapOpError},
+    trace::{FrontendKind, proto_name},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
@@ -34,36 +38,16 @@ pub enum LiveError {
     Op(#[from] MapOpError),
 }
 
-/// What kind of address a frontend is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FrontendKind {
-    ClusterIp,
-    NodePort,
-    ExternalIp,
-    LoadBalancer,
-}
-
-impl FrontendKind {
-    pub fn from_flags(flags: u16) -> Self {
-        if flags & svc_flags::NODE_PORT != 0 {
-            Self::NodePort
-        } else if flags & svc_flags::EXTERNAL_IP != 0 {
-            Self::ExternalIp
-        } else if flags & svc_flags::LOAD_BALANCER != 0 {
-            Self::LoadBalancer
-        } else {
-            Self::ClusterIp
-        }
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::ClusterIp => "ClusterIP",
-            Self::NodePort => "NodePort",
-            Self::ExternalIp => "ExternalIP",
-            Self::LoadBalancer => "LoadBalancer",
-        }
+/// The kind of frontend a service entry's `svc_flags` say it is.
+pub fn frontend_kind(flags: u16) -> FrontendKind {
+    if flags & svc_flags::NODE_PORT != 0 {
+        FrontendKind::NodePort
+    } else if flags & svc_flags::EXTERNAL_IP != 0 {
+        FrontendKind::ExternalIp
+    } else if flags & svc_flags::LOAD_BALANCER != 0 {
+        FrontendKind::LoadBalancer
+    } else {
+        FrontendKind::ClusterIp
     }
 }
 
@@ -210,15 +194,6 @@ pub struct RawMaps {
     pub now: u32,
 }
 
-pub fn proto_name(p: u8) -> &'static str {
-    match p {
-        proto::TCP => "TCP",
-        proto::UDP => "UDP",
-        proto::SCTP => "SCTP",
-        _ => "?",
-    }
-}
-
 fn addr16(bytes: &[u8; 16], v6: bool) -> IpAddr {
     if v6 {
         IpAddr::V6(Ipv6Addr::from(*bytes))
@@ -299,7 +274,7 @@ pub fn decode(raw: &RawMaps) -> LiveState {
             address: addr,
             port,
             protocol: proto_name(p),
-            kind: FrontendKind::from_flags(flags),
+            kind: frontend_kind(flags),
             rev_nat_id: external.rev_nat_id,
             service: raw.names.get(&(v6, external.rev_nat_id)).cloned(),
             affinity_timeout: (flags & svc_flags::AFFINITY != 0).then_some(external.backend_id),

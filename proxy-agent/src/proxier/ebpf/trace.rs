@@ -8,8 +8,37 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use proxy_common::{proto, svc_flags};
 
-use super::{Action, AffinityInfo, Candidate, ClientKind, MatchedFrontend, Question, Verdict};
-use crate::inspect::live::{FrontendKind, LiveFrontend, LiveScope, LiveState, proto_name};
+use super::inspect::{
+    LiveState,
+    live::{self, LiveFrontend, LiveScope},
+    read_pinned,
+};
+use crate::{
+    proxier::HostLayout,
+    trace::{
+        Action, AffinityInfo, Candidate, ClientKind, FrontendKind, MatchedFrontend, Question,
+        TraceRequest, Verdict, client, proto_name,
+    },
+};
+
+/// `trace` in ebpf mode: the pinned maps under the layout's pin directory, decoded and
+/// followed.
+pub(super) fn trace_live(layout: &HostLayout, request: &TraceRequest) -> Result<Verdict, String> {
+    let pinned = read_pinned(&layout.bpffs_root).map_err(|e| e.to_string())?;
+    let state = live::decode(&pinned);
+    // The uplinks are known from the link pins of the tc programs; where tc attaches over
+    // netlink (kernels before 6.6) there are none, and the devices holding the node's
+    // addresses are the uplinks, as for iptables mode.
+    let question = request.question(|from| {
+        let uplinks = if state.node.uplinks.is_empty() {
+            client::address_devices()
+        } else {
+            state.node.uplinks.clone()
+        };
+        client::classify(from, &uplinks)
+    });
+    Ok(trace(&state, &question))
+}
 
 /// What the destination is, as the programs' lookup sees it.
 enum Lookup<'a> {

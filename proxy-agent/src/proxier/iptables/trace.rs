@@ -12,10 +12,60 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use proxy_common::proto;
 
-use super::{Action, AffinityInfo, Candidate, ClientKind, MatchedFrontend, Question, Verdict};
-use crate::inspect::live::{FrontendKind, proto_name};
-use crate::proxier::ebpf::names::PortRef;
-use crate::proxier::netfilter::save::{self, Rule};
+use crate::{
+    model::{IpFamily, PortRef},
+    proxier::{
+        HostLayout,
+        netfilter::{
+            CommandBackend, IptablesBackend as _, Table,
+            save::{self, Rule},
+        },
+    },
+    trace::{
+        Action, AffinityInfo, Candidate, ClientKind, FrontendKind, MatchedFrontend, Question,
+        TraceRequest, Verdict, client, proto_name,
+    },
+};
+
+/// `trace` in iptables mode: the destination family's nat and filter tables
+/// (iptables-save), the node's addresses and the `recent` affinity lists, followed.
+pub(super) fn trace_live(_: &HostLayout, request: &TraceRequest) -> Result<Verdict, String> {
+    let question =
+        request.question(|from| client::classify(from, &client::address_devices()));
+    let family = if request.to.is_ipv6() {
+        IpFamily::V6
+    } else {
+        IpFamily::V4
+    };
+    let mut backend = CommandBackend::detect().map_err(|e| e.to_string())?;
+    let nat = backend
+        .save(family, Table::Nat)
+        .map_err(|e| e.to_string())?;
+    let filter = backend
+        .save(family, Table::Filter)
+        .map_err(|e| e.to_string())?;
+    let node: Vec<IpAddr> = client::local_addresses()
+        .into_iter()
+        .map(|(_, ip)| ip)
+        .collect();
+    Ok(trace(&nat, &filter, &node, &recent_lists(), &question))
+}
+
+/// The affinity lists of the `recent` module in this network namespace (endpoint chains).
+fn recent_lists() -> RecentLists {
+    std::fs::read_dir("/proc/net/xt_recent")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("KUBE-SEP-").then(|| {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                (name, parse_recent(&text))
+            })
+        })
+        .collect()
+}
 
 /// The masquerade bit upstream and we use by default (0x4000 = bit 14).
 const DEFAULT_MASQ_MARK: u32 = 0x4000;

@@ -8,13 +8,17 @@ use proxy_common::proto;
 
 use super::*;
 use crate::{
-    inspect::live::{LiveAffinity, RawMaps, decode},
     k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
-    model::{ClusterState, IpFamily},
+    model::{ClusterState, IpFamily, PortRef},
     node::{LocalDetector, NodeAddresses},
     proxier::{
         NodeContext,
-        ebpf::{apply::ApplyState, maps::LbMaps, names::PortRef, node_settings},
+        ebpf::{
+            apply::ApplyState,
+            inspect::live::{LiveAffinity, RawMaps, decode},
+            maps::LbMaps,
+            node_settings,
+        },
     },
 };
 

@@ -1,75 +1,48 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `proxy-agent inspect services|backends|affinity|conntrack|rules`: the running
-//! dataplane's state in human terms (service names, not ids), like `cilium bpf lb list`.
-//! ebpf subjects read the pinned maps ([`pinned`], decoded by [`live`]); `rules` reads iptables-save ([`rules`]).
-//! Rendering is pure; the JSON form is the serde form of the decoded structures, so it is
-//! stable and machine-readable.
+//! `proxy-agent inspect services|backends|affinity|conntrack` in ebpf mode: the pinned
+//! maps ([`pinned`], decoded by [`live`]) in human terms (service names, not ids), like
+//! `cilium bpf lb list`. Rendering is pure; the JSON form is the serde form of the decoded
+//! structures, so it is stable and machine-readable.
 
-pub mod live;
-pub mod pinned;
-pub mod rules;
+pub(super) mod live;
+mod pinned;
 
 use std::{fmt::Write as _, net::SocketAddr, path::Path};
 
-use self::live::{LiveError, LiveState};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Subject {
-    Services,
-    Backends,
-    Affinity,
-    Conntrack,
-    Rules,
-}
-
-impl Subject {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "services" => Some(Self::Services),
-            "backends" => Some(Self::Backends),
-            "affinity" => Some(Self::Affinity),
-            "conntrack" => Some(Self::Conntrack),
-            "rules" => Some(Self::Rules),
-            _ => None,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Output {
-    Text,
-    Json,
-}
-
-impl Output {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "text" => Some(Self::Text),
-            "json" => Some(Self::Json),
-            _ => None,
-        }
-    }
-}
+pub(super) use self::live::{LiveError, LiveState};
+pub(super) use self::pinned::{is_pinned, read_pinned};
+use crate::{
+    inspect::{Output, Subject, table},
+    proxier::HostLayout,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
     #[error(transparent)]
     Live(#[from] LiveError),
-    #[error(transparent)]
-    Rules(#[from] rules::RulesError),
     #[error("encoding JSON: {0}")]
     Json(#[from] serde_json::Error),
 }
 
-/// Reads the live state and renders `subject`.
+/// The subjects ebpf mode answers.
+pub(super) const SUBJECTS: &[Subject] = &[
+    Subject::Services,
+    Subject::Backends,
+    Subject::Affinity,
+    Subject::Conntrack,
+];
+
+/// `inspect` in ebpf mode, as registered with the mode.
+pub(super) fn inspect_live(
+    layout: &HostLayout,
+    subject: Subject,
+    output: Output,
+) -> Result<String, String> {
+    run(subject, output, &layout.bpffs_root).map_err(|e| e.to_string())
+}
+
+/// Reads the pinned maps under `bpffs_root` and renders `subject`.
 pub fn run(subject: Subject, output: Output, bpffs_root: &Path) -> Result<String, InspectError> {
-    if subject == Subject::Rules {
-        let summary = rules::read_live()?;
-        return Ok(match output {
-            Output::Json => serde_json::to_string_pretty(&summary)? + "\n",
-            Output::Text => rules::to_text(&summary),
-        });
-    }
     let state = live::decode(&pinned::read_pinned(bpffs_root)?);
     render(subject, &state, output)
 }
@@ -92,34 +65,6 @@ pub fn render(subject: Subject, state: &LiveState, output: Output) -> Result<Str
         Subject::Affinity => affinity_text(state),
         Subject::Conntrack => conntrack_text(state),
     })
-}
-
-/// Lays rows out in columns separated by two spaces.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            widths[i] = widths[i].max(cell.len());
-        }
-    }
-    let mut out = String::new();
-    let line = |cells: Vec<&str>, out: &mut String| {
-        let mut s = String::new();
-        for (i, cell) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(cell);
-            } else {
-                let _ = write!(s, "{cell:<w$}  ", w = widths[i]);
-            }
-        }
-        out.push_str(s.trim_end());
-        out.push('\n');
-    };
-    line(header.to_vec(), &mut out);
-    for row in rows {
-        line(row.iter().map(String::as_str).collect(), &mut out);
-    }
-    out
 }
 
 fn frontend_addr(f: &live::LiveFrontend) -> String {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `inspect rules`: iptables mode's KUBE-* chains, summarised per service port from
+//! `inspect rules`: the KUBE-* chains of iptables mode, summarised per service port from
 //! `iptables-save` (both families): the frontends KUBE-SERVICES / KUBE-NODEPORTS send to the
 //! service's chain, the endpoints its KUBE-SVC / KUBE-SVL chain picks (with probabilities and
 //! affinity), and the filter-table verdicts (REJECT without endpoints, DROP for Local
@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::{
+    inspect::{Output, Subject},
     model::IpFamily,
+    proxier::HostLayout,
     proxier::netfilter::{
         CommandBackend, ExecError, IptablesBackend, Table,
         save::{self, Rule},
@@ -172,6 +174,16 @@ pub fn summarise(family: IpFamily, nat: &str, filter: &str) -> Vec<RuleService> 
             });
     }
     services.into_values().collect()
+}
+
+/// `inspect rules` for the modes that program iptables, as registered with the mode.
+pub fn inspect_live(_: &HostLayout, subject: Subject, output: Output) -> Result<String, String> {
+    debug_assert_eq!(subject, Subject::Rules);
+    let summary = read_live().map_err(|e| e.to_string())?;
+    Ok(match output {
+        Output::Json => serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())? + "\n",
+        Output::Text => to_text(&summary),
+    })
 }
 
 /// Reads both families' rules (iptables-save) and summarises them.

@@ -6,10 +6,12 @@ use std::collections::{HashMap, HashSet};
 use proxy_common::{CT_F_SNAT, Ct4Key, CtValue, SCOPE_EXTERNAL, SvcValue, proto, svc_flags};
 
 use super::*;
-use crate::proxier::ebpf::{
-    desired::{BackendAddr, FrontendKey},
-    entries::{BackendEntry, Snapshot, SvcEntryKey},
-    names::PortRef,
+use crate::{
+    model::PortRef,
+    proxier::ebpf::{
+        desired::{BackendAddr, FrontendKey},
+        entries::{BackendEntry, Snapshot, SvcEntryKey},
+    },
 };
 
 fn raw() -> live::RawMaps {
