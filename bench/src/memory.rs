@@ -132,7 +132,7 @@ pub fn parse_map_show(json: &str) -> Result<(String, u64)> {
 
 /// Every map pinned under the run's maps directory: name and bytes, largest first.
 fn pinned_maps(bpffs: &Path) -> Result<Vec<(String, u64)>> {
-    let dir = proxy_agent::proxier::ebpf::loader::maps_dir(bpffs);
+    let dir = proxy_agent::proxier::ebpf::maps_dir(bpffs);
     let mut pins: Vec<PathBuf> = fs::read_dir(&dir)
         .map_err(Error::io(format!("listing {}", dir.display())))?
         .flatten()

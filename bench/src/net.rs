@@ -121,7 +121,7 @@ pub fn cleanup_stale() -> Result<Vec<String>> {
     for (name, path) in names_in(&bpffs_root("")) {
         if stale(&name) {
             // Only the pins: a host-side cleanup of other modes would touch this machine.
-            let _ = proxy_agent::proxier::ebpf::loader::unpin_all(&path);
+            let _ = proxy_agent::proxier::ebpf::unpin_all(&path);
             let _ = fs::remove_dir_all(&path);
             removed.push(format!("pins {}", path.display()));
         }

@@ -33,10 +33,10 @@ pub enum Tool {
 #[derive(Clone, Debug, Args)]
 pub struct SocketTerminatorArgs {
     /// The unix socket to listen on (the agent looks for it there).
-    #[arg(long, value_name = "PATH", default_value = crate::proxier::ebpf::sockets::reach::SIDECAR_SOCKET)]
+    #[arg(long, value_name = "PATH", default_value = crate::proxier::ebpf::sockets::SIDECAR_SOCKET)]
     pub socket: PathBuf,
     /// Where the host's named network namespaces are.
-    #[arg(long, value_name = "DIR", default_value = crate::proxier::ebpf::sockets::reach::NETNS_DIR)]
+    #[arg(long, value_name = "DIR", default_value = crate::proxier::ebpf::sockets::NETNS_DIR)]
     pub netns_dir: PathBuf,
 }
 
@@ -90,7 +90,12 @@ fn parse_traced_mode(s: &str) -> Result<ProxyMode, String> {
     };
     ProxyMode::parse(s)
         .filter(|m| traced().any(|t| t == m.as_str()))
-        .ok_or_else(|| format!("cannot trace {s:?}: {}", traced().collect::<Vec<_>>().join(", ")))
+        .ok_or_else(|| {
+            format!(
+                "cannot trace {s:?}: {}",
+                traced().collect::<Vec<_>>().join(", ")
+            )
+        })
 }
 
 fn parse_subject(s: &str) -> Result<Subject, String> {
@@ -138,7 +143,7 @@ pub fn run(tool: &Tool, layout: &HostLayout) -> Result<String, ToolError> {
         Tool::SocketTerminator(a) => {
             // A long-running server: its log goes to stderr like the agent's.
             crate::telemetry::init(0, false);
-            crate::proxier::ebpf::sockets::reach::serve(&a.socket, &a.netns_dir)
+            crate::proxier::ebpf::sockets::serve(&a.socket, &a.netns_dir)
                 .map_err(ToolError::SocketTerminator)?;
             Ok(String::new())
         }

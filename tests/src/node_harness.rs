@@ -130,7 +130,7 @@ macro_rules! require_ipvs {
 pub fn ipvs_missing() -> Option<String> {
     let ns = crate::privileged::TempNetns::new("kpe-ipvs-probe");
     let kernel = in_netns(&ns.name, || {
-        Ok(proxy_agent::proxier::ipvs::genl::IpvsSocket::open()
+        Ok(proxy_agent::proxier::ipvs::IpvsSocket::open()
             .err()
             .map(|err| err.to_string()))
     });

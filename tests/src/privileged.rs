@@ -29,7 +29,7 @@ macro_rules! require_root {
 
 /// The cgroup v2 mount point.
 pub fn cgroup2_root() -> PathBuf {
-    proxy_agent::proxier::ebpf::loader::detect_cgroup2_root()
+    proxy_agent::proxier::ebpf::detect_cgroup2_root()
         .expect("a cgroup v2 mount (the test machines have one)")
 }
 
@@ -83,14 +83,14 @@ pub struct TempBpffs {
 impl TempBpffs {
     pub fn new(name: &str) -> Self {
         let path = Path::new("/sys/fs/bpf").join(format!("{name}-{}", std::process::id()));
-        let _ = proxy_agent::proxier::ebpf::loader::unpin_all(&path);
+        let _ = proxy_agent::proxier::ebpf::unpin_all(&path);
         Self { path }
     }
 }
 
 impl Drop for TempBpffs {
     fn drop(&mut self) {
-        let _ = proxy_agent::proxier::ebpf::loader::unpin_all(&self.path);
+        let _ = proxy_agent::proxier::ebpf::unpin_all(&self.path);
     }
 }
 

@@ -447,7 +447,7 @@ fn daemonset_runs_on_every_node_with_least_privilege() {
 
 #[test]
 fn the_socket_terminator_sidecar_has_what_it_needs_and_no_more() {
-    use proxy_agent::proxier::ebpf::sockets::reach::{NETNS_DIR, SIDECAR_SOCKET};
+    use proxy_agent::proxier::ebpf::sockets::{NETNS_DIR, SIDECAR_SOCKET};
     let all = load_manifests();
     let ds = only(&all.daemon_sets, "DaemonSet");
     let pod = pod_spec(ds);

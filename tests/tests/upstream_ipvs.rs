@@ -14,10 +14,7 @@ use proxy_agent::{
     node::local::LocalDetector,
     proxier::{
         FamilyState, NodeContext,
-        ipvs::{
-            desired::{self, FamilyDesired},
-            sets::{SetEntry, SetKind},
-        },
+        ipvs::{FamilyDesired, SetEntry, SetKind, build_desired, nodeport_ips},
     },
 };
 use upstream_support::Cluster;
@@ -36,7 +33,7 @@ fn node() -> NodeContext {
 }
 
 fn build(cluster: &Cluster, node: &NodeContext) -> FamilyDesired {
-    desired::build(&cluster.families()[0], node, "")
+    build_desired(&cluster.families()[0], node, "")
 }
 
 /// svc1/ns1 on 172.20.1.1 port p80 (nodePort 30000), with the given policy lines.
@@ -201,7 +198,7 @@ fn nodeports_go_on_every_node_address_but_loopback_and_ipv6_link_local() {
         ]),
         ..node()
     };
-    let got: BTreeSet<IpAddr> = desired::nodeport_ips(&cluster.families()[0], &node)
+    let got: BTreeSet<IpAddr> = nodeport_ips(&cluster.families()[0], &node)
         .into_iter()
         .collect();
     let want: BTreeSet<IpAddr> = ips(&["10.20.30.40", "172.17.0.1", "169.254.0.1"])
@@ -210,7 +207,7 @@ fn nodeports_go_on_every_node_address_but_loopback_and_ipv6_link_local() {
     assert_eq!(got, want, "IPv4 NodePort addresses");
 
     let v6 = FamilyState::new(IpFamily::V6);
-    let got: BTreeSet<IpAddr> = desired::nodeport_ips(&v6, &node).into_iter().collect();
+    let got: BTreeSet<IpAddr> = nodeport_ips(&v6, &node).into_iter().collect();
     let want: BTreeSet<IpAddr> = ips(&["1000::"]).into_iter().collect();
     assert_eq!(got, want, "IPv6 NodePort addresses");
 }

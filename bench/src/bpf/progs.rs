@@ -151,7 +151,7 @@ fn pins_under(dir: &Path) -> Vec<PathBuf> {
 /// The ids of the programs attached by this run's agent: those of the links it pinned
 /// under its bpffs root (no other program on the machine is counted).
 pub fn run_program_ids(bpffs_root: &Path) -> Result<Vec<u32>> {
-    let links = proxy_agent::proxier::ebpf::loader::links_dir(bpffs_root);
+    let links = proxy_agent::proxier::ebpf::links_dir(bpffs_root);
     let mut ids = Vec::new();
     for pin in pins_under(&links) {
         if let Some(id) = parse_link_prog(&bpftool(&["link", "show", "pinned"], Some(&pin))?)?

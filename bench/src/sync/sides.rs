@@ -19,7 +19,7 @@ use proxy_agent::{
     proxier::{
         Proxier, StaleConntrack, SyncStats,
         conntrack::NetlinkConntrack,
-        ebpf::{EbpfProxier, loader::LoadOptions},
+        ebpf::{EbpfProxier, LoadOptions},
         iptables::{CommandBackend, IptablesConfig, IptablesProxier, RuleOptions},
     },
 };
@@ -188,7 +188,7 @@ pub struct IptablesSide {
 impl IptablesSide {
     pub fn new(id: &str, rep: u32, probe_ipvs: bool) -> Result<Self> {
         // A kernel with IPVS would run the ipvs proxier, not this one.
-        if probe_ipvs && proxy_agent::agent::ipvs_unavailable().is_none() {
+        if probe_ipvs && ipvs_available() {
             return Err(Error::Setup(
                 "this kernel has IPVS: ipvs mode would not fall back (measure it in the VM)".into(),
             ));
@@ -217,7 +217,7 @@ impl SyncSide for IptablesSide {
     fn apply(&mut self, step: &Step<'_>) -> Result<StepCost> {
         let probe_ipvs = self.probe_ipvs;
         sync_step(self.name(), &self.ns, &mut self.proxier, step, || {
-            if probe_ipvs && proxy_agent::agent::ipvs_unavailable().is_none() {
+            if probe_ipvs && ipvs_available() {
                 return Err("IPVS became available".to_string());
             }
             let backend = legacy_backend().map_err(|e| e.to_string())?;
@@ -241,7 +241,7 @@ pub struct EbpfSide {
     ns: SideNamespace,
     bpffs_root: PathBuf,
     cgroup: PathBuf,
-    map_sizes: proxy_agent::proxier::ebpf::loader::MapSizes,
+    map_sizes: proxy_agent::proxier::ebpf::MapSizes,
     proxier: Option<EbpfProxier>,
 }
 
@@ -269,11 +269,8 @@ impl EbpfSide {
 
 /// Map sizes for `services` services × up to `max_endpoints` endpoints (one service at
 /// the most, the rest at 4), with room to spare.
-pub fn map_sizes_for(
-    services: u32,
-    max_endpoints: u32,
-) -> proxy_agent::proxier::ebpf::loader::MapSizes {
-    let mut sizes = proxy_agent::proxier::ebpf::loader::MapSizes::default();
+pub fn map_sizes_for(services: u32, max_endpoints: u32) -> proxy_agent::proxier::ebpf::MapSizes {
+    let mut sizes = proxy_agent::proxier::ebpf::MapSizes::default();
     // A service takes a frontend slot, one per backend and a wildcard entry for its
     // ClusterIP (6 at 4 endpoints); room for one more each.
     let slots = services * 7 + max_endpoints + 1024;
@@ -321,7 +318,7 @@ impl Drop for EbpfSide {
         // The links pinned under the root hold the programs attached: unpin, then the
         // cgroup can go.
         self.proxier = None;
-        if let Err(err) = proxy_agent::proxier::ebpf::loader::unpin_all(&self.bpffs_root) {
+        if let Err(err) = proxy_agent::proxier::ebpf::unpin_all(&self.bpffs_root) {
             eprintln!("cleanup: unpinning {}: {err}", self.bpffs_root.display());
         }
         let _ = std::fs::remove_dir_all(&self.bpffs_root);
@@ -444,4 +441,10 @@ impl SyncSide for ShapedSide {
         self.current = after;
         Ok(cost)
     }
+}
+
+/// Whether this kernel runs ipvs mode (the registry's probe).
+fn ipvs_available() -> bool {
+    let layout = proxy_agent::proxier::HostLayout::from_defaults();
+    proxy_agent::proxier::unavailable(proxy_agent::config::ProxyMode::Ipvs, &layout).is_none()
 }

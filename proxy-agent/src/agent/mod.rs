@@ -18,7 +18,6 @@ pub use self::{
     error::{AgentError, Result},
     mode::{ModeChoice, choose_mode},
 };
-pub use crate::proxier::ipvs::mode::ipvs_unavailable;
 use crate::{
     config::Resolved,
     k8s::{

@@ -15,6 +15,7 @@ pub mod netlink;
 mod registry;
 mod sync;
 
+pub use self::ebpf::SocketSweepUnsupported;
 pub use self::{
     registry::{CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools},
     sync::{
@@ -22,12 +23,12 @@ pub use self::{
         SyncRequest, SyncStats, resolve_nodeport_addresses,
     },
 };
+/// The inputs of a sync, which the model owns.
+pub use crate::model::{FamilyState, StaleConntrack};
 use crate::{
     config::{KubeProxyConfiguration, ProxyMode},
     inspect::Subject,
 };
-/// The inputs of a sync, which the model owns.
-pub use crate::model::{FamilyState, StaleConntrack};
 
 /// Every mode this agent runs, one line each. The order is the order `--cleanup` and a
 /// starting mode remove what the others left: ebpf, then ipvs (its sets can only go once

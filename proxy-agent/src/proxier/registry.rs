@@ -32,6 +32,11 @@ pub struct ModeEntry {
     pub tools: ModeTools,
 }
 
+/// Renders one `inspect` subject of the mode's live state.
+pub type InspectFn = fn(&HostLayout, Subject, Output) -> Result<String, String>;
+/// Follows one connection through the mode's live state.
+pub type TraceFn = fn(&HostLayout, &TraceRequest) -> Result<Verdict, String>;
+
 /// The operator tools a mode answers, reading its live state on this node. The errors are
 /// the readers' own, as text for the command line.
 pub struct ModeTools {
@@ -40,9 +45,9 @@ pub struct ModeTools {
     pub in_use: fn(&HostLayout) -> bool,
     /// The `inspect` subjects the mode answers, and how.
     pub inspect_subjects: &'static [Subject],
-    pub inspect: Option<fn(&HostLayout, Subject, Output) -> Result<String, String>>,
+    pub inspect: Option<InspectFn>,
     /// What the running dataplane would do with one connection.
-    pub trace: Option<fn(&HostLayout, &TraceRequest) -> Result<Verdict, String>>,
+    pub trace: Option<TraceFn>,
 }
 
 impl ModeTools {

@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use crate::{
     model::{FamilyState, IpFamily, NamespacedName, StaleConntrack},
     node::{LocalDetector, NodeAddresses},
-    proxier::ebpf::sockets::namespaces::Unsupported,
+    proxier::ebpf::SocketSweepUnsupported as Unsupported,
 };
 
 /// Facts about this node and the settings every proxier shares.

@@ -310,7 +310,7 @@ impl Metrics {
     }
 
     /// Counts one sync's sweep for connected UDP sockets (nothing when it did not sweep).
-    pub fn connected_udp_sweep(&self, sweep: &crate::proxier::ebpf::sockets::SocketSweep) {
+    pub fn connected_udp_sweep(&self, sweep: &crate::proxier::SocketSweep) {
         if !sweep.swept {
             return;
         }
@@ -442,7 +442,7 @@ mod tests {
 
     #[test]
     fn connected_udp_sweeps_are_counted_by_result() {
-        use crate::proxier::ebpf::sockets::{SocketSweep, namespaces::Unsupported};
+        use crate::proxier::{SocketSweep, SocketSweepUnsupported as Unsupported};
         let m = Metrics::new();
         m.connected_udp_sweep(&SocketSweep::default());
         m.connected_udp_sweep(&SocketSweep {

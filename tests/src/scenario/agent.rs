@@ -31,7 +31,7 @@ pub fn bpffs_root(run_id: &str) -> PathBuf {
 
 /// The pinned IPv4 service map under the agent's bpffs root.
 pub fn service_map_pin(bpffs_root: &Path) -> PathBuf {
-    proxy_agent::proxier::ebpf::loader::maps_dir(bpffs_root).join(proxy_common::maps::SVC4)
+    proxy_agent::proxier::ebpf::maps_dir(bpffs_root).join(proxy_common::maps::SVC4)
 }
 
 /// Everything the runner must set, merged over the scenario's `config:` fragment.

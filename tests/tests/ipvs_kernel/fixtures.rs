@@ -17,8 +17,8 @@ use proxy_agent::k8s::convert::{ClusterObject, parse_objects};
 use proxy_agent::model::{EndpointsChangeTracker, IpFamily, NamespacedName, ServiceChangeTracker};
 use proxy_agent::node::{LocalDetector, NodeAddresses};
 use proxy_agent::proxier::ipvs::IpvsConfig;
-use proxy_agent::proxier::ipvs::genl::IpvsSocket;
-use proxy_agent::proxier::netlink::route::RouteSocket;
+use proxy_agent::proxier::ipvs::IpvsSocket;
+use proxy_agent::proxier::netlink::RouteSocket;
 use proxy_agent::proxier::{FamilyState, NodeContext, Proxier, StaleConntrack, SyncRequest};
 use tests::privileged::TempNetns;
 

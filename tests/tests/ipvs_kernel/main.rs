@@ -25,10 +25,8 @@ use proxy_agent::config::ProxyMode;
 use proxy_agent::model::{IpFamily, Protocol};
 use proxy_agent::node::ProcSysctl;
 use proxy_agent::proxier::iptables::{IptablesConfig, IptablesProxier};
-use proxy_agent::proxier::ipvs::desired::{RealServer, ServiceKey};
-use proxy_agent::proxier::ipvs::genl::IpvsSocket;
-use proxy_agent::proxier::ipvs::{IpvsProxier, cleanup};
-use proxy_agent::proxier::netlink::route::RouteSocket;
+use proxy_agent::proxier::ipvs::{IpvsProxier, IpvsSocket, RealServer, ServiceKey, cleanup};
+use proxy_agent::proxier::netlink::RouteSocket;
 use tests::require_root;
 
 /// Sync, read back, connect, change endpoints, delete, clean up: one family.
@@ -140,13 +138,13 @@ fn proxier_lifecycle(family: IpFamily, tag: &str) {
             &[],
         );
         world.sync(&mut proxier, true, &HashSet::new());
-        let report = cleanup::cleanup(&[], false).expect("cleanup");
+        let report = cleanup(&[], false).expect("cleanup");
         assert!(
             report.virtual_servers >= 3 && report.link && report.sets > 0,
             "{report:?}"
         );
         assert_nothing_left(&mut ipvs, &mut route);
-        let again = cleanup::cleanup(&[], false).expect("second cleanup");
+        let again = cleanup(&[], false).expect("second cleanup");
         assert_eq!(again.total(), 0, "{again:?}");
     });
 }

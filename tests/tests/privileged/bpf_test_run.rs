@@ -37,10 +37,7 @@ use proxy_agent::{
     node::NodeAddresses,
     proxier::{
         NodeContext,
-        ebpf::{
-            apply::ApplyState,
-            loader::{LoadError, LoadOptions, Loaded, MapSizes, load_and_attach},
-        },
+        ebpf::{ApplyState, LoadError, LoadOptions, Loaded, MapSizes, load_and_attach},
     },
 };
 use proxy_common::LbConfig;

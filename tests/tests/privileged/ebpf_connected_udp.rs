@@ -19,10 +19,7 @@ use std::{
 };
 
 use proxy_agent::proxier::ebpf::sockets::{
-    diag::SockId,
-    namespaces::Netns,
-    reach::{Sidecar, SocketReach as _},
-    translations::{PinnedRevNat, Translations as _},
+    Netns, PinnedRevNat, Sidecar, SockId, SocketReach as _, Translations as _,
 };
 use tests::{
     node_harness::{TestNode, node_yaml, scenario_header, time_scale},

@@ -4,7 +4,7 @@
 
 use std::net::Ipv4Addr;
 
-use proxy_agent::proxier::ebpf::loader::{LoadOptions, MapSizes, load_and_attach};
+use proxy_agent::proxier::ebpf::{LoadOptions, MapSizes, load_and_attach};
 use proxy_common::{Backend4Value, LbConfig, RevNat4Value, Svc4Key, SvcValue, proto, svc_flags};
 use tests::{
     privileged::{TempBpffs, TempCgroup, TempNetns},

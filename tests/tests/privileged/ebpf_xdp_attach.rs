@@ -9,7 +9,7 @@ use std::process::Command;
 
 use proxy_agent::{
     config::XdpMode,
-    proxier::ebpf::loader::{LoadOptions, MapSizes, load_and_attach},
+    proxier::ebpf::{LoadOptions, MapSizes, load_and_attach},
 };
 use tests::{
     privileged::{TempBpffs, TempCgroup, TempNetns},
@@ -51,8 +51,7 @@ fn xdp_prog(ns: &TempNetns) -> Option<u64> {
 /// Whether the uplink ingress tc program is attached to up0: its pinned link is a live
 /// tcx link (bpftool's view; this kernel has tcx, so tc attaches through links).
 fn tc_attached(bpffs: &TempBpffs) -> bool {
-    let pin =
-        proxy_agent::proxier::ebpf::loader::links_dir(&bpffs.path).join("tc_uplink_ingress_up0");
+    let pin = proxy_agent::proxier::ebpf::links_dir(&bpffs.path).join("tc_uplink_ingress_up0");
     let out = Command::new("bpftool")
         .args(["-j", "link", "show", "pinned"])
         .arg(&pin)
@@ -86,7 +85,7 @@ fn xdp_falls_back_to_tc_where_it_cannot_run_and_follows_the_configured_mode() {
     );
     assert_eq!(xdp_of(&ns, "br0")["prog"]["id"].as_u64(), None);
     let bridge_tc =
-        proxy_agent::proxier::ebpf::loader::links_dir(&bpffs.path).join("tc_uplink_ingress_br0");
+        proxy_agent::proxier::ebpf::links_dir(&bpffs.path).join("tc_uplink_ingress_br0");
     assert!(
         bridge_tc.exists(),
         "tc must carry the device when XDP cannot"

@@ -14,11 +14,11 @@
 //! ([`netlink::NetlinkConntrack`]: one dump, then one delete per stale entry by its exact
 //! tuple, which works on every kernel).
 
-pub mod frontends;
-pub mod netlink;
+mod frontends;
+mod netlink;
 
 #[cfg(test)]
-pub mod fake;
+pub(super) mod fake;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

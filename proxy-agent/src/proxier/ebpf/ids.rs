@@ -148,14 +148,6 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
         }
         stale
     }
-
-    pub fn len(&self) -> usize {
-        self.by_key.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
-    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use aya::{
 use proxy_common::{LB_CFG_READY, LbConfig, maps as names};
 use tracing::{debug, info, warn};
 
-pub use super::pins::{MapSizes, links_dir, maps_dir, unpin_all};
+pub use super::pins::{MapSizes, links_dir, maps_dir};
 use super::{
     maps::{KernelHash, KernelLpm, LbMaps},
     node_settings::LocalCidrMaps,

@@ -6,32 +6,35 @@
 //! (ordered writes through the `maps` interface, diffed against what was written or, on
 //! full syncs, against what the maps hold).
 
-pub mod apply;
-pub mod budget;
-pub mod desired;
-pub mod entries;
-pub mod ids;
+mod apply;
+mod budget;
+mod desired;
+mod entries;
+mod ids;
 mod inspect;
-pub mod loader;
-pub mod maps;
-pub mod mode;
-pub mod names;
-pub mod node_settings;
-pub mod pins;
-pub mod resize;
+mod loader;
+mod maps;
+pub(super) mod mode;
+mod names;
+mod node_settings;
+pub(super) mod pins;
+mod resize;
 pub mod sockets;
-pub mod stale_ct;
+mod stale_ct;
 mod trace;
-pub mod upgrade;
-pub mod xdp;
+mod upgrade;
+mod xdp;
 
+/// What the integration tests and benchmarks load, pin and clean up with.
+pub use self::{
+    apply::ApplyState,
+    loader::{LoadError, LoadOptions, Loaded, detect_cgroup2_root, load_and_attach},
+    pins::{MapSizes, links_dir, maps_dir, unpin_all},
+    sockets::Unsupported as SocketSweepUnsupported,
+};
 use proxy_common::LbConfig;
 use tracing::{debug, info, warn};
 
-use self::{
-    apply::ApplyState,
-    loader::{LoadError, LoadOptions, Loaded},
-};
 use super::{Proxier, SyncError, SyncRequest, SyncStats};
 
 /// The ebpf proxier: the loaded dataplane and the agent's memory of its maps.

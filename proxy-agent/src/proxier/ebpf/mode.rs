@@ -7,8 +7,8 @@ use super::{EbpfProxier, inspect, loader, loader::LoadOptions, pins, trace};
 use crate::{
     config::{EbpfConntrack, ProxyMode},
     proxier::{
-        CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools,
-        NodeContext, Proxier,
+        CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools, NodeContext,
+        Proxier,
     },
 };
 

@@ -10,7 +10,7 @@ use super::names::is_service_chain;
 use crate::model::IpFamily;
 use crate::proxier::netfilter::IptablesBackend;
 use crate::proxier::netfilter::Table;
-use crate::proxier::netfilter::cleanup::{CleanupReport, cleanup_chains_with, cleanup_input_of};
+use crate::proxier::netfilter::cleanup::{CleanupReport, cleanup_chains_with};
 use crate::proxier::netfilter::names::{
     KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
     KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
@@ -61,12 +61,6 @@ pub fn iptables_only(table: Table, chain: &str) -> bool {
         .contains(&chain),
         Table::Mangle => chain == KUBE_PROXY_CANARY,
     }
-}
-
-/// The restore input that removes our chains and every rule jumping to them from
-/// `saved` (one table's `iptables-save` output); `None` when there is nothing of ours.
-pub fn cleanup_input(table: Table, saved: &str, report: &mut CleanupReport) -> Option<String> {
-    cleanup_input_of(table, saved, report, ours)
 }
 
 /// Removes this mode's rules and chains from `families`, table by table. Every table is

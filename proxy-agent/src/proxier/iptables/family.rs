@@ -25,7 +25,6 @@ use crate::proxier::{FamilyState, NodeContext};
 /// What one family's sync did.
 #[derive(Debug, Default)]
 pub struct FamilySync {
-    pub full: bool,
     pub generated: Generated,
     /// Rule lines written (including jump rules inserted).
     pub written: usize,
@@ -57,14 +56,6 @@ impl FamilyProxier {
             input: String::new(),
             last_stale_scan: None,
         }
-    }
-
-    pub fn needs_full(&self) -> bool {
-        self.needs_full
-    }
-
-    pub fn mark_needs_full(&mut self) {
-        self.needs_full = true;
     }
 
     /// The restore input of the last sync.
@@ -105,10 +96,7 @@ impl FamilyProxier {
             &mut self.probabilities,
             &mut self.buffers,
         );
-        let mut outcome = FamilySync {
-            full,
-            ..Default::default()
-        };
+        let mut outcome = FamilySync::default();
         // A new String rather than `clear()`: after a full sync at 10,000 services the old
         // one holds ~13 MB of capacity that every later (mostly small, partial) sync would
         // keep; `assemble` reserves what this sync needs.

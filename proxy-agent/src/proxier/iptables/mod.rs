@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The iptables dataplane: upstream kube-proxy's iptables proxier, chain for chain.
 //!
-//! - [`rules`] turns one family's model into `iptables-restore` input (pure, golden-tested);
-//! - [`family`] applies it for one family: full syncs also insert missing jump rules,
+//! - `rules` turns one family's model into `iptables-restore` input (pure, golden-tested);
+//! - `family` applies it for one family: full syncs also insert missing jump rules,
 //!   declare the canary chain and delete stale chains found in the kernel; partial syncs
 //!   rewrite the top-level chains and the chains of changed services only;
 //! - [`IptablesProxier`] runs one family proxier per `FamilyState` of a sync (IPv4 with
@@ -14,13 +14,13 @@
 //! Running the iptables binaries, reading their output and the jump rules' mechanics are
 //! shared with the ipvs mode in [`crate::proxier::netfilter`].
 
-pub mod cleanup;
-pub mod family;
-pub mod jumps;
-pub mod mode;
-pub mod names;
-pub mod rules;
-pub mod setup;
+mod cleanup;
+mod family;
+mod jumps;
+pub(super) mod mode;
+mod names;
+mod rules;
+mod setup;
 mod trace;
 
 #[cfg(test)]
@@ -87,7 +87,7 @@ pub struct IptablesProxier {
 }
 
 impl IptablesProxier {
-    /// Finds the iptables binaries, applies the sysctls this mode needs (see [`setup`]) and
+    /// Finds the iptables binaries, applies the sysctls this mode needs (see `setup`) and
     /// returns a proxier whose first sync will be full.
     pub fn new(
         config: IptablesConfig,

@@ -30,8 +30,7 @@ use crate::{
 /// `trace` in iptables mode: the destination family's nat and filter tables
 /// (iptables-save), the node's addresses and the `recent` affinity lists, followed.
 pub(super) fn trace_live(_: &HostLayout, request: &TraceRequest) -> Result<Verdict, String> {
-    let question =
-        request.question(|from| client::classify(from, &client::address_devices()));
+    let question = request.question(|from| client::classify(from, &client::address_devices()));
     let family = if request.to.is_ipv6() {
         IpFamily::V6
     } else {

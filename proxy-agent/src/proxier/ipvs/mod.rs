@@ -1,25 +1,33 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The ipvs dataplane: upstream kube-proxy's IPVS proxier.
 //!
-//! - [`desired`] turns one family's model into virtual servers, real servers, ipset
-//!   members, kube-ipvs0 addresses and drop rules (pure); [`sets`] names and types the
-//!   ipsets; [`rules`] writes the iptables rules that match them (pure);
-//! - [`genl`] speaks IPVS over generic netlink, [`ipset`] drives the `ipset` binary,
-//!   kube-ipvs0 goes through rtnetlink ([`crate::proxier::netlink::route`]);
-//! - [`apply`] diffs against what the kernel lists, [`graceful`] drains removed real
-//!   servers; [`setup`] sets the sysctls; [`cleanup`] removes everything.
+//! - `desired` turns one family's model into virtual servers, real servers, ipset
+//!   members, kube-ipvs0 addresses and drop rules (pure); `sets` names and types the
+//!   ipsets; `rules` writes the iptables rules that match them (pure);
+//! - `genl` speaks IPVS over generic netlink, `ipset` drives the `ipset` binary,
+//!   kube-ipvs0 goes through rtnetlink (`crate::proxier::netlink::route`);
+//! - `apply` diffs against what the kernel lists, `graceful` drains removed real
+//!   servers; `setup` sets the sysctls; [`cleanup`] removes everything.
 
-pub mod apply;
-pub mod cleanup;
-pub mod desired;
-pub mod genl;
-pub mod graceful;
-pub mod ipset;
-pub mod kernel;
-pub mod mode;
-pub mod rules;
-pub mod sets;
-pub mod setup;
+mod apply;
+mod cleanup;
+mod desired;
+mod genl;
+mod graceful;
+mod ipset;
+mod kernel;
+pub(super) mod mode;
+mod rules;
+mod sets;
+mod setup;
+
+/// What the kernel tests drive directly.
+pub use self::{
+    cleanup::cleanup,
+    desired::{FamilyDesired, RealServer, ServiceKey, build as build_desired, nodeport_ips},
+    genl::IpvsSocket,
+    sets::{SetEntry, SetKind},
+};
 
 #[cfg(test)]
 mod tests;
@@ -40,8 +48,8 @@ use crate::proxier::netlink::NetlinkError;
 use crate::proxier::netlink::route::RouteSocket;
 use crate::proxier::{Proxier, SyncError, SyncRequest, SyncStats};
 use apply::{Counts, ServiceApply, apply_addresses};
-use desired::{DesiredService, FamilyDesired, ServiceKey};
-use genl::{IpvsSocket, Timeouts};
+use desired::DesiredService;
+use genl::Timeouts;
 use graceful::Draining;
 use ipset::{IpsetBackend, IpsetCommand, IpsetError};
 use kernel::{DummyAddresses, IpvsTable};

@@ -19,7 +19,7 @@ pub static MODE: ModeEntry = ModeEntry {
     mode: ProxyMode::Ipvs,
     fallback: Some(ProxyMode::Iptables),
     // The mode programs iptables rules too.
-    probe: |_| ipvs_unavailable().or_else(crate::proxier::iptables::mode::unavailable),
+    probe: |_| ipvs_unavailable().or_else(super::super::iptables::mode::unavailable),
     start,
     cleanup,
     // No reader of IPVS's tables yet; its iptables rules are iptables mode's to show.

@@ -2,24 +2,24 @@
 //! What the iptables-based modes share (iptables and ipvs mode; the nftables mode takes
 //! the chain-name hash):
 //!
-//! - [`exec`] finds the iptables binaries (nft or legacy variant, version) and runs
+//! - `exec` finds the iptables binaries (nft or legacy variant, version) and runs
 //!   `iptables`, `iptables-save` and `iptables-restore` behind [`IptablesBackend`];
-//! - [`save`] is the one reader of iptables text (save output, restore input, `-S`
+//! - `save` is the one reader of iptables text (save output, restore input, `-S`
 //!   listings) with its one tokenizer; proxiers, cleanup, `inspect rules` and `trace` use it;
-//! - [`jumps`] writes and recognises the rules hooking a mode's chains into the built-in
-//!   chains; [`cleanup`] removes chains and the rules jumping to them; [`mod@matches`] writes
+//! - `jumps` writes and recognises the rules hooking a mode's chains into the built-in
+//!   chains; `cleanup` removes chains and the rules jumping to them; `matches` writes
 //!   the local-traffic match and the masquerade mark;
-//! - [`names`] holds the chain names upstream's proxiers share and upstream's SHA-256 chain
-//!   name hash; [`table`] the tables.
+//! - `names` holds the chain names upstream's proxiers share and upstream's SHA-256 chain
+//!   name hash; `table` the tables.
 
-pub mod cleanup;
-pub mod exec;
-pub mod inspect;
-pub mod jumps;
-pub mod matches;
-pub mod names;
-pub mod save;
-pub mod table;
+pub(super) mod cleanup;
+pub(super) mod exec;
+pub(super) mod inspect;
+pub(super) mod jumps;
+pub(super) mod matches;
+pub(super) mod names;
+pub(super) mod save;
+pub(super) mod table;
 
 pub use exec::{CommandBackend, ExecError, IptablesBackend, Variant, Version};
 pub use jumps::Jump;

@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 
 use ring::digest;
 
-use crate::model::{Protocol, ServicePortName};
+use crate::model::Protocol;
+#[cfg(test)]
+use crate::model::ServicePortName;
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
 pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
@@ -84,6 +86,7 @@ pub fn endpoint_hash(name_text: &str, protocol: Protocol, endpoint: &SocketAddr)
 }
 
 /// The text upstream hashes for a service port ("ns/name:port", "ns/name" when unnamed).
+#[cfg(test)]
 pub fn service_port_text(name: &ServicePortName) -> String {
     name.to_string()
 }

@@ -295,6 +295,7 @@ pub struct Rule {
 
 impl Rule {
     /// The rule of an `-A` line; `None` for any other line.
+    #[cfg(test)]
     pub fn parse(line: &str) -> Option<Self> {
         match parse_line(line) {
             Line::Command(command) if command.op == Op::Append => Some(Self::of(&command)),

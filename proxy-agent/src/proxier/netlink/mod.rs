@@ -2,13 +2,13 @@
 //! Netlink for every kernel client of the proxiers, on the rust-netlink crates:
 //! netlink-packet-core for the framing (`nlmsghdr`, NLMSG_ERROR acknowledgements and
 //! errors, NLMSG_DONE ending a dump, attributes), netlink-sys for the socket, and one
-//! crate per protocol: netlink-packet-route ([`route`]: links and addresses),
-//! netlink-packet-generic ([`genl`]: resolving generic netlink families, and the
+//! crate per protocol: netlink-packet-route (`route`: links and addresses),
+//! netlink-packet-generic (`genl`: resolving generic netlink families, and the
 //! framing of the IPVS family in `proxier::ipvs::genl`), netlink-packet-netfilter
 //! (`proxier::conntrack::netlink`: ctnetlink). sock_diag (`proxier::ebpf::sockets::diag`)
 //! sends its fixed-struct bodies as [`RawMessage`]s through the same socket.
 //!
-//! What stays here is the small blocking request loop of [`socket`]: send one request,
+//! What stays here is the small blocking request loop of `socket`: send one request,
 //! read datagrams until its acknowledgement or the end of its dump. The rust-netlink
 //! family's own loop (netlink-proto, and rtnetlink/genetlink above it) is asynchronous:
 //! a connection task on a runtime with a channel per request. Our callers are
@@ -16,13 +16,14 @@
 //! network namespace on their own thread), one request at a time, so the short loop of
 //! [`NetlinkSocket::request`] does the job without a runtime.
 
-pub mod genl;
-pub mod route;
-pub mod socket;
+pub(super) mod genl;
+pub(super) mod route;
+pub(super) mod socket;
 
 pub use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage,
 };
+pub use route::RouteSocket;
 pub use socket::{NetlinkError, NetlinkSocket, RawMessage};
 
 use netlink_packet_core::{NetlinkHeader, NetlinkPayload, NetlinkSerializable};

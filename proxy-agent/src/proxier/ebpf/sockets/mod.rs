@@ -14,7 +14,7 @@
 //! goes through the connect() program, which picks a live backend.
 //!
 //! Which sockets: connected UDP sockets our connect() program translated (it records the
-//! socket's cookie and backend with the frontend asked for: [`translations`]) whose
+//! socket's cookie and backend with the frontend asked for: `translations`) whose
 //! (frontend, backend) pair is stale by the rule the stale UDP conntrack reconciler applies
 //! to netfilter and BPF conntrack entries ([`UdpFrontends`]: the backend no longer serves
 //! that frontend, or the frontend is gone). Never an unconnected socket (the dump asks for
@@ -23,7 +23,7 @@
 //! upstream does nothing for TCP either, whose connections to a removed endpoint fail on
 //! their own (RST or timeout) and which applications already handle.
 //!
-//! How: NETLINK_SOCK_DIAG, from userspace ([`diag`]). A dump of the connected UDP sockets
+//! How: NETLINK_SOCK_DIAG, from userspace (`diag`). A dump of the connected UDP sockets
 //! per namespace gives each socket's addresses and cookie, and `SOCK_DESTROY` aborts one
 //! socket named by them. It works on every kernel built with `CONFIG_INET_DIAG_DESTROY`
 //! (a 4.x option; set in Debian's 6.1 kernel, the qemu guest's, and in this host's 6.18,
@@ -36,9 +36,9 @@
 //! (it needs BTF and 6.5 instead of INET_DIAG_DESTROY).
 //!
 //! Where: sock_diag answers about the namespace of the asking socket, so every pod
-//! namespace is entered ([`namespaces`]): the agent's own (host-network pods, node
+//! namespace is entered (`namespaces`): the agent's own (host-network pods, node
 //! processes), then each one named under `/run/netns`. Entering needs CAP_SYS_ADMIN, which
-//! the DaemonSet gives only to a sidecar ([`reach`]); the agent uses it when its socket is
+//! the DaemonSet gives only to a sidecar (`reach`); the agent uses it when its socket is
 //! there and its own threads otherwise.
 //!
 //! When something is missing, the dataplane is unaffected and only these sockets are:
@@ -48,21 +48,24 @@
 //! without `SOCK_DESTROY` or UDP sock_diag stops the sweep. Failures are retried at the
 //! next sync.
 
-pub mod diag;
-pub mod namespaces;
-pub mod reach;
-pub mod translations;
+mod diag;
+mod namespaces;
+mod reach;
+mod translations;
 
+/// What the DaemonSet's socket-terminator sidecar and its tests use.
+pub use self::{
+    diag::SockId,
+    namespaces::{Netns, Unsupported},
+    reach::{NETNS_DIR, SIDECAR_SOCKET, Sidecar, SocketReach, serve},
+    translations::{PinnedRevNat, Translations},
+};
 pub use crate::proxier::SocketSweep;
 use std::{path::Path, sync::Arc};
 
 use tracing::{debug, error, info, warn};
 
-use self::{
-    namespaces::Netns,
-    reach::SocketReach,
-    translations::{TranslatedUdp, Translations},
-};
+use self::translations::TranslatedUdp;
 use crate::{
     model::{IpFamily, ServicePort},
     proxier::{

@@ -11,7 +11,7 @@
 //! costs nothing per unchanged endpoint.
 
 mod cache;
-pub mod context;
+pub(super) mod context;
 mod service;
 
 use std::collections::HashSet;
