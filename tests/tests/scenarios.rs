@@ -142,6 +142,9 @@ fn twin_of_an_own_file(file: &Path) -> bool {
         })
 }
 
+/// How much of the runner's and agent's log a failure shows.
+const AGENT_LOG_LINES: usize = 200;
+
 fn run(mode_args: &[&str], file: &Path) -> Result<(), Failed> {
     let dir = file.parent().unwrap_or(file);
     let name = file
@@ -170,10 +173,17 @@ fn run(mode_args: &[&str], file: &Path) -> Result<(), Failed> {
         .lines()
         .filter(|l| l.starts_with("FAIL") || l.starts_with("ERROR"))
         .collect();
+    // The failing flows come first and again after the agent's log, whose tail is what
+    // a truncated CI report keeps.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let log: Vec<&str> = stderr.lines().collect();
+    let log_tail = &log[log.len().saturating_sub(AGENT_LOG_LINES)..];
     Err(Failed::from(format!(
-        "{summary}\n{}\n{}",
-        fails.join("\n"),
-        String::from_utf8_lossy(&out.stderr)
+        "{summary}\n{fails}\n--- runner and agent log (last {} of {} lines) ---\n{}\n--- failing flows ---\n{fails}\n{summary}",
+        log_tail.len(),
+        log.len(),
+        log_tail.join("\n"),
+        fails = fails.join("\n"),
     )))
 }
 
