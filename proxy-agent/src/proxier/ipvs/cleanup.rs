@@ -106,9 +106,7 @@ pub fn cleanup(exclude: &[IpNet], only_if_present: bool) -> Result<CleanupReport
         Ok(_) => {}
         // No ipset binary, or no ipset support in the kernel: there can be no sets of
         // ours either.
-        Err(
-            err @ (super::ipset::IpsetError::Spawn(_) | super::ipset::IpsetError::Failed { .. }),
-        ) => {
+        Err(err) if err.not_installed() || err.failed() => {
             tracing::debug!(reason = %err, "no ipsets to clean up");
         }
         Err(err) => {

@@ -6,24 +6,28 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::process::{Command, Stdio};
 
 use super::sets::{SetEntry, SetKind};
-use crate::model::IpFamily;
+use crate::{
+    model::IpFamily,
+    proxier::netfilter::{ExecError, exec::run_program},
+};
 
 #[derive(Debug, thiserror::Error)]
-pub enum IpsetError {
-    #[error("could not run ipset: {0}")]
-    Spawn(#[source] std::io::Error),
-    #[error("ipset {command} failed ({status}): {stderr}")]
-    Failed {
-        command: &'static str,
-        status: String,
-        stderr: String,
-    },
-    #[error("ipset {0} printed something that is not text")]
-    Output(&'static str),
+#[error(transparent)]
+pub struct IpsetError(#[from] ExecError);
+
+impl IpsetError {
+    /// The ipset binary could not be started (it is not installed).
+    pub fn not_installed(&self) -> bool {
+        matches!(self.0, ExecError::Spawn { .. })
+    }
+
+    /// ipset ran and failed (e.g. no ip_set in the kernel), rather than printing
+    /// something unexpected.
+    pub fn failed(&self) -> bool {
+        matches!(self.0, ExecError::Failed { .. })
+    }
 }
 
 /// The sets `ipset save` listed: name -> (type, entries as printed).
@@ -128,46 +132,24 @@ impl IpsetCommand {
     /// ipset works: the binary exists and talks to the kernel (`ipset list -n`, which
     /// loads ip_set when needed).
     pub fn probe() -> Result<String, IpsetError> {
-        run(&["list", "-n"], None, "list")
+        run(&["list", "-n"], None)
     }
 }
 
 impl IpsetBackend for IpsetCommand {
     fn save(&mut self) -> Result<String, IpsetError> {
-        run(&["save"], None, "save")
+        run(&["save"], None)
     }
 
     fn restore(&mut self, input: &str) -> Result<(), IpsetError> {
         if input.is_empty() {
             return Ok(());
         }
-        run(&["-exist", "restore"], Some(input), "restore").map(drop)
+        run(&["-exist", "restore"], Some(input)).map(drop)
     }
 }
 
-fn run(args: &[&str], stdin: Option<&str>, command: &'static str) -> Result<String, IpsetError> {
-    let mut child = Command::new("ipset")
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(IpsetError::Spawn)?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        // A write error means ipset exited early; its status says why.
-        let _ = pipe.write_all(input.as_bytes());
-    }
-    let output = child.wait_with_output().map_err(IpsetError::Spawn)?;
-    if !output.status.success() {
-        return Err(IpsetError::Failed {
-            command,
-            status: output.status.to_string(),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
-        });
-    }
-    String::from_utf8(output.stdout).map_err(|_| IpsetError::Output(command))
+/// Runs the `ipset` binary (the netfilter layer's runner: same errors as iptables').
+fn run(args: &[&str], stdin: Option<&str>) -> Result<String, IpsetError> {
+    Ok(run_program("ipset", args, stdin)?)
 }

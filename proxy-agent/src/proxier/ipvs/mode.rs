@@ -1,12 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The ipvs mode's registration: whether it can run here, how it starts, what it leaves.
 
-use super::{
-    IpvsProxier,
-    genl::IpvsSocket,
-    ipset::{IpsetCommand, IpsetError},
-    ipvs_config,
-};
+use super::{IpvsProxier, genl::IpvsSocket, ipset::IpsetCommand, ipvs_config};
 use crate::{
     config::ProxyMode,
     node::ProcSysctl,
@@ -38,7 +33,7 @@ pub fn ipvs_unavailable() -> Option<String> {
     }
     match IpsetCommand::probe() {
         Ok(_) => None,
-        Err(IpsetError::Spawn(_)) => Some("ipset is not installed".to_string()),
+        Err(err) if err.not_installed() => Some("ipset is not installed".to_string()),
         Err(err) => Some(format!("ipset is not usable: {err}")),
     }
 }

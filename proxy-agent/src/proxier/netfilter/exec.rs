@@ -157,7 +157,7 @@ impl CommandBackend {
     /// `iptables-legacy`, `iptables-legacy-save` and `iptables-legacy-restore`. The agent
     /// uses PATH's; the sync benchmark names a variant to measure it.
     pub fn detect_named(iptables: &str, ip6tables: &str) -> Result<Self, ExecError> {
-        let output = run(iptables, &["--version"], None)?;
+        let output = run_program(iptables, &["--version"], None)?;
         let version = Version::parse(&output).ok_or_else(|| ExecError::Output {
             program: "iptables --version".into(),
             detail: output.trim().to_string(),
@@ -236,12 +236,12 @@ impl IptablesBackend for CommandBackend {
             Some(self.lock()?)
         };
         args.extend(["--noflush", "--counters"]);
-        run(&tools.restore, &args, Some(input)).map(drop)
+        run_program(&tools.restore, &args, Some(input)).map(drop)
     }
 
     fn save(&mut self, family: IpFamily, table: Table) -> Result<String, ExecError> {
         let tools = self.tools(family);
-        run(&tools.save, &["-t", table.as_str()], None)
+        run_program(&tools.save, &["-t", table.as_str()], None)
     }
 
     fn list_chain(
@@ -253,7 +253,7 @@ impl IptablesBackend for CommandBackend {
         let tools = self.tools(family);
         let mut args: Vec<&str> = tools.wait.to_vec();
         args.extend(["-t", table.as_str(), "-S", chain]);
-        match run(&tools.iptables, &args, None) {
+        match run_program(&tools.iptables, &args, None) {
             Ok(out) => Ok(Some(out)),
             // Exit status 1: no such chain. 4 would be a resource problem (the lock).
             Err(ExecError::Failed { status, .. }) if status == "exit status: 1" => Ok(None),
@@ -262,7 +262,10 @@ impl IptablesBackend for CommandBackend {
     }
 }
 
-fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, ExecError> {
+/// Runs `program` with `args`, `stdin` written to it; its output, or why it failed (with
+/// the input line a restore reported). The one runner of the netfilter tools (iptables,
+/// ipset).
+pub fn run_program(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, ExecError> {
     let spawn_err = |source| ExecError::Spawn {
         program: program.to_string(),
         source,
