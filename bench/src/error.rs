@@ -24,6 +24,12 @@ pub enum Error {
     Json(#[from] serde_json::Error),
 }
 
+impl From<::tests::scenario::netns::Error> for Error {
+    fn from(err: ::tests::scenario::netns::Error) -> Self {
+        Error::Scenario(err.into())
+    }
+}
+
 impl Error {
     pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let context = context.into();

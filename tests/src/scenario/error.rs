@@ -42,6 +42,28 @@ pub enum Error {
     Yaml(#[from] serde_yaml::Error),
 }
 
+impl From<netns_scaffold::Error> for Error {
+    fn from(err: netns_scaffold::Error) -> Self {
+        use netns_scaffold::Error as E;
+        match err {
+            E::Io { context, source } => Error::Io { context, source },
+            E::Command {
+                command,
+                status,
+                stderr,
+            } => Error::Command {
+                command,
+                status,
+                stderr,
+            },
+            E::NoCgroup2 => Error::NoCgroup2,
+            E::Setns { name, source } => Error::Setns { name, source },
+            E::Setup(reason) => Error::Setup(reason),
+            E::Json(err) => Error::Json(err),
+        }
+    }
+}
+
 impl Error {
     pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let context = context.into();

@@ -31,7 +31,9 @@ pub mod error;
 pub mod format;
 pub mod http;
 pub mod ipvs_check;
-pub mod netns;
+/// The namespaces, cgroups and commands the harness builds nodes with (its own crate, shared
+/// with the demo).
+pub use netns_scaffold as netns;
 pub mod objects;
 pub mod outcome;
 pub mod placement;

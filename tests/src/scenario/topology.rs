@@ -459,7 +459,9 @@ impl Topology {
                 "0",
             ],
         )?;
-        ip_in(&lan, &["link", "set", SWITCH_BRIDGE, "up"]).map(drop)
+        ip_in(&lan, &["link", "set", SWITCH_BRIDGE, "up"])
+            .map(drop)
+            .map_err(Into::into)
     }
 
     /// A veth from the switch to `ns`, named `device` there and `port` on the switch.
@@ -473,7 +475,9 @@ impl Topology {
         )?;
         ip_in(lan, &["link", "set", port, "master", SWITCH_BRIDGE])?;
         ip_in(lan, &["link", "set", port, "up"])?;
-        ip_in(ns, &["link", "set", device, "up"]).map(drop)
+        ip_in(ns, &["link", "set", device, "up"])
+            .map(drop)
+            .map_err(Into::into)
     }
 
     /// A remote node: forwards for its pods (built later), reaches the node's pods and
@@ -908,7 +912,7 @@ impl Topology {
 
     /// Every address the node namespace owns right now.
     pub fn node_addresses(&self) -> Result<std::collections::BTreeSet<IpAddr>> {
-        netns::addresses_in(&self.node_ns)
+        netns::addresses_in(&self.node_ns).map_err(Into::into)
     }
 
     /// Removes everything; safe to call twice. Errors are printed, not returned: this
@@ -987,9 +991,13 @@ fn family_flag(ip: IpAddr) -> &'static str {
 fn add_address(ns: &str, address: IpNet, dev: &str) -> Result<()> {
     let text = address.to_string();
     if address.addr().is_ipv4() {
-        ip_in(ns, &["addr", "add", &text, "dev", dev]).map(drop)
+        ip_in(ns, &["addr", "add", &text, "dev", dev])
+            .map(drop)
+            .map_err(Into::into)
     } else {
-        ip_in(ns, &["-6", "addr", "add", &text, "dev", dev, "nodad"]).map(drop)
+        ip_in(ns, &["-6", "addr", "add", &text, "dev", dev, "nodad"])
+            .map(drop)
+            .map_err(Into::into)
     }
 }
 

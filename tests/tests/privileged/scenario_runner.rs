@@ -532,8 +532,8 @@ fn stand_in_server(listener: TcpListener, stop: Arc<AtomicBool>) -> thread::Join
     })
 }
 
-fn in_use(result: Result<TcpListener, tests::scenario::Error>) -> bool {
-    matches!(result, Err(tests::scenario::Error::Io { source, .. })
+fn in_use(result: Result<TcpListener, tests::scenario::netns::Error>) -> bool {
+    matches!(result, Err(tests::scenario::netns::Error::Io { source, .. })
         if source.kind() == std::io::ErrorKind::AddrInUse)
 }
 

@@ -4,7 +4,7 @@
 //! root, and the processes running there. Everything carries the `kpdemo` prefix and is
 //! removed by [`Sandbox::teardown`], which also runs on drop (errors, Ctrl-C). The host's
 //! interfaces, cgroups and processes are never touched. Namespaces, cgroups and the
-//! commands that run inside them come from the scenario harness (`tests::scenario::netns`).
+//! commands that run inside them come from the `netns-scaffold` crate, as for the scenario harness.
 
 use std::{
     fs,
@@ -17,8 +17,9 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use tests::scenario::netns::{
-    self, Place, add_netns, cgroup2_root, kill_cgroup_processes, remove_cgroup, sysctl_in,
+use netns_scaffold::{
+    self as netns, self, Place, add_netns, cgroup2_root, kill_cgroup_processes, remove_cgroup,
+    sysctl_in,
 };
 
 use super::examples::Pod;

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Network namespaces, cgroups and processes inside them: test scaffolding driven
-//! through `ip`, `nsenter` and `sysctl` (the agent itself uses netlink).
+//! through `ip`, `nsenter` and `sysctl` (the agent itself uses netlink). Its own crate so
+//! that the demo (xtask) builds nodes the way the scenario harness and the benchmarks do
+//! without depending on the test crate, and so on the agent.
 
 use std::{
     collections::BTreeSet,
@@ -15,7 +17,38 @@ use std::{
 use nix::sched::{CloneFlags, setns};
 use serde::Deserialize;
 
-use super::error::{Error, Result};
+/// What went wrong building or using the scaffolding.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("no cgroup2 mount in /proc/mounts")]
+    NoCgroup2,
+    #[error("entering network namespace {name}: {source}")]
+    Setns { name: String, source: nix::Error },
+    #[error("{0}")]
+    Setup(String),
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl Error {
+    fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let context = context.into();
+        move |source| Error::Io { context, source }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub fn netns_path(name: &str) -> PathBuf {
     Path::new("/run/netns").join(name)
