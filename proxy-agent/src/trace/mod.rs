@@ -138,6 +138,26 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// The answer before `mode`'s `decided_by` step looked at the question: nothing matched
+    /// yet, no step taken.
+    pub fn untouched(mode: &'static str, q: &Question, decided_by: &'static str) -> Self {
+        Self {
+            mode,
+            from: q.from,
+            to: q.to,
+            protocol: proto_name(q.proto),
+            client: q.client,
+            decided_by,
+            action: Action::Untouched,
+            frontend: None,
+            candidates: Vec::new(),
+            affinity: None,
+            masquerade: false,
+            backend_sees_source: None,
+            steps: Vec::new(),
+        }
+    }
+
     /// Human-readable rendering.
     pub fn to_text(&self) -> String {
         let mut out = format!(

@@ -22,16 +22,9 @@ pub enum Error {
         context: String,
         source: std::io::Error,
     },
-    #[error("`{command}` failed ({status}): {stderr}")]
-    Command {
-        command: String,
-        status: String,
-        stderr: String,
-    },
-    #[error("no cgroup2 mount in /proc/mounts")]
-    NoCgroup2,
-    #[error("entering network namespace {name}: {source}")]
-    Setns { name: String, source: nix::Error },
+    /// Building or entering namespaces and cgroups, or a command run there.
+    #[error(transparent)]
+    Netns(#[from] netns_scaffold::Error),
     #[error("{0}")]
     Setup(String),
     #[error("agent: {reason}")]
@@ -40,28 +33,6 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("yaml: {0}")]
     Yaml(#[from] serde_yaml::Error),
-}
-
-impl From<netns_scaffold::Error> for Error {
-    fn from(err: netns_scaffold::Error) -> Self {
-        use netns_scaffold::Error as E;
-        match err {
-            E::Io { context, source } => Error::Io { context, source },
-            E::Command {
-                command,
-                status,
-                stderr,
-            } => Error::Command {
-                command,
-                status,
-                stderr,
-            },
-            E::NoCgroup2 => Error::NoCgroup2,
-            E::Setns { name, source } => Error::Setns { name, source },
-            E::Setup(reason) => Error::Setup(reason),
-            E::Json(err) => Error::Json(err),
-        }
-    }
 }
 
 impl Error {

@@ -197,21 +197,7 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
         ClientKind::Pod => q.proto != proto::SCTP,
         ClientKind::Node => true,
     };
-    let mut v = Verdict {
-        mode: "ebpf",
-        from: q.from,
-        to: q.to,
-        protocol: proto_name(q.proto),
-        client: q.client,
-        decided_by: if socket { "socket" } else { "tc" },
-        action: Action::Untouched,
-        frontend: None,
-        candidates: Vec::new(),
-        affinity: None,
-        masquerade: false,
-        backend_sees_source: None,
-        steps: Vec::new(),
-    };
+    let mut v = Verdict::untouched("ebpf", q, if socket { "socket" } else { "tc" });
     if q.proto != proto::TCP && q.proto != proto::UDP && q.proto != proto::SCTP {
         v.steps
             .push("only TCP, UDP and SCTP are load-balanced".into());

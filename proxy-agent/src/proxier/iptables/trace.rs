@@ -288,25 +288,12 @@ pub fn trace(
     recent: &RecentLists,
     q: &Question,
 ) -> Verdict {
-    let mut v = Verdict {
-        mode: "iptables",
-        from: q.from,
-        to: q.to,
-        protocol: proto_name(q.proto),
-        client: q.client,
-        decided_by: if q.client == ClientKind::Node {
-            "nat OUTPUT"
-        } else {
-            "nat PREROUTING"
-        },
-        action: Action::Untouched,
-        frontend: None,
-        candidates: Vec::new(),
-        affinity: None,
-        masquerade: false,
-        backend_sees_source: None,
-        steps: Vec::new(),
+    let decided_by = if q.client == ClientKind::Node {
+        "nat OUTPUT"
+    } else {
+        "nat PREROUTING"
     };
+    let mut v = Verdict::untouched("iptables", q, decided_by);
     let ctx = Ctx {
         q,
         node_addresses,
