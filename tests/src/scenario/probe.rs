@@ -5,9 +5,11 @@
 use std::{
     io::{self, Read, Write},
     net::{IpAddr, SocketAddr},
+    os::fd::AsFd,
     time::{Duration, Instant},
 };
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::{
@@ -75,28 +77,18 @@ fn attempt_stream(spec: &ProbeSpec, protocol: Protocol) -> Attempt {
         Ok(s) => s,
         Err(err) => return failed(&err, start, false),
     };
-    // SCTP takes an ICMP port unreachable for a soft error (and loses it outright when it
-    // comes back while connect() still holds the socket): it retransmits its INIT until the
-    // timeout. A raw socket of the client's namespace sees the ICMP all the same.
-    let icmp = match spec.proto {
-        Proto::Sctp => match IcmpWatch::open(spec.to) {
-            Ok(watch) => Some(watch),
-            Err(err) => return failed(&err, start, false),
-        },
-        Proto::Tcp | Proto::Udp => None,
+    // SCTP needs the watch to see a refusal at all; TCP only to see it sooner (a raw socket
+    // needs CAP_NET_RAW, which the runner has and an unprivileged unit test may not).
+    let icmp = match (IcmpWatch::open(spec.to), spec.proto) {
+        (Ok(watch), _) => Some(watch),
+        (Err(err), Proto::Sctp) => return failed(&err, start, false),
+        (Err(_), Proto::Tcp | Proto::Udp) => None,
     };
-    if let Err(err) = socket.connect_timeout(&spec.to.into(), spec.timeout) {
-        let port = socket
-            .local_addr()
-            .ok()
-            .and_then(|a| a.as_socket())
-            .map(|a| a.port());
-        if is_timeout(&err)
-            && let (Some(icmp), Some(port)) = (&icmp, port)
-            && icmp.saw_port_unreachable(port, spec.to)
-        {
-            return Attempt::new(Outcome::Refused, millis(start));
-        }
+    let quoted = match spec.proto {
+        Proto::Sctp => IPPROTO_SCTP as u8,
+        Proto::Tcp | Proto::Udp => IPPROTO_TCP,
+    };
+    if let Err(err) = connect_watching(&socket, spec, icmp.as_ref(), quoted) {
         return failed(&err, start, false);
     }
     let mut socket = socket;
@@ -119,6 +111,62 @@ fn attempt_stream(spec: &ProbeSpec, protocol: Protocol) -> Attempt {
     }
 }
 
+/// IANA protocol number of TCP.
+const IPPROTO_TCP: u8 = 6;
+
+/// Connects `socket` to the flow's destination within the flow's timeout. A port
+/// unreachable that `icmp` sees quoting this socket's first packet (`quoted`: its
+/// protocol) is a refusal at once: TCP over IPv6 keeps one that comes back while connect()
+/// holds the socket as a soft error and reports it only with the next retransmission, a
+/// second later, and SCTP keeps it as a soft error and retransmits its INIT until the
+/// timeout. The kernel would say the same (TCP) or nothing (SCTP): the outcome does not
+/// change, only how long a REJECT takes to be seen.
+fn connect_watching(
+    socket: &Socket,
+    spec: &ProbeSpec,
+    icmp: Option<&IcmpWatch>,
+    quoted: u8,
+) -> io::Result<()> {
+    socket.set_nonblocking(true)?;
+    let connected = (|| {
+        match socket.connect(&spec.to.into()) {
+            Ok(()) => return Ok(()),
+            Err(err) if err.raw_os_error() == Some(nix::libc::EINPROGRESS) => {}
+            Err(err) => return Err(err),
+        }
+        let port = socket.local_addr()?.as_socket().map_or(0, |a| a.port());
+        let deadline = Instant::now() + spec.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            let wait = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+            let mut fds = vec![PollFd::new(socket.as_fd(), PollFlags::POLLOUT)];
+            if let Some(icmp) = icmp {
+                fds.push(PollFd::new(icmp.socket.as_fd(), PollFlags::POLLIN));
+            }
+            match poll(&mut fds, wait) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(err) => return Err(err.into()),
+            }
+            let done = PollFlags::POLLOUT | PollFlags::POLLERR | PollFlags::POLLHUP;
+            if fds[0].revents().is_some_and(|r| r.intersects(done)) {
+                return match socket.take_error()? {
+                    Some(err) => Err(err),
+                    None => Ok(()),
+                };
+            }
+            if icmp.is_some_and(|icmp| icmp.saw_port_unreachable(quoted, port, spec.to)) {
+                return Err(io::ErrorKind::ConnectionRefused.into());
+            }
+        }
+    })();
+    socket.set_nonblocking(false)?;
+    connected
+}
+
 /// A raw ICMP (ICMPv6) socket of the probe's namespace, open before the attempt starts.
 struct IcmpWatch {
     socket: Socket,
@@ -139,8 +187,9 @@ impl IcmpWatch {
         })
     }
 
-    /// Whether a port unreachable arrived for an SCTP packet from `local_port` to `to`.
-    fn saw_port_unreachable(&self, local_port: u16, to: SocketAddr) -> bool {
+    /// Whether a port unreachable arrived for a packet of protocol `quoted` from
+    /// `local_port` to `to` (reads what is queued, never waits).
+    fn saw_port_unreachable(&self, quoted: u8, local_port: u16, to: SocketAddr) -> bool {
         let mut buf = [0u8; 1500];
         loop {
             let n = match (&self.socket).read(&mut buf) {
@@ -148,7 +197,7 @@ impl IcmpWatch {
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return false,
             };
-            if quotes_sctp_port_unreachable(&buf[..n], self.v6, local_port, to) {
+            if quotes_port_unreachable(&buf[..n], self.v6, quoted, local_port, to) {
                 return true;
             }
         }
@@ -156,19 +205,24 @@ impl IcmpWatch {
 }
 
 /// Whether `packet` (what a raw socket reads: IPv4 header and ICMP, or an ICMPv6 message)
-/// is a port unreachable quoting an SCTP packet from `local_port` to `to`.
-fn quotes_sctp_port_unreachable(packet: &[u8], v6: bool, local_port: u16, to: SocketAddr) -> bool {
-    const SCTP: u8 = IPPROTO_SCTP as u8;
+/// is a port unreachable quoting a packet of protocol `quoted` from `local_port` to `to`.
+fn quotes_port_unreachable(
+    packet: &[u8],
+    v6: bool,
+    quoted: u8,
+    local_port: u16,
+    to: SocketAddr,
+) -> bool {
     let quoted = if v6 {
         // ICMPv6 destination unreachable (1), port unreachable (4); then the quoted IPv6
-        // header (40 bytes), whose next header must be SCTP.
+        // header (40 bytes), whose next header must be `quoted`.
         if packet.len() < 8 + 40 + 4 || packet[0] != 1 || packet[1] != 4 {
             return false;
         }
         let ip = &packet[8..];
         let mut dst = [0u8; 16];
         dst.copy_from_slice(&ip[24..40]);
-        if ip[6] != SCTP || IpAddr::from(dst) != to.ip() {
+        if ip[6] != quoted || IpAddr::from(dst) != to.ip() {
             return false;
         }
         &ip[40..]
@@ -184,7 +238,7 @@ fn quotes_sctp_port_unreachable(packet: &[u8], v6: bool, local_port: u16, to: So
         let ip = &icmp[8..];
         let quoted_ihl = usize::from(ip[0] & 0x0f) * 4;
         let dst = IpAddr::from([ip[16], ip[17], ip[18], ip[19]]);
-        if ip[9] != SCTP || dst != to.ip() || ip.len() < quoted_ihl + 4 {
+        if ip[9] != quoted || dst != to.ip() || ip.len() < quoted_ihl + 4 {
             return false;
         }
         &ip[quoted_ihl..]
@@ -316,7 +370,8 @@ mod tests {
     }
 
     #[test]
-    fn sctp_port_unreachables_are_recognised_by_their_quote() {
+    fn port_unreachables_are_recognised_by_their_quote() {
+        const SCTP: u8 = IPPROTO_SCTP as u8;
         let to: SocketAddr = "172.30.0.41:80".parse().unwrap();
         // IPv4 header (20), ICMP 3/3 (8), quoted IPv4 header (20, SCTP, to 172.30.0.41),
         // quoted SCTP ports 40000 -> 80.
@@ -328,18 +383,21 @@ mod tests {
         v4.extend(&quoted);
         v4.extend(40000u16.to_be_bytes());
         v4.extend(80u16.to_be_bytes());
-        assert!(quotes_sctp_port_unreachable(&v4, false, 40000, to));
-        assert!(!quotes_sctp_port_unreachable(&v4, false, 40001, to));
+        assert!(quotes_port_unreachable(&v4, false, SCTP, 40000, to));
+        assert!(!quotes_port_unreachable(&v4, false, SCTP, 40001, to));
         let other: SocketAddr = "172.30.0.42:80".parse().unwrap();
-        assert!(!quotes_sctp_port_unreachable(&v4, false, 40000, other));
+        assert!(!quotes_port_unreachable(&v4, false, SCTP, 40000, other));
         let mut host_unreachable = v4.clone();
         host_unreachable[21] = 1;
-        assert!(!quotes_sctp_port_unreachable(
+        assert!(!quotes_port_unreachable(
             &host_unreachable,
             false,
+            SCTP,
             40000,
             to
         ));
+        // The same quote names SCTP: it is no answer to a TCP SYN.
+        assert!(!quotes_port_unreachable(&v4, false, IPPROTO_TCP, 40000, to));
 
         let to6: SocketAddr = "[fd00:30::41]:80".parse().unwrap();
         let mut v6 = vec![1u8, 4, 0, 0, 0, 0, 0, 0];
@@ -355,8 +413,18 @@ mod tests {
         v6.extend(header);
         v6.extend(40000u16.to_be_bytes());
         v6.extend(80u16.to_be_bytes());
-        assert!(quotes_sctp_port_unreachable(&v6, true, 40000, to6));
-        assert!(!quotes_sctp_port_unreachable(&v6[..40], true, 40000, to6));
+        assert!(quotes_port_unreachable(&v6, true, SCTP, 40000, to6));
+        assert!(!quotes_port_unreachable(&v6[..40], true, SCTP, 40000, to6));
+        let mut tcp6 = v6.clone();
+        tcp6[8 + 6] = IPPROTO_TCP;
+        assert!(quotes_port_unreachable(
+            &tcp6,
+            true,
+            IPPROTO_TCP,
+            40000,
+            to6
+        ));
+        assert!(!quotes_port_unreachable(&tcp6, true, SCTP, 40000, to6));
     }
 
     #[test]
