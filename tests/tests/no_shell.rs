@@ -3,8 +3,9 @@
 //! programs, by fixed name and with each argument its own argv entry, never through a shell:
 //! `ipset` (ipvs mode, its input on stdin) and the iptables commands (`iptables`,
 //! `iptables-save`, `iptables-restore` and the ip6tables ones, names fixed when iptables is
-//! detected). Checked on the agent's sources: a new place that starts a process, or a shell,
-//! fails this test until it is reviewed and listed here.
+//! detected), both through the netfilter layer's one runner (`run_program`). Checked on the
+//! agent's sources: a new place that starts a process, a new caller of the runner, or a
+//! shell, fails this test until it is reviewed and listed here.
 
 use std::{
     fs,
@@ -44,17 +45,45 @@ fn process_spawns(src: &Path) -> Vec<String> {
     out
 }
 
+/// The first argument (the program) of every call of the netfilter runner, as
+/// `file: argument`, sorted.
+fn runner_calls(src: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut out = Vec::new();
+    for file in files {
+        let text = fs::read_to_string(&file).unwrap();
+        let name = file.strip_prefix(src).unwrap().display().to_string();
+        for (at, _) in text.match_indices("run_program(") {
+            // The definition (`fn run_program(`) is not a call.
+            if text[..at].ends_with("fn ") {
+                continue;
+            }
+            let rest = &text[at + "run_program(".len()..];
+            let arg: String = rest.chars().take_while(|c| *c != ',').collect();
+            out.push(format!("{name}: {}", arg.trim()));
+        }
+    }
+    out.sort();
+    out
+}
+
 #[test]
 fn the_agent_starts_only_ipset_and_iptables_and_never_a_shell() {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proxy-agent/src");
+    assert_eq!(process_spawns(&src), ["proxier/netfilter/exec.rs: program"]);
+    // The runner's callers: ipset by its fixed name, and exec.rs's iptables commands.
     assert_eq!(
-        process_spawns(&src),
+        runner_calls(&src),
         [
             "proxier/ipvs/ipset.rs: \"ipset\"",
-            "proxier/netfilter/exec.rs: program",
+            "proxier/netfilter/exec.rs: &tools.iptables",
+            "proxier/netfilter/exec.rs: &tools.restore",
+            "proxier/netfilter/exec.rs: &tools.save",
+            "proxier/netfilter/exec.rs: iptables",
         ]
     );
-    // exec.rs's `program` is one of the names fixed at detection.
+    // exec.rs's `tools` and `iptables` are the names fixed at detection.
     let exec = fs::read_to_string(src.join("proxier/netfilter/exec.rs")).unwrap();
     for fixed in [
         "save: format!(\"{prefix}-save\")",
