@@ -48,8 +48,11 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    let verbosity = u8::try_from(resolved.options.verbosity).unwrap_or(u8::MAX);
-    proxy_agent::telemetry::init(verbosity, resolved.options.log_format == "json");
+    proxy_agent::telemetry::init(
+        resolved.options.verbosity,
+        &resolved.config.logging.vmodule,
+        resolved.options.log_format == "json",
+    );
     for flag in &resolved.ignored_flags {
         warn!(flag = %flag, "flag ignored because --config is given (the file's value applies)");
     }

@@ -142,7 +142,7 @@ pub fn run(tool: &Tool, layout: &HostLayout) -> Result<String, ToolError> {
     match tool {
         Tool::SocketTerminator(a) => {
             // A long-running server: its log goes to stderr like the agent's.
-            crate::telemetry::init(0, false);
+            crate::telemetry::init(0, &[], false);
             crate::proxier::ebpf::sockets::serve(&a.socket, &a.netns_dir)
                 .map_err(ToolError::SocketTerminator)?;
             Ok(String::new())

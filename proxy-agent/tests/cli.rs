@@ -21,9 +21,12 @@ fn a_bad_config_prints_one_line_per_bad_field_and_exits_1() {
     assert!(out.stdout.is_empty());
 }
 
-#[test]
-fn an_unknown_field_is_named() {
-    let path = std::env::temp_dir().join(format!("kpe-unknown-{}.yaml", std::process::id()));
+/// Runs the binary on a configuration with a field this version does not know (as a newer
+/// kubeadm's would have), writing the effective configuration out; returns its stderr.
+fn run_with_unknown_field(extra: &[&str]) -> String {
+    let id = format!("{}-{}", std::process::id(), extra.len());
+    let path = std::env::temp_dir().join(format!("kpe-unknown-{id}.yaml"));
+    let written = std::env::temp_dir().join(format!("kpe-unknown-written-{id}.yaml"));
     std::fs::write(
         &path,
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables:\n  masqueradeBits: 14\n",
@@ -31,13 +34,72 @@ fn an_unknown_field_is_named() {
     .unwrap();
     let out = Command::new(BIN)
         .args(["--config", path.to_str().unwrap()])
+        .args(["--write-config-to", written.to_str().unwrap()])
+        .args(extra)
         .output()
         .unwrap();
     let _ = std::fs::remove_file(&path);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("iptables.masqueradeBits"), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let text = std::fs::read_to_string(&written).unwrap_or_default();
+    let _ = std::fs::remove_file(&written);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    assert!(!text.contains("masqueradeBits"), "{text}");
+    stderr
+}
+
+/// klog's text header: severity, MMDD, time with microseconds, thread id, file:line.
+fn klog_header(line: &str) -> Option<(char, &str)> {
+    let (header, rest) = line.split_once("] ")?;
+    let parts: Vec<&str> = header.split_whitespace().collect();
+    let [date, time, pid, caller] = parts.as_slice() else {
+        return None;
+    };
+    let severity = date.chars().next().filter(|c| "IWEF".contains(*c))?;
+    let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+    let time_ok =
+        time.len() == 15 && time.split([':', '.']).map(digits).filter(|ok| *ok).count() == 4;
+    let caller_ok = caller
+        .rsplit_once(':')
+        .is_some_and(|(file, line)| file.ends_with(".rs") && digits(line));
+    (date.len() == 5 && digits(&date[1..]) && time_ok && digits(pid) && caller_ok)
+        .then_some((severity, rest))
+}
+
+#[test]
+fn an_unknown_field_is_named_in_a_klog_warning_and_the_rest_applies() {
+    let stderr = run_with_unknown_field(&[]);
+    let first = stderr.lines().next().unwrap_or_default();
+    let (severity, message) =
+        klog_header(first).unwrap_or_else(|| panic!("not klog text: {first}"));
+    assert_eq!(severity, 'W', "{first}");
+    assert!(message.starts_with('"'), "{first}");
+    assert!(
+        message.contains("unknown field iptables.masqueradeBits"),
+        "{first}"
+    );
+    // Every line the agent wrote is klog text.
+    for line in stderr.lines() {
+        assert!(klog_header(line).is_some(), "not klog text: {line}");
+    }
+}
+
+#[test]
+fn json_logging_writes_klogs_json_schema() {
+    let stderr = run_with_unknown_field(&["--logging-format=json"]);
+    let first = stderr.lines().next().unwrap_or_default();
+    let entry: serde_json::Value =
+        serde_json::from_str(first).unwrap_or_else(|e| panic!("{e}: {first}"));
+    assert!(entry["ts"].as_f64().is_some_and(|ts| ts > 1.7e9), "{first}");
+    let caller = entry["caller"].as_str().unwrap_or_default();
+    assert!(caller.contains(".rs:"), "{first}");
+    assert_eq!(entry["v"], 0, "{first}");
+    assert!(
+        entry["msg"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("unknown field iptables.masqueradeBits"),
+        "{first}"
+    );
 }
 
 #[test]

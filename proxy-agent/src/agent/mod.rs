@@ -38,14 +38,48 @@ pub fn node_families() -> Vec<IpFamily> {
     out
 }
 
-fn parse_bind(what: &'static str, value: &str) -> Result<SocketAddr> {
+/// A server's bind address; `None` when it is empty, which disables the server (upstream's
+/// `--healthz-port=0` / `--metrics-port=0`, or an empty address in the file).
+fn parse_bind(what: &'static str, value: &str) -> Result<Option<SocketAddr>> {
+    if value.is_empty() {
+        info!(server = what, "server disabled (empty bind address)");
+        return Ok(None);
+    }
     value
         .parse()
+        .map(Some)
         .map_err(|e: std::net::AddrParseError| AgentError::Address {
             what,
             value: value.to_string(),
             reason: e.to_string(),
         })
+}
+
+/// How often the configuration file is compared with what the agent started from.
+const CONFIG_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Exits (status 1) once the file at `path` no longer holds what it held at start, as
+/// kube-proxy does so that its supervisor (the kubelet) restarts it with the new file.
+async fn exit_when_changed(path: std::path::PathBuf, every: std::time::Duration) {
+    changed(&path, every).await;
+    tracing::error!(
+        path = %path.display(),
+        "the configuration file changed: exiting so that the new one is read at restart"
+    );
+    std::process::exit(1);
+}
+
+/// Returns once the file at `path` holds something else than when this was called (or
+/// can no longer be read), looking every `every`. A ConfigMap update replaces the file (a
+/// symlink swap), which only reading it again sees.
+async fn changed(path: &std::path::Path, every: std::time::Duration) {
+    let started_with = std::fs::read(path).ok();
+    loop {
+        tokio::time::sleep(every).await;
+        if std::fs::read(path).ok() != started_with {
+            return;
+        }
+    }
 }
 
 /// Runs the agent until a termination signal.
@@ -78,6 +112,10 @@ pub async fn run(resolved: Resolved) -> Result<()> {
             events
         }
     };
+
+    if let Some(path) = &resolved.options.config_file {
+        tokio::spawn(exit_when_changed(path.clone(), CONFIG_POLL));
+    }
 
     let requested = resolved.effective.mode;
     let health = ProxyHealth::new(2 * periods.sync.to_std(), requested.as_str());
@@ -121,13 +159,17 @@ pub async fn run(resolved: Resolved) -> Result<()> {
     event_loop.start(choice, facts).await
 }
 
-/// Serves `what` on `addr` in the background. A failure to bind is fatal with
-/// bindAddressHardFail, a warning otherwise (upstream's behaviour).
-fn spawn_server<F, Fut>(what: &'static str, addr: SocketAddr, hard_fail: bool, serve: F)
+/// Serves `what` on `addr` in the background (nothing when the server is disabled). A
+/// failure to bind is fatal with bindAddressHardFail, a warning otherwise (upstream's
+/// behaviour).
+fn spawn_server<F, Fut>(what: &'static str, addr: Option<SocketAddr>, hard_fail: bool, serve: F)
 where
     F: FnOnce(SocketAddr) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
 {
+    let Some(addr) = addr else {
+        return;
+    };
     tokio::spawn(async move {
         if let Err(e) = serve(addr).await {
             if hard_fail {
@@ -137,4 +179,48 @@ where
             warn!(server = what, %addr, error = %e, "cannot serve");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_changed_or_replaced_configuration_file_is_noticed() {
+        let dir = std::env::temp_dir().join(format!("kpe-config-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.conf");
+        std::fs::write(&path, "mode: iptables\n").unwrap();
+        let every = Duration::from_millis(10);
+        // Unchanged (rewritten with the same bytes): still waiting.
+        std::fs::write(&path, "mode: iptables\n").unwrap();
+        let waiting = tokio::time::timeout(Duration::from_millis(100), changed(&path, every)).await;
+        assert!(waiting.is_err(), "the same content is no change");
+        // Replaced by another file (a ConfigMap update swaps a symlink).
+        let watch = tokio::spawn({
+            let path = path.clone();
+            async move { changed(&path, every).await }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let next = dir.join("config.conf.new");
+        std::fs::write(&next, "mode: ebpf\n").unwrap();
+        std::fs::rename(&next, &path).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), watch)
+            .await
+            .expect("the change is seen")
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_empty_bind_address_disables_the_server() {
+        assert_eq!(parse_bind("healthzBindAddress", "").unwrap(), None);
+        assert_eq!(
+            parse_bind("healthzBindAddress", "0.0.0.0:10256").unwrap(),
+            Some("0.0.0.0:10256".parse().unwrap())
+        );
+        assert!(parse_bind("healthzBindAddress", "nonsense").is_err());
+    }
 }

@@ -259,12 +259,13 @@ pub struct Flags {
     pub config_sync_period: Option<Duration>,
 
     // ---- Logging: honoured even with --config.
-    /// Log verbosity (klog levels: 2 debug, 4 and above trace). [default: 0]
+    /// Log verbosity, klog's levels as kube-proxy uses them (0-3 what kube-proxy logs at
+    /// V(2) and below, 4 details, 5 and above traces). [default: 0]
     #[arg(short = 'v', long = "v", value_name = "LEVEL", value_parser = parse_verbosity)]
     pub verbosity: Option<u32>,
 
-    /// Per-file verbosity as comma-separated pattern=N pairs (text format only); may be
-    /// repeated.
+    /// Per-file verbosity as comma-separated pattern=N pairs, the pattern a glob on the
+    /// source file's name without extension; may be repeated.
     #[arg(long, value_name = "PATTERN=N,...", value_parser = parse_vmodule)]
     pub vmodule: Vec<VModule>,
 

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Reading and writing the configuration file.
 //!
-//! Decoding is strict: an unknown or duplicated field is an error naming the field's path.
-//! Upstream kube-proxy decodes strictly too but, when only strictness fails, retries
-//! leniently and merely logs a warning; we refuse the file instead, because a misspelt
-//! field silently left at its default is the more expensive mistake for a dataplane.
+//! Decoding is upstream's: strict first ([`parse_str`]: an unknown or duplicated field is an
+//! error naming the field's path); when the only trouble is fields this version does not
+//! know, the file is decoded again without them and each is named in a warning
+//! ([`parse_lenient`]), so that a newer kubeadm's configuration does not crash-loop the
+//! proxy. Any other error (a bad value, a wrong kind) still refuses the file.
 //! JSON documents go through serde_json (better error positions), everything else through
 //! serde_yaml, which also reads JSON.
 
@@ -17,16 +18,115 @@ use super::field::FieldError;
 use super::types::{API_VERSION, KIND, KubeProxyConfiguration};
 use super::{ConfigError, Result};
 
-/// Reads, decodes and defaults the file at `path`. Validation is separate (`validate`), as
+/// Reads, decodes (leniently, see [`parse_lenient`]) and defaults the file at `path`, with
+/// a warning for each field it did not know. Validation is separate (`validate`), as
 /// upstream validates only after command-line overrides are merged in.
-pub fn load_file(path: &Path) -> Result<KubeProxyConfiguration> {
+pub fn load_file_with_warnings(path: &Path) -> Result<(KubeProxyConfiguration, Vec<String>)> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,
     })?;
-    let mut config = parse_str(&text, path)?;
+    let (mut config, warnings) = parse_lenient(&text, path)?;
     apply_defaults(&mut config);
-    Ok(config)
+    Ok((config, warnings))
+}
+
+/// [`load_file_with_warnings`] without the warnings.
+pub fn load_file(path: &Path) -> Result<KubeProxyConfiguration> {
+    load_file_with_warnings(path).map(|(config, _)| config)
+}
+
+/// Decodes `text` strictly, and when strict decoding fails only on fields this version
+/// does not know, again without them: the configuration and one warning per dropped field.
+/// Other errors are the strict decoding's.
+pub fn parse_lenient(text: &str, origin: &Path) -> Result<(KubeProxyConfiguration, Vec<String>)> {
+    let strict = match parse_str(text, origin) {
+        Ok(config) => return Ok((config, Vec::new())),
+        Err(err) => err,
+    };
+    let is_unknown_field = |message: &str| message.starts_with("unknown field");
+    match &strict {
+        ConfigError::Decode { message, .. } if is_unknown_field(message) => {}
+        _ => return Err(strict),
+    }
+    let value: Option<serde_json::Value> = serde_json::from_str(text)
+        .ok()
+        .or_else(|| serde_yaml::from_str(text).ok());
+    let Some(mut value) = value else {
+        return Err(strict);
+    };
+    let mut dropped = Vec::new();
+    loop {
+        match serde_path_to_error::deserialize::<_, KubeProxyConfiguration>(&value) {
+            Ok(config) => {
+                let warnings = dropped
+                    .iter()
+                    .map(|field| {
+                        format!(
+                            "{}: unknown field {field} ignored: strict decoding failed, \
+                             decoded leniently as kube-proxy does",
+                            origin.display()
+                        )
+                    })
+                    .collect();
+                return Ok((config, warnings));
+            }
+            Err(err) => {
+                let field = err.path().to_string();
+                // Each round drops one field; a bound guards against a path that does
+                // not lead to what the error named.
+                if !is_unknown_field(&err.inner().to_string())
+                    || dropped.len() > 1000
+                    || !remove_field(&mut value, &field)
+                {
+                    return Err(strict);
+                }
+                dropped.push(field);
+            }
+        }
+    }
+}
+
+/// Removes the field at `path` (`a.b[2].c`, as serde_path_to_error prints it).
+fn remove_field(value: &mut serde_json::Value, path: &str) -> bool {
+    let mut steps: Vec<Step> = Vec::new();
+    for segment in path.split('.') {
+        let (name, indexes) = match segment.find('[') {
+            Some(at) => (&segment[..at], &segment[at..]),
+            None => (segment, ""),
+        };
+        if !name.is_empty() {
+            steps.push(Step::Key(name.to_string()));
+        }
+        for index in indexes.split('[').filter(|i| !i.is_empty()) {
+            match index.trim_end_matches(']').parse() {
+                Ok(i) => steps.push(Step::Index(i)),
+                Err(_) => return false,
+            }
+        }
+    }
+    let Some(Step::Key(last)) = steps.pop() else {
+        return false;
+    };
+    let mut current = value;
+    for step in steps {
+        let next = match step {
+            Step::Key(key) => current.get_mut(key.as_str()),
+            Step::Index(i) => current.get_mut(i),
+        };
+        match next {
+            Some(next) => current = next,
+            None => return false,
+        }
+    }
+    current
+        .as_object_mut()
+        .is_some_and(|object| object.remove(&last).is_some())
+}
+
+enum Step {
+    Key(String),
+    Index(usize),
 }
 
 /// Decodes `text` without defaulting; `origin` names the source in errors.
@@ -162,6 +262,47 @@ mod tests {
 
     const HEADER: &str =
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+
+    #[test]
+    fn unknown_fields_are_dropped_with_a_warning_naming_each() {
+        let text = format!(
+            "{HEADER}mode: iptables\nnewTopLevel: 1\niptables:\n  masqueradeBit: 12\n  \
+             futureKnob: true\nlogging:\n  vmodule:\n  - {{filePattern: a, verbosity: 3, \
+             extra: x}}\n"
+        );
+        assert!(parse(&text).is_err(), "strict decoding refuses them");
+        let (config, warnings) = parse_lenient(&text, Path::new("test.yaml")).unwrap();
+        assert_eq!(config.mode, "iptables");
+        assert_eq!(config.iptables.masquerade_bit, Some(12));
+        assert_eq!(config.logging.vmodule[0].verbosity, 3);
+        let named: Vec<&str> = warnings
+            .iter()
+            .map(|w| {
+                w.split("unknown field ")
+                    .nth(1)
+                    .unwrap()
+                    .split(' ')
+                    .next()
+                    .unwrap()
+            })
+            .collect();
+        // In the order the retries meet them (the decoded document's key order).
+        assert_eq!(
+            named,
+            [
+                "iptables.futureKnob",
+                "logging.vmodule[0].extra",
+                "newTopLevel"
+            ]
+        );
+        assert!(warnings[0].starts_with("test.yaml: "), "{}", warnings[0]);
+        // Known fields decode as strictly as before: a bad value still refuses the file.
+        let bad = format!("{HEADER}unknownOne: 1\niptables:\n  masqueradeBit: many\n");
+        assert!(parse_lenient(&bad, Path::new("test.yaml")).is_err());
+        // A file that decodes strictly has no warning.
+        let (_, none) = parse_lenient(&format!("{HEADER}mode: ipvs\n"), Path::new("t")).unwrap();
+        assert!(none.is_empty());
+    }
 
     #[test]
     fn yaml_and_json_fixtures_load_to_the_same_configuration() {

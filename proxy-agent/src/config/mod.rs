@@ -63,7 +63,9 @@ pub use defaults::{
 pub use duration::{Duration, DurationParseError};
 pub use field::{BadValue, ErrorType, FieldError};
 pub use flags::{FeatureGates, Flags, VModule};
-pub use load::{load_file, parse_str, to_yaml, write_config};
+pub use load::{
+    load_file, load_file_with_warnings, parse_lenient, parse_str, to_yaml, write_config,
+};
 pub use net::PortRange;
 pub use typed::{LocalMode, NodePortAddress, NodePortAddresses, ProxyMode, SyncPeriods, XdpMode};
 pub use types::{
@@ -203,7 +205,9 @@ pub fn resolve(flags: &Flags, matches: &ArgMatches) -> Result<Resolved> {
                 .filter(|flag| flag_class(flag) == FlagClass::Config)
                 .map(|flag| format!("--{flag}"))
                 .collect();
-            (load_file(path)?, path.display().to_string())
+            let (config, unknown_fields) = load_file_with_warnings(path)?;
+            warnings.extend(unknown_fields);
+            (config, path.display().to_string())
         }
         None => {
             let mut config = KubeProxyConfiguration {

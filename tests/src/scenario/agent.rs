@@ -407,6 +407,16 @@ pub fn get_in(ns: &str, url: &str, timeout: Duration) -> Result<HttpResponse, St
     .map_err(|err| err.to_string())
 }
 
+/// The severity of one line of the agent's log in klog's text format (`I`, `W`, `E` or
+/// `F`, followed by the month and day: `E1127 ...`); `None` for any other line.
+pub fn klog_severity(line: &str) -> Option<char> {
+    let mut chars = line.chars();
+    let severity = chars.next().filter(|c| "IWEF".contains(*c))?;
+    let date: String = chars.by_ref().take(4).collect();
+    (date.len() == 4 && date.chars().all(|c| c.is_ascii_digit()) && chars.next() == Some(' '))
+        .then_some(severity)
+}
+
 /// `text` without ANSI escape sequences (the agent's log may be coloured).
 fn without_ansi(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -453,6 +463,16 @@ mod tests {
             "2026 ERROR fell back"
         );
         assert_eq!(without_ansi("plain"), "plain");
+    }
+
+    #[test]
+    fn klog_lines_have_a_severity() {
+        let line = r#"E1127 01:02:03.456789    1234 mod.rs:42] "cannot serve" err="busy""#;
+        assert_eq!(klog_severity(line), Some('E'));
+        assert_eq!(klog_severity(&line.replacen('E', "W", 1)), Some('W'));
+        assert_eq!(klog_severity("ERROR something"), None);
+        assert_eq!(klog_severity("Error: E1127"), None);
+        assert_eq!(klog_severity(""), None);
     }
 
     #[test]

@@ -355,7 +355,9 @@ async fn full_maps_program_what_fits_and_a_restart_with_room_takes_the_rest_with
         .find(|l| l.contains("BPF maps full"))
         .unwrap_or_else(|| panic!("no full-map warning in the log:\n{log}"));
     assert!(
-        warning.contains("WARN") && warning.contains("SVC4_V1") && warning.contains("ns1/svc-c"),
+        tests::scenario::agent::klog_severity(warning) == Some('W')
+            && warning.contains("SVC4_V1")
+            && warning.contains("ns1/svc-c"),
         "{warning}"
     );
     let deadline = Instant::now() + Duration::from_secs(10);

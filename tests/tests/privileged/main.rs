@@ -23,5 +23,6 @@ mod least_privilege;
 mod mode_switch_cleanup;
 mod node_events;
 mod northsouth;
+mod operator_settings;
 mod scenario_runner;
 mod watch_model;

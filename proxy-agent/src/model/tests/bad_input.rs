@@ -257,32 +257,9 @@ fn big_slice(count: u32) -> EndpointSlice {
     builder.build()
 }
 
-/// Log output captured for one test.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
 #[test]
 fn a_skipped_entry_is_logged_once_per_version_not_again_as_the_previous_one() {
-    let captured = Captured::default();
+    let captured = crate::telemetry::CapturedLog::default();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(captured.clone())
         .with_ansi(false)
@@ -307,7 +284,7 @@ fn a_skipped_entry_is_logged_once_per_version_not_again_as_the_previous_one() {
         map.apply(&mut tracker);
         assert_eq!(map.len(), 2);
     });
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let text = captured.text();
     let lines: Vec<&str> = text
         .lines()
         .filter(|line| line.contains("skipping invalid external IP"))
