@@ -57,6 +57,22 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
+    /// A plain replay by `agent` in its mode: one-second probes, the test API server, no
+    /// trace check, every flow, nothing kept.
+    pub fn for_agent(agent: AgentOptions, runner_exe: PathBuf) -> Self {
+        Self {
+            mode: agent.mode,
+            agent: Some(agent),
+            runner_exe,
+            timeout: Duration::from_secs(1),
+            keep: false,
+            dir_source: false,
+            trace_check: false,
+            only_proto: None,
+            only_external_clients: false,
+        }
+    }
+
     /// Whether `flow` is replayed in this run; `external_clients` are the file's clients
     /// outside the node (`None` where its placement failed: the run then reports why, so
     /// nothing is filtered out by place).

@@ -48,23 +48,14 @@ fn options_for(mode: Mode) -> Option<RunOptions> {
         eprintln!("skipping: {} not present", shared_dir().display());
         return None;
     }
-    Some(RunOptions {
+    let agent = AgentOptions {
+        binary,
         mode,
-        agent: Some(AgentOptions {
-            binary,
-            mode,
-            extra_args: vec!["--strict-mode".into()],
-            config_overrides: Default::default(),
-            ready_timeout: Duration::from_secs(30),
-        }),
-        runner_exe: PathBuf::from(RUNNER),
-        timeout: Duration::from_secs(1),
-        keep: false,
-        dir_source: false,
-        trace_check: false,
-        only_proto: None,
-        only_external_clients: false,
-    })
+        extra_args: vec!["--strict-mode".into()],
+        config_overrides: Default::default(),
+        ready_timeout: Duration::from_secs(30),
+    };
+    Some(RunOptions::for_agent(agent, PathBuf::from(RUNNER)))
 }
 
 fn run_tool(binary: &Path, place: &Place, args: &[&str]) -> String {

@@ -418,30 +418,21 @@ fn prepare(xdp_mode: Option<&str>) -> Option<(Scenario, RunOptions)> {
     }
     let raw: RawScenario = serde_yaml::from_str(SCENARIO).unwrap();
     let scenario = Scenario::from_raw(raw, Path::new("northsouth.yaml")).unwrap();
-    let options = RunOptions {
+    let agent = AgentOptions {
+        binary,
         mode: Mode::Ebpf,
-        agent: Some(AgentOptions {
-            binary,
-            mode: Mode::Ebpf,
-            // Fail rather than fall back to iptables mode.
-            extra_args: vec!["--strict-mode".into()],
-            config_overrides: xdp_mode
-                .map(|m| {
-                    let mut o = serde_json::Map::new();
-                    o.insert("ebpf".into(), serde_json::json!({ "xdpMode": m }));
-                    o
-                })
-                .unwrap_or_default(),
-            ready_timeout: Duration::from_secs(30),
-        }),
-        runner_exe: PathBuf::from(RUNNER),
-        timeout: Duration::from_secs(1),
-        keep: false,
-        dir_source: false,
-        trace_check: false,
-        only_proto: None,
-        only_external_clients: false,
+        // Fail rather than fall back to iptables mode.
+        extra_args: vec!["--strict-mode".into()],
+        config_overrides: xdp_mode
+            .map(|m| {
+                let mut o = serde_json::Map::new();
+                o.insert("ebpf".into(), serde_json::json!({ "xdpMode": m }));
+                o
+            })
+            .unwrap_or_default(),
+        ready_timeout: Duration::from_secs(30),
     };
+    let options = RunOptions::for_agent(agent, PathBuf::from(RUNNER));
     Some((scenario, options))
 }
 

@@ -30,23 +30,14 @@ async fn without_a_healthz_server_the_agent_still_serves_services() {
         return;
     }
     let scenario = Scenario::load(&file).unwrap();
-    let options = RunOptions {
+    let agent = AgentOptions {
+        binary,
         mode: Mode::Iptables,
-        agent: Some(AgentOptions {
-            binary,
-            mode: Mode::Iptables,
-            extra_args: vec!["--healthz-port=0".into(), "--strict-mode".into()],
-            config_overrides: Default::default(),
-            ready_timeout: Duration::from_secs(30),
-        }),
-        runner_exe: RUNNER.into(),
-        timeout: Duration::from_secs(1),
-        keep: false,
-        dir_source: false,
-        trace_check: false,
-        only_proto: None,
-        only_external_clients: false,
+        extra_args: vec!["--healthz-port=0".into(), "--strict-mode".into()],
+        config_overrides: Default::default(),
+        ready_timeout: Duration::from_secs(30),
     };
+    let options = RunOptions::for_agent(agent, RUNNER.into());
     let reports = run_scenario(&options, &scenario, &mut |r| println!("{r}")).await;
     assert!(!reports.is_empty());
     let failed: Vec<String> = reports
