@@ -974,3 +974,39 @@ fn refused_lists(server: &TestApiServer) -> usize {
         .filter(|r| r.is(Verb::List, "services") && r.status == 503)
         .count()
 }
+
+/// The agent's own client (`make_client`) paces its requests by `clientConnection.qps` and
+/// `.burst`: with a burst of 1 at 2 per second, five lists need two seconds at least. Only
+/// the lower bound is asserted; a loaded machine can only make it slower.
+#[tokio::test]
+async fn agent_client_paces_requests_by_qps_and_burst() {
+    use proxy_agent::k8s::client::{ConnectionSettings, make_client};
+
+    init_tracing();
+    let server = TestApiServer::start().await.unwrap();
+    let path = std::env::temp_dir().join(format!("test-apiserver-qps-{}.yaml", std::process::id()));
+    server.write_kubeconfig(&path).unwrap();
+    let client = make_client(&ConnectionSettings {
+        kubeconfig: Some(path.display().to_string()),
+        qps: 2.0,
+        burst: 1,
+        content_type: "application/json".into(),
+        ..ConnectionSettings::default()
+    })
+    .await
+    .unwrap();
+    let services: Api<Service> = Api::namespaced(client, "default");
+    let start = std::time::Instant::now();
+    for _ in 0..5 {
+        within("a list", services.list(&ListParams::default()))
+            .await
+            .unwrap();
+    }
+    let elapsed = start.elapsed();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(server.request_count(Verb::List, "services"), 5);
+    assert!(
+        elapsed >= Duration::from_millis(1900),
+        "five requests at 2 per second with a burst of 1 took only {elapsed:?}"
+    );
+}

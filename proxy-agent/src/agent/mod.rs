@@ -102,9 +102,14 @@ pub async fn run(resolved: Resolved) -> Result<()> {
         None => {
             let kubeconfig = (!config.client_connection.kubeconfig.is_empty())
                 .then(|| config.client_connection.kubeconfig.clone());
+            let connection = &config.client_connection;
             let client = make_client(&ConnectionSettings {
                 kubeconfig,
                 master: resolved.options.master.clone(),
+                qps: connection.qps,
+                burst: connection.burst,
+                content_type: connection.content_type.clone(),
+                accept_content_types: connection.accept_content_types.clone(),
             })
             .await?;
             let events = EventSink::spawn(client.clone(), &node_name);

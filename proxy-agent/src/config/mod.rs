@@ -57,8 +57,8 @@ use clap::ArgMatches;
 use ipnet::IpNet;
 
 pub use defaults::{
-    DEFAULT_BPFFS_ROOT, PROXY_HEALTHZ_PORT, PROXY_STATUS_PORT, apply_defaults,
-    apply_platform_defaults, apply_v1alpha1_defaults, default_config,
+    DEFAULT_BPFFS_ROOT, DEFAULT_CONTENT_TYPE, PROXY_HEALTHZ_PORT, PROXY_STATUS_PORT,
+    apply_defaults, apply_platform_defaults, apply_v1alpha1_defaults, default_config,
 };
 pub use duration::{Duration, DurationParseError};
 pub use field::{BadValue, ErrorType, FieldError};

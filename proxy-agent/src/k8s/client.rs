@@ -1,11 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Building the API client the way kube-proxy does: an explicit kubeconfig and/or master URL
-//! when given, otherwise the in-cluster service account.
+//! when given, otherwise the in-cluster service account; requests paced by
+//! `clientConnection.qps`/`.burst` ([`super::rate_limit`]).
 
 use std::path::Path;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use tracing::info;
+use kube::{
+    client::ClientBuilder,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use tracing::{info, warn};
+
+use super::rate_limit::{RateLimitLayer, TokenBucket};
+use crate::config::DEFAULT_CONTENT_TYPE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -30,6 +37,44 @@ pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 pub struct ConnectionSettings {
     pub kubeconfig: Option<String>,
     pub master: Option<String>,
+    /// Requests per second; not positive: no limit.
+    pub qps: f32,
+    pub burst: i32,
+    pub content_type: String,
+    pub accept_content_types: String,
+}
+
+/// The one media type the API client (kube-rs) reads and writes.
+const JSON: &str = "application/json";
+
+/// What to say about `clientConnection.contentType` and `.acceptContentTypes`: the client
+/// speaks JSON only. Protobuf, upstream's default, is replaced quietly (every kube-proxy
+/// configuration carries it); any other choice is refused with a warning, not an exit, as
+/// the API serves the same objects either way.
+fn content_type_notes(settings: &ConnectionSettings) -> Vec<(bool, String)> {
+    let mut notes = Vec::new();
+    let wanted = settings.content_type.as_str();
+    if wanted != JSON {
+        let explicit = wanted != DEFAULT_CONTENT_TYPE;
+        notes.push((
+            explicit,
+            format!(
+                "clientConnection.contentType {wanted:?} is not supported by this agent's API \
+                 client, which speaks {JSON} only; using {JSON}"
+            ),
+        ));
+    }
+    let accepted = settings.accept_content_types.as_str();
+    if !accepted.is_empty() && !accepted.split(',').any(|t| t.trim() == JSON) {
+        notes.push((
+            true,
+            format!(
+                "clientConnection.acceptContentTypes {accepted:?} does not include {JSON}, the \
+                 only type this agent's API client reads; accepting {JSON}"
+            ),
+        ));
+    }
+    notes
 }
 
 pub async fn make_client(settings: &ConnectionSettings) -> Result<kube::Client> {
@@ -60,7 +105,29 @@ pub async fn make_client(settings: &ConnectionSettings) -> Result<kube::Client> 
     }
     // Watches are long-lived; let the server end them (timeoutSeconds), not a read timeout.
     config.read_timeout = None;
-    Ok(kube::Client::try_from(config)?)
+    for (explicit, note) in content_type_notes(settings) {
+        if explicit {
+            warn!("{note}");
+        } else {
+            info!("{note}");
+        }
+    }
+    let builder = ClientBuilder::try_from(config)?;
+    let now = tokio::time::Instant::now();
+    Ok(match TokenBucket::new(settings.qps, settings.burst, now) {
+        Some(bucket) => {
+            info!(
+                qps = settings.qps,
+                burst = settings.burst,
+                "API requests rate-limited"
+            );
+            builder.with_layer(&RateLimitLayer::new(bucket)).build()
+        }
+        None => {
+            info!(qps = settings.qps, "API requests not rate-limited");
+            builder.build()
+        }
+    })
 }
 
 fn parse_master(master: &str) -> Result<http::Uri> {
@@ -70,4 +137,44 @@ fn parse_master(master: &str) -> Result<http::Uri> {
             url: master.to_string(),
             reason: e.to_string(),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(content_type: &str, accept: &str) -> ConnectionSettings {
+        ConnectionSettings {
+            content_type: content_type.into(),
+            accept_content_types: accept.into(),
+            ..ConnectionSettings::default()
+        }
+    }
+
+    #[test]
+    fn json_needs_no_note() {
+        assert!(content_type_notes(&settings(JSON, "")).is_empty());
+        assert!(content_type_notes(&settings(JSON, "application/json, */*")).is_empty());
+    }
+
+    #[test]
+    fn upstream_default_protobuf_is_replaced_quietly() {
+        let notes = content_type_notes(&settings(DEFAULT_CONTENT_TYPE, ""));
+        assert_eq!(notes.len(), 1);
+        assert!(!notes[0].0, "the default is not warned about");
+        assert!(
+            notes[0].1.contains("using application/json"),
+            "{}",
+            notes[0].1
+        );
+    }
+
+    #[test]
+    fn other_choices_are_refused_with_the_reason() {
+        let notes = content_type_notes(&settings("application/yaml", "application/yaml"));
+        assert_eq!(notes.len(), 2);
+        assert!(notes.iter().all(|(warned, _)| *warned));
+        assert!(notes[0].1.contains("\"application/yaml\" is not supported"));
+        assert!(notes[1].1.contains("does not include application/json"));
+    }
 }

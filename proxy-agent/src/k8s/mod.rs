@@ -6,4 +6,5 @@ pub mod convert;
 pub mod events;
 #[cfg(any(test, feature = "test-fixtures"))]
 pub mod fixtures;
+mod rate_limit;
 pub mod watch;
