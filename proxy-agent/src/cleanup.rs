@@ -43,12 +43,15 @@ pub fn cleanup_all(bpffs_root: &Path, ipvs_exclude: &[IpNet]) -> bool {
 }
 
 /// When a mode starts, what the other modes left behind goes (switching modes leaves no
-/// trace of the previous one).
-pub fn cleanup_other_modes(running: ProxyMode, bpffs_root: &Path, ipvs_exclude: &[IpNet]) {
+/// trace of the previous one). The `handover` subcommand does the same for a mode that
+/// another proxy (kube-proxy, on rollback) runs. Returns whether everything went.
+pub fn cleanup_other_modes(running: ProxyMode, bpffs_root: &Path, ipvs_exclude: &[IpNet]) -> bool {
     let layout = layout(bpffs_root, ipvs_exclude);
+    let mut all_went = true;
     for entry in MODES.iter().filter(|e| e.mode != running) {
         if let Some(report) = (entry.cleanup)(&layout, CleanupScope::LeftBeside(running)) {
-            log(entry.mode.as_str(), &report);
+            all_went &= log(entry.mode.as_str(), &report);
         }
     }
+    all_went
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The operator subcommands `inspect` and `trace`, and the DaemonSet's `socket-terminator`
-//! sidecar. kube-proxy has no subcommands, so the agent's own command line
+//! The operator subcommands `inspect`, `trace` and `handover`, and the DaemonSet's
+//! `socket-terminator` sidecar. kube-proxy has no subcommands, so the agent's own command line
 //! (`proxy-agent --flags...`) is untouched: these exist only when the first word names them.
 
 use std::{
@@ -28,6 +28,21 @@ pub enum Tool {
     /// sockets of the node's network namespaces when the agent asks (see
     /// proxier::ebpf::sockets). Needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN.
     SocketTerminator(SocketTerminatorArgs),
+    /// Hand the node over to another proxy running MODE (kube-proxy, when rolling back):
+    /// remove what this agent's other modes left on the node — pinned eBPF programs and
+    /// maps, tc filters, XDP, IPVS state — and keep MODE's rules, as starting MODE would.
+    /// Unlike --cleanup, it leaves a running kube-proxy's rules alone.
+    Handover(HandoverArgs),
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct HandoverArgs {
+    /// The mode the proxy taking over runs (kubeadm's kube-proxy: iptables).
+    #[arg(long, value_parser = parse_mode)]
+    pub to: ProxyMode,
+    /// The agent's bpffs root (default: the configuration's, else /sys/fs/bpf/kube-proxy-ebpf).
+    #[arg(long, value_name = "DIR")]
+    pub bpffs_root: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -98,6 +113,19 @@ fn parse_traced_mode(s: &str) -> Result<ProxyMode, String> {
         })
 }
 
+/// A mode the registry knows.
+fn parse_mode(s: &str) -> Result<ProxyMode, String> {
+    let known = || proxier::MODES.iter().map(|e| e.mode.as_str());
+    ProxyMode::parse(s)
+        .filter(|m| known().any(|k| k == m.as_str()))
+        .ok_or_else(|| {
+            format!(
+                "unknown mode {s:?}: {}",
+                known().collect::<Vec<_>>().join(", ")
+            )
+        })
+}
+
 fn parse_subject(s: &str) -> Result<Subject, String> {
     Subject::parse(s).ok_or_else(|| {
         format!("unknown subject {s:?}: services, backends, affinity, conntrack or rules")
@@ -130,6 +158,8 @@ pub enum ToolError {
     Json(#[from] serde_json::Error),
     #[error("socket terminator: {0}")]
     SocketTerminator(#[source] std::io::Error),
+    #[error("handover to {0} mode: some state could not be removed (the log says which)")]
+    Handover(&'static str),
 }
 
 /// Runs a subcommand; returns what to print. `layout` is where the modes keep their state
@@ -146,6 +176,19 @@ pub fn run(tool: &Tool, layout: &HostLayout) -> Result<String, ToolError> {
             crate::proxier::ebpf::sockets::serve(&a.socket, &a.netns_dir)
                 .map_err(ToolError::SocketTerminator)?;
             Ok(String::new())
+        }
+        Tool::Handover(a) => {
+            // What each mode removed, and what it could not, goes to the log (stderr).
+            crate::telemetry::init(0, &[], false);
+            let layout = with_root(&a.bpffs_root);
+            if crate::cleanup::cleanup_other_modes(a.to, &layout.bpffs_root, &layout.ipvs_exclude) {
+                Ok(format!(
+                    "handed over to {} mode: the other modes' state is gone\n",
+                    a.to.as_str()
+                ))
+            } else {
+                Err(ToolError::Handover(a.to.as_str()))
+            }
         }
         Tool::Inspect(a) => {
             let layout = with_root(&a.bpffs_root);
@@ -255,6 +298,15 @@ mod tests {
             }
             _ => panic!("trace expected"),
         }
+        match parse(&["proxy-agent", "handover", "--to", "iptables"])
+            .unwrap()
+            .tool
+        {
+            Some(Tool::Handover(a)) => assert_eq!(a.to, ProxyMode::Iptables),
+            _ => panic!("handover expected"),
+        }
+        assert!(parse(&["proxy-agent", "handover", "--to", "userspace"]).is_err());
+        assert!(parse(&["proxy-agent", "handover"]).is_err());
         assert!(parse(&["proxy-agent", "inspect", "nonsense"]).is_err());
         assert!(parse(&["proxy-agent", "trace", "--from", "1.2.3.4"]).is_err());
     }

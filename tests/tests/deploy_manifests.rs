@@ -194,6 +194,50 @@ fn config_map_file(ds: &DaemonSet, cm: &ConfigMap, container: &Container, path: 
         .clone()
 }
 
+/// The ConfigMap and key that provide the file at `path` in the container, through a
+/// ConfigMap volume that lists its items.
+fn config_map_item(ds: &DaemonSet, container: &Container, path: &Path) -> (String, String) {
+    let mount = mount_holding(container, path).expect("a mount holding the file");
+    let volume = pod_spec(ds)
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    let source = volume.config_map.as_ref().expect("a ConfigMap volume");
+    let file = path.strip_prefix(&mount.mount_path).unwrap();
+    let item = source
+        .items
+        .iter()
+        .flatten()
+        .find(|i| Path::new(&i.path) == file)
+        .unwrap_or_else(|| panic!("the volume {} has no item {}", mount.name, file.display()));
+    assert_ne!(source.optional, Some(true));
+    (source.name.clone(), item.key.clone())
+}
+
+/// The kubeconfig.conf kubeadm puts in its `kube-proxy` ConfigMap, its endpoint made up.
+const KUBEADM_KUBECONFIG: &str = r#"
+apiVersion: v1
+kind: Config
+clusters:
+- cluster:
+    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+    server: https://192.0.2.10:6443
+  name: default
+contexts:
+- context:
+    cluster: default
+    namespace: default
+    user: default
+  name: default
+current-context: default
+users:
+- name: default
+  user:
+    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+"#;
+
 fn validated_config(text: &str) -> config::KubeProxyConfiguration {
     let origin = deploy_dir().join("configmap.yaml");
     let mut cfg = config::parse_str(text, &origin).unwrap_or_else(|e| panic!("{e}"));
@@ -316,33 +360,47 @@ fn configmap_configuration_passes_the_agents_validation() {
     let effective = config::effective(&cfg).unwrap();
     assert_eq!(effective.mode, ProxyMode::Ebpf);
 
-    // The kubeconfig it names is in the same ConfigMap and authenticates as the pod's
-    // service account.
+    // No hand edits: nothing cluster-specific in the file. The pod network comes from the
+    // Node (detectLocalMode NodeCIDR), the API server from kubeadm's kubeconfig.
+    assert_eq!(effective.local_mode, config::LocalMode::NodeCidr);
+    assert!(
+        effective.cluster_cidrs.is_empty(),
+        "{:?}",
+        effective.cluster_cidrs
+    );
+    let text = std::fs::read_to_string(deploy_dir().join("configmap.yaml")).unwrap();
+    assert!(!text.contains("CONTROL_PLANE_ENDPOINT"));
+
+    // The kubeconfig it names is kubeadm's, from the `kube-proxy` ConfigMap kubeadm creates,
+    // mounted in both the agent and the init container (--init-only reads the Node too).
     let kubeconfig_path = PathBuf::from(&cfg.client_connection.kubeconfig);
-    let kubeconfig = config_map_file(ds, cm, agent, &kubeconfig_path);
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap();
+    let pod = pod_spec(ds);
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    for container in [agent, init] {
+        let (name, key) = config_map_item(ds, container, &kubeconfig_path);
+        assert_eq!(
+            (name.as_str(), key.as_str()),
+            ("kube-proxy", "kubeconfig.conf"),
+            "{}",
+            container.name
+        );
+    }
+    // What kubeadm writes there (cmd/kubeadm/app/phases/addons/proxy, the kube-proxy
+    // ConfigMap's kubeconfig.conf): the control-plane endpoint, and the CA and token of
+    // the pod's own service account, which are therefore mounted.
+    let kubeadm_kubeconfig = kube::config::Kubeconfig::from_yaml(KUBEADM_KUBECONFIG).unwrap();
     let sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
-    let user = kubeconfig.auth_infos[0].auth_info.as_ref().unwrap();
+    let user = kubeadm_kubeconfig.auth_infos[0].auth_info.as_ref().unwrap();
     assert_eq!(
         user.token_file.as_deref(),
         Some(&*format!("{sa_dir}/token"))
     );
-    let cluster = kubeconfig.clusters[0].cluster.as_ref().unwrap();
-    assert_eq!(
-        cluster.certificate_authority.as_deref(),
-        Some(&*format!("{sa_dir}/ca.crt"))
-    );
-    assert!(
-        cluster
-            .server
-            .as_deref()
-            .is_some_and(|s| s.starts_with("https://"))
-    );
+    assert_ne!(pod.automount_service_account_token, Some(false));
+    let sa = only(&all.service_accounts, "ServiceAccount");
+    assert_ne!(sa.automount_service_account_token, Some(false));
 
     // The init container reads the same file.
-    let pod = pod_spec(ds);
-    let init = pod.init_containers.as_ref().unwrap();
-    let init_script = init[0].command.as_ref().unwrap().join(" ");
+    let init_script = init.command.as_ref().unwrap().join(" ");
     assert!(init_script.contains(&format!("--config={}", config_path.display())));
     assert!(init_script.contains("--init-only"));
 }
@@ -717,4 +775,72 @@ fn demo_examples_are_what_the_agent_reads_from_a_directory() {
         }
     }
     assert!(services.len() >= 2 && slices >= services.len());
+}
+
+/// deploy/cleanup/: the rollback DaemonSet hands each node back to kube-proxy's mode
+/// (`handover`, which the agent's command line accepts), needs no API access, and renders
+/// with `kubectl kustomize`.
+#[test]
+fn cleanup_daemonset_hands_nodes_back_without_api_access() {
+    use clap::{CommandFactory as _, FromArgMatches as _, Parser};
+    use proxy_agent::tools::Tool;
+
+    #[derive(Parser)]
+    #[command(name = "proxy-agent")]
+    struct Cli {
+        #[command(flatten)]
+        flags: config::Flags,
+        #[command(subcommand)]
+        tool: Option<Tool>,
+    }
+
+    let dir = deploy_dir().join("cleanup");
+    let documents = documents(&dir.join("daemonset.yaml"));
+    assert_eq!(documents.len(), 1);
+    let ds: DaemonSet = typed(&documents[0], &dir.join("daemonset.yaml"));
+    let pod = pod_spec(&ds);
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    let command = init.command.as_ref().unwrap();
+    assert_eq!(command[0], "/usr/local/bin/proxy-agent");
+    let matches = Cli::command()
+        .try_get_matches_from(command)
+        .unwrap_or_else(|e| panic!("the agent refuses {command:?}: {e}"));
+    let cli = Cli::from_arg_matches(&matches).unwrap();
+    let Some(Tool::Handover(handover)) = cli.tool else {
+        panic!("{command:?} is not a handover");
+    };
+    assert_eq!(handover.to, ProxyMode::Iptables);
+    // The same pins the agent's configuration names, on the host's bpffs.
+    let all = load_manifests();
+    let agent_ds = only(&all.daemon_sets, "DaemonSet");
+    let agent = agent_container(agent_ds);
+    let cfg = validated_config(&config_map_file(
+        agent_ds,
+        only(&all.config_maps, "ConfigMap"),
+        agent,
+        &config_flag(agent),
+    ));
+    let root = handover.bpffs_root.expect("--bpffs-root");
+    assert_eq!(root, PathBuf::from(&cfg.ebpf.bpffs_root));
+    let bpffs = mount_holding(init, &root).unwrap();
+    assert_eq!(host_path_of(&ds, bpffs), Some("/sys/fs/bpf"));
+
+    let Ok(output) = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+    else {
+        eprintln!("kubectl is not installed: the rendering is not checked here");
+        return;
+    };
+    assert!(
+        output.status.success(),
+        "kubectl kustomize deploy/cleanup: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    let rendered: DaemonSet = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(rendered.metadata.namespace.as_deref(), Some("kube-system"));
 }

@@ -162,13 +162,24 @@ impl EventLoop {
 
     /// Processes events until this node's Node object satisfies `ready`.
     pub async fn wait_for_node(&mut self, ready: impl Fn(&Node) -> bool) -> Result<Arc<Node>> {
+        let mut said = false;
         loop {
             if let Some(node) = self.cluster.node_object()
                 && ready(node)
             {
                 return Ok(node.clone());
             }
-            info!("waiting for this node's Node object (podCIDRs for detectLocalMode NodeCIDR)");
+            if !said {
+                // Said once: the wait lasts until the Node changes, possibly forever on a
+                // cluster that does not allocate pod CIDRs to nodes.
+                warn!(
+                    "waiting for this node's Node object to have spec.podCIDRs \
+                     (detectLocalMode NodeCIDR); they are set by kube-controller-manager \
+                     --allocate-node-cidrs (kubeadm: --pod-network-cidr). Without them, set \
+                     detectLocalMode: ClusterCIDR and clusterCIDR"
+                );
+                said = true;
+            }
             let event = self.next_event().await?;
             self.handle(event);
         }
@@ -247,7 +258,12 @@ impl EventLoop {
             requested = choice.requested.as_str(),
             "proxier running"
         );
-        crate::cleanup::cleanup_other_modes(choice.mode, &layout.bpffs_root, &layout.ipvs_exclude);
+        // Failures are logged per mode; the chosen mode runs regardless.
+        let _ = crate::cleanup::cleanup_other_modes(
+            choice.mode,
+            &layout.bpffs_root,
+            &layout.ipvs_exclude,
+        );
         let mut service_health =
             ServiceHealthServers::new(self.health.clone(), node.nodeport_addresses.clone());
 

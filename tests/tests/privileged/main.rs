@@ -16,6 +16,7 @@ mod ebpf_connected_udp;
 mod ebpf_socket_lb;
 mod ebpf_xdp_attach;
 mod full_maps;
+mod handover;
 mod inspect_trace;
 mod iptables_proxier;
 mod layout_upgrade;

@@ -18,7 +18,7 @@ const VIP: &str = "172.30.0.51";
 const BACKEND: &str = "10.181.0.1";
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 
-fn node() -> TestNode {
+pub(crate) fn node() -> TestNode {
     let objects = node_yaml("switch-node", "192.168.0.2")
         + &service_yaml("svc1", VIP, "UDP", BACKEND, "switch-node", Some(30080));
     TestNode::build(
@@ -34,15 +34,15 @@ fn node() -> TestNode {
 
 /// What a mode can leave on the node, as seen from inside its namespace.
 #[derive(Debug, Default)]
-struct Leftovers {
-    kube_chains: Vec<String>,
-    kube_ipsets: Vec<String>,
-    ipvs_link: bool,
-    pins: Vec<PathBuf>,
-    cgroup_programs: String,
+pub(crate) struct Leftovers {
+    pub(crate) kube_chains: Vec<String>,
+    pub(crate) kube_ipsets: Vec<String>,
+    pub(crate) ipvs_link: bool,
+    pub(crate) pins: Vec<PathBuf>,
+    pub(crate) cgroup_programs: String,
 }
 
-fn leftovers(node: &TestNode) -> Leftovers {
+pub(crate) fn leftovers(node: &TestNode) -> Leftovers {
     let out = |program: &str, args: &[&str]| node.output(program, args).unwrap();
     let mut kube_chains: Vec<String> = ["iptables-save", "ip6tables-save"]
         .iter()
