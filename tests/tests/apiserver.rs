@@ -1010,3 +1010,46 @@ async fn agent_client_paces_requests_by_qps_and_burst() {
         "five requests at 2 per second with a burst of 1 took only {elapsed:?}"
     );
 }
+
+/// An API server older than Kubernetes 1.33 has no ServiceCIDR API. The agent's watchers
+/// report it (the event loop then runs without service CIDRs instead of waiting for them)
+/// and ask again only after a long pause, not at the sub-second reconnect pace, which would
+/// spend the client's qps budget on 404s.
+#[tokio::test]
+async fn agent_watchers_report_an_unserved_resource_and_ask_again_rarely() {
+    use proxy_agent::k8s::watch::{ClusterEvent, ResourceKind, spawn_watchers};
+    use tests::apiserver::ServerConfig;
+
+    init_tracing();
+    let server = TestApiServer::start_with(ServerConfig {
+        unserved: vec!["servicecidrs"],
+        ..ServerConfig::default()
+    })
+    .await
+    .unwrap();
+    server.create(&service("web", "10.0.0.10", &[])).unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    spawn_watchers(server.client().unwrap(), "node-a", tx);
+    let mut services_synced = false;
+    let mut cidrs_unserved = false;
+    within("the first lists", async {
+        while !(services_synced && cidrs_unserved) {
+            match rx.recv().await.expect("watchers run") {
+                ClusterEvent::Synced(ResourceKind::Service) => services_synced = true,
+                ClusterEvent::Unreachable {
+                    kind: ResourceKind::ServiceCidr,
+                    error,
+                } => {
+                    assert!(error.contains("404"), "{error}");
+                    cidrs_unserved = true;
+                }
+                _ => {}
+            }
+        }
+    })
+    .await;
+    // Three seconds: the reconnect backoff (at most 0.3 s) would have asked about ten times.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = server.request_count(Verb::List, "servicecidrs");
+    assert_eq!(asked, 1, "ServiceCIDRs listed {asked} times in 3 s");
+}

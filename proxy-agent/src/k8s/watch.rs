@@ -226,6 +226,19 @@ fn reconnect_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
     ResetTimerBackoff::new(builder.into(), Duration::from_secs(120))
 }
 
+/// How often a resource the API server does not serve (404) is asked for again.
+const NOT_SERVED_RETRY: Duration = Duration::from_secs(60);
+
+/// Whether the list or watch failed because the API server has no such resource.
+fn is_not_served(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 404,
+        _ => false,
+    }
+}
+
 fn spawn_one<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -245,13 +258,30 @@ fn spawn_one<K>(
                 Ok(Some(event)) => diff.handle(event.modify(slim)),
                 Ok(None) => break,
                 Err(error) => {
-                    warn!(?kind, %error, "watch failed; retrying with backoff");
+                    let not_served = is_not_served(&error);
+                    if not_served {
+                        warn!(
+                            ?kind,
+                            %error,
+                            retry_in = ?NOT_SERVED_RETRY,
+                            "the API server does not serve this resource"
+                        );
+                    } else {
+                        warn!(?kind, %error, "watch failed; retrying with backoff");
+                    }
                     let msg = ClusterEvent::Unreachable {
                         kind,
                         error: error.to_string(),
                     };
                     if tx.send(msg).await.is_err() {
                         break;
+                    }
+                    if not_served {
+                        // The backoff's sub-second retries are for an API server that is
+                        // away; one that answers 404 (ServiceCIDRs before Kubernetes 1.33)
+                        // answers the same until it is upgraded, and each retry would spend
+                        // the client's qps budget.
+                        tokio::time::sleep(NOT_SERVED_RETRY).await;
                     }
                     continue;
                 }
@@ -309,6 +339,23 @@ mod tests {
                 Diffed::Synced => "synced".into(),
             })
             .collect()
+    }
+
+    #[test]
+    fn only_a_404_means_not_served() {
+        let status = |code| {
+            Box::new(kube::core::Status {
+                code,
+                ..Default::default()
+            })
+        };
+        let api = |code| kube::Error::Api(status(code));
+        assert!(is_not_served(&watcher::Error::InitialListFailed(api(404))));
+        assert!(is_not_served(&watcher::Error::WatchStartFailed(api(404))));
+        assert!(!is_not_served(&watcher::Error::InitialListFailed(api(503))));
+        assert!(!is_not_served(&watcher::Error::InitialListFailed(api(403))));
+        assert!(!is_not_served(&watcher::Error::WatchError(status(404))));
+        assert!(!is_not_served(&watcher::Error::NoResourceVersion));
     }
 
     #[test]

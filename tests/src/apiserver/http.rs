@@ -199,7 +199,9 @@ async fn dispatch(
         Target::Unknown => return Err(not_found()),
         Target::Resource(t) => t,
     };
-    if t.subresource.as_deref().is_some_and(|s| s != "status") {
+    if t.subresource.as_deref().is_some_and(|s| s != "status")
+        || shared.config.unserved.contains(&t.resource.plural)
+    {
         return Err(not_found());
     }
     match verb {

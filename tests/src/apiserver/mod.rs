@@ -87,6 +87,9 @@ pub struct ServerConfig {
     pub history_limit: usize,
     /// Watch duration when the client sends no `timeoutSeconds`.
     pub default_watch_timeout: Duration,
+    /// Resources (plural names) answered 404, as by an API server that predates them
+    /// (`servicecidrs` before Kubernetes 1.33).
+    pub unserved: Vec<&'static str>,
 }
 
 impl Default for ServerConfig {
@@ -95,6 +98,7 @@ impl Default for ServerConfig {
             bookmark_interval: Duration::from_secs(1),
             history_limit: 10_000,
             default_watch_timeout: Duration::from_secs(1800),
+            unserved: Vec::new(),
         }
     }
 }
