@@ -17,6 +17,7 @@ mod ebpf_socket_lb;
 mod ebpf_xdp_attach;
 mod full_maps;
 mod inspect_trace;
+mod iptables_backend;
 mod iptables_proxier;
 mod layout_upgrade;
 mod least_privilege;
