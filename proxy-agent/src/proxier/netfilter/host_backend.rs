@@ -110,7 +110,7 @@ impl fmt::Display for Evidence {
     }
 }
 
-/// The decision over the hosts' dumps: the backend and why, or `None` when nothing tells
+/// The decision over the host's dumps: the backend and why, or `None` when nothing tells
 /// them apart (then PATH's `iptables` is kept). `dump` gives one dump's output (empty when
 /// the save failed); it is asked only for what the decision still needs, each dump once.
 pub fn choose(mut dump: impl FnMut(Dump) -> String) -> Option<(Variant, Evidence)> {
@@ -172,11 +172,11 @@ fn installed(variant: Variant) -> bool {
 /// A network namespace's identity: the device and inode of its nsfs file.
 type NetnsId = (u64, u64);
 /// The iptables and ip6tables command names.
-type Commands = (&'static str, &'static str);
+pub type Commands = (&'static str, &'static str);
 
 /// The iptables and ip6tables command names the agent uses in the calling thread's network
 /// namespace (see the module doc), decided once per namespace and logged with the reason.
-pub fn commands() -> (&'static str, &'static str) {
+pub fn commands() -> Commands {
     static CHOSEN: OnceLock<Mutex<HashMap<NetnsId, Commands>>> = OnceLock::new();
     // The namespace's identity; without it (no /proc), decide every time.
     let netns = std::fs::metadata("/proc/thread-self/ns/net")
@@ -196,7 +196,7 @@ pub fn commands() -> (&'static str, &'static str) {
 }
 
 /// [`commands`] without the cache: looks at what is installed and at the host's rules.
-pub fn decide() -> (&'static str, &'static str) {
+pub fn decide() -> Commands {
     if !(installed(Variant::Legacy) && installed(Variant::Nft)) {
         tracing::debug!("one iptables backend installed: using PATH's iptables");
         return PATH_COMMANDS;
