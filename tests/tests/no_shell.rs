@@ -3,9 +3,11 @@
 //! programs, by fixed name and with each argument its own argv entry, never through a shell:
 //! `ipset` (ipvs mode, its input on stdin) and the iptables commands (`iptables`,
 //! `iptables-save`, `iptables-restore` and the ip6tables ones, names fixed when iptables is
-//! detected), both through the netfilter layer's one runner (`run_program`). Checked on the
-//! agent's sources: a new place that starts a process, a new caller of the runner, or a
-//! shell, fails this test until it is reviewed and listed here.
+//! detected: PATH's, or the `-legacy`/`-nft` ones of the backend the host's rules are in,
+//! read with the fixed `*-save` commands of host_backend.rs), all through the netfilter
+//! layer's one runner (`run_program`). Checked on the agent's sources: a new place that
+//! starts a process, a new caller of the runner, or a shell, fails this test until it is
+//! reviewed and listed here.
 
 use std::{
     fs,
@@ -81,16 +83,31 @@ fn the_agent_starts_only_ipset_and_iptables_and_never_a_shell() {
             "proxier/netfilter/exec.rs: &tools.restore",
             "proxier/netfilter/exec.rs: &tools.save",
             "proxier/netfilter/exec.rs: iptables",
+            "proxier/netfilter/host_backend.rs: dump.program()",
         ]
     );
-    // exec.rs's `tools` and `iptables` are the names fixed at detection.
+    // exec.rs's `tools` and `iptables` are the names fixed at detection: host_backend.rs's
+    // constants (PATH's, or one backend's), and its dumps name fixed save commands.
     let exec = fs::read_to_string(src.join("proxier/netfilter/exec.rs")).unwrap();
     for fixed in [
         "save: format!(\"{prefix}-save\")",
         "restore: format!(\"{prefix}-restore\")",
-        "Self::detect_named(\"iptables\", \"ip6tables\")",
+        "let (iptables, ip6tables) = host_backend::commands();",
     ] {
         assert!(exec.contains(fixed), "exec.rs no longer has {fixed}");
+    }
+    let host_backend = fs::read_to_string(src.join("proxier/netfilter/host_backend.rs")).unwrap();
+    for fixed in [
+        "pub const PATH_COMMANDS: (&str, &str) = (\"iptables\", \"ip6tables\");",
+        "Variant::Legacy => Some((\"iptables-legacy\", \"ip6tables-legacy\")),",
+        "Variant::Nft => Some((\"iptables-nft\", \"ip6tables-nft\")),",
+        "pub fn program(self) -> &'static str {",
+        "=> \"iptables-legacy-save\",",
+    ] {
+        assert!(
+            host_backend.contains(fixed),
+            "host_backend.rs no longer has {fixed}"
+        );
     }
     let mut files = Vec::new();
     rust_files(&src, &mut files);

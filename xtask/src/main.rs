@@ -9,14 +9,14 @@ mod setup;
 mod test;
 mod vm_cmd;
 
-use xtask::util;
+use xtask::{image, util};
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
     name = "xtask",
-    about = "Project tasks: setup, build, lint, test, scenarios, demo, bench, vm"
+    about = "Project tasks: setup, build, lint, test, scenarios, demo, bench, vm, image"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -52,9 +52,25 @@ enum Task {
     /// Run a command as root in a throw-away qemu guest whose kernel has IPVS (the host's
     /// files read-only, no network device); exits with the command's status.
     Vm(vm_cmd::VmArgs),
+    /// The agent image's runtime stage (deploy/Dockerfile) assembled without a container
+    /// engine: the release agent built by deploy/image/build-agent.sh, as the image's build
+    /// stage builds it, plus the stage's files, into DIR/rootfs, and DIR/image.yaml (base,
+    /// entrypoint, packages). See docs/image.md.
+    Image(ImageArgs),
     /// The demo's pod: an HTTP server answering with its name (run by `demo`).
     #[command(hide = true)]
     DemoBackend(demo::BackendArgs),
+}
+
+#[derive(clap::Args)]
+struct ImageArgs {
+    /// Where to assemble the tree (emptied first; default: target/image).
+    #[arg(long, value_name = "DIR")]
+    out: Option<std::path::PathBuf>,
+    /// Install this already-built agent (it must embed the eBPF object) instead of
+    /// building the release agent.
+    #[arg(long, value_name = "PATH")]
+    agent_binary: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -71,6 +87,16 @@ fn main() -> anyhow::Result<()> {
         Task::Demo(args) => demo::run(&args),
         Task::Scenarios(args) => scenarios::run(&args),
         Task::Vm(args) => vm_cmd::run(&args),
+        Task::Image(args) => {
+            let agent = match args.agent_binary {
+                Some(path) => image::Agent::Prebuilt(path),
+                None => {
+                    setup::ensure_ready()?;
+                    image::Agent::Build
+                }
+            };
+            image::run(args.out, &agent)
+        }
         Task::DemoBackend(args) => demo::run_backend(&args),
     }
 }

@@ -18,6 +18,7 @@ mod ebpf_xdp_attach;
 mod full_maps;
 mod handover;
 mod inspect_trace;
+mod iptables_backend;
 mod iptables_proxier;
 mod layout_upgrade;
 mod least_privilege;

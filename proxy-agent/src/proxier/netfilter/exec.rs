@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Talking to iptables: the few operations the iptables and ipvs modes need, behind a trait
 //! so the sync logic is testable without privileges, and their implementation with the
-//! `iptables`, `iptables-save` and `iptables-restore` binaries on PATH (ip6tables-* for
-//! IPv6), as upstream does. Whether those are the nft or the legacy variant is the host's
-//! choice (the binaries on PATH decide, or [`CommandBackend::detect_named`] names one); it
-//! is detected to be logged and to know which options the binaries accept.
+//! `iptables`, `iptables-save` and `iptables-restore` binaries (ip6tables-* for IPv6), as
+//! upstream does. Whether those are the nft or the legacy variant is the host's choice:
+//! where both are installed (the agent's image), [`CommandBackend::detect`] uses the
+//! backend the host's rules are in (see `host_backend`), else PATH's `iptables`;
+//! [`CommandBackend::detect_named`] names one. The version is detected to be logged and to
+//! know which options the binaries accept.
 
 use std::fs::File;
 use std::io::Write;
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
 
+use super::host_backend;
 use super::table::Table;
 use crate::model::IpFamily;
 
@@ -59,6 +62,17 @@ pub enum Variant {
     Nft,
     Legacy,
     Unknown,
+}
+
+impl Variant {
+    /// As `iptables --version` names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Variant::Nft => "nf_tables",
+            Variant::Legacy => "legacy",
+            Variant::Unknown => "unknown",
+        }
+    }
 }
 
 /// Parsed `iptables --version` output ("iptables v1.8.9 (nf_tables)").
@@ -148,31 +162,28 @@ pub struct CommandBackend {
 const XTABLES_LOCK: &str = "/run/xtables.lock";
 
 impl CommandBackend {
-    /// Detects the iptables version and variant from `iptables --version`.
+    /// Detects the iptables version and variant from `iptables --version`, of the backend
+    /// the host's rules are in when both are installed, else of PATH's `iptables`.
     pub fn detect() -> Result<Self, ExecError> {
-        Self::detect_named("iptables", "ip6tables")
+        let (iptables, ip6tables) = host_backend::commands();
+        Self::detect_named(iptables, ip6tables)
     }
 
     /// As [`Self::detect`], with other command names: `iptables-legacy` stands for
     /// `iptables-legacy`, `iptables-legacy-save` and `iptables-legacy-restore`. The agent
-    /// uses PATH's; the sync benchmark names a variant to measure it.
+    /// names what [`Self::detect`] chose; the sync benchmark names a variant to measure it.
     pub fn detect_named(iptables: &str, ip6tables: &str) -> Result<Self, ExecError> {
         let output = run_program(iptables, &["--version"], None)?;
         let version = Version::parse(&output).ok_or_else(|| ExecError::Output {
             program: "iptables --version".into(),
             detail: output.trim().to_string(),
         })?;
-        let variant = match version.variant {
-            Variant::Nft => "nf_tables",
-            Variant::Legacy => "legacy",
-            Variant::Unknown => "unknown",
-        };
         tracing::info!(
             version = %format_args!("{}.{}.{}", version.major, version.minor, version.patch),
-            variant,
+            variant = version.variant.as_str(),
             random_fully = version.has_random_fully(),
             command = iptables,
-            "using the iptables binaries on PATH"
+            "using these iptables binaries"
         );
         let tools = |prefix: &str| Tools {
             iptables: prefix.to_string(),

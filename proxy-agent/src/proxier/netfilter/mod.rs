@@ -4,6 +4,7 @@
 //!
 //! - `exec` finds the iptables binaries (nft or legacy variant, version) and runs
 //!   `iptables`, `iptables-save` and `iptables-restore` behind [`IptablesBackend`];
+//!   `host_backend` picks the backend the host's rules are in when both are installed;
 //! - `save` is the one reader of iptables text (save output, restore input, `-S`
 //!   listings) with its one tokenizer; proxiers, cleanup, `inspect rules` and `trace` use it;
 //! - `jumps` writes and recognises the rules hooking a mode's chains into the built-in
@@ -14,6 +15,7 @@
 
 pub(super) mod cleanup;
 pub(super) mod exec;
+pub mod host_backend;
 pub(super) mod inspect;
 pub(super) mod jumps;
 pub(super) mod matches;
