@@ -42,6 +42,11 @@ fn main() -> anyhow::Result<()> {
     // environment is its own).
     // SAFETY: build scripts are single-threaded at this point.
     unsafe { env::set_var("RUSTC_BOOTSTRAP", "1") };
+    // A build dir shared between worktrees (CARGO_BUILD_BUILD_DIR) would reach the nested
+    // cargo too, which then waits for the outer release build's lock on that directory for
+    // ever. The nested build keeps its own directory under OUT_DIR instead.
+    // SAFETY: as above.
+    unsafe { env::remove_var("CARGO_BUILD_BUILD_DIR") };
     let toolchain = env::var("RUSTUP_TOOLCHAIN").unwrap_or_else(|_| "stable".to_string());
     let package = aya_build::Package {
         name: "proxy-ebpf",
