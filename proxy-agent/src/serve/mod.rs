@@ -12,7 +12,7 @@ pub use self::{
     health::{
         Family, ProxyHealth, TO_BE_DELETED_TAINT, router as healthz_router, serve as serve_healthz,
     },
-    metrics::Metrics,
+    metrics::{Metrics, MetricsMode, PacketCountReader},
     metrics_server::serve as serve_metrics,
     service_health::ServiceHealthServers,
 };
