@@ -128,7 +128,8 @@ pub async fn run(resolved: Resolved) -> Result<()> {
     });
     spawn_server("metrics", metrics_addr, config.bind_address_hard_fail, {
         let (h, m) = (health.clone(), metrics.clone());
-        move |addr| crate::serve::serve_metrics(addr, m, h)
+        let configz = crate::serve::configz_body(config);
+        move |addr| crate::serve::serve_metrics(addr, m, h, configz)
     });
     if config.enable_profiling {
         info!("enableProfiling is set; this agent has no /debug/pprof handlers");

@@ -13,6 +13,6 @@ pub use self::{
         Family, ProxyHealth, TO_BE_DELETED_TAINT, router as healthz_router, serve as serve_healthz,
     },
     metrics::{Metrics, MetricsMode, PacketCountReader},
-    metrics_server::serve as serve_metrics,
+    metrics_server::{CONFIGZ_GROUP, configz_body, serve as serve_metrics},
     service_health::ServiceHealthServers,
 };
