@@ -266,6 +266,11 @@ impl EventLoop {
                 reason: e.to_string(),
             })?;
         self.runner.request_full(Instant::now());
+        // The first sync is queued too: upstream's initial objects queue it (Sync()), which
+        // sets the queued timestamp before the first sync.
+        for f in &self.families {
+            Metrics::set_timestamp(&self.metrics.last_queued_timestamp, *f, SystemTime::now());
+        }
         // Objects refused in the initial lists are reported now, not at the next event.
         self.report_rejected();
         let mut host_refresh = tokio::time::interval(Duration::from_secs(10));

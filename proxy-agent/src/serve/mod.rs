@@ -7,6 +7,8 @@ mod health;
 mod metrics;
 mod metrics_server;
 mod service_health;
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod upstream_metrics;
 
 pub use self::{
     health::{

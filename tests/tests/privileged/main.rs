@@ -20,6 +20,7 @@ mod inspect_trace;
 mod iptables_proxier;
 mod layout_upgrade;
 mod least_privilege;
+mod metrics_endpoint;
 mod mode_switch_cleanup;
 mod node_events;
 mod northsouth;
