@@ -462,18 +462,8 @@ impl EventLoop {
             }
             Err(e) => {
                 self.metrics.sync_failures_total.inc();
-                if let Some(failure) = e.restore_failed {
-                    let label = [failure.family.as_api_str()];
-                    self.metrics
-                        .iptables_restore_failures_total
-                        .with_label_values(&label)
-                        .inc();
-                    if failure.partial {
-                        self.metrics
-                            .iptables_partial_restore_failures_total
-                            .with_label_values(&label)
-                            .inc();
-                    }
+                if let Some(failure) = &e.restore_failed {
+                    self.metrics.restore_failed(failure);
                 }
                 error!(error = %e, full, "sync failed; retrying with a full sync");
                 false
@@ -483,41 +473,18 @@ impl EventLoop {
 }
 
 impl EventLoop {
-    /// The per-family gauges of a successful sync: services without local endpoints and
-    /// (iptables mode) the rule counts.
+    /// The per-family gauges of a successful sync.
     fn report_families(&self, stats: &SyncStats, synced: &[IpFamily]) {
-        let no_local = &self.metrics.no_local_endpoints;
-        for report in &stats.per_family {
-            let family = report.family.as_api_str();
-            no_local
-                .with_label_values(&[family, "internal"])
-                .set(report.no_local_endpoints_internal as f64);
-            no_local
-                .with_label_values(&[family, "external"])
-                .set(report.no_local_endpoints_external as f64);
-            for rules in &report.iptables_rules {
-                let labels = [family, rules.table];
-                self.metrics
-                    .iptables_rules_total
-                    .with_label_values(&labels)
-                    .set(rules.total as i64);
-                self.metrics
-                    .iptables_rules_last
-                    .with_label_values(&labels)
-                    .set(rules.last as i64);
-            }
-        }
+        self.metrics.family_reports(&stats.per_family);
         // ebpf mode's maps hold both families: its totals belong to a family only when
         // the node has one. On a dual-stack node the gauge is left out rather than
         // attributed to a family it was not counted for.
         if let ([family], true) = (synced, stats.per_family.is_empty()) {
-            let family = family.as_api_str();
-            no_local
-                .with_label_values(&[family, "internal"])
-                .set(stats.no_local_endpoints_internal as f64);
-            no_local
-                .with_label_values(&[family, "external"])
-                .set(stats.no_local_endpoints_external as f64);
+            self.metrics.set_no_local_endpoints(
+                *family,
+                stats.no_local_endpoints_internal,
+                stats.no_local_endpoints_external,
+            );
         }
     }
 }

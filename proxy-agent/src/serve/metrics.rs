@@ -20,6 +20,7 @@ use prometheus::{
 
 use crate::config::ProxyMode;
 use crate::model::IpFamily;
+use crate::proxier::{FamilyReport, RestoreFailure};
 
 const NS: &str = "kubeproxy";
 
@@ -422,6 +423,51 @@ impl Metrics {
         };
         if let Err(e) = self.registry.register(Box::new(collector)) {
             tracing::error!(error = %e, name, "packet counter registered twice");
+        }
+    }
+
+    /// Counts a failed iptables-restore (iptables and ipvs modes).
+    pub fn restore_failed(&self, failure: &RestoreFailure) {
+        let label = [failure.family.as_api_str()];
+        self.iptables_restore_failures_total
+            .with_label_values(&label)
+            .inc();
+        if failure.partial {
+            self.iptables_partial_restore_failures_total
+                .with_label_values(&label)
+                .inc();
+        }
+    }
+
+    /// Services without local endpoints, by family and traffic policy.
+    pub fn set_no_local_endpoints(&self, family: IpFamily, internal: usize, external: usize) {
+        let family = family.as_api_str();
+        self.no_local_endpoints
+            .with_label_values(&[family, "internal"])
+            .set(internal as f64);
+        self.no_local_endpoints
+            .with_label_values(&[family, "external"])
+            .set(external as f64);
+    }
+
+    /// The per-family gauges of a successful sync: services without local endpoints and
+    /// (iptables mode) the rules of each table.
+    pub fn family_reports(&self, reports: &[FamilyReport]) {
+        for report in reports {
+            self.set_no_local_endpoints(
+                report.family,
+                report.no_local_endpoints_internal,
+                report.no_local_endpoints_external,
+            );
+            for rules in &report.iptables_rules {
+                let labels = [report.family.as_api_str(), rules.table];
+                self.iptables_rules_total
+                    .with_label_values(&labels)
+                    .set(i64::try_from(rules.total).unwrap_or(i64::MAX));
+                self.iptables_rules_last
+                    .with_label_values(&labels)
+                    .set(i64::try_from(rules.last).unwrap_or(i64::MAX));
+            }
         }
     }
 

@@ -154,3 +154,64 @@ fn a_failed_restore_says_which_family_and_whether_the_sync_was_partial() {
         })
     );
 }
+
+/// The proxier's reports reach the metrics as the agent passes them on.
+#[test]
+fn a_failed_restore_and_the_rule_counts_reach_the_metrics() {
+    use crate::serve::{Metrics, MetricsMode};
+
+    let scenario = Scenario::parse(&scenario_yaml(&[
+        two_services("10.180.0.2"),
+        two_services("10.180.0.9"),
+    ]));
+    let fake = SharedFake::default();
+    let (mut proxier, _) = new_proxier(&fake);
+    let mut replay = scenario.replay();
+    let metrics = Metrics::new();
+    metrics.register_mode(MetricsMode::Iptables, &[IpFamily::V4, IpFamily::V6]);
+
+    let step = replay.apply(&scenario.states[0]);
+    let request = SyncRequest {
+        families: &replay.families,
+        node: &replay.node,
+        full: true,
+        changed: &step.changed,
+        stale: &step.stale,
+    };
+    let stats = proxier.sync(&request).unwrap();
+    metrics.family_reports(&stats.per_family);
+    let nat = kernel_rules(&fake, Table::Nat);
+    let filter = kernel_rules(&fake, Table::Filter);
+    let page = metrics.render();
+    for (table, count) in [("nat", nat), ("filter", filter)] {
+        for family in ["total", "last"] {
+            let line = format!(
+                "kubeproxy_sync_proxy_rules_iptables_{family}{{ip_family=\"IPv4\",table=\"{table}\"}} {count}"
+            );
+            assert!(page.contains(&line), "no {line}:\n{page}");
+        }
+    }
+
+    let step = replay.apply(&scenario.states[1]);
+    fake.lock().fail_next_restore = true;
+    let request = SyncRequest {
+        families: &replay.families,
+        node: &replay.node,
+        full: false,
+        changed: &step.changed,
+        stale: &step.stale,
+    };
+    let err = proxier.sync(&request).unwrap_err();
+    metrics.restore_failed(&err.restore_failed.expect("a restore failed"));
+    let page = metrics.render();
+    for counter in ["restore", "partial_restore"] {
+        let line = format!(
+            "kubeproxy_sync_proxy_rules_iptables_{counter}_failures_total{{ip_family=\"IPv4\"}} 1"
+        );
+        assert!(page.contains(&line), "no {line}:\n{page}");
+        let v6 = format!(
+            "kubeproxy_sync_proxy_rules_iptables_{counter}_failures_total{{ip_family=\"IPv6\"}} 0"
+        );
+        assert!(page.contains(&v6), "no {v6}:\n{page}");
+    }
+}
