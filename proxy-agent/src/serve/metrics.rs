@@ -371,6 +371,19 @@ impl Metrics {
         m
     }
 
+    /// Shows the node's families in the sync timestamps before the first sync, at 0
+    /// ("never"), as the unlabelled gauges showed it: a reader that waits for the first
+    /// sync tells "not yet" from "no such gauge". Called before the servers start.
+    pub fn start_families(&self, families: &[IpFamily]) {
+        for family in families {
+            let label = [family.as_api_str()];
+            self.last_sync_timestamp.with_label_values(&label).set(0.0);
+            self.last_queued_timestamp
+                .with_label_values(&label)
+                .set(0.0);
+        }
+    }
+
     /// Adds the families of `mode`, as upstream's `RegisterMetrics(mode)`, with the
     /// counters labelled by `ip_family` started at 0 for `families` (the node's). Called
     /// once, when the mode is chosen.

@@ -156,6 +156,22 @@ fn family_counters_start_at_zero_for_the_nodes_families_only() {
 }
 
 #[test]
+fn sync_timestamps_show_never_until_the_first_sync() {
+    let m = Metrics::new();
+    m.start_families(&[IpFamily::V4, IpFamily::V6]);
+    let page = m.render();
+    for gauge in [
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+    ] {
+        for family in ["IPv4", "IPv6"] {
+            let line = format!("{gauge}{{ip_family=\"{family}\"}} 0");
+            assert!(page.contains(&line), "no {line}:\n{page}");
+        }
+    }
+}
+
+#[test]
 fn a_packet_counter_is_read_at_each_scrape_and_absent_when_unreadable() {
     let m = Metrics::new();
     let value = std::sync::Arc::new(std::sync::Mutex::new(Some(42)));

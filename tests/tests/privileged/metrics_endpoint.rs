@@ -166,7 +166,8 @@ fn metrics_has_every_upstream_name_of_its_mode_and_configz_the_configuration() {
         agent_binary().display()
     );
     let mut agent = Agent::start();
-    agent.metrics_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds{");
+    // The rule counts appear with the first sync.
+    agent.metrics_with("kubeproxy_sync_proxy_rules_iptables_total{");
     // Network programming latency is observed for changes after the agent started (the
     // trigger time has whole seconds).
     thread::sleep(Duration::from_millis(1100));
