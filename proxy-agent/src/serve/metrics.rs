@@ -10,6 +10,14 @@
 //! upstream's nftables mode would, minus the nftables counters nothing of ours increments.
 //! Counters labelled by `ip_family` only start at 0 for the node's families, so that a
 //! scrape shows them before the first failure (Prometheus' advice for known labels).
+//!
+//! Not exported: `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`. Upstream
+//! counts it with an extra KUBE-NODEPORTS rule (`-d 127.0.0.0/8 --dport <nodePort>`) that
+//! it writes only to feed that nfacct object; our rule set (golden-tested against
+//! upstream's rules without nfacct) has no such rule, and a constant would be a lie. The
+//! INVALID-drop counter is read from our own rule instead (`proxier::iptables::counters`).
+//! ebpf mode on a dual-stack node leaves `sync_proxy_rules_no_local_endpoints_total` out:
+//! its maps count both families together.
 
 use std::time::SystemTime;
 
