@@ -74,10 +74,13 @@ fn runner_calls(src: &Path) -> Vec<String> {
 fn the_agent_starts_only_ipset_and_iptables_and_never_a_shell() {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proxy-agent/src");
     assert_eq!(process_spawns(&src), ["proxier/netfilter/exec.rs: program"]);
-    // The runner's callers: ipset by its fixed name, and exec.rs's iptables commands.
+    // The runner's callers: ipset by its fixed name, exec.rs's iptables commands, and
+    // the iptables mode's counter reader (`iptables-save`/`ip6tables-save` by fixed name,
+    // for kubeproxy_iptables_ct_state_invalid_dropped_packets_total).
     assert_eq!(
         runner_calls(&src),
         [
+            "proxier/iptables/counters.rs: program",
             "proxier/ipvs/ipset.rs: \"ipset\"",
             "proxier/netfilter/exec.rs: &tools.iptables",
             "proxier/netfilter/exec.rs: &tools.restore",

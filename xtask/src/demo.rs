@@ -316,11 +316,13 @@ fn start_agent(sandbox: &mut Sandbox, examples: &Examples, agent: &Path) -> anyh
 }
 
 /// The value of `name` on the metrics page, if it is there.
+/// The first sample of `name`, whatever its labels (the sync gauges carry `ip_family`).
 fn metric(page: &str, name: &str) -> Option<f64> {
     page.lines()
         .filter(|line| !line.starts_with('#'))
         .find_map(|line| {
-            let (metric, value) = line.rsplit_once(' ')?;
+            let (series, value) = line.rsplit_once(' ')?;
+            let metric = series.split('{').next().unwrap_or(series);
             (metric == name).then(|| value.parse().ok()).flatten()
         })
 }
@@ -491,6 +493,9 @@ mod tests {
                     kubeproxy_sync_proxy_rules_last_timestamp_seconds 1.7e9\n";
         assert_eq!(metric(page, SYNC_METRIC), Some(1.7e9));
         assert_eq!(metric("# only comments\n", SYNC_METRIC), None);
+        let labelled = "kubeproxy_sync_proxy_rules_last_timestamp_seconds_total{ip_family=\"IPv4\"} 3\n\
+                        kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.8e9\n";
+        assert_eq!(metric(labelled, SYNC_METRIC), Some(1.8e9));
     }
 
     #[test]

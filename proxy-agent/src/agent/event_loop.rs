@@ -26,7 +26,7 @@ use crate::{
     },
     model::{ClusterState, IpFamily, NamespacedName, StaleConntrack},
     node::host_addresses,
-    proxier::{self, HostLayout, ModeSettings, NodeContext, Proxier, SyncRequest},
+    proxier::{self, HostLayout, ModeSettings, NodeContext, Proxier, SyncRequest, SyncStats},
     runner::SyncRunner,
     serve::{Family as HealthFamily, Metrics, ProxyHealth, ServiceHealthServers},
 };
@@ -44,7 +44,7 @@ pub struct EventLoop {
     /// Changes applied to the model but not yet to the dataplane (kept across failures).
     pending_changed: HashSet<NamespacedName>,
     pending_stale: StaleConntrack,
-    pending_trigger_times: Vec<SystemTime>,
+    pending_trigger_times: Vec<(IpFamily, SystemTime)>,
     runner_sync_period: Duration,
     /// Events on the Node (fallbacks, refused objects, full maps).
     events: EventSink,
@@ -253,6 +253,15 @@ impl EventLoop {
             }
         };
         self.health.set_proxy_mode(proxier.mode());
+        self.metrics
+            .register_mode(choice.mode.into(), &self.families);
+        if choice.mode == crate::config::ProxyMode::Iptables {
+            self.metrics.register_packet_counter(
+                "iptables_ct_state_invalid_dropped_packets_total",
+                "Packets dropped by iptables because conntrack marked them INVALID (the workaround for conntrack problems)",
+                Box::new(proxier::iptables::ct_state_invalid_dropped_packets),
+            );
+        }
         info!(
             mode = proxier.mode(),
             requested = choice.requested.as_str(),
@@ -273,6 +282,11 @@ impl EventLoop {
                 reason: e.to_string(),
             })?;
         self.runner.request_full(Instant::now());
+        // The first sync is queued too: upstream's initial objects queue it (Sync()), which
+        // sets the queued timestamp before the first sync.
+        for f in &self.families {
+            Metrics::set_timestamp(&self.metrics.last_queued_timestamp, *f, SystemTime::now());
+        }
         // Objects refused in the initial lists are reported now, not at the next event.
         self.report_rejected();
         let mut host_refresh = tokio::time::interval(Duration::from_secs(10));
@@ -346,7 +360,9 @@ impl EventLoop {
         for f in &self.families {
             self.health.queued_update(health_family(*f), now);
         }
-        Metrics::set_timestamp(&self.metrics.last_queued_timestamp, now);
+        for f in &self.families {
+            Metrics::set_timestamp(&self.metrics.last_queued_timestamp, *f, now);
+        }
         let (svc, eps) = self.cluster.pending_counts();
         self.metrics.service_changes_pending.set(svc as i64);
         self.metrics.endpoint_changes_pending.set(eps as i64);
@@ -404,13 +420,22 @@ impl EventLoop {
         match result {
             Ok(stats) => {
                 let now = SystemTime::now();
-                self.metrics.sync_duration.observe(elapsed);
-                if full {
-                    self.metrics.sync_full_duration.observe(elapsed);
-                } else {
-                    self.metrics.sync_partial_duration.observe(elapsed);
+                // One sync programs every family together: each family's series gets it.
+                let synced: Vec<IpFamily> = request.families.iter().map(|f| f.family).collect();
+                for family in &synced {
+                    let label = [family.as_api_str()];
+                    self.metrics
+                        .sync_duration
+                        .with_label_values(&label)
+                        .observe(elapsed);
+                    let by_kind = if full {
+                        &self.metrics.sync_full_duration
+                    } else {
+                        &self.metrics.sync_partial_duration
+                    };
+                    by_kind.with_label_values(&label).observe(elapsed);
+                    Metrics::set_timestamp(&self.metrics.last_sync_timestamp, *family, now);
                 }
-                Metrics::set_timestamp(&self.metrics.last_sync_timestamp, now);
                 for reconcile in &stats.conntrack_reconciles {
                     let family = [reconcile.family.as_api_str()];
                     self.metrics
@@ -422,21 +447,17 @@ impl EventLoop {
                         .with_label_values(&family)
                         .inc_by(reconcile.deleted as u64);
                 }
-                self.metrics
-                    .no_local_endpoints
-                    .with_label_values(&["internal"])
-                    .set(stats.no_local_endpoints_internal as f64);
-                self.metrics
-                    .no_local_endpoints
-                    .with_label_values(&["external"])
-                    .set(stats.no_local_endpoints_external as f64);
+                self.report_families(&stats, &synced);
                 super::capacity::report(&stats, self.not_programmed, &self.metrics, &self.events);
                 self.metrics.connected_udp_sweep(&stats.connected_udp);
                 self.not_programmed = stats.not_programmed > 0;
                 self.follow_up = stats.not_programmed > 0 && stats.deleted > 0;
-                for t in self.pending_trigger_times.drain(..) {
+                for (family, t) in self.pending_trigger_times.drain(..) {
                     if let Ok(d) = now.duration_since(t) {
-                        self.metrics.network_programming.observe(d.as_secs_f64());
+                        self.metrics
+                            .network_programming
+                            .with_label_values(&[family.as_api_str()])
+                            .observe(d.as_secs_f64());
                     }
                 }
                 for f in &self.families {
@@ -457,9 +478,29 @@ impl EventLoop {
             }
             Err(e) => {
                 self.metrics.sync_failures_total.inc();
+                if let Some(failure) = &e.restore_failed {
+                    self.metrics.restore_failed(failure);
+                }
                 error!(error = %e, full, "sync failed; retrying with a full sync");
                 false
             }
+        }
+    }
+}
+
+impl EventLoop {
+    /// The per-family gauges of a successful sync.
+    fn report_families(&self, stats: &SyncStats, synced: &[IpFamily]) {
+        self.metrics.family_reports(&stats.per_family);
+        // ebpf mode's maps hold both families: its totals belong to a family only when
+        // the node has one. On a dual-stack node the gauge is left out rather than
+        // attributed to a family it was not counted for.
+        if let ([family], true) = (synced, stats.per_family.is_empty()) {
+            self.metrics.set_no_local_endpoints(
+                *family,
+                stats.no_local_endpoints_internal,
+                stats.no_local_endpoints_external,
+            );
         }
     }
 }

@@ -125,6 +125,7 @@ pub async fn run(resolved: Resolved) -> Result<()> {
     let requested = resolved.effective.mode;
     let health = ProxyHealth::new(2 * periods.sync.to_std(), requested.as_str());
     let metrics = Metrics::new();
+    metrics.start_families(&families);
     let healthz = parse_bind("healthzBindAddress", &config.healthz_bind_address)?;
     let metrics_addr = parse_bind("metricsBindAddress", &config.metrics_bind_address)?;
     spawn_server("healthz", healthz, config.bind_address_hard_fail, {
@@ -133,7 +134,8 @@ pub async fn run(resolved: Resolved) -> Result<()> {
     });
     spawn_server("metrics", metrics_addr, config.bind_address_hard_fail, {
         let (h, m) = (health.clone(), metrics.clone());
-        move |addr| crate::serve::serve_metrics(addr, m, h)
+        let configz = crate::serve::configz_body(config);
+        move |addr| crate::serve::serve_metrics(addr, m, h, configz)
     });
     if config.enable_profiling {
         info!("enableProfiling is set; this agent has no /debug/pprof handlers");

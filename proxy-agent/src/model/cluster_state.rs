@@ -35,8 +35,9 @@ pub struct AppliedChanges {
     /// Services whose ports or endpoints changed (any family).
     pub changed: HashSet<NamespacedName>,
     pub stale: StaleConntrack,
-    /// EndpointSlice last-change-trigger-times, for network programming latency.
-    pub trigger_times: Vec<SystemTime>,
+    /// EndpointSlice last-change-trigger-times with the family of their slice, for
+    /// network programming latency.
+    pub trigger_times: Vec<(IpFamily, SystemTime)>,
 }
 
 #[derive(Debug)]
@@ -190,8 +191,13 @@ impl ClusterState {
             out.stale.record(&svc, &eps);
             out.changed.extend(svc.updated_services);
             out.changed.extend(eps.updated_services);
-            out.trigger_times
-                .extend(eps.last_change_trigger_times.into_values().flatten());
+            let family = state.family;
+            out.trigger_times.extend(
+                eps.last_change_trigger_times
+                    .into_values()
+                    .flatten()
+                    .map(|t| (family, t)),
+            );
         }
         out
     }

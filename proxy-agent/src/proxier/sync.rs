@@ -117,6 +117,33 @@ pub struct SyncStats {
     pub conntrack_reconciles: Vec<ConntrackReconcile>,
     /// The sweep for connected UDP sockets whose backend went away (ebpf mode).
     pub connected_udp: SocketSweep,
+    /// Each family's part, from the modes that sync the families apart (iptables, ipvs),
+    /// for the metrics labelled by `ip_family`; empty from the others.
+    pub per_family: Vec<FamilyReport>,
+}
+
+/// One family's part of a sync.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FamilyReport {
+    pub family: IpFamily,
+    /// Services with a Local traffic policy and no local endpoint, in this family.
+    pub no_local_endpoints_internal: usize,
+    pub no_local_endpoints_external: usize,
+    /// iptables mode: the rules of each table, for `kubeproxy_sync_proxy_rules_iptables_*`.
+    pub iptables_rules: Vec<TableRules>,
+}
+
+/// Rules of one iptables table owned by the proxier (jump rules from the built-in chains
+/// left out, as upstream leaves them out).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableRules {
+    /// `filter` or `nat`.
+    pub table: &'static str,
+    /// Rules of ours in the kernel after the sync: those written plus those of the chains
+    /// a partial sync left as they were.
+    pub total: usize,
+    /// Rules the sync wrote.
+    pub last: usize,
 }
 
 /// One family's reconcile, for `kubeproxy_conntrack_reconciler_*`.
@@ -184,6 +211,17 @@ pub struct SyncError {
     pub mode: &'static str,
     #[source]
     pub source: Box<dyn std::error::Error + Send + Sync>,
+    /// The iptables-restore that failed, when that is what failed (iptables and ipvs
+    /// modes), for `kubeproxy_sync_proxy_rules_iptables_*restore_failures_total`.
+    pub restore_failed: Option<RestoreFailure>,
+}
+
+/// A failed iptables-restore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestoreFailure {
+    pub family: IpFamily,
+    /// It restored a partial sync's rules (upstream then falls back to a full sync, as we do).
+    pub partial: bool,
 }
 
 impl SyncError {
@@ -191,7 +229,14 @@ impl SyncError {
         Self {
             mode,
             source: Box::new(source),
+            restore_failed: None,
         }
+    }
+
+    /// Records that an iptables-restore is what failed.
+    pub fn with_restore_failure(mut self, failure: Option<RestoreFailure>) -> Self {
+        self.restore_failed = failure;
+        self
     }
 }
 

@@ -1,38 +1,73 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Prometheus metrics on metricsBindAddress (default 127.0.0.1:10249), with upstream
-//! kube-proxy's `kubeproxy_*` names, types and buckets, plus the dataplane's own.
+//! Prometheus metrics on metricsBindAddress (default 127.0.0.1:10249): upstream kube-proxy's
+//! `kubeproxy_*` families with its names, types, labels (the `ip_family` labels of 1.34
+//! included) and buckets, registered per mode as upstream's `RegisterMetrics(mode)` does,
+//! the process collector's `process_*`, and the dataplane's own families.
+//!
+//! [`Metrics::new`] registers what every mode has; [`Metrics::register_mode`] adds the
+//! chosen mode's families once the mode is known (the server already runs then: the
+//! registry is shared, so they appear on the next scrape). ebpf mode registers what
+//! upstream's nftables mode would, minus the nftables counters nothing of ours increments.
+//! Counters labelled by `ip_family` only start at 0 for the node's families, so that a
+//! scrape shows them before the first failure (Prometheus' advice for known labels).
+//!
+//! Not exported: `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`. Upstream
+//! counts it with an extra KUBE-NODEPORTS rule (`-d 127.0.0.0/8 --dport <nodePort>`) that
+//! it writes only to feed that nfacct object; our rule set (golden-tested against
+//! upstream's rules without nfacct) has no such rule, and a constant would be a lie. The
+//! INVALID-drop counter is read from our own rule instead (`proxier::iptables::counters`).
+//! ebpf mode on a dual-stack node leaves `sync_proxy_rules_no_local_endpoints_total` out:
+//! its maps count both families together.
 
 use std::time::SystemTime;
 
 use prometheus::{
-    Encoder as _, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry, TextEncoder, exponential_buckets,
+    Encoder as _, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder, core::Collector, exponential_buckets,
 };
 
+use crate::config::ProxyMode;
+use crate::model::IpFamily;
+use crate::proxier::{FamilyReport, RestoreFailure};
+
 const NS: &str = "kubeproxy";
+
+/// Reads a packet counter at scrape time; `None` when it cannot be read (nothing is
+/// reported then, as upstream reports nothing when its nfacct object is missing).
+pub type PacketCountReader = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
 /// Handles to every metric; cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    pub sync_duration: Histogram,
-    pub sync_full_duration: Histogram,
-    pub sync_partial_duration: Histogram,
-    pub last_sync_timestamp: Gauge,
-    pub last_queued_timestamp: Gauge,
-    pub network_programming: Histogram,
+    // Every mode (upstream's common block).
+    pub sync_duration: HistogramVec,
+    pub last_sync_timestamp: GaugeVec,
+    pub last_queued_timestamp: GaugeVec,
+    pub network_programming: HistogramVec,
     pub endpoint_changes_pending: IntGauge,
     pub endpoint_changes_total: IntCounter,
     pub service_changes_pending: IntGauge,
     pub service_changes_total: IntCounter,
     pub no_local_endpoints: GaugeVec,
-    pub sync_failures_total: IntCounter,
-    /// The stale UDP conntrack reconciler, by `ip_family` (ebpf mode: its BPF conntrack
-    /// cleanup).
-    pub conntrack_reconcile_duration: HistogramVec,
-    pub conntrack_reconcile_deleted_total: IntCounterVec,
     healthz_total: IntCounterVec,
     livez_total: IntCounterVec,
+    /// The stale UDP conntrack reconciler, by `ip_family` (ebpf mode: its BPF conntrack
+    /// cleanup). It runs in every mode of ours.
+    pub conntrack_reconcile_duration: HistogramVec,
+    pub conntrack_reconcile_deleted_total: IntCounterVec,
+    // iptables mode (and ipvs: the restore failures).
+    pub sync_full_duration: HistogramVec,
+    pub sync_partial_duration: HistogramVec,
+    pub iptables_restore_failures_total: IntCounterVec,
+    pub iptables_partial_restore_failures_total: IntCounterVec,
+    pub iptables_rules_total: IntGaugeVec,
+    pub iptables_rules_last: IntGaugeVec,
+    // nftables mode (defined for it; no mode of ours registers them yet).
+    pub nftables_sync_failures_total: IntCounterVec,
+    pub nftables_cleanup_failures_total: IntCounterVec,
+    /// Ours: dataplane syncs that failed (any mode).
+    pub sync_failures_total: IntCounter,
     /// Ours: entries and capacity per BPF map, services left out of full maps, fallbacks
     /// taken, objects rejected.
     pub map_entries: GaugeVec,
@@ -46,27 +81,88 @@ pub struct Metrics {
     pub udp_socket_sweeps_total: IntCounterVec,
 }
 
-fn histogram(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
-    let h = Histogram::with_opts(
-        HistogramOpts::new(name, help)
-            .namespace(NS)
-            .buckets(buckets),
-    )
-    .unwrap_or_else(|e| panic!("metric {name} is well-formed: {e}"));
-    registry
-        .register(Box::new(h.clone()))
-        .unwrap_or_else(|e| panic!("metric {name} registered once: {e}"));
-    h
+/// The mode whose families [`Metrics::register_mode`] adds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricsMode {
+    Iptables,
+    Ipvs,
+    Nftables,
+    Ebpf,
 }
 
-macro_rules! register {
-    ($registry:expr, $metric:expr) => {{
-        let m = $metric.expect("metric options are well-formed");
-        $registry
-            .register(Box::new(m.clone()))
-            .expect("each metric is registered once");
-        m
-    }};
+impl From<ProxyMode> for MetricsMode {
+    fn from(mode: ProxyMode) -> Self {
+        match mode {
+            ProxyMode::Ebpf => Self::Ebpf,
+            ProxyMode::Iptables => Self::Iptables,
+            ProxyMode::Ipvs => Self::Ipvs,
+            ProxyMode::Nftables => Self::Nftables,
+        }
+    }
+}
+
+/// Options are fixed strings: a failure here is a programming error caught by every test.
+fn built<T>(what: &str, metric: prometheus::Result<T>) -> T {
+    metric.unwrap_or_else(|e| panic!("metric {what} is well-formed: {e}"))
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    built(
+        name,
+        IntCounterVec::new(Opts::new(name, help).namespace(NS), labels),
+    )
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    built(
+        name,
+        GaugeVec::new(Opts::new(name, help).namespace(NS), labels),
+    )
+}
+
+fn int_gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    built(
+        name,
+        IntGaugeVec::new(Opts::new(name, help).namespace(NS), labels),
+    )
+}
+
+fn histogram_vec(name: &str, help: &str, buckets: Vec<f64>, labels: &[&str]) -> HistogramVec {
+    built(
+        name,
+        HistogramVec::new(
+            HistogramOpts::new(name, help)
+                .namespace(NS)
+                .buckets(buckets),
+            labels,
+        ),
+    )
+}
+
+fn counter(name: &str, help: &str) -> IntCounter {
+    built(
+        name,
+        IntCounter::with_opts(Opts::new(name, help).namespace(NS)),
+    )
+}
+
+fn gauge(name: &str, help: &str) -> IntGauge {
+    built(
+        name,
+        IntGauge::with_opts(Opts::new(name, help).namespace(NS)),
+    )
+}
+
+fn register(registry: &Registry, metric: &(impl Collector + Clone + 'static)) {
+    // Registering the same family twice is a programming error (register_mode runs once).
+    if let Err(e) = registry.register(Box::new(metric.clone())) {
+        tracing::error!(error = %e, "metric registered twice");
+    }
+}
+
+/// Upstream's sync buckets: 1 ms doubling 15 times.
+fn sync_buckets() -> Vec<f64> {
+    exponential_buckets(0.001, 2.0, 15).unwrap_or_default()
 }
 
 /// Upstream's network-programming buckets: 0.25 s, 0.5 s, 1..59 s, 60..115 s, 2..5 min.
@@ -78,234 +174,321 @@ fn network_programming_buckets() -> Vec<f64> {
     b
 }
 
+const FAMILY: &[&str] = &["ip_family"];
+const FAMILY_TABLE: &[&str] = &["ip_family", "table"];
+
+/// A counter read from the kernel at scrape time (upstream reads nfacct objects so).
+struct PacketCounter {
+    counter: IntCounter,
+    read: PacketCountReader,
+}
+
+impl Collector for PacketCounter {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.counter.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        match (self.read)() {
+            Some(packets) => {
+                self.counter.reset();
+                self.counter.inc_by(packets);
+                self.counter.collect()
+            }
+            None => Vec::new(),
+        }
+    }
+}
+
 impl Metrics {
+    /// The registry with the families every mode has, `process_*` included.
     pub fn new() -> Self {
-        let r = Registry::new();
-        let sync_buckets = || exponential_buckets(0.001, 2.0, 15).unwrap_or_default();
-        Self {
-            sync_duration: histogram(
-                &r,
+        let m = Self {
+            registry: Registry::new(),
+            sync_duration: histogram_vec(
                 "sync_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds",
                 sync_buckets(),
+                FAMILY,
             ),
-            sync_full_duration: histogram(
-                &r,
-                "sync_full_proxy_rules_duration_seconds",
-                "SyncProxyRules latency in seconds for full resyncs",
-                sync_buckets(),
+            last_sync_timestamp: gauge_vec(
+                "sync_proxy_rules_last_timestamp_seconds",
+                "The last time proxy rules were successfully synced",
+                FAMILY,
             ),
-            sync_partial_duration: histogram(
-                &r,
-                "sync_partial_proxy_rules_duration_seconds",
-                "SyncProxyRules latency in seconds for partial resyncs",
-                sync_buckets(),
+            last_queued_timestamp: gauge_vec(
+                "sync_proxy_rules_last_queued_timestamp_seconds",
+                "The last time a sync of proxy rules was queued",
+                FAMILY,
             ),
-            last_sync_timestamp: register!(
-                r,
-                Gauge::with_opts(
-                    Opts::new(
-                        "sync_proxy_rules_last_timestamp_seconds",
-                        "The last time proxy rules were successfully synced"
-                    )
-                    .namespace(NS)
-                )
-            ),
-            last_queued_timestamp: register!(
-                r,
-                Gauge::with_opts(
-                    Opts::new(
-                        "sync_proxy_rules_last_queued_timestamp_seconds",
-                        "The last time a sync of proxy rules was queued"
-                    )
-                    .namespace(NS)
-                )
-            ),
-            network_programming: histogram(
-                &r,
+            network_programming: histogram_vec(
                 "network_programming_duration_seconds",
                 "In Cluster Network Programming Latency in seconds",
                 network_programming_buckets(),
+                FAMILY,
             ),
-            endpoint_changes_pending: register!(
-                r,
-                IntGauge::with_opts(
-                    Opts::new(
-                        "sync_proxy_rules_endpoint_changes_pending",
-                        "Pending proxy rules Endpoint changes"
-                    )
-                    .namespace(NS)
-                )
+            endpoint_changes_pending: gauge(
+                "sync_proxy_rules_endpoint_changes_pending",
+                "Pending proxy rules Endpoint changes",
             ),
-            endpoint_changes_total: register!(
-                r,
-                IntCounter::with_opts(
-                    Opts::new(
-                        "sync_proxy_rules_endpoint_changes_total",
-                        "Cumulative proxy rules Endpoint changes"
-                    )
-                    .namespace(NS)
-                )
+            endpoint_changes_total: counter(
+                "sync_proxy_rules_endpoint_changes_total",
+                "Cumulative proxy rules Endpoint changes",
             ),
-            service_changes_pending: register!(
-                r,
-                IntGauge::with_opts(
-                    Opts::new(
-                        "sync_proxy_rules_service_changes_pending",
-                        "Pending proxy rules Service changes"
-                    )
-                    .namespace(NS)
-                )
+            service_changes_pending: gauge(
+                "sync_proxy_rules_service_changes_pending",
+                "Pending proxy rules Service changes",
             ),
-            service_changes_total: register!(
-                r,
-                IntCounter::with_opts(
-                    Opts::new(
-                        "sync_proxy_rules_service_changes_total",
-                        "Cumulative proxy rules Service changes"
-                    )
-                    .namespace(NS)
-                )
+            service_changes_total: counter(
+                "sync_proxy_rules_service_changes_total",
+                "Cumulative proxy rules Service changes",
             ),
-            no_local_endpoints: register!(
-                r,
-                GaugeVec::new(
-                    Opts::new(
-                        "sync_proxy_rules_no_local_endpoints_total",
-                        "Number of services with a Local traffic policy and no endpoints"
-                    )
-                    .namespace(NS),
-                    &["traffic_policy"]
-                )
+            no_local_endpoints: gauge_vec(
+                "sync_proxy_rules_no_local_endpoints_total",
+                "Number of services with a Local traffic policy and no endpoints",
+                &["ip_family", "traffic_policy"],
             ),
-            sync_failures_total: register!(
-                r,
-                IntCounter::with_opts(
-                    Opts::new(
-                        "sync_proxy_rules_failures_total",
-                        "Cumulative failed dataplane syncs"
-                    )
-                    .namespace(NS)
-                )
+            healthz_total: counter_vec(
+                "proxy_healthz_total",
+                "Cumulative proxy healthz HTTP status",
+                &["code"],
             ),
-            conntrack_reconcile_duration: register!(
-                r,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "conntrack_reconciler_sync_duration_seconds",
-                        "ReconcileConntrackFlowsLatency latency in seconds"
-                    )
-                    .namespace(NS)
-                    .buckets(sync_buckets()),
-                    &["ip_family"]
-                )
+            livez_total: counter_vec(
+                "proxy_livez_total",
+                "Cumulative proxy livez HTTP status",
+                &["code"],
             ),
-            conntrack_reconcile_deleted_total: register!(
-                r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "conntrack_reconciler_deleted_entries_total",
-                        "Cumulative conntrack flows deleted by conntrack reconciler"
-                    )
-                    .namespace(NS),
-                    &["ip_family"]
-                )
+            conntrack_reconcile_duration: histogram_vec(
+                "conntrack_reconciler_sync_duration_seconds",
+                "Time one reconcile of stale conntrack flows took, in seconds",
+                sync_buckets(),
+                FAMILY,
             ),
-            healthz_total: register!(
-                r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "proxy_healthz_total",
-                        "Cumulative proxy healthz HTTP status"
-                    )
-                    .namespace(NS),
-                    &["code"]
-                )
+            conntrack_reconcile_deleted_total: counter_vec(
+                "conntrack_reconciler_deleted_entries_total",
+                "Cumulative conntrack flows deleted by conntrack reconciler",
+                FAMILY,
             ),
-            livez_total: register!(
-                r,
-                IntCounterVec::new(
-                    Opts::new("proxy_livez_total", "Cumulative proxy livez HTTP status")
-                        .namespace(NS),
-                    &["code"]
-                )
+            sync_full_duration: histogram_vec(
+                "sync_full_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds for full resyncs",
+                sync_buckets(),
+                FAMILY,
             ),
-            map_entries: register!(
-                r,
-                GaugeVec::new(
-                    Opts::new(
-                        "ebpf_map_entries",
-                        "Entries the agent keeps in each BPF map"
-                    )
-                    .namespace(NS),
-                    &["map"]
-                )
+            sync_partial_duration: histogram_vec(
+                "sync_partial_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds for partial resyncs",
+                sync_buckets(),
+                FAMILY,
             ),
-            map_capacity: register!(
-                r,
-                GaugeVec::new(
-                    Opts::new(
-                        "ebpf_map_capacity",
-                        "Capacity (max_entries) of each BPF map"
-                    )
-                    .namespace(NS),
-                    &["map"]
-                )
+            iptables_restore_failures_total: counter_vec(
+                "sync_proxy_rules_iptables_restore_failures_total",
+                "Cumulative proxy iptables restore failures",
+                FAMILY,
             ),
-            services_not_programmed: register!(
-                r,
-                IntGauge::with_opts(
-                    Opts::new(
-                        "ebpf_services_not_programmed",
-                        "Services left out of the BPF maps because a map is full"
-                    )
-                    .namespace(NS)
-                )
+            iptables_partial_restore_failures_total: counter_vec(
+                "sync_proxy_rules_iptables_partial_restore_failures_total",
+                "Cumulative proxy iptables partial restore failures",
+                FAMILY,
             ),
-            fallbacks_total: register!(
-                r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "proxy_mode_fallbacks_total",
-                        "Proxy mode fallbacks taken at start-up"
-                    )
-                    .namespace(NS),
-                    &["from", "to"]
-                )
+            iptables_rules_total: int_gauge_vec(
+                "sync_proxy_rules_iptables_total",
+                "Total number of iptables rules owned by kube-proxy",
+                FAMILY_TABLE,
             ),
-            objects_rejected_total: register!(
-                r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "objects_rejected_total",
-                        "Services and EndpointSlices skipped because they are invalid"
-                    )
-                    .namespace(NS),
-                    &["kind"]
-                )
+            iptables_rules_last: int_gauge_vec(
+                "sync_proxy_rules_iptables_last",
+                "Number of iptables rules written by kube-proxy in last sync",
+                FAMILY_TABLE,
             ),
-            udp_sockets_terminated_total: register!(
-                r,
-                IntCounter::with_opts(
-                    Opts::new(
-                        "ebpf_udp_sockets_terminated_total",
-                        "Connected UDP sockets destroyed because their backend no longer serves their Service"
-                    )
-                    .namespace(NS)
-                )
+            nftables_sync_failures_total: counter_vec(
+                "sync_proxy_rules_nftables_sync_failures_total",
+                "Cumulative proxy nftables sync failures",
+                FAMILY,
             ),
-            udp_socket_sweeps_total: register!(
-                r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "ebpf_udp_socket_sweeps_total",
-                        "Searches for connected UDP sockets to removed backends, by result (complete, netns_unreachable, kernel_unsupported, failed)"
-                    )
-                    .namespace(NS),
-                    &["result"]
-                )
+            nftables_cleanup_failures_total: counter_vec(
+                "sync_proxy_rules_nftables_cleanup_failures_total",
+                "Cumulative proxy nftables cleanup failures",
+                FAMILY,
             ),
-            registry: r,
+            sync_failures_total: counter(
+                "sync_proxy_rules_failures_total",
+                "Cumulative failed dataplane syncs",
+            ),
+            map_entries: gauge_vec(
+                "ebpf_map_entries",
+                "Entries the agent keeps in each BPF map",
+                &["map"],
+            ),
+            map_capacity: gauge_vec(
+                "ebpf_map_capacity",
+                "Capacity (max_entries) of each BPF map",
+                &["map"],
+            ),
+            services_not_programmed: gauge(
+                "ebpf_services_not_programmed",
+                "Services left out of the BPF maps because a map is full",
+            ),
+            fallbacks_total: counter_vec(
+                "proxy_mode_fallbacks_total",
+                "Proxy mode fallbacks taken at start-up",
+                &["from", "to"],
+            ),
+            objects_rejected_total: counter_vec(
+                "objects_rejected_total",
+                "Services and EndpointSlices skipped because they are invalid",
+                &["kind"],
+            ),
+            udp_sockets_terminated_total: counter(
+                "ebpf_udp_sockets_terminated_total",
+                "Connected UDP sockets destroyed because their backend no longer serves their Service",
+            ),
+            udp_socket_sweeps_total: counter_vec(
+                "ebpf_udp_socket_sweeps_total",
+                "Searches for connected UDP sockets to removed backends, by result (complete, netns_unreachable, kernel_unsupported, failed)",
+                &["result"],
+            ),
+        };
+        let r = &m.registry;
+        register(r, &m.sync_duration);
+        register(r, &m.last_queued_timestamp);
+        register(r, &m.last_sync_timestamp);
+        register(r, &m.endpoint_changes_pending);
+        register(r, &m.endpoint_changes_total);
+        register(r, &m.service_changes_pending);
+        register(r, &m.service_changes_total);
+        register(r, &m.healthz_total);
+        register(r, &m.livez_total);
+        register(r, &m.network_programming);
+        register(r, &m.no_local_endpoints);
+        register(r, &m.sync_failures_total);
+        register(r, &m.map_entries);
+        register(r, &m.map_capacity);
+        register(r, &m.services_not_programmed);
+        register(r, &m.fallbacks_total);
+        register(r, &m.objects_rejected_total);
+        register(r, &m.udp_sockets_terminated_total);
+        register(r, &m.udp_socket_sweeps_total);
+        // process_cpu_seconds_total, process_resident_memory_bytes, process_start_time_seconds,
+        // ... as client_golang's process collector exports them for kube-proxy.
+        if let Err(e) = r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        )) {
+            tracing::error!(error = %e, "cannot register the process metrics");
+        }
+        m
+    }
+
+    /// Shows the node's families in the sync timestamps before the first sync, at 0
+    /// ("never"), as the unlabelled gauges showed it: a reader that waits for the first
+    /// sync tells "not yet" from "no such gauge". Called before the servers start.
+    pub fn start_families(&self, families: &[IpFamily]) {
+        for family in families {
+            let label = [family.as_api_str()];
+            self.last_sync_timestamp.with_label_values(&label).set(0.0);
+            self.last_queued_timestamp
+                .with_label_values(&label)
+                .set(0.0);
+        }
+    }
+
+    /// Adds the families of `mode`, as upstream's `RegisterMetrics(mode)`, with the
+    /// counters labelled by `ip_family` started at 0 for `families` (the node's). Called
+    /// once, when the mode is chosen.
+    pub fn register_mode(&self, mode: MetricsMode, families: &[IpFamily]) {
+        let r = &self.registry;
+        // The conntrack reconciler runs after the syncs of every mode of ours.
+        register(r, &self.conntrack_reconcile_duration);
+        register(r, &self.conntrack_reconcile_deleted_total);
+        let mut family_counters = vec![&self.conntrack_reconcile_deleted_total];
+        match mode {
+            MetricsMode::Iptables => {
+                register(r, &self.sync_full_duration);
+                register(r, &self.sync_partial_duration);
+                register(r, &self.iptables_restore_failures_total);
+                register(r, &self.iptables_partial_restore_failures_total);
+                register(r, &self.iptables_rules_total);
+                register(r, &self.iptables_rules_last);
+                family_counters.push(&self.iptables_restore_failures_total);
+                family_counters.push(&self.iptables_partial_restore_failures_total);
+            }
+            MetricsMode::Ipvs => {
+                register(r, &self.iptables_restore_failures_total);
+                family_counters.push(&self.iptables_restore_failures_total);
+            }
+            MetricsMode::Nftables => {
+                register(r, &self.nftables_sync_failures_total);
+                register(r, &self.nftables_cleanup_failures_total);
+                family_counters.push(&self.nftables_sync_failures_total);
+                family_counters.push(&self.nftables_cleanup_failures_total);
+            }
+            // Upstream's nftables mode without its nftables counters: nothing of ours
+            // would ever increment them.
+            MetricsMode::Ebpf => {}
+        }
+        for family in families {
+            let label = [family.as_api_str()];
+            for counter in &family_counters {
+                counter.with_label_values(&label).inc_by(0);
+            }
+        }
+    }
+
+    /// Adds a counter read from the kernel at each scrape (iptables mode's
+    /// `kubeproxy_iptables_ct_state_invalid_dropped_packets_total`, upstream's nfacct
+    /// counter). `name` is without the `kubeproxy_` namespace.
+    pub fn register_packet_counter(&self, name: &str, help: &str, read: PacketCountReader) {
+        let collector = PacketCounter {
+            counter: counter(name, help),
+            read,
+        };
+        if let Err(e) = self.registry.register(Box::new(collector)) {
+            tracing::error!(error = %e, name, "packet counter registered twice");
+        }
+    }
+
+    /// Counts a failed iptables-restore (iptables and ipvs modes).
+    pub fn restore_failed(&self, failure: &RestoreFailure) {
+        let label = [failure.family.as_api_str()];
+        self.iptables_restore_failures_total
+            .with_label_values(&label)
+            .inc();
+        if failure.partial {
+            self.iptables_partial_restore_failures_total
+                .with_label_values(&label)
+                .inc();
+        }
+    }
+
+    /// Services without local endpoints, by family and traffic policy.
+    pub fn set_no_local_endpoints(&self, family: IpFamily, internal: usize, external: usize) {
+        let family = family.as_api_str();
+        self.no_local_endpoints
+            .with_label_values(&[family, "internal"])
+            .set(internal as f64);
+        self.no_local_endpoints
+            .with_label_values(&[family, "external"])
+            .set(external as f64);
+    }
+
+    /// The per-family gauges of a successful sync: services without local endpoints and
+    /// (iptables mode) the rules of each table.
+    pub fn family_reports(&self, reports: &[FamilyReport]) {
+        for report in reports {
+            self.set_no_local_endpoints(
+                report.family,
+                report.no_local_endpoints_internal,
+                report.no_local_endpoints_external,
+            );
+            for rules in &report.iptables_rules {
+                let labels = [report.family.as_api_str(), rules.table];
+                self.iptables_rules_total
+                    .with_label_values(&labels)
+                    .set(i64::try_from(rules.total).unwrap_or(i64::MAX));
+                self.iptables_rules_last
+                    .with_label_values(&labels)
+                    .set(i64::try_from(rules.last).unwrap_or(i64::MAX));
+            }
         }
     }
 
@@ -331,12 +514,13 @@ impl Metrics {
         self.livez_total.with_label_values(&[code]).inc();
     }
 
-    pub fn set_timestamp(gauge: &Gauge, t: SystemTime) {
+    /// Sets a per-family timestamp gauge to `t` (seconds since the epoch).
+    pub fn set_timestamp(gauge: &GaugeVec, family: IpFamily, t: SystemTime) {
         let secs = t
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or_default();
-        gauge.set(secs);
+        gauge.with_label_values(&[family.as_api_str()]).set(secs);
     }
 
     /// The Prometheus text exposition of every metric.
@@ -359,132 +543,5 @@ impl Default for Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn families_carry_upstream_names_and_types() {
-        let m = Metrics::new();
-        m.sync_duration.observe(0.01);
-        m.endpoint_changes_total.inc();
-        Metrics::set_timestamp(&m.last_sync_timestamp, SystemTime::UNIX_EPOCH);
-        let page = m.render();
-        for (name, kind) in [
-            ("kubeproxy_sync_proxy_rules_duration_seconds", "histogram"),
-            (
-                "kubeproxy_sync_full_proxy_rules_duration_seconds",
-                "histogram",
-            ),
-            (
-                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-                "histogram",
-            ),
-            (
-                "kubeproxy_network_programming_duration_seconds",
-                "histogram",
-            ),
-            ("kubeproxy_sync_proxy_rules_last_timestamp_seconds", "gauge"),
-            (
-                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-                "gauge",
-            ),
-            (
-                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
-                "counter",
-            ),
-            (
-                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-                "gauge",
-            ),
-            (
-                "kubeproxy_sync_proxy_rules_service_changes_total",
-                "counter",
-            ),
-            (
-                "kubeproxy_sync_proxy_rules_service_changes_pending",
-                "gauge",
-            ),
-        ] {
-            assert!(
-                page.contains(&format!("# TYPE {name} {kind}")),
-                "{name} {kind} missing:\n{page}"
-            );
-        }
-        assert!(
-            page.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\"} 0")
-        );
-        assert!(
-            page.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"16.384\"} 1")
-        );
-        assert!(page.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total 1"));
-    }
-
-    #[test]
-    fn conntrack_reconciler_metrics_carry_upstream_names() {
-        let m = Metrics::new();
-        m.conntrack_reconcile_duration
-            .with_label_values(&["IPv4"])
-            .observe(0.002);
-        m.conntrack_reconcile_deleted_total
-            .with_label_values(&["IPv4"])
-            .inc_by(3);
-        let page = m.render();
-        assert!(
-            page.contains("# TYPE kubeproxy_conntrack_reconciler_sync_duration_seconds histogram")
-        );
-        assert!(
-            page.contains("# TYPE kubeproxy_conntrack_reconciler_deleted_entries_total counter")
-        );
-        assert!(page.contains(
-            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 3"
-        ));
-    }
-
-    #[test]
-    fn connected_udp_sweeps_are_counted_by_result() {
-        use crate::proxier::{SocketSweep, SocketSweepUnsupported as Unsupported};
-        let m = Metrics::new();
-        m.connected_udp_sweep(&SocketSweep::default());
-        m.connected_udp_sweep(&SocketSweep {
-            swept: true,
-            terminated: 2,
-            ..Default::default()
-        });
-        m.connected_udp_sweep(&SocketSweep {
-            swept: true,
-            unsupported: Some(Unsupported::SockDestroy),
-            ..Default::default()
-        });
-        let page = m.render();
-        assert!(page.contains("# TYPE kubeproxy_ebpf_udp_sockets_terminated_total counter"));
-        assert!(page.contains("kubeproxy_ebpf_udp_sockets_terminated_total 2"));
-        assert!(page.contains("kubeproxy_ebpf_udp_socket_sweeps_total{result=\"complete\"} 1"));
-        assert!(
-            page.contains(
-                "kubeproxy_ebpf_udp_socket_sweeps_total{result=\"kernel_unsupported\"} 1"
-            )
-        );
-    }
-
-    #[test]
-    fn full_maps_are_visible() {
-        let m = Metrics::new();
-        m.services_not_programmed.set(3);
-        m.map_entries.with_label_values(&["SVC4_V1"]).set(8.0);
-        m.map_capacity.with_label_values(&["SVC4_V1"]).set(8.0);
-        let page = m.render();
-        assert!(page.contains("# TYPE kubeproxy_ebpf_services_not_programmed gauge"));
-        assert!(page.contains("kubeproxy_ebpf_services_not_programmed 3"));
-        assert!(page.contains("kubeproxy_ebpf_map_entries{map=\"SVC4_V1\"} 8"));
-        assert!(page.contains("kubeproxy_ebpf_map_capacity{map=\"SVC4_V1\"} 8"));
-    }
-
-    #[test]
-    fn network_programming_buckets_match_upstream() {
-        let b = network_programming_buckets();
-        assert_eq!(&b[..4], &[0.0, 0.25, 0.5, 1.0]);
-        assert_eq!(b.iter().filter(|v| **v >= 60.0 && **v < 120.0).count(), 12);
-        assert_eq!(b.last().copied(), Some(300.0));
-        assert_eq!(b.len(), 1 + 2 + 59 + 12 + 7);
-    }
-}
+#[path = "metrics_tests.rs"]
+mod tests;

@@ -7,12 +7,14 @@ mod health;
 mod metrics;
 mod metrics_server;
 mod service_health;
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod upstream_metrics;
 
 pub use self::{
     health::{
         Family, ProxyHealth, TO_BE_DELETED_TAINT, router as healthz_router, serve as serve_healthz,
     },
-    metrics::Metrics,
-    metrics_server::serve as serve_metrics,
+    metrics::{Metrics, MetricsMode, PacketCountReader},
+    metrics_server::{CONFIGZ_GROUP, configz_body, serve as serve_metrics},
     service_health::ServiceHealthServers,
 };

@@ -22,6 +22,7 @@ mod iptables_backend;
 mod iptables_proxier;
 mod layout_upgrade;
 mod least_privilege;
+mod metrics_endpoint;
 mod mode_switch_cleanup;
 mod node_events;
 mod northsouth;

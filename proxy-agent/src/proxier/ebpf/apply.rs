@@ -592,6 +592,8 @@ impl ApplyState {
             conntrack_reconciles: Vec::new(),
             // The proxier adds the connected UDP socket sweep after the maps are written.
             connected_udp: Default::default(),
+            // The maps hold both families at once: no per-family split.
+            per_family: Vec::new(),
         })
     }
 

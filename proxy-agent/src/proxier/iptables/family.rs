@@ -20,7 +20,7 @@ use crate::proxier::netfilter::exec::lines_around;
 use crate::proxier::netfilter::jumps::write_missing_jumps;
 use crate::proxier::netfilter::names::KUBE_PROXY_CANARY;
 use crate::proxier::netfilter::{ExecError, IptablesBackend, Jump, Table, save};
-use crate::proxier::{FamilyState, NodeContext};
+use crate::proxier::{FamilyState, NodeContext, TableRules};
 
 /// What one family's sync did.
 #[derive(Debug, Default)]
@@ -30,6 +30,8 @@ pub struct FamilySync {
     pub written: usize,
     /// Stale chains deleted.
     pub deleted: usize,
+    /// Rules of our chains, by table, as the sync left the kernel, and as it wrote them.
+    pub rules: Vec<TableRules>,
 }
 
 #[derive(Debug)]
@@ -56,6 +58,12 @@ impl FamilyProxier {
             input: String::new(),
             last_stale_scan: None,
         }
+    }
+
+    /// Whether a sync asked to be `full` or not will rewrite everything (after a failure
+    /// or a flush it does, whatever was asked).
+    pub fn syncs_fully(&self, full: bool) -> bool {
+        full || self.needs_full
     }
 
     /// The restore input of the last sync.
@@ -97,6 +105,21 @@ impl FamilyProxier {
             &mut self.buffers,
         );
         let mut outcome = FamilySync::default();
+        // Counted before the jumps from the built-in chains and the chain deletions are
+        // added: the rules in our chains.
+        let (filter_rules, nat_rules) = self.buffers.rule_lines_by_table();
+        outcome.rules = vec![
+            TableRules {
+                table: Table::Filter.as_str(),
+                total: filter_rules,
+                last: filter_rules,
+            },
+            TableRules {
+                table: Table::Nat.as_str(),
+                total: nat_rules + generated.kept_nat_rules,
+                last: nat_rules,
+            },
+        ];
         // A new String rather than `clear()`: after a full sync at 10,000 services the old
         // one holds ~13 MB of capacity that every later (mostly small, partial) sync would
         // keep; `assemble` reserves what this sync needs.

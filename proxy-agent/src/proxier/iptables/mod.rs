@@ -15,6 +15,7 @@
 //! shared with the ipvs mode in [`crate::proxier::netfilter`].
 
 mod cleanup;
+mod counters;
 mod family;
 mod jumps;
 pub(super) mod mode;
@@ -31,6 +32,7 @@ pub(crate) mod tests;
 use std::time::Duration;
 
 pub use cleanup::cleanup_with;
+pub use counters::ct_state_invalid_dropped_packets;
 pub use rules::RuleOptions;
 
 // The backend this mode is built with (tests and benchmarks construct it).
@@ -40,7 +42,9 @@ use crate::model::IpFamily;
 use crate::node::Sysctl;
 use crate::proxier::conntrack::{ConntrackTable, NetlinkConntrack, UdpConntrackReconciler};
 use crate::proxier::netfilter::cleanup::{CleanupReport, TableError, cleanup_chains_with};
-use crate::proxier::{NodeContext, Proxier, SyncError, SyncRequest, SyncStats};
+use crate::proxier::{
+    FamilyReport, NodeContext, Proxier, RestoreFailure, SyncError, SyncRequest, SyncStats,
+};
 use family::FamilyProxier;
 
 pub const MODE: &str = "iptables";
@@ -145,23 +149,45 @@ impl IptablesProxier {
         flushed
     }
 
-    fn sync_families(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats> {
+    /// Syncs every family; on failure, also which restore failed, if one did.
+    fn sync_families(
+        &mut self,
+        request: &SyncRequest<'_>,
+    ) -> Result<SyncStats, (Error, Option<RestoreFailure>)> {
         let mut stats = SyncStats::default();
         for state in request.families {
-            let outcome = family_proxier(&mut self.families, state.family).sync(
-                self.backend.as_mut(),
-                state,
-                request.node,
-                self.options,
-                self.config.sync_period,
-                request.full,
-                request.changed,
-            )?;
-            stats.services += outcome.generated.service_ports;
+            let proxier = family_proxier(&mut self.families, state.family);
+            let partial = !proxier.syncs_fully(request.full);
+            let outcome = proxier
+                .sync(
+                    self.backend.as_mut(),
+                    state,
+                    request.node,
+                    self.options,
+                    self.config.sync_period,
+                    request.full,
+                    request.changed,
+                )
+                .map_err(|err| {
+                    let failure = matches!(err, Error::Table(TableError::Restore { .. }))
+                        .then_some(RestoreFailure {
+                            family: state.family,
+                            partial,
+                        });
+                    (err, failure)
+                })?;
+            let generated = &outcome.generated;
+            stats.services += generated.service_ports;
             stats.written += outcome.written;
             stats.deleted += outcome.deleted;
-            stats.no_local_endpoints_internal += outcome.generated.no_local_endpoints_internal;
-            stats.no_local_endpoints_external += outcome.generated.no_local_endpoints_external;
+            stats.no_local_endpoints_internal += generated.no_local_endpoints_internal;
+            stats.no_local_endpoints_external += generated.no_local_endpoints_external;
+            stats.per_family.push(FamilyReport {
+                family: state.family,
+                no_local_endpoints_internal: generated.no_local_endpoints_internal,
+                no_local_endpoints_external: generated.no_local_endpoints_external,
+                iptables_rules: outcome.rules,
+            });
         }
         Ok(stats)
     }
@@ -187,7 +213,7 @@ impl Proxier for IptablesProxier {
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError> {
         let mut stats = self
             .sync_families(request)
-            .map_err(|err| SyncError::new(MODE, err))?;
+            .map_err(|(err, failure)| SyncError::new(MODE, err).with_restore_failure(failure))?;
         stats.conntrack_reconciles = self.conntrack.after_sync(request);
         Ok(stats)
     }

@@ -46,7 +46,7 @@ use crate::proxier::netfilter::matches::{LocalMatch, masquerade_mark};
 use crate::proxier::netfilter::{CommandBackend, ExecError, IptablesBackend, Table};
 use crate::proxier::netlink::NetlinkError;
 use crate::proxier::netlink::route::RouteSocket;
-use crate::proxier::{Proxier, SyncError, SyncRequest, SyncStats};
+use crate::proxier::{FamilyReport, Proxier, RestoreFailure, SyncError, SyncRequest, SyncStats};
 use apply::{Counts, ServiceApply, apply_addresses};
 use desired::DesiredService;
 use genl::Timeouts;
@@ -222,6 +222,12 @@ impl IpvsProxier {
             stats.services += d.keys_by_service.len();
             stats.no_local_endpoints_internal += d.no_local_endpoints_internal;
             stats.no_local_endpoints_external += d.no_local_endpoints_external;
+            stats.per_family.push(FamilyReport {
+                family,
+                no_local_endpoints_internal: d.no_local_endpoints_internal,
+                no_local_endpoints_external: d.no_local_endpoints_external,
+                iptables_rules: Vec::new(),
+            });
         }
 
         // Addresses before virtual servers: a VIP must be local before IPVS serves it.
@@ -314,7 +320,15 @@ impl Proxier for IpvsProxier {
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError> {
         let mut stats = self.sync_all(request).map_err(|err| {
             self.needs_full = true;
-            SyncError::new(MODE, err)
+            // Upstream's ipvs mode counts restore failures, not partial ones.
+            let failure = match &err {
+                Error::Table(TableError::Restore { family, .. }) => Some(RestoreFailure {
+                    family: *family,
+                    partial: false,
+                }),
+                _ => None,
+            };
+            SyncError::new(MODE, err).with_restore_failure(failure)
         })?;
         stats.conntrack_reconciles = self.parts.conntrack.after_sync(request);
         Ok(stats)

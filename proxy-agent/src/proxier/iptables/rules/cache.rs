@@ -38,6 +38,9 @@ pub struct PortState {
     pub flags: PortFlags,
     /// Every per-service chain the port's rules declared.
     pub chains: Vec<ChainName>,
+    /// The rules (nat) in those chains, which stay in the kernel while a partial sync
+    /// leaves the port alone: `kubeproxy_sync_proxy_rules_iptables_total` counts them.
+    pub chain_rules: usize,
 }
 
 #[derive(Debug, Default)]

@@ -116,6 +116,14 @@ impl RestoreBuffers {
     pub fn rule_lines(&self) -> usize {
         count_lines(&self.filter_rules) + count_lines(&self.nat_rules)
     }
+
+    /// Rule lines written, by table: `(filter, nat)`.
+    pub fn rule_lines_by_table(&self) -> (usize, usize) {
+        (
+            count_lines(&self.filter_rules),
+            count_lines(&self.nat_rules),
+        )
+    }
 }
 
 fn count_lines(text: &str) -> usize {
@@ -154,6 +162,9 @@ pub struct Generated {
     /// Per-service chains the changed services owned before and no longer use (partial
     /// generations; a full one finds stale chains by listing the kernel's).
     pub stale_chains: Vec<ChainName>,
+    /// Rules (nat) of the per-service chains a partial generation did not rewrite: they
+    /// stay in the kernel as the previous generations wrote them.
+    pub kept_nat_rules: usize,
 }
 
 /// Generates the rules of one family into `out` (cleared first), updating `cache`.
@@ -206,6 +217,7 @@ pub fn generate(
         let flags = match state {
             Some(state) => {
                 writer.write_top_level(name, svc, state.hash, state.flags);
+                generated.kept_nat_rules += state.chain_rules;
                 state.flags
             }
             None => {

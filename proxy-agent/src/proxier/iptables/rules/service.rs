@@ -125,6 +125,8 @@ impl ServiceWriter<'_, '_> {
             has_external: has_endpoints && !(svc.external_policy_local && sets.local.is_empty()),
         };
         self.write_top_level(name, svc, hash, flags);
+        // Everything below goes into the port's own chains (nat).
+        let chains_start = self.out.nat_rules.len();
 
         let routing = Routing::new(svc, hash, flags);
         let mut chains = Vec::new();
@@ -157,11 +159,16 @@ impl ServiceWriter<'_, '_> {
             chains.push(chain);
             self.write_endpoint_chain(name, svc, chain, ep);
         }
+        let chain_rules = self.out.nat_rules[chains_start..]
+            .bytes()
+            .filter(|b| *b == b'\n')
+            .count();
         PortState {
             name: name.clone(),
             hash,
             flags,
             chains,
+            chain_rules,
         }
     }
 

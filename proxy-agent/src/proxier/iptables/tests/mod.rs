@@ -4,6 +4,7 @@
 //! failure handling and cleanup.
 
 mod golden;
+mod metrics;
 mod partial;
 mod proxier;
 pub(crate) mod scenario;
