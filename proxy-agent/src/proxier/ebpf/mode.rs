@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{EbpfProxier, inspect, loader, loader::LoadOptions, pins, trace};
+use super::{EbpfProxier, attached, inspect, loader, loader::LoadOptions, pins, trace};
 use crate::{
     config::{EbpfConntrack, ProxyMode},
     proxier::{
@@ -98,21 +98,28 @@ fn lb_config(
     cfg
 }
 
-/// Removes the programs (their pinned links) and maps under the pin directory; when
-/// another mode starts, only if that directory exists.
+/// Removes the programs (their pinned links) and maps under the pin directory, then our
+/// programs attached outside it on every device of the namespace (tc filters on kernels
+/// without TCX, XDP attached through netlink: see [`attached`]), which the pins do not
+/// hold. When another mode starts, reports only when there was something to look at.
 fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
     let root: &Path = &layout.bpffs_root;
-    if matches!(scope, CleanupScope::LeftBeside(_)) && !root.exists() {
-        return None;
-    }
+    let pinned = root.exists();
     let mut report = CleanupReport::default();
-    match pins::unpin_all(root) {
-        Ok(n) => report.removed += n,
-        Err(e) => report
-            .errors
-            .push(format!("ebpf pins under {}: {e}", root.display())),
+    if pinned || scope == CleanupScope::Everything {
+        match pins::unpin_all(root) {
+            Ok(n) => report.removed += n,
+            Err(e) => report
+                .errors
+                .push(format!("ebpf pins under {}: {e}", root.display())),
+        }
     }
-    Some(report)
+    // After the pins: an XDP link they held is gone by now, not refused as busy.
+    let sweep = attached::remove_all();
+    report.removed += sweep.removed;
+    report.errors.extend(sweep.errors);
+    let looked = pinned || scope == CleanupScope::Everything;
+    (looked || report.removed > 0 || !report.errors.is_empty()).then_some(report)
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 pub(super) mod genl;
 pub(super) mod route;
 pub(super) mod socket;
+pub(super) mod tc;
 
 pub use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage,
