@@ -110,7 +110,6 @@ pub fn remove_filters(
             }
         };
         for filter in filters {
-            debug!(?filter, "tc filter");
             if !filter_is_ours(&filter, &names, scope.programs)
                 || scope.keep == Some((filter.priority, filter.handle))
             {
