@@ -11,7 +11,8 @@
 //! The node: ebpf mode with XDP (generic) on its uplink, a NodePort service whose backend
 //! answers an external client. 1) `--cleanup` after the agent was killed (its dataplane
 //! left as a crash leaves it): nothing of ours in `tc filter show` on any device nor in
-//! `ip -d link` (XDP), and the NodePort is refused. 2) ebpf again, killed, the backend
+//! `ip -d link` (XDP), and the NodePort is refused. 2) ebpf again, restarted once (one
+//! filter of ours per device and hook, at our priority and handle), killed, the backend
 //! changed in the API, then the agent in iptables mode: the same leftovers check, and the
 //! NodePort answers from the NEW backend: BPF programs left behind would translate at tc
 //! ingress, before netfilter, to the old backend from their frozen maps.
@@ -408,13 +409,37 @@ async fn cleanup_and_a_switch_to_iptables_leave_no_tc_filter_or_xdp() {
         "after --cleanup nothing translates the NodePort: {answer}"
     );
 
-    // 2. ebpf again, killed; the backend changes; iptables mode starts.
-    let mut ebpf = node
-        .start_agent(Mode::Ebpf, xdp_generic(), true, runner)
-        .await
-        .unwrap();
-    assert_eq!(node_port_answer(&node), format!("{FIRST}:9000"));
-    ebpf.kill();
+    // 2. ebpf again, restarted once (an upgrade): one filter of ours per device and hook.
+    for start in 1..=2 {
+        let mut ebpf = node
+            .start_agent(Mode::Ebpf, xdp_generic(), true, runner)
+            .await
+            .unwrap();
+        assert_eq!(node_port_answer(&node), format!("{FIRST}:9000"));
+        ebpf.kill();
+        let seen = ours(&node);
+        let mut hooks: Vec<&str> = seen
+            .filters
+            .iter()
+            .filter_map(|l| l.split(": ").next())
+            .collect();
+        let count = hooks.len();
+        hooks.dedup();
+        assert_eq!(
+            hooks.len(),
+            count,
+            "start {start}: a filter per hook: {seen:?}"
+        );
+        assert!(
+            kernel_has_tcx()
+                || seen
+                    .filters
+                    .iter()
+                    .all(|l| l.contains("pref 19280") && l.contains("handle 0x4b50")),
+            "start {start}: our priority and handle: {seen:?}"
+        );
+    }
+    // The backend changes; iptables mode starts.
     plant_netlink_attachments(&node, &uplink);
     let second: Vec<Value> = serde_yaml::from_str(&objects(SECOND)).unwrap();
     node.source.apply_state(&second).unwrap();
