@@ -507,9 +507,11 @@ fn attach_filter(
     };
     let link = program.take_link(link_id)?;
     let kept = (link.priority()?, u32::from(link.handle()?));
-    // Dropping the link would detach the filter, which must outlive the agent; it holds
-    // no file descriptor, so forgetting it leaks nothing.
-    std::mem::forget(link);
+    // Dropping the link would detach the filter, which must outlive the agent. Taking
+    // the netlink link out of its wrapper (which is what converting it does; it is no
+    // bpf_link, so the conversion answers InvalidLink) releases it without detaching.
+    let released = FdLink::try_from(link);
+    debug_assert!(released.is_err(), "a netlink filter is no bpf_link");
     Ok(kept)
 }
 

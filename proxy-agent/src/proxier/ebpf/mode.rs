@@ -3,9 +3,11 @@
 
 use std::path::Path;
 
-use super::{EbpfProxier, attached, inspect, loader, loader::LoadOptions, pins, trace};
+use tracing::{info, warn};
+
+use super::{EbpfProxier, attached, inspect, kernel, loader, loader::LoadOptions, pins, trace};
 use crate::{
-    config::{EbpfConntrack, ProxyMode},
+    config::{EbpfConntrack, ProxyMode, XdpMode},
     proxier::{
         CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools, NodeContext,
         Proxier,
@@ -47,7 +49,7 @@ fn unavailable(layout: &HostLayout) -> Option<String> {
     if loader::detect_cgroup2_root().is_err() {
         return Some("no cgroup v2 hierarchy is mounted".into());
     }
-    None
+    kernel::required_parts_missing()
 }
 
 fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
@@ -57,12 +59,24 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
     } else {
         config.ebpf.cgroup_root.clone().into()
     };
+    let mut xdp = settings.xdp;
+    if xdp != XdpMode::Off
+        && let Some(reason) = kernel::xdp_missing()
+    {
+        warn!(%reason, "XDP acceleration unavailable on this kernel; tc handles all traffic");
+        xdp = XdpMode::Off;
+    }
+    info!(
+        tc = kernel::tc_attach_method(),
+        kernel = ?kernel::version(),
+        "ebpf mode: kernel checked"
+    );
     let opts = LoadOptions {
         bpffs_root: settings.layout.bpffs_root.clone(),
         cgroup,
         map_sizes: config.ebpf.map_sizes,
         devices: settings.devices.to_vec(),
-        xdp: settings.xdp,
+        xdp,
     };
     let cookie = crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
     let proxier = EbpfProxier::start(

@@ -181,7 +181,7 @@ pub fn parse_link_xdp(link: &LinkMessage) -> LinkXdpState {
             LinkAttribute::Xdp(xdp) => {
                 for item in xdp {
                     match item {
-                        LinkXdp::Attached(mode) => attached = Some(mode.clone()),
+                        LinkXdp::Attached(mode) => attached = Some(*mode),
                         LinkXdp::ProgId(id) => single = Some(*id),
                         LinkXdp::SkbProgId(id) => state.programs.push((*id, XDP_FLAGS_SKB_MODE)),
                         LinkXdp::DrvProgId(id) => state.programs.push((*id, XDP_FLAGS_DRV_MODE)),
