@@ -2,7 +2,8 @@
 //! Netlink for every kernel client of the proxiers, on the rust-netlink crates:
 //! netlink-packet-core for the framing (`nlmsghdr`, NLMSG_ERROR acknowledgements and
 //! errors, NLMSG_DONE ending a dump, attributes), netlink-sys for the socket, and one
-//! crate per protocol: netlink-packet-route (`route`: links and addresses),
+//! crate per protocol: netlink-packet-route (`route`: links and addresses; `tc`: BPF
+//! filters on clsact hooks and XDP programs per link, for the ebpf mode's cleanup),
 //! netlink-packet-generic (`genl`: resolving generic netlink families, and the
 //! framing of the IPVS family in `proxier::ipvs::genl`), netlink-packet-netfilter
 //! (`proxier::conntrack::netlink`: ctnetlink). sock_diag (`proxier::ebpf::sockets::diag`)
