@@ -84,7 +84,8 @@ pub fn remove_filters(
     socket: &mut TcSocket,
     scope: FilterScope<'_>,
 ) -> Result<Sweep, NetlinkError> {
-    let names = program_names();
+    // Read once, and only when a hook holds a BPF filter (most pod devices hold none).
+    let mut names: Option<HashMap<u32, String>> = None;
     let targets: Vec<(u32, ClsactHook)> = match scope.only {
         Some(target) => vec![target],
         None => socket
@@ -93,11 +94,6 @@ pub fn remove_filters(
             .flat_map(|link| ClsactHook::BOTH.map(|hook| (link.ifindex, hook)))
             .collect(),
     };
-    debug!(
-        programs = names.len(),
-        hooks = targets.len(),
-        "looking for our tc filters"
-    );
     let mut sweep = Sweep::default();
     for (ifindex, hook) in targets {
         let filters = match socket.bpf_filters(ifindex, hook) {
@@ -110,7 +106,8 @@ pub fn remove_filters(
             }
         };
         for filter in filters {
-            if !filter_is_ours(&filter, &names, scope.programs)
+            let names = names.get_or_insert_with(program_names);
+            if !filter_is_ours(&filter, names, scope.programs)
                 || scope.keep == Some((filter.priority, filter.handle))
             {
                 continue;
@@ -144,10 +141,11 @@ fn filter_is_ours(filter: &BpfFilter, names: &HashMap<u32, String>, ours: &[&str
 /// namespace. One held by a bpf_link (the kernel refuses, EBUSY) is left to its link:
 /// a pinned one goes with the pins, one held by a running agent with that agent.
 pub fn remove_xdp(socket: &mut TcSocket) -> Result<Sweep, NetlinkError> {
-    let names = program_names();
+    let mut names: Option<HashMap<u32, String>> = None;
     let mut sweep = Sweep::default();
     for link in socket.links()? {
         for (prog_id, mode) in &link.programs {
+            let names = names.get_or_insert_with(program_names);
             let kernel_name = names.get(prog_id).map(String::as_str);
             if !is_ours(kernel_name, None, XDP_PROGRAMS) {
                 continue;
