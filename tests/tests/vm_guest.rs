@@ -19,6 +19,13 @@
 //!   Every flow must PASS; a SKIP in the guest fails. It also proves the eBPF programs load
 //!   on an older kernel (Debian 12's 6.1), whose verifier is stricter about stack size.
 //!
+//! - `guest::ebpf_cleanup`: ONE boot running the privileged `ebpf_cleanup` test (issue 18's
+//!   rollback acceptance) on Debian's 6.1, a kernel without TCX: tc programs attach as
+//!   netlink filters there, which `--cleanup` and a switch to iptables mode must remove
+//!   (`tc filter show`, `ip -d link` (XDP), the NodePort no longer translated by them). The
+//!   host runs the same test on its own kernel (TCX), where only planted netlink
+//!   attachments exercise that path. A test that skips in the guest fails.
+//!
 //! A host that cannot boot the guest (qemu, kernel or busybox-static missing: `cargo xtask
 //! setup` installs them) skips both with the reason.
 
@@ -278,7 +285,8 @@ fn ipvs_script(
 }
 
 /// Why the guest's run of test binary `name` (its log and exit status in `out`) failed,
-/// if it did: a nonzero exit, or a test that skipped (the guest has IPVS) or never ran.
+/// if it did: a nonzero exit, or a test that skipped (the guest has what it needs) or
+/// never ran.
 fn guest_test_problem(out: &Path, name: &str, binary: &Path) -> Option<String> {
     let log = read(out, &format!("{name}.log"));
     let result = log
@@ -293,7 +301,7 @@ fn guest_test_problem(out: &Path, name: &str, binary: &Path) -> Option<String> {
     } else if result.is_empty() || result.contains(" 0 passed") {
         "ran no test"
     } else {
-        eprintln!("{name} (ipvs) in the guest: {result}");
+        eprintln!("{name} in the guest: {result}");
         return None;
     };
     Some(format!("{} in the guest {why}:\n{log}", binary.display()))
@@ -354,6 +362,39 @@ fn ipvs_scenarios() -> Result<(), Failed> {
         Ok(())
     } else {
         Err(Failed::from(problems.join("\n\n")))
+    }
+}
+
+/// The privileged test that `ebpf_cleanup` runs in the guest.
+const CLEANUP_TEST: (&str, &str, &str) = (
+    "ebpf_cleanup",
+    "privileged",
+    "ebpf_cleanup::cleanup_and_a_switch_to_iptables_leave_no_tc_filter_or_xdp",
+);
+
+/// Runs the rollback acceptance on the guest's kernel (no TCX: netlink tc filters).
+fn ebpf_cleanup() -> Result<(), Failed> {
+    let (name, target, filter) = CLEANUP_TEST;
+    let binary = test_binary(target)
+        .ok_or_else(|| Failed::from(format!("the {target} test binary is not built")))?;
+    let out = out_dir(name);
+    let o = shell_quote(&out.display().to_string());
+    let script = format!(
+        "o={o}\nuname -r > $o/uname\n{} {} --exact --test-threads=1 > $o/{name}.log 2>&1; echo $? > $o/{name}.rc\n",
+        shell_quote(&binary.display().to_string()),
+        shell_quote(filter),
+    );
+    let outcome = boot(&script, &out, Duration::from_secs(10 * 60))?;
+    eprintln!(
+        "guest ran for {:.1} s (boot included) on {}",
+        outcome.elapsed.as_secs_f64(),
+        read(&out, "uname").trim()
+    );
+    let problem = guest_test_problem(&out, name, &binary);
+    let _ = fs::remove_dir_all(&out);
+    match problem {
+        None => Ok(()),
+        Some(problem) => Err(Failed::from(problem)),
     }
 }
 
@@ -497,6 +538,7 @@ fn main() {
         .with_ignored_flag(unavailable.is_some()),
         Trial::test("guest::ipvs_scenarios", ipvs_scenarios).with_ignored_flag(ipvs_skip.is_some()),
         Trial::test("guest::sctp_scenarios", sctp_scenarios).with_ignored_flag(sctp_skip.is_some()),
+        Trial::test("guest::ebpf_cleanup", ebpf_cleanup).with_ignored_flag(unavailable.is_some()),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

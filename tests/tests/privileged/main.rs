@@ -12,6 +12,7 @@ mod agent_restart;
 mod api_outage;
 mod bpf_test_run;
 mod drift_repair;
+mod ebpf_cleanup;
 mod ebpf_connected_udp;
 mod ebpf_socket_lb;
 mod ebpf_xdp_attach;

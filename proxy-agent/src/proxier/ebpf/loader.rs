@@ -15,15 +15,21 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap as AyaHash, LpmTrie, MapData},
     programs::{
-        CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, links::FdLink,
-        tc::qdisc_add_clsact,
+        CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType,
+        links::FdLink,
+        tc::{
+            NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle, qdisc_add_clsact,
+        },
     },
 };
 use proxy_common::{LB_CFG_READY, LbConfig, maps as names};
 use tracing::{debug, info, warn};
 
+use crate::proxier::netlink::tc::ClsactHook;
+
 pub use super::pins::{MapSizes, links_dir, maps_dir};
 use super::{
+    attached,
     maps::{KernelHash, KernelLpm, LbMaps},
     node_settings::LocalCidrMaps,
     resize::{self, PinPlan, Resizable},
@@ -109,9 +115,9 @@ const SOCK_PROGRAMS: &[&str] = &[
     "sock_getpeername6",
 ];
 
-const UPLINK_INGRESS: &str = "tc_uplink_ingress";
-const UPLINK_EGRESS: &str = "tc_uplink_egress";
-const POD_INGRESS: &str = "tc_pod_ingress";
+pub(super) const UPLINK_INGRESS: &str = "tc_uplink_ingress";
+pub(super) const UPLINK_EGRESS: &str = "tc_uplink_egress";
+pub(super) const POD_INGRESS: &str = "tc_pod_ingress";
 
 /// The node's other devices (pods, bridges): every interface but loopback and the
 /// uplinks. Reads the agent's own network namespace (unlike /sys/class/net, which shows
@@ -411,7 +417,9 @@ impl Loaded {
 
 /// Attaches a tc program to every device. On kernels with TCX (6.6+) the links are pinned
 /// like the cgroup ones; older kernels get a netlink filter on a clsact qdisc, which stays
-/// attached by itself.
+/// attached by itself and which [`super::attached`] finds again by the program's name.
+/// Either way, filters of this program that an earlier agent left on the hook go once the
+/// new program is attached (a restart neither leaves a gap nor adds a filter).
 fn attach_tc(
     ebpf: &mut Ebpf,
     name: &'static str,
@@ -429,28 +437,82 @@ fn attach_tc(
             .load()
             .map_err(|source| LoadError::Program { name, source })?;
     }
+    let hook = match direction {
+        TcAttachType::Egress => ClsactHook::Egress,
+        _ => ClsactHook::Ingress,
+    };
+    let tcx = super::kernel::has_tcx();
     for device in devices {
-        // Needed only by the netlink fallback; harmless (EEXIST) otherwise.
-        let _ = qdisc_add_clsact(device);
-        let link_id = program
-            .attach(device, direction)
-            .map_err(|source| LoadError::Device {
-                name,
-                device: device.clone(),
-                source,
-            })?;
-        let link = program
-            .take_link(link_id)
-            .map_err(|source| LoadError::Program { name, source })?;
-        match FdLink::try_from(link) {
-            Ok(fd_link) => replace_pinned_link(links_dir, &format!("{name}_{device}"), fd_link)?,
-            Err(_) => debug!(program = name, %device, "netlink tc filter attached"),
+        let device_error = |source| LoadError::Device {
+            name,
+            device: device.clone(),
+            source,
+        };
+        if tcx {
+            let link_id = program.attach(device, direction).map_err(device_error)?;
+            let link = program
+                .take_link(link_id)
+                .map_err(|source| LoadError::Program { name, source })?;
+            let fd_link =
+                FdLink::try_from(link).map_err(|source| LoadError::Link { name, source })?;
+            replace_pinned_link(links_dir, &format!("{name}_{device}"), fd_link)?;
+            // An agent from before TCX (or before an upgrade of the kernel) used filters.
+            attached::remove_stale_filters(device, hook, name, None);
+        } else {
+            // The filters' qdisc; EEXIST when it is there already.
+            let _ = qdisc_add_clsact(device);
+            let kept = attach_filter(program, device, direction, hook).map_err(device_error)?;
+            debug!(program = name, %device, priority = kept.0, handle = kept.1, "netlink tc filter attached");
+            attached::remove_stale_filters(device, hook, name, Some(kept));
         }
     }
     if !devices.is_empty() {
-        info!(program = name, devices = ?devices, "tc program attached");
+        info!(program = name, devices = ?devices, tcx, "tc program attached");
     }
     Ok(())
+}
+
+/// Attaches `program` as a netlink filter at our priority and handle, replacing the
+/// program inside an earlier agent's filter there (atomically, in the kernel); where
+/// someone else's filter holds that slot, wherever the kernel puts it. Returns the
+/// filter's priority and handle.
+fn attach_filter(
+    program: &mut SchedClassifier,
+    device: &str,
+    direction: TcAttachType,
+    hook: ClsactHook,
+) -> std::result::Result<(u16, u32), aya::programs::ProgramError> {
+    let slot = attached::our_slot(device, hook);
+    let ours = TcHandle::from(attached::TC_HANDLE);
+    let link_id = match slot {
+        attached::Slot::Ours => {
+            let existing =
+                SchedClassifierLink::attached(device, direction, attached::TC_PRIORITY, ours, None)
+                    .map_err(TcError::IoError)?;
+            program.attach_to_link(existing)?
+        }
+        attached::Slot::Free | attached::Slot::Taken => {
+            let options = if slot == attached::Slot::Free {
+                NlOptions {
+                    priority: attached::TC_PRIORITY,
+                    handle: ours,
+                    classid: None,
+                }
+            } else {
+                warn!(%device, hook = hook.as_str(), priority = attached::TC_PRIORITY, "another filter holds our tc priority and handle; attaching at one the kernel picks");
+                NlOptions::default()
+            };
+            program.attach_with_options(device, direction, TcAttachOptions::Netlink(options))?
+        }
+    };
+    let link = program.take_link(link_id)?;
+    let kept = (link.priority()?, u32::from(link.handle()?));
+    // Dropping the link would detach the filter, which must outlive the agent. Taking
+    // the netlink link out of its wrapper (which is what converting it does; it is no
+    // bpf_link, so the conversion answers InvalidLink) releases it without detaching.
+    let released = FdLink::try_from(link);
+    debug_assert!(released.is_err(), "a netlink filter is no bpf_link");
+    Ok(kept)
 }
 
 /// Pins `link` as `links/<name>`, replacing (and thereby detaching) a previous link of the

@@ -7,11 +7,13 @@
 //! full syncs, against what the maps hold).
 
 mod apply;
+mod attached;
 mod budget;
 mod desired;
 mod entries;
 mod ids;
 mod inspect;
+mod kernel;
 mod loader;
 mod maps;
 pub(super) mod mode;

@@ -3,9 +3,11 @@
 
 use std::path::Path;
 
-use super::{EbpfProxier, inspect, loader, loader::LoadOptions, pins, trace};
+use tracing::{info, warn};
+
+use super::{EbpfProxier, attached, inspect, kernel, loader, loader::LoadOptions, pins, trace};
 use crate::{
-    config::{EbpfConntrack, ProxyMode},
+    config::{EbpfConntrack, ProxyMode, XdpMode},
     proxier::{
         CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools, NodeContext,
         Proxier,
@@ -47,7 +49,7 @@ fn unavailable(layout: &HostLayout) -> Option<String> {
     if loader::detect_cgroup2_root().is_err() {
         return Some("no cgroup v2 hierarchy is mounted".into());
     }
-    None
+    kernel::required_parts_missing()
 }
 
 fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
@@ -57,12 +59,24 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
     } else {
         config.ebpf.cgroup_root.clone().into()
     };
+    let mut xdp = settings.xdp;
+    if xdp != XdpMode::Off
+        && let Some(reason) = kernel::xdp_missing()
+    {
+        warn!(%reason, "XDP acceleration unavailable on this kernel; tc handles all traffic");
+        xdp = XdpMode::Off;
+    }
+    info!(
+        tc = kernel::tc_attach_method(),
+        kernel = ?kernel::version(),
+        "ebpf mode: kernel checked"
+    );
     let opts = LoadOptions {
         bpffs_root: settings.layout.bpffs_root.clone(),
         cgroup,
         map_sizes: config.ebpf.map_sizes,
         devices: settings.devices.to_vec(),
-        xdp: settings.xdp,
+        xdp,
     };
     let cookie = crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
     let proxier = EbpfProxier::start(
@@ -98,21 +112,28 @@ fn lb_config(
     cfg
 }
 
-/// Removes the programs (their pinned links) and maps under the pin directory; when
-/// another mode starts, only if that directory exists.
+/// Removes the programs (their pinned links) and maps under the pin directory, then our
+/// programs attached outside it on every device of the namespace (tc filters on kernels
+/// without TCX, XDP attached through netlink: see [`attached`]), which the pins do not
+/// hold. When another mode starts, reports only when there was something to look at.
 fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
     let root: &Path = &layout.bpffs_root;
-    if matches!(scope, CleanupScope::LeftBeside(_)) && !root.exists() {
-        return None;
-    }
+    let pinned = root.exists();
     let mut report = CleanupReport::default();
-    match pins::unpin_all(root) {
-        Ok(n) => report.removed += n,
-        Err(e) => report
-            .errors
-            .push(format!("ebpf pins under {}: {e}", root.display())),
+    if pinned || scope == CleanupScope::Everything {
+        match pins::unpin_all(root) {
+            Ok(n) => report.removed += n,
+            Err(e) => report
+                .errors
+                .push(format!("ebpf pins under {}: {e}", root.display())),
+        }
     }
-    Some(report)
+    // After the pins: an XDP link they held is gone by now, not refused as busy.
+    let sweep = attached::remove_all();
+    report.removed += sweep.removed;
+    report.errors.extend(sweep.errors);
+    let looked = pinned || scope == CleanupScope::Everything;
+    (looked || report.removed > 0 || !report.errors.is_empty()).then_some(report)
 }
 
 #[cfg(test)]

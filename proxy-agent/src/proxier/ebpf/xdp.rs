@@ -78,6 +78,13 @@ pub fn attach(ebpf: &mut Ebpf, mode: XdpMode, devices: &[String], links_dir: &Pa
     if mode == XdpMode::Off || devices.is_empty() {
         return Vec::new();
     }
+    if !super::kernel::has_xdp_links() {
+        // Through netlink instead, the program would stay attached after the pins go.
+        warn!(
+            "XDP acceleration unavailable: it needs XDP bpf_links (kernel 5.9+); tc handles all traffic"
+        );
+        return Vec::new();
+    }
     let program: &mut Xdp = match ebpf.program_mut(PROGRAM).map(|p| p.try_into()).transpose() {
         Ok(Some(p)) => p,
         Ok(None) => {

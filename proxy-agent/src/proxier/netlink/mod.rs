@@ -2,7 +2,8 @@
 //! Netlink for every kernel client of the proxiers, on the rust-netlink crates:
 //! netlink-packet-core for the framing (`nlmsghdr`, NLMSG_ERROR acknowledgements and
 //! errors, NLMSG_DONE ending a dump, attributes), netlink-sys for the socket, and one
-//! crate per protocol: netlink-packet-route (`route`: links and addresses),
+//! crate per protocol: netlink-packet-route (`route`: links and addresses; `tc`: BPF
+//! filters on clsact hooks and XDP programs per link, for the ebpf mode's cleanup),
 //! netlink-packet-generic (`genl`: resolving generic netlink families, and the
 //! framing of the IPVS family in `proxier::ipvs::genl`), netlink-packet-netfilter
 //! (`proxier::conntrack::netlink`: ctnetlink). sock_diag (`proxier::ebpf::sockets::diag`)
@@ -19,6 +20,7 @@
 pub(super) mod genl;
 pub(super) mod route;
 pub(super) mod socket;
+pub(super) mod tc;
 
 pub use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage,
