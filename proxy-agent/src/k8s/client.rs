@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Building the API client the way kube-proxy does: an explicit kubeconfig and/or master URL
 //! when given, otherwise the in-cluster service account; requests paced by
-//! `clientConnection.qps`/`.burst` ([`super::rate_limit`]).
+//! `clientConnection.qps`/`.burst` (the `rate_limit` module).
 
 use std::path::Path;
 

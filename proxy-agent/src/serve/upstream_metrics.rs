@@ -5,7 +5,7 @@
 use super::metrics::MetricsMode;
 
 /// Upstream kube-proxy's metrics, as the Kubernetes Metrics Reference for v1.36 lists them
-/// (https://kubernetes.io/docs/reference/instrumentation/metrics/, the `kubeproxy_*`
+/// (<https://kubernetes.io/docs/reference/instrumentation/metrics/>, the `kubeproxy_*`
 /// entries: name, type, labels; the two nfacct counters are "Custom" there and exposed
 /// as counters), grouped by the mode that registers them as
 /// kubernetes/kubernetes pkg/proxy/metrics/metrics.go `RegisterMetrics(mode)` does

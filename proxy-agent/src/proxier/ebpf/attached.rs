@@ -27,11 +27,12 @@ use crate::proxier::netlink::tc::{BpfFilter, ClsactHook, TcSocket};
 
 /// The tc programs (uplink ingress and egress, the pod side) and the XDP program, by the
 /// names the object gives them.
-pub const TC_PROGRAMS: &[&str] = &[
-    super::loader::UPLINK_INGRESS,
-    super::loader::UPLINK_EGRESS,
-    super::loader::POD_INGRESS,
-];
+pub const TC_PROGRAMS: &[&str] = &[UPLINK_INGRESS, UPLINK_EGRESS, POD_INGRESS];
+
+/// The tc programs' names in the object (the loader attaches them by these names).
+pub(super) const UPLINK_INGRESS: &str = "tc_uplink_ingress";
+pub(super) const UPLINK_EGRESS: &str = "tc_uplink_egress";
+pub(super) const POD_INGRESS: &str = "tc_pod_ingress";
 pub const XDP_PROGRAMS: &[&str] = &[super::xdp::PROGRAM];
 
 /// The priority (`pref`) of the tc filters this agent attaches through netlink: fixed, so

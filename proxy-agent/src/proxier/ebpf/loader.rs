@@ -29,7 +29,7 @@ use crate::proxier::netlink::tc::ClsactHook;
 
 pub use super::pins::{MapSizes, links_dir, maps_dir};
 use super::{
-    attached,
+    attached::{self, POD_INGRESS, UPLINK_EGRESS, UPLINK_INGRESS},
     maps::{KernelHash, KernelLpm, LbMaps},
     node_settings::LocalCidrMaps,
     resize::{self, PinPlan, Resizable},
@@ -114,10 +114,6 @@ const SOCK_PROGRAMS: &[&str] = &[
     "sock_getpeername4",
     "sock_getpeername6",
 ];
-
-pub(super) const UPLINK_INGRESS: &str = "tc_uplink_ingress";
-pub(super) const UPLINK_EGRESS: &str = "tc_uplink_egress";
-pub(super) const POD_INGRESS: &str = "tc_pod_ingress";
 
 /// The node's other devices (pods, bridges): every interface but loopback and the
 /// uplinks. Reads the agent's own network namespace (unlike /sys/class/net, which shows

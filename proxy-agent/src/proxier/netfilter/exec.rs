@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
 
-use super::host_backend;
 use super::table::Table;
 use crate::model::IpFamily;
 
@@ -162,14 +161,7 @@ pub struct CommandBackend {
 const XTABLES_LOCK: &str = "/run/xtables.lock";
 
 impl CommandBackend {
-    /// Detects the iptables version and variant from `iptables --version`, of the backend
-    /// the host's rules are in when both are installed, else of PATH's `iptables`.
-    pub fn detect() -> Result<Self, ExecError> {
-        let (iptables, ip6tables) = host_backend::commands();
-        Self::detect_named(iptables, ip6tables)
-    }
-
-    /// As [`Self::detect`], with other command names: `iptables-legacy` stands for
+    /// As [`Self::detect`] (in `host_backend`, which chooses the commands), with other command names: `iptables-legacy` stands for
     /// `iptables-legacy`, `iptables-legacy-save` and `iptables-legacy-restore`. The agent
     /// names what [`Self::detect`] chose; the sync benchmark names a variant to measure it.
     pub fn detect_named(iptables: &str, ip6tables: &str) -> Result<Self, ExecError> {

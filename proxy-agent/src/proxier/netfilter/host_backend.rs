@@ -32,8 +32,18 @@ use std::fmt;
 use std::os::unix::fs::MetadataExt as _;
 use std::sync::{Mutex, OnceLock};
 
-use super::exec::{Variant, run_program};
+use super::exec::{CommandBackend, ExecError, Variant, run_program};
 use crate::model::IpFamily;
+
+impl CommandBackend {
+    /// Detects the iptables version and variant from `iptables --version`, of the backend
+    /// the host's rules are in when both are installed, else of PATH's `iptables`. (Here
+    /// rather than in `exec`, so that the runner does not depend on the choice.)
+    pub fn detect() -> Result<Self, ExecError> {
+        let (iptables, ip6tables) = commands();
+        Self::detect_named(iptables, ip6tables)
+    }
+}
 
 /// The chains the kubelet creates in the mangle table of the backend it uses.
 pub const KUBELET_CHAINS: [&str; 2] = ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
