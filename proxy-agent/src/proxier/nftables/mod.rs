@@ -66,10 +66,10 @@
 //! ports' chains and writes element adds and deletes. Chains no longer used are flushed
 //! at once and deleted by a later transaction after [`STALE_CHAIN_DELAY`].
 //!
-//! Everything is text for `nft -f`, written by hand: knftables is Go, and the Rust
-//! netlink crates for nf_tables (rustables, nftnl) do not cover verdict maps with
-//! concatenated keys and dynamic sets in the form needed, while `nft -f` is the transport
-//! upstream uses (atomic, one transaction per text).
+//! Everything is text for `nft -f`, written by hand: it is the input upstream's
+//! transport (knftables, a Go library, feeding the `nft` binary) produces, one atomic
+//! transaction per text, and the kernel tests load it with the real binary. Whether the
+//! registered mode feeds `nft` on stdin or speaks netlink is decided at registration.
 
 mod context;
 mod names;

@@ -389,8 +389,10 @@ impl Written {
     }
 
     fn record(&mut self, name: &ServicePortName, rules: &PortRules) {
-        let mut record = PortRecord::default();
-        record.chains = rules.chains.iter().map(|c| c.name.clone()).collect();
+        let mut record = PortRecord {
+            chains: rules.chains.iter().map(|c| c.name.clone()).collect(),
+            elements: Vec::with_capacity(rules.elements.len()),
+        };
         for element in &rules.elements {
             let key = (element.container, element.key.clone());
             self.elements
