@@ -156,3 +156,95 @@ fn nft_cold_load_ours_vs_upstream_shape() {
         upstream_time.as_secs_f64() / ours_time.as_secs_f64()
     );
 }
+
+/// The agent's partial transactions after a cold load of `fillers` (the sync benchmark's
+/// three changes), each timed with its own `nft -f` in the same fresh namespace.
+#[test]
+#[ignore = "a timing run by hand (root, nft)"]
+fn nft_partial_transactions_ours() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP nftables partial-transaction timing: needs root");
+        return;
+    }
+    let count: u32 = std::env::var("SHAPED_COMPARE_SERVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let node = NodeContext {
+        name: "bench-node".into(),
+        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        masquerade_bit: 14,
+        ..Default::default()
+    };
+    let ctx = NftContext::new(&node, IpFamily::V4, &[]);
+    let s0 = fillers(count, 4);
+    let added = ShapedService {
+        namespace: "ns".into(),
+        name: "added".into(),
+        port_name: String::new(),
+        cluster_ip: "10.99.0.1".parse().unwrap(),
+        port: 443,
+        endpoints: vec!["10.98.0.1:8443".parse().unwrap()],
+    };
+    let steps = [
+        ("add one service", Change::AddService(added)),
+        ("remove one endpoint", Change::RemoveEndpoint { service: 7 }),
+        (
+            "scale one service 4 -> 40",
+            Change::ScaleTo {
+                service: 9,
+                endpoints: 40,
+            },
+        ),
+    ];
+    let desired_of = |services: &[ShapedService]| {
+        let ports = as_model(services);
+        DesiredState::from_ports(ports.iter().map(|(n, s, e)| (n, s, e.as_slice())), &ctx)
+    };
+    let mut written = proxy_agent::proxier::nftables::Written::default();
+    let now = Instant::now();
+    let (cold, _) = written.full(&desired_of(&s0), &ctx, Some(&[]), now);
+    let dir = std::env::temp_dir().join(format!("nft-partial-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("cold.nft"), &cold).unwrap();
+    let mut script = format!("nft -f {}/cold.nft\n", dir.display());
+    let mut before = s0;
+    for (i, (label, change)) in steps.iter().enumerate() {
+        let after = change.apply(&before);
+        let desired = desired_of(&after);
+        let changed: std::collections::HashSet<NamespacedName> = super::changed(&before, &after)
+            .into_iter()
+            .filter_map(|(old, new)| new.or(old))
+            .map(|s| NamespacedName::new(s.namespace.clone(), s.name.clone()))
+            .collect();
+        let ports = desired
+            .ports
+            .iter()
+            .filter(|(name, _)| changed.contains(&name.service))
+            .map(|(name, rules)| (name.clone(), rules.clone()))
+            .collect();
+        let (text, _) = written.partial(&desired.base, &changed, &ports, &ctx, now);
+        let file = dir.join(format!("partial-{i}.nft"));
+        std::fs::write(&file, &text).unwrap();
+        script.push_str(&format!(
+            "t0=$(date +%s%N); nft -f {}; t1=$(date +%s%N); echo \"{label}: $(( (t1 - t0) / 1000 )) us, {} lines\"\n",
+            file.display(),
+            text.lines().count()
+        ));
+        before = after;
+    }
+    let out = Command::new("unshare")
+        .args(["-n", "sh", "-e", "-c", &script])
+        .output()
+        .expect("spawn unshare");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "partial transactions after a cold load of {count} services x 4 endpoints:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
