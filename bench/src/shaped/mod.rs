@@ -43,6 +43,8 @@ pub mod iptables;
 pub mod nft;
 
 #[cfg(test)]
+mod compare_tests;
+#[cfg(test)]
 mod load_tests;
 #[cfg(test)]
 mod tests;

@@ -12,6 +12,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod netfilter;
 pub mod netlink;
+pub mod nftables;
 mod registry;
 mod sync;
 

@@ -67,6 +67,12 @@ pub fn service_port_hash(name_text: &str, protocol: Protocol) -> ChainHash {
     ChainHash::of(&[name_text.as_bytes(), protocol_lower(protocol).as_bytes()])
 }
 
+/// The hash of an arbitrary text (the nftables mode names its chains with the first 8
+/// characters of the hash of their readable part, as upstream's nftables proxier does).
+pub fn text_hash(text: &str) -> ChainHash {
+    ChainHash::of(&[text.as_bytes()])
+}
+
 /// The hash of an endpoint's SEP chain: sha256("ns/name:port" + "tcp" + "ip:port"), with
 /// the endpoint written as upstream does (`[v6]:port` for IPv6).
 pub fn endpoint_hash(name_text: &str, protocol: Protocol, endpoint: &SocketAddr) -> ChainHash {
