@@ -315,17 +315,23 @@ impl TestNode {
     /// Runs `program args` in the node namespace (outside its cgroup) and returns its
     /// standard output; a failure to start is an error, a nonzero exit is not.
     pub fn output(&self, program: &str, args: &[&str]) -> Result<String> {
+        let out = self.run(Path::new(program), args)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs `program args` in the node namespace (outside its cgroup), without input, and
+    /// returns how it ended and what it printed.
+    pub fn run(&self, program: &Path, args: &[&str]) -> Result<std::process::Output> {
         let place = Place {
             netns: self.topology.node_ns.clone(),
             cgroup: None,
         };
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let out = place
-            .command(Path::new(program), &args)
+        place
+            .command(program, &args)
             .stdin(Stdio::null())
             .output()
-            .map_err(Error::io(format!("running {program}")))?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+            .map_err(Error::io(format!("running {}", program.display())))
     }
 }
 

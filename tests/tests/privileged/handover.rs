@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use tests::{node_harness::TestNode, require_root, scenario::Mode, scenario::netns::Place};
+use tests::{node_harness::TestNode, require_root, scenario::Mode};
 
 use super::mode_switch_cleanup::{leftovers, node};
 
@@ -48,19 +48,13 @@ async fn handover_removes_ebpf_state_and_keeps_kube_proxys_chains() {
     }
 
     let bpffs = node.bpffs_root().display().to_string();
-    let args: Vec<String> = ["handover", "--to", "iptables", "--bpffs-root", &bpffs]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
     for run in 1..=2 {
-        let out = Place {
-            netns: node.topology.node_ns.clone(),
-            cgroup: None,
-        }
-        .command(&binary, &args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+        let out = node
+            .run(
+                &binary,
+                &["handover", "--to", "iptables", "--bpffs-root", &bpffs],
+            )
+            .unwrap();
         assert!(
             out.status.success(),
             "handover run {run} exits 0: {}{}",

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use tests::{
     node_harness::{TestNode, node_yaml, scenario_header, service_yaml},
     require_root,
-    scenario::{Mode, netns::Place},
+    scenario::Mode,
 };
 
 const VIP: &str = "172.30.0.51";
@@ -136,19 +136,9 @@ async fn switching_modes_and_cleanup_leave_nothing_behind() {
 
     let bpffs = node.bpffs_root().display().to_string();
     for run in 1..=2 {
-        let args = vec![
-            "--cleanup".to_string(),
-            "--bpffs-root".to_string(),
-            bpffs.clone(),
-        ];
-        let out = Place {
-            netns: node.topology.node_ns.clone(),
-            cgroup: None,
-        }
-        .command(&binary, &args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+        let out = node
+            .run(&binary, &["--cleanup", "--bpffs-root", &bpffs])
+            .unwrap();
         assert!(
             out.status.success(),
             "--cleanup run {run} exits 0: {}",
