@@ -342,6 +342,34 @@ mod tests {
         assert!(counter_in(&decoded(&other), "x").is_err());
     }
 
+    /// Against the kernel (root only; skipped otherwise), in a network namespace of this
+    /// test's own thread (nfacct objects are per namespace): a missing object is
+    /// NotFound, `ensure` creates it and is idempotent, a new object has counted nothing.
+    #[test]
+    fn the_kernel_creates_and_reads_objects() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root (a network namespace)");
+            return;
+        }
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare");
+            let mut nfacct = Nfacct::open().expect("nfnetlink socket");
+            assert!(matches!(
+                nfacct.get(LOCALHOST_NODEPORTS_ACCEPTED),
+                Err(NfacctError::NotFound { .. })
+            ));
+            nfacct.ensure(LOCALHOST_NODEPORTS_ACCEPTED).expect("create");
+            nfacct.ensure(LOCALHOST_NODEPORTS_ACCEPTED).expect("exists");
+            assert_eq!(
+                nfacct.get(LOCALHOST_NODEPORTS_ACCEPTED).expect("read"),
+                Counter::default()
+            );
+            assert!(nfacct.get(CT_STATE_INVALID_DROPPED).is_err());
+        })
+        .join()
+        .expect("the namespace thread");
+    }
+
     #[test]
     fn names_the_kernel_would_refuse_are_refused_here() {
         assert!(check_name("").is_err());
