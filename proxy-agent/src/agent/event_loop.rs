@@ -261,6 +261,11 @@ impl EventLoop {
                 "Packets dropped by iptables because conntrack marked them INVALID (the workaround for conntrack problems)",
                 Box::new(proxier::iptables::ct_state_invalid_dropped_packets),
             );
+            self.metrics.register_packet_counter(
+                "iptables_localhost_nodeports_accepted_packets_total",
+                "Packets accepted on NodePorts of the loopback addresses (127.0.0.0/8)",
+                Box::new(proxier::iptables::localhost_nodeports_accepted_packets),
+            );
         }
         info!(
             mode = proxier.mode(),

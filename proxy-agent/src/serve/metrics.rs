@@ -11,11 +11,9 @@
 //! Counters labelled by `ip_family` only start at 0 for the node's families, so that a
 //! scrape shows them before the first failure (Prometheus' advice for known labels).
 //!
-//! Not exported: `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`. Upstream
-//! counts it with an extra KUBE-NODEPORTS rule (`-d 127.0.0.0/8 --dport <nodePort>`) that
-//! it writes only to feed that nfacct object; our rule set (golden-tested against
-//! upstream's rules without nfacct) has no such rule, and a constant would be a lie. The
-//! INVALID-drop counter is read from our own rule instead (`proxier::iptables::counters`).
+//! iptables mode's two nfacct counters (`kubeproxy_iptables_ct_state_invalid_dropped_packets_total`
+//! and `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`) are read from the
+//! kernel at each scrape (`register_packet_counter`, readers in `proxier::iptables::counters`).
 //! ebpf mode on a dual-stack node leaves `sync_proxy_rules_no_local_endpoints_total` out:
 //! its maps count both families together.
 
@@ -434,9 +432,9 @@ impl Metrics {
         }
     }
 
-    /// Adds a counter read from the kernel at each scrape (iptables mode's
-    /// `kubeproxy_iptables_ct_state_invalid_dropped_packets_total`, upstream's nfacct
-    /// counter). `name` is without the `kubeproxy_` namespace.
+    /// Adds a counter read from the kernel at each scrape (iptables mode's upstream nfacct
+    /// counters); no sample while `read` has no value. `name` is without the `kubeproxy_`
+    /// namespace.
     pub fn register_packet_counter(&self, name: &str, help: &str, read: PacketCountReader) {
         let collector = PacketCounter {
             counter: counter(name, help),

@@ -17,6 +17,11 @@ fn exposed(mode: MetricsMode) -> (String, BTreeMap<String, (String, BTreeSet<Str
             "Packets dropped because conntrack marked them INVALID",
             Box::new(|| Some(0)),
         );
+        m.register_packet_counter(
+            "iptables_localhost_nodeports_accepted_packets_total",
+            "Packets accepted on NodePorts of the loopback addresses",
+            Box::new(|| Some(0)),
+        );
     }
     let v4 = [IpFamily::V4.as_api_str()];
     for h in [

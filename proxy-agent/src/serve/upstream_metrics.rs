@@ -156,12 +156,9 @@ pub const UPSTREAM: &[(&str, &str, &[&str], Group)] = &[
     ),
 ];
 
-/// Upstream metrics the agent does not export, with the reason.
-pub const NOT_EXPORTED: &[(&str, &str)] = &[(
-    "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
-    "upstream counts the packets of an extra `-d 127.0.0.0/8 --dport <nodePort>` rule it \
-     writes only to feed this nfacct counter; our rule set has no such rule to read",
-)];
+/// Upstream metrics the agent does not export, with the reason: none any more (the
+/// localhost NodePort counter is read from nfacct, as upstream's).
+pub const NOT_EXPORTED: &[(&str, &str)] = &[];
 
 /// Which modes register a family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

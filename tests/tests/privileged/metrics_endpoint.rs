@@ -5,7 +5,9 @@
 //! `/configz` serves the effective configuration keyed by its group, as upstream does.
 //!
 //! Root (skipped otherwise): the agent runs in iptables mode in a network namespace of
-//! its own (`unshare --net`), so its rules, servers and ports are not the host's.
+//! its own (`unshare --net`), so its rules, servers and ports are not the host's. The
+//! nfacct counters are that namespace's too: a connection to 127.0.0.1:<nodePort> inside
+//! it must show in `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`.
 
 use std::{
     fs,
@@ -42,12 +44,14 @@ const SERVICE: &str = "apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: default}
 spec:
-  type: ClusterIP
+  type: NodePort
   clusterIP: 10.96.0.10
   clusterIPs: [10.96.0.10]
   ipFamilies: [IPv4]
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}]
 ";
+
+const NODE_PORT: u16 = 30080;
 
 const SLICE: &str = "apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -115,6 +119,33 @@ impl Agent {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Opens a TCP connection to 127.0.0.1:`port` from inside the agent's namespace. The
+    /// endpoint does not exist, so it fails; its SYN has gone through the nat rules.
+    fn connect_localhost(&self, port: u16) {
+        let _ = Command::new("nsenter")
+            .arg(format!("--net=/proc/{}/ns/net", self.child.id()))
+            .args(["curl", "-s", "--max-time", "1"])
+            .arg(format!("http://127.0.0.1:{port}/"))
+            .output()
+            .expect("running curl in the agent's namespace");
+    }
+
+    /// The metrics page once its unlabelled sample `name` is at least `min`.
+    fn metrics_with_at_least(&mut self, name: &str, min: f64) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let page = self.metrics_with("kubeproxy_proxy_livez_total{");
+            if sample(&page, name).is_some_and(|v| v >= min) {
+                return page;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} not >= {min} after 30 s:\n{page}"
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// The metrics page once it contains `text`.
     fn metrics_with(&mut self, text: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -147,6 +178,12 @@ impl Agent {
     }
 }
 
+/// The value of the unlabelled sample `name`.
+fn sample(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 fn families(page: &str) -> Vec<&str> {
     page.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -177,7 +214,22 @@ fn metrics_has_every_upstream_name_of_its_mode_and_configz_the_configuration() {
     for path in ["healthz", "livez"] {
         agent.get(&format!("http://127.0.0.1:10256/{path}"));
     }
-    let page = agent.metrics_with("kubeproxy_proxy_livez_total{");
+    agent.metrics_with("kubeproxy_proxy_livez_total{");
+    // A localhost NodePort connection counts in nfacct (iptables mode set route_localnet
+    // in the namespace). The counter lives as long as the namespace, so at least 1.
+    agent.connect_localhost(NODE_PORT);
+    let page = agent.metrics_with_at_least(
+        "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+        1.0,
+    );
+    assert!(
+        sample(
+            &page,
+            "kubeproxy_iptables_ct_state_invalid_dropped_packets_total"
+        )
+        .is_some(),
+        "no INVALID-drop sample:\n{page}"
+    );
     let exposed = families(&page);
     for (name, _, _, group) in UPSTREAM {
         if !group.in_mode(MetricsMode::Iptables) || NOT_EXPORTED.iter().any(|(n, _)| n == name) {

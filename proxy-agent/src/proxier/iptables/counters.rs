@@ -1,19 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Packet counters of our own rules, read at scrape time for
-//! `kubeproxy_iptables_ct_state_invalid_dropped_packets_total`.
+//! Upstream's two nfacct-based metrics of iptables mode, read at scrape time:
+//! `kubeproxy_iptables_ct_state_invalid_dropped_packets_total` and
+//! `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`.
 //!
-//! Upstream counts those packets in an nfacct object its rule names (`-m nfacct`), and
-//! its metric reads the object. Our rule set has no nfacct match (it would need the
-//! nfnetlink_acct module and an object created beforehand), so the same number is read
-//! from the rule itself: the `[packets:bytes]` counters of the `KUBE-FORWARD ... --ctstate
-//! INVALID -j DROP` rule, which `iptables-save --counters` prints, summed over both
-//! families (upstream's one nfacct object is shared by the iptables and ip6tables rules).
-//! The counters restart when a full sync rewrites the chain; so do upstream's rules' own
-//! counters, while its nfacct object survives, which is the one difference.
+//! As upstream, the mode creates the nfacct objects at start ([`ensure_nfacct_counters`]),
+//! its rules feed those that exist (`-m nfacct`), and the metrics read the objects'
+//! packet counts, which survive rule rewrites and restarts. An object that cannot be
+//! created is logged and its counter left out of the rules, as upstream does.
+//!
+//! Without nfacct (the kernel lacks nfnetlink_acct or xt_nfacct), upstream exports no
+//! sample of either metric. For the INVALID counter this mode keeps a fallback instead:
+//! the `[packets:bytes]` counters of the `KUBE-FORWARD ... --ctstate INVALID -j DROP`
+//! rule, which `iptables-save --counters` prints, summed over both families (upstream's
+//! one nfacct object is shared by the iptables and ip6tables rules too); they restart
+//! when a full sync rewrites the chain. The localhost counter has no such fallback: its
+//! rule exists only to feed nfacct.
 
+use super::rules::NfacctCounters;
 use crate::model::IpFamily;
 use crate::proxier::netfilter::exec::run_program;
 use crate::proxier::netfilter::names::KUBE_FORWARD;
+use crate::proxier::netfilter::nfacct::{self, Nfacct};
 use crate::proxier::netfilter::save::{self, Line, Op};
 use crate::proxier::netfilter::{ExecError, Table};
 
@@ -50,10 +57,54 @@ pub fn invalid_dropped_in(saved: &str) -> Option<u64> {
     found
 }
 
-/// `kubeproxy_iptables_ct_state_invalid_dropped_packets_total`: the packets both
-/// families' INVALID-drop rules dropped; `None` (no sample) when neither family has the
-/// rule or its table cannot be read.
+/// Creates upstream's nfacct objects unless they exist, and says which exist. Failures
+/// are logged (the counter is then not used), never fatal.
+pub fn ensure_nfacct_counters() -> NfacctCounters {
+    let mut counters = NfacctCounters::default();
+    let mut nfacct = match Nfacct::open() {
+        Ok(nfacct) => nfacct,
+        Err(err) => {
+            tracing::error!(reason = %err, "cannot use nfacct: nfacct-based metrics will not be available");
+            return counters;
+        }
+    };
+    for (name, exists) in [
+        (
+            nfacct::CT_STATE_INVALID_DROPPED,
+            &mut counters.ct_state_invalid_dropped,
+        ),
+        (
+            nfacct::LOCALHOST_NODEPORTS_ACCEPTED,
+            &mut counters.localhost_nodeports_accepted,
+        ),
+    ] {
+        match nfacct.ensure(name) {
+            Ok(()) => *exists = true,
+            Err(err) => tracing::error!(
+                counter = name,
+                reason = %err,
+                "cannot create the nfacct counter; the corresponding metric will not be updated"
+            ),
+        }
+    }
+    counters
+}
+
+/// `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`: the packets its
+/// nfacct object counted; `None` (no sample) without it.
+pub fn localhost_nodeports_accepted_packets() -> Option<u64> {
+    nfacct::packets_of(nfacct::LOCALHOST_NODEPORTS_ACCEPTED)
+}
+
+/// `kubeproxy_iptables_ct_state_invalid_dropped_packets_total`: the packets its nfacct
+/// object counted, or without it, the INVALID-drop rules' own counters.
 pub fn ct_state_invalid_dropped_packets() -> Option<u64> {
+    nfacct::packets_of(nfacct::CT_STATE_INVALID_DROPPED).or_else(invalid_dropped_by_rules)
+}
+
+/// The packets both families' INVALID-drop rules dropped; `None` (no sample) when
+/// neither family has the rule or its table cannot be read.
+fn invalid_dropped_by_rules() -> Option<u64> {
     let mut total = None;
     for family in [IpFamily::V4, IpFamily::V6] {
         match saved_filter_with_counters(family) {
@@ -81,6 +132,13 @@ mod tests {
             [3:180] -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n\
             [9:900] -A OTHER -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n";
         assert_eq!(invalid_dropped_in(saved), Some(7));
+    }
+
+    #[test]
+    fn the_counters_of_a_rule_feeding_nfacct_are_read_too() {
+        let saved = "*filter\n:KUBE-FORWARD - [0:0]\n\
+            [5:300] -A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP\nCOMMIT\n";
+        assert_eq!(invalid_dropped_in(saved), Some(5));
     }
 
     #[test]

@@ -32,8 +32,8 @@ pub(crate) mod tests;
 use std::time::Duration;
 
 pub use cleanup::cleanup_with;
-pub use counters::ct_state_invalid_dropped_packets;
-pub use rules::RuleOptions;
+pub use counters::{ct_state_invalid_dropped_packets, localhost_nodeports_accepted_packets};
+pub use rules::{NfacctCounters, RuleOptions};
 
 // The backend this mode is built with (tests and benchmarks construct it).
 pub use crate::proxier::netfilter::{CommandBackend, ExecError, IptablesBackend};
@@ -103,6 +103,7 @@ impl IptablesProxier {
         let options = RuleOptions {
             random_fully: backend.version.has_random_fully(),
             conntrack_tcp_be_liberal: settings.conntrack_tcp_be_liberal,
+            nfacct: counters::ensure_nfacct_counters(),
         };
         Ok(Self::with_parts(
             Box::new(backend),

@@ -311,7 +311,8 @@ pub fn trace(
                 address: q.to.ip(),
                 port: q.to.port(),
                 protocol: proto_name(q.proto),
-                kind: kind_of(c, node_addresses.contains(&q.to.ip())),
+                // A node address, or loopback (localhost NodePorts), reaches NodePorts.
+                kind: kind_of(c, ctx.local(&q.to.ip())),
                 service,
                 scope: "external",
             });

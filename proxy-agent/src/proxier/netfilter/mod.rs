@@ -11,7 +11,9 @@
 //!   chains; `cleanup` removes chains and the rules jumping to them; `matches` writes
 //!   the local-traffic match and the masquerade mark;
 //! - `names` holds the chain names upstream's proxiers share and upstream's SHA-256 chain
-//!   name hash; `table` the tables.
+//!   name hash; `table` the tables;
+//! - `nfacct` creates and reads the named accounting counters iptables rules feed with
+//!   `-m nfacct` (iptables mode's upstream metrics).
 
 pub(super) mod cleanup;
 pub(super) mod exec;
@@ -20,6 +22,7 @@ pub(super) mod inspect;
 pub(super) mod jumps;
 pub(super) mod matches;
 pub(super) mod names;
+pub(super) mod nfacct;
 pub(super) mod save;
 pub(super) mod table;
 

@@ -16,6 +16,8 @@ pub struct RuleOptions {
     pub random_fully: bool,
     /// net.netfilter.nf_conntrack_tcp_be_liberal is set: INVALID packets are not dropped.
     pub conntrack_tcp_be_liberal: bool,
+    /// The nfacct objects created at start, which rules may then feed.
+    pub nfacct: NfacctCounters,
 }
 
 impl Default for RuleOptions {
@@ -23,8 +25,27 @@ impl Default for RuleOptions {
         Self {
             random_fully: true,
             conntrack_tcp_be_liberal: false,
+            nfacct: NfacctCounters::default(),
         }
     }
+}
+
+/// Which of upstream's nfacct objects exist (see `proxier::netfilter::nfacct`): a rule
+/// names an object only if it exists, or iptables-restore would refuse the whole input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NfacctCounters {
+    /// `ct_state_invalid_dropped_pkts`, fed by the KUBE-FORWARD INVALID-drop rule.
+    pub ct_state_invalid_dropped: bool,
+    /// `localhost_nps_accepted_pkts`, fed by the KUBE-NODEPORTS rules for 127.0.0.0/8.
+    pub localhost_nodeports_accepted: bool,
+}
+
+impl NfacctCounters {
+    /// Both objects exist.
+    pub const ALL: Self = Self {
+        ct_state_invalid_dropped: true,
+        localhost_nodeports_accepted: true,
+    };
 }
 
 /// Everything generation needs besides the model, for one family.

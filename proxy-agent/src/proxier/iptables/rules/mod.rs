@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::fmt::Write;
 
 pub use cache::RuleCache;
-pub use context::{FamilyContext, RuleOptions};
+pub use context::{FamilyContext, NfacctCounters, RuleOptions};
 
 use super::names::ChainName;
 use crate::model::{EndpointsMap, IpFamily, NamespacedName, ServicePortMap};
@@ -26,6 +26,7 @@ use crate::proxier::netfilter::names::{
     KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
     KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
+use crate::proxier::netfilter::nfacct;
 
 /// Above this many endpoints, per-endpoint comments are left out and stale chains are
 /// looked for less often (upstream's "large cluster mode").
@@ -363,9 +364,17 @@ fn write_forward_rules(ctx: &FamilyContext<'_>, out: &mut RestoreBuffers) {
     if !ctx.options.conntrack_tcp_be_liberal {
         // Out-of-window packets are INVALID; letting them through makes the host answer
         // them with resets that kill the connection (issues 74839, 117924).
+        // With its nfacct object, the rule also counts what it drops (the metric
+        // kubeproxy_iptables_ct_state_invalid_dropped_packets_total).
+        let counted = if ctx.options.nfacct.ct_state_invalid_dropped {
+            const NAME: &str = nfacct::CT_STATE_INVALID_DROPPED;
+            format!(" -m nfacct --nfacct-name {NAME}")
+        } else {
+            String::new()
+        };
         line!(
             out.filter_rules,
-            "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"
+            "-A {KUBE_FORWARD} -m conntrack --ctstate INVALID{counted} -j DROP"
         );
     }
     let mark = &ctx.mark;

@@ -13,6 +13,7 @@ use crate::proxier::netfilter::names::{
     ChainHash, KUBE_EXTERNAL_SERVICES, KUBE_MARK_MASQ, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL,
     KUBE_SERVICES, endpoint_hash, protocol_lower, service_port_hash,
 };
+use crate::proxier::netfilter::nfacct;
 
 pub(super) struct ServiceWriter<'a, 'c> {
     pub ctx: &'a FamilyContext<'c>,
@@ -251,6 +252,18 @@ impl ServiceWriter<'_, '_> {
             // NodePorts are not subject to loadBalancerSourceRanges (upstream behaviour
             // that cannot change any more).
             if flags.has_endpoints {
+                if self.ctx.localhost_nodeports
+                    && self.ctx.options.nfacct.localhost_nodeports_accepted
+                {
+                    // The same jump for 127.0.0.0/8 first, only to count those packets in
+                    // nfacct (kubeproxy_iptables_localhost_nodeports_accepted_packets_total).
+                    const COUNTER: &str = nfacct::LOCALHOST_NODEPORTS_ACCEPTED;
+                    line!(
+                        out.nat_rules,
+                        "-A {KUBE_NODEPORTS} -m comment --comment {name} -m {p} -p {p} -d 127.0.0.0/8 --dport {node_port} -m nfacct --nfacct-name {COUNTER} -j {}",
+                        routing.ext
+                    );
+                }
                 line!(
                     out.nat_rules,
                     "-A {KUBE_NODEPORTS} -m comment --comment {name} -m {p} -p {p} --dport {node_port} -j {}",

@@ -18,7 +18,7 @@ use crate::model::{EndpointsChangeTracker, EndpointsMap, IpFamily, NamespacedNam
 use crate::proxier::conntrack::fake::FakeConntrack;
 use crate::proxier::iptables::fake::SharedFake;
 use crate::proxier::iptables::rules::Probabilities;
-use crate::proxier::iptables::{IptablesConfig, IptablesProxier, RuleOptions};
+use crate::proxier::iptables::{IptablesConfig, IptablesProxier, NfacctCounters, RuleOptions};
 use crate::proxier::{Proxier, SyncRequest};
 
 const NODE: &str = "test-node";
@@ -784,8 +784,8 @@ fn masquerade_rule_is_fully_random_when_iptables_can() {
 }
 
 /// TestDropInvalidRule: KUBE-FORWARD drops conntrack-INVALID packets first, unless
-/// nf_conntrack_tcp_be_liberal is set (then they are let through). Upstream's nfacct
-/// counter on that rule is not restated: this project exports no nfacct counters.
+/// nf_conntrack_tcp_be_liberal is set (then they are let through); with its nfacct object
+/// available, the drop rule counts in it.
 #[test]
 fn invalid_packets_are_dropped_unless_conntrack_is_liberal() {
     let accept_rules = [
@@ -794,20 +794,31 @@ fn invalid_packets_are_dropped_unless_conntrack_is_liberal() {
         "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m \
          conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
     ];
-    for liberal in [false, true] {
-        let input = restore_input_with(RuleOptions {
-            conntrack_tcp_be_liberal: liberal,
-            ..RuleOptions::default()
-        });
-        let mut expected: Vec<&str> = Vec::new();
-        if !liberal {
-            expected.push("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP");
+    for nfacct in [false, true] {
+        for liberal in [false, true] {
+            let input = restore_input_with(RuleOptions {
+                conntrack_tcp_be_liberal: liberal,
+                nfacct: NfacctCounters {
+                    ct_state_invalid_dropped: nfacct,
+                    localhost_nodeports_accepted: nfacct,
+                },
+                ..RuleOptions::default()
+            });
+            let mut expected: Vec<&str> = Vec::new();
+            if !liberal && nfacct {
+                expected.push(
+                    "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name \
+                     ct_state_invalid_dropped_pkts -j DROP",
+                );
+            } else if !liberal {
+                expected.push("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP");
+            }
+            expected.extend(accept_rules);
+            assert_eq!(
+                chain_rules(&input, "KUBE-FORWARD"),
+                expected,
+                "tcp_be_liberal {liberal}, nfacct {nfacct}"
+            );
         }
-        expected.extend(accept_rules);
-        assert_eq!(
-            chain_rules(&input, "KUBE-FORWARD"),
-            expected,
-            "tcp_be_liberal {liberal}"
-        );
     }
 }

@@ -141,3 +141,87 @@ fn nodeport_from_outside_is_masqueraded_and_filter_verdicts_apply() {
     );
     assert_eq!(v.action, Action::Untouched);
 }
+
+/// The rules with upstream's nfacct counting, as `iptables-save` prints them (it puts two
+/// spaces after `--nfacct-name`): the localhost NodePort rule before the NodePort's own,
+/// and the INVALID-drop rule.
+const NAT_WITH_NFACCT: &str = r#"*nat
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -d 127.0.0.0/8 -p tcp -m comment --comment "ns5/svc5:p80" -m tcp --dport 3002 -m nfacct --nfacct-name  localhost_nps_accepted_pkts -j KUBE-EXT-A
+-A KUBE-NODEPORTS -p tcp -m comment --comment "ns5/svc5:p80" -m tcp --dport 3002 -j KUBE-EXT-A
+-A KUBE-EXT-A -m comment --comment "masquerade traffic for ns5/svc5:p80 external destinations" -j KUBE-MARK-MASQ
+-A KUBE-EXT-A -j KUBE-SVC-A
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-SVC-A -m comment --comment "ns5/svc5:p80 -> 10.180.0.3:80" -j KUBE-SEP-1
+-A KUBE-SEP-1 -s 10.180.0.3/32 -m comment --comment "ns5/svc5:p80" -j KUBE-MARK-MASQ
+-A KUBE-SEP-1 -p tcp -m comment --comment "ns5/svc5:p80" -m tcp -j DNAT --to-destination 10.180.0.3:80
+COMMIT
+"#;
+const FILTER_WITH_NFACCT: &str = "*filter\n\
+    [4:240] -A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP\n\
+    COMMIT\n";
+
+#[test]
+fn rules_counting_in_nfacct_are_read_by_the_parser_trace_and_inspect() {
+    // The tokenizer keeps the object name as the option's value and the jump intact.
+    let counting = save::rules(NAT_WITH_NFACCT)
+        .find(|r| r.get("--nfacct-name").is_some())
+        .unwrap();
+    assert_eq!(counting.chain, "KUBE-NODEPORTS");
+    assert_eq!(
+        counting.get("--nfacct-name"),
+        Some("localhost_nps_accepted_pkts")
+    );
+    assert_eq!(counting.get("-d"), Some("127.0.0.0/8"));
+    assert_eq!(counting.get("-j"), Some("KUBE-EXT-A"));
+    let invalid = save::rules(FILTER_WITH_NFACCT).next().unwrap();
+    assert_eq!(invalid.get("--ctstate"), Some("INVALID"));
+    assert_eq!(invalid.get("-j"), Some("DROP"));
+    // The INVALID-drop rule's own counters (the fallback without nfacct) still read.
+    assert_eq!(
+        crate::proxier::iptables::counters::invalid_dropped_in(FILTER_WITH_NFACCT),
+        Some(4)
+    );
+
+    // trace: a node process connecting to 127.0.0.1:<nodePort> takes the counting rule
+    // to the same external chain; the node's address takes the NodePort's own rule.
+    for to in ["127.0.0.1:3002", "192.168.0.2:3002"] {
+        let v = trace(
+            NAT_WITH_NFACCT,
+            FILTER_WITH_NFACCT,
+            &node(),
+            &RecentLists::new(),
+            &q("127.0.0.1", to, ClientKind::Node),
+        );
+        assert_eq!(v.action, Action::Forward, "{to}");
+        assert_eq!(cands(&v), ["10.180.0.3:80"], "{to}");
+        assert_eq!(
+            v.frontend.as_ref().unwrap().kind,
+            FrontendKind::NodePort,
+            "{to}"
+        );
+    }
+
+    // inspect rules: both rules are the service's NodePort frontends, the counting one
+    // for 127.0.0.0/8.
+    let summary = crate::proxier::netfilter::inspect::summarise(
+        IpFamily::V4,
+        NAT_WITH_NFACCT,
+        FILTER_WITH_NFACCT,
+    );
+    assert_eq!(summary.len(), 1);
+    let frontends: Vec<(Option<&str>, Option<u16>, &str)> = summary[0]
+        .frontends
+        .iter()
+        .map(|f| (f.address.as_deref(), f.port, f.chain.as_str()))
+        .collect();
+    assert_eq!(
+        frontends,
+        [
+            (Some("127.0.0.0/8"), Some(3002), "KUBE-EXT-A"),
+            (None, Some(3002), "KUBE-EXT-A"),
+        ]
+    );
+    assert!(summary[0].frontends.iter().all(|f| f.kind == "nodeport"));
+    assert_eq!(summary[0].endpoints.len(), 1);
+}
