@@ -297,6 +297,8 @@ pub fn run_sync(opts: &SyncOptions) -> Result<SyncResults> {
     let options = RuleOptions {
         random_fully: backend.version.has_random_fully(),
         conntrack_tcp_be_liberal: false,
+        // The baseline (kube-proxy-shaped rules) counts nothing with nfacct either.
+        ..RuleOptions::default()
     };
     let env = Environment::detect();
     let id = net::new_run_id();

@@ -224,6 +224,8 @@ impl SyncSide for IptablesSide {
             let options = RuleOptions {
                 random_fully: backend.version.has_random_fully(),
                 conntrack_tcp_be_liberal: false,
+                // The baseline (kube-proxy-shaped rules) counts nothing with nfacct either.
+                ..RuleOptions::default()
             };
             Ok(IptablesProxier::with_parts(
                 Box::new(backend),

@@ -157,15 +157,6 @@ impl DesiredState {
                 .collect(),
         }
     }
-
-    /// The `nft -f` text loading this state into a table that holds no per-service chain
-    /// (a first start): [`super::Written::full`] without history.
-    pub fn cold_load(&self, ctx: &NftContext<'_>) -> String {
-        let mut written = super::Written::default();
-        written
-            .full(self, ctx, Some(&[]), std::time::Instant::now())
-            .0
-    }
 }
 
 /// The verdict for traffic that has nowhere to go: no endpoint anywhere (REJECT, via a

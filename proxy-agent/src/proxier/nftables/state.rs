@@ -20,7 +20,18 @@ use super::ruleset::{
     BASE_CHAINS, Container, DesiredState, Element, ElementValue, Model, PortRules, base, line,
     port_rules,
 };
+
 use crate::model::{NamespacedName, ServicePortName};
+
+impl DesiredState {
+    /// The `nft -f` text loading this state into a table that holds no per-service chain
+    /// (a first start): [`Written::full`] without history. (Here, beside [`Written`], so
+    /// that the ruleset does not depend on the record of what was written.)
+    pub fn cold_load(&self, ctx: &NftContext<'_>) -> String {
+        let mut written = Written::default();
+        written.full(self, ctx, Some(&[]), Instant::now()).0
+    }
+}
 
 /// How long a flushed chain waits before it is deleted (upstream: one second).
 pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
