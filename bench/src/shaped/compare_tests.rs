@@ -5,7 +5,7 @@
 //! ([`nft_full`]), each in one `nft -f` into a fresh network namespace (`unshare -n`),
 //! wall time. Root only.
 //!
-//! `cargo nextest run -p bench --run-ignored only compare_tests --no-capture`
+//! `cargo nextest run -p bench --features hand-run --run-ignored only compare_tests --no-capture`
 //! (SHAPED_COMPARE_KEEP=1 keeps the two texts and says where; SHAPED_COMPARE_OURS_ONLY=1
 //! loads only the agent's shape, for larger counts).
 

@@ -42,7 +42,7 @@
 pub mod iptables;
 pub mod nft;
 
-#[cfg(test)]
+#[cfg(all(test, feature = "hand-run"))]
 mod compare_tests;
 #[cfg(test)]
 mod load_tests;
