@@ -23,10 +23,7 @@ use proxy_agent::serve::{
 };
 
 fn agent_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_scenario-runner"))
-        .parent()
-        .unwrap()
-        .join("proxy-agent")
+    tests::node_harness::TestNode::agent_binary()
 }
 
 const NODE: &str = "apiVersion: v1

@@ -7,7 +7,7 @@ use super::scenario::Scenario;
 use crate::model::IpFamily;
 use crate::proxier::iptables::fake::SharedFake;
 use crate::proxier::netfilter::Table;
-use crate::proxier::{Proxier, RestoreFailure, SyncRequest, SyncStats, TableRules};
+use crate::proxier::{Proxier, RestoreFailure, SyncStats, TableRules};
 
 /// Rules in the kernel's chains of ours (every chain but the built-in ones, whose rules
 /// are the jumps into ours).
@@ -57,13 +57,7 @@ fn rule_counts_are_the_rules_of_our_chains_in_the_kernel() {
     let mut replay = scenario.replay();
 
     let step = replay.apply(&scenario.states[0]);
-    let request = SyncRequest {
-        families: &replay.families,
-        node: &replay.node,
-        full: true,
-        changed: &step.changed,
-        stale: &step.stale,
-    };
+    let request = replay.request(&step, true);
     let stats = proxier.sync(&request).unwrap();
     for table in [Table::Filter, Table::Nat] {
         let rules = rules_of(&stats, table);
@@ -83,13 +77,7 @@ fn rule_counts_are_the_rules_of_our_chains_in_the_kernel() {
     // top-level ones, and svc2's chains stay as they were.
     let step = replay.apply(&scenario.states[1]);
     assert!(!step.changed.is_empty());
-    let request = SyncRequest {
-        families: &replay.families,
-        node: &replay.node,
-        full: false,
-        changed: &step.changed,
-        stale: &step.stale,
-    };
+    let request = replay.request(&step, false);
     let stats = proxier.sync(&request).unwrap();
     let nat = rules_of(&stats, Table::Nat);
     assert_eq!(
@@ -118,13 +106,7 @@ fn a_failed_restore_says_which_family_and_whether_the_sync_was_partial() {
 
     // The first sync is full.
     fake.lock().fail_next_restore = true;
-    let request = SyncRequest {
-        families: &replay.families,
-        node: &replay.node,
-        full: false,
-        changed: &step.changed,
-        stale: &step.stale,
-    };
+    let request = replay.request(&step, false);
     let err = proxier.sync(&request).unwrap_err();
     assert_eq!(
         err.restore_failed,
@@ -138,13 +120,7 @@ fn a_failed_restore_says_which_family_and_whether_the_sync_was_partial() {
     // A partial sync whose restore fails.
     let step = replay.apply(&scenario.states[1]);
     fake.lock().fail_next_restore = true;
-    let request = SyncRequest {
-        families: &replay.families,
-        node: &replay.node,
-        full: false,
-        changed: &step.changed,
-        stale: &step.stale,
-    };
+    let request = replay.request(&step, false);
     let err = proxier.sync(&request).unwrap_err();
     assert_eq!(
         err.restore_failed,
@@ -171,13 +147,7 @@ fn a_failed_restore_and_the_rule_counts_reach_the_metrics() {
     metrics.register_mode(MetricsMode::Iptables, &[IpFamily::V4, IpFamily::V6]);
 
     let step = replay.apply(&scenario.states[0]);
-    let request = SyncRequest {
-        families: &replay.families,
-        node: &replay.node,
-        full: true,
-        changed: &step.changed,
-        stale: &step.stale,
-    };
+    let request = replay.request(&step, true);
     let stats = proxier.sync(&request).unwrap();
     metrics.family_reports(&stats.per_family);
     let nat = kernel_rules(&fake, Table::Nat);
@@ -194,13 +164,7 @@ fn a_failed_restore_and_the_rule_counts_reach_the_metrics() {
 
     let step = replay.apply(&scenario.states[1]);
     fake.lock().fail_next_restore = true;
-    let request = SyncRequest {
-        families: &replay.families,
-        node: &replay.node,
-        full: false,
-        changed: &step.changed,
-        stale: &step.stale,
-    };
+    let request = replay.request(&step, false);
     let err = proxier.sync(&request).unwrap_err();
     metrics.restore_failed(&err.restore_failed.expect("a restore failed"));
     let page = metrics.render();

@@ -6,13 +6,13 @@ use std::collections::{BTreeSet, HashSet};
 
 use super::scenario::{Replay, Scenario, Step, scenario_files};
 use crate::model::{IpFamily, NamespacedName, Protocol, ServicePortName};
+use crate::proxier::Proxier;
 use crate::proxier::conntrack::fake::FakeConntrack;
 use crate::proxier::iptables::fake::SharedFake;
 use crate::proxier::iptables::names::{ChainKind, ChainName};
 use crate::proxier::iptables::{IptablesConfig, IptablesProxier, RuleOptions};
 use crate::proxier::netfilter::Table;
 use crate::proxier::netfilter::names::{endpoint_hash, service_port_hash, service_port_text};
-use crate::proxier::{Proxier, SyncRequest};
 
 pub fn new_proxier(fake: &SharedFake) -> (IptablesProxier, FakeConntrack) {
     let conntrack = FakeConntrack::default();
@@ -26,13 +26,7 @@ pub fn new_proxier(fake: &SharedFake) -> (IptablesProxier, FakeConntrack) {
 }
 
 pub fn sync(proxier: &mut IptablesProxier, replay: &Replay, step: &Step, full: bool) {
-    let request = SyncRequest {
-        families: &replay.families,
-        node: &replay.node,
-        full,
-        changed: &step.changed,
-        stale: &step.stale,
-    };
+    let request = replay.request(step, full);
     proxier.sync(&request).unwrap();
 }
 
@@ -241,13 +235,7 @@ fn a_failed_sync_makes_the_next_one_full() {
     let mut replay = scenario.replay();
     let step = replay.apply(&scenario.states[0]);
     fake.lock().fail_next_restore = true;
-    let request = SyncRequest {
-        families: &replay.families,
-        node: &replay.node,
-        full: true,
-        changed: &step.changed,
-        stale: &step.stale,
-    };
+    let request = replay.request(&step, true);
     let err = proxier.sync(&request).unwrap_err();
     assert_eq!(err.mode, "iptables");
     assert_eq!(conntrack.table().lists, 0, "no cleanup after a failed sync");

@@ -18,7 +18,9 @@ use crate::model::{
     EndpointsChangeTracker, IpFamily, NamespacedName, ObjectKind, ServiceChangeTracker,
 };
 use crate::node::{LocalDetector, NodeAddresses, local::Mode};
-use crate::proxier::{FamilyState, NodeContext, StaleConntrack, resolve_nodeport_addresses};
+use crate::proxier::{
+    FamilyState, NodeContext, StaleConntrack, SyncRequest, resolve_nodeport_addresses,
+};
 
 /// The scenarios directory: `../shared/scenarios` from the workspace root.
 pub fn scenarios_dir() -> PathBuf {
@@ -176,6 +178,17 @@ fn node_context(doc: &Value) -> NodeContext {
 }
 
 impl Replay {
+    /// The sync of the state `step` came from (after [`Replay::apply`]).
+    pub fn request<'a>(&'a self, step: &'a Step, full: bool) -> SyncRequest<'a> {
+        SyncRequest {
+            families: &self.families,
+            node: &self.node,
+            full,
+            changed: &step.changed,
+            stale: &step.stale,
+        }
+    }
+
     fn new(doc: &Value) -> Self {
         let node = node_context(doc);
         let trackers = [IpFamily::V4, IpFamily::V6]

@@ -15,11 +15,11 @@ use super::partial::{new_proxier, scenario_yaml, service_yaml, sync};
 use super::scenario::Scenario;
 use crate::k8s::fixtures::{EndpointSliceBuilder, mk_endpoint, mk_endpointslice};
 use crate::model::{EndpointsChangeTracker, EndpointsMap, IpFamily, NamespacedName};
+use crate::proxier::Proxier;
 use crate::proxier::conntrack::fake::FakeConntrack;
 use crate::proxier::iptables::fake::SharedFake;
 use crate::proxier::iptables::rules::Probabilities;
 use crate::proxier::iptables::{IptablesConfig, IptablesProxier, NfacctCounters, RuleOptions};
-use crate::proxier::{Proxier, SyncRequest};
 
 const NODE: &str = "test-node";
 
@@ -682,13 +682,7 @@ fn no_local_endpoints_gauges_count_local_policies_left_without_local_endpoints()
         let mut replay = scenario.replay();
         let step = replay.apply(&scenario.states[0]);
         let stats = proxier
-            .sync(&SyncRequest {
-                families: &replay.families,
-                node: &replay.node,
-                full: true,
-                changed: &step.changed,
-                stale: &step.stale,
-            })
+            .sync(&replay.request(&step, true))
             .unwrap_or_else(|e| panic!("{}: sync failed: {e}", case.name));
         assert_eq!(
             (
