@@ -33,6 +33,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::sync::{Mutex, OnceLock};
 
 use super::exec::{CommandBackend, ExecError, Variant, run_program};
+use super::save;
 use crate::model::IpFamily;
 
 impl CommandBackend {
@@ -155,16 +156,14 @@ pub fn choose(mut dump: impl FnMut(Dump) -> String) -> Option<(Variant, Evidence
 }
 
 /// The first kubelet chain declared (`:NAME POLICY [packets:bytes]`) in a save output.
-fn kubelet_chain(save: &str) -> Option<&'static str> {
-    save.lines().find_map(|line| {
-        let name = line.strip_prefix(':')?.split_whitespace().next()?;
-        KUBELET_CHAINS.into_iter().find(|chain| *chain == name)
-    })
+fn kubelet_chain(dump: &str) -> Option<&'static str> {
+    save::declared_chains(dump)
+        .find_map(|name| KUBELET_CHAINS.into_iter().find(|chain| *chain == name))
 }
 
 /// The rules (`-A chain ...` lines) of a save output.
-fn rule_count(save: &str) -> usize {
-    save.lines().filter(|line| line.starts_with('-')).count()
+fn rule_count(dump: &str) -> usize {
+    save::appended_rules(dump).count()
 }
 
 /// Whether a backend's six commands are on PATH.
