@@ -28,8 +28,7 @@ use crate::{
 
 #[derive(Args)]
 pub struct ScenariosArgs {
-    /// The dataplane mode the agent runs and the flows are judged in (`nftables` is a
-    /// mode scenario flows may name; the agent does not have it yet, and the runner says so).
+    /// The dataplane mode the agent runs and the flows are judged in.
     #[arg(long, value_parser = ["ebpf", "iptables", "ipvs", "nftables"])]
     pub mode: String,
     /// Scenario directories (default: ../shared/scenarios and tests/scenarios).
@@ -192,13 +191,6 @@ fn check_seen_by_guest(paths: &[(&str, &Path)]) -> anyhow::Result<()> {
 }
 
 pub fn run(args: &ScenariosArgs) -> anyhow::Result<()> {
-    if args.mode == "nftables" {
-        bail!(
-            "the agent has no nftables mode yet (`--proxy-mode nftables` is refused at \
-             validation): scenario flows that list nftables are parsed and ignored in the other \
-             modes; replay ebpf, iptables or ipvs"
-        );
-    }
     let guest = in_vm(args)?;
     let dirs: Vec<PathBuf> = if args.dirs.is_empty() {
         default_dirs()

@@ -484,7 +484,7 @@ impl EventLoop {
             Err(e) => {
                 self.metrics.sync_failures_total.inc();
                 if let Some(failure) = &e.restore_failed {
-                    self.metrics.restore_failed(failure);
+                    self.metrics.restore_failed(e.mode, failure);
                 }
                 error!(error = %e, full, "sync failed; retrying with a full sync");
                 false

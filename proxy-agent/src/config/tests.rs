@@ -119,7 +119,7 @@ fn default_mode_is_ebpf_with_the_iptables_sync_periods() {
 #[test]
 fn invalid_flags_are_reported_against_the_command_line() {
     let error = resolve_args(&[
-        "--proxy-mode=nftables",
+        "--proxy-mode=kernelspace",
         "--oom-score-adj=-1001",
         "--iptables-masquerade-bit=40",
     ])
@@ -127,7 +127,7 @@ fn invalid_flags_are_reported_against_the_command_line() {
     assert_eq!(
         error.to_string(),
         "command line: iptables.masqueradeBit: Invalid value: 40: must be within the range [0, 31]\n\
-         command line: mode: Invalid value: \"nftables\": unsupported proxy mode nftables: this agent implements ebpf, iptables and ipvs\n\
+         command line: mode: Invalid value: \"kernelspace\": must be ebpf, iptables, ipvs, nftables or blank (blank means the best-available proxy [currently ebpf])\n\
          command line: oomScoreAdj: Invalid value: -1001: must be within the range [-1000, 1000]"
     );
 }

@@ -304,17 +304,10 @@ const XDP_MODES: &[&str] = &["off", "generic", "native"];
 const DUAL_STACK_DETAIL: &str = "must be either a single CIDR or a dual-stack pair of CIDRs (e.g. 10.100.0.0/16,fde4:8dba:82e1::/48)";
 
 pub(crate) fn invalid_mode(mode: &str) -> FieldError {
-    if mode == "nftables" {
-        return FieldError::invalid(
-            "mode",
-            mode,
-            "unsupported proxy mode nftables: this agent implements ebpf, iptables and ipvs",
-        );
-    }
     FieldError::invalid(
         "mode",
         mode,
-        "must be ebpf, iptables, ipvs or blank (blank means the best-available proxy [currently ebpf])",
+        "must be ebpf, iptables, ipvs, nftables or blank (blank means the best-available proxy [currently ebpf])",
     )
 }
 

@@ -202,7 +202,7 @@ fn conntrack_timeouts_must_not_be_negative() {
 fn mode_must_be_known() {
     expect_one(
         |c| c.mode = "userspace".into(),
-        r#"mode: Invalid value: "userspace": must be ebpf, iptables, ipvs or blank (blank means the best-available proxy [currently ebpf])"#,
+        r#"mode: Invalid value: "userspace": must be ebpf, iptables, ipvs, nftables or blank (blank means the best-available proxy [currently ebpf])"#,
     );
 }
 
@@ -210,16 +210,18 @@ fn mode_must_be_known() {
 fn kernelspace_mode_is_refused_on_linux() {
     expect_one(
         |c| c.mode = "kernelspace".into(),
-        r#"mode: Invalid value: "kernelspace": must be ebpf, iptables, ipvs or blank (blank means the best-available proxy [currently ebpf])"#,
+        r#"mode: Invalid value: "kernelspace": must be ebpf, iptables, ipvs, nftables or blank (blank means the best-available proxy [currently ebpf])"#,
     );
 }
 
 #[test]
-fn nftables_mode_is_refused_as_unsupported() {
-    expect_one(
-        |c| c.mode = "nftables".into(),
-        r#"mode: Invalid value: "nftables": unsupported proxy mode nftables: this agent implements ebpf, iptables and ipvs"#,
-    );
+fn every_upstream_mode_is_accepted() {
+    for mode in ["", "ebpf", "iptables", "ipvs", "nftables"] {
+        assert!(
+            errors_of(|c| c.mode = mode.into()).is_empty(),
+            "mode {mode:?} refused"
+        );
+    }
 }
 
 #[test]

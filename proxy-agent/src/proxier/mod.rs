@@ -32,9 +32,16 @@ use crate::{
 };
 
 /// Every mode this agent runs, one line each. The order is the order `--cleanup` and a
-/// starting mode remove what the others left: ebpf, then ipvs (its sets can only go once
-/// no rule refers to them, and it removes its own rules), then iptables.
-pub static MODES: &[&ModeEntry] = &[&ebpf::mode::MODE, &ipvs::mode::MODE, &iptables::mode::MODE];
+/// starting mode remove what the others left: ebpf, nftables (its own tables, nothing
+/// shared), then ipvs (its sets can only go once no rule refers to them, and it removes
+/// its own rules), then iptables; and the order the operator tools look for a mode in use
+/// (iptables, which always answers, last).
+pub static MODES: &[&ModeEntry] = &[
+    &ebpf::mode::MODE,
+    &nftables::mode::MODE,
+    &ipvs::mode::MODE,
+    &iptables::mode::MODE,
+];
 
 impl HostLayout {
     pub fn from_config(config: &KubeProxyConfiguration) -> Self {

@@ -131,6 +131,8 @@ pub struct FamilyReport {
     pub no_local_endpoints_external: usize,
     /// iptables mode: the rules of each table, for `kubeproxy_sync_proxy_rules_iptables_*`.
     pub iptables_rules: Vec<TableRules>,
+    /// nftables mode: deleting the stale chains failed in this sync.
+    pub nftables_cleanup_failed: bool,
 }
 
 /// Rules of one iptables table owned by the proxier (jump rules from the built-in chains
@@ -211,16 +213,17 @@ pub struct SyncError {
     pub mode: &'static str,
     #[source]
     pub source: Box<dyn std::error::Error + Send + Sync>,
-    /// The iptables-restore that failed, when that is what failed (iptables and ipvs
-    /// modes), for `kubeproxy_sync_proxy_rules_iptables_*restore_failures_total`.
+    /// The rules transaction that failed, when that is what failed: an iptables-restore
+    /// (iptables and ipvs modes; `kubeproxy_sync_proxy_rules_iptables_*restore_failures_total`)
+    /// or an `nft -f` (nftables mode; `..._nftables_sync_failures_total`).
     pub restore_failed: Option<RestoreFailure>,
 }
 
-/// A failed iptables-restore.
+/// A failed iptables-restore or nft transaction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RestoreFailure {
     pub family: IpFamily,
-    /// It restored a partial sync's rules (upstream then falls back to a full sync, as we do).
+    /// It wrote a partial sync's rules (upstream then falls back to a full sync, as we do).
     pub partial: bool,
 }
 
@@ -242,7 +245,7 @@ impl SyncError {
 
 /// A dataplane: turns the model into kernel state.
 pub trait Proxier: Send {
-    /// The mode name (`ebpf`, `iptables`, `ipvs`).
+    /// The mode name (`ebpf`, `iptables`, `ipvs`, `nftables`).
     fn mode(&self) -> &'static str;
 
     /// Brings the kernel in line with the model. Must leave the dataplane consistent

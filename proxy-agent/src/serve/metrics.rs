@@ -445,9 +445,16 @@ impl Metrics {
         }
     }
 
-    /// Counts a failed iptables-restore (iptables and ipvs modes).
-    pub fn restore_failed(&self, failure: &RestoreFailure) {
+    /// Counts a failed rules transaction of `mode`: an iptables-restore (iptables and ipvs
+    /// modes) or an `nft` transaction (nftables mode).
+    pub fn restore_failed(&self, mode: &str, failure: &RestoreFailure) {
         let label = [failure.family.as_api_str()];
+        if mode == crate::proxier::nftables::MODE {
+            self.nftables_sync_failures_total
+                .with_label_values(&label)
+                .inc();
+            return;
+        }
         self.iptables_restore_failures_total
             .with_label_values(&label)
             .inc();
@@ -478,6 +485,11 @@ impl Metrics {
                 report.no_local_endpoints_internal,
                 report.no_local_endpoints_external,
             );
+            if report.nftables_cleanup_failed {
+                self.nftables_cleanup_failures_total
+                    .with_label_values(&[report.family.as_api_str()])
+                    .inc();
+            }
             for rules in &report.iptables_rules {
                 let labels = [report.family.as_api_str(), rules.table];
                 self.iptables_rules_total

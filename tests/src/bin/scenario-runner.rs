@@ -179,14 +179,6 @@ fn main() -> ExitCode {
             only_external_clients,
         } => {
             tests::scenario::readiness::set_time_scale(time_scale);
-            let missing = [Some(mode), expect_fallback]
-                .into_iter()
-                .flatten()
-                .find_map(|m| m.missing_in_agent().map(|why| (m, why)));
-            if let Some((missing, why)) = missing {
-                eprintln!("scenario-runner: cannot replay {missing} mode: {why}");
-                return ExitCode::from(2);
-            }
             let agent = if no_agent {
                 Ok(None)
             } else {

@@ -160,7 +160,7 @@ pub enum Mode {
     Iptables,
     Ipvs,
     /// Upstream's current mode. Scenario files name it where its outcome differs from
-    /// iptables mode's; the agent does not implement it yet (see [`Mode::missing_in_agent`]).
+    /// iptables mode's (ebpf mode follows it).
     Nftables,
 }
 
@@ -173,19 +173,6 @@ impl Mode {
             Mode::Iptables => "iptables",
             Mode::Ipvs => "ipvs",
             Mode::Nftables => "nftables",
-        }
-    }
-
-    /// Why the agent cannot be run in this mode yet, if it cannot: flows of such a mode
-    /// are parsed (and ignored by the other modes) but cannot be replayed.
-    pub fn missing_in_agent(self) -> Option<&'static str> {
-        match self {
-            Mode::Nftables => Some(
-                "the agent has no nftables mode yet (`--proxy-mode nftables` is refused at \
-                 validation): scenario flows that list nftables are parsed and ignored in the \
-                 other modes; replay ebpf, iptables or ipvs",
-            ),
-            Mode::Ebpf | Mode::Iptables | Mode::Ipvs => None,
         }
     }
 }
@@ -679,12 +666,6 @@ flows:
         assert_eq!(applying(Mode::Ipvs), [2]);
         assert_eq!(applying(Mode::Nftables), [1, 3]);
         assert_eq!("nftables".parse::<Mode>().unwrap(), Mode::Nftables);
-        assert!(Mode::Nftables.missing_in_agent().is_some());
-        assert!(
-            [Mode::Ebpf, Mode::Iptables, Mode::Ipvs]
-                .iter()
-                .all(|m| m.missing_in_agent().is_none())
-        );
     }
 
     #[test]

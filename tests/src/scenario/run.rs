@@ -576,7 +576,10 @@ impl<'a> ScenarioEnv<'a> {
         attempts: &[Attempt],
         node_addresses: &BTreeSet<IpAddr>,
     ) -> Option<String> {
-        let checked = matches!(self.options.mode, Mode::Ebpf | Mode::Iptables);
+        let checked = matches!(
+            self.options.mode,
+            Mode::Ebpf | Mode::Iptables | Mode::Nftables
+        );
         let agent = self.options.agent.as_ref()?;
         if !self.options.trace_check || !checked {
             return None;

@@ -188,6 +188,7 @@ impl IptablesProxier {
                 no_local_endpoints_internal: generated.no_local_endpoints_internal,
                 no_local_endpoints_external: generated.no_local_endpoints_external,
                 iptables_rules: outcome.rules,
+                nftables_cleanup_failed: false,
             });
         }
         Ok(stats)

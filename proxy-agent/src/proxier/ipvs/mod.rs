@@ -227,6 +227,7 @@ impl IpvsProxier {
                 no_local_endpoints_internal: d.no_local_endpoints_internal,
                 no_local_endpoints_external: d.no_local_endpoints_external,
                 iptables_rules: Vec::new(),
+                nftables_cleanup_failed: false,
             });
         }
 

@@ -72,11 +72,14 @@
 //! registered mode feeds `nft` on stdin or speaks netlink is decided at registration.
 
 mod context;
+pub(super) mod mode;
 mod names;
+mod proxier;
 mod ruleset;
 mod state;
 #[cfg(test)]
 mod tests;
+mod transport;
 
 pub use context::NftContext;
 pub use names::{PortNames, affinity_slot, is_port_chain};
@@ -84,4 +87,6 @@ pub use ruleset::{
     AFFINITY_SET_SIZE, Chain, Container, DesiredState, Element, ElementValue, Model, PortRules,
     base, port_rules,
 };
+pub use proxier::{Error, MODE, NftablesProxier};
 pub use state::{STALE_CHAIN_DELAY, TransactionStats, Written};
+pub use transport::{NftCommand, NftError, NftTransport};

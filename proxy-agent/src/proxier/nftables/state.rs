@@ -41,6 +41,9 @@ pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
 struct PortRecord {
     chains: Vec<String>,
     elements: Vec<(Container, String)>,
+    /// Its traffic policies drop traffic for want of a local endpoint (internal,
+    /// external): for `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
+    no_local: (bool, bool),
 }
 
 /// Who wants one element: its value per owning service port. Two ports can claim the same
@@ -92,6 +95,14 @@ impl Written {
 
     pub fn port_count(&self) -> usize {
         self.ports.len()
+    }
+
+    /// Service ports in the table whose internal and external traffic (in that order) is
+    /// dropped for want of a local endpoint.
+    pub fn no_local_endpoints(&self) -> (usize, usize) {
+        self.ports.values().fold((0, 0), |(i, e), p| {
+            (i + usize::from(p.no_local.0), e + usize::from(p.no_local.1))
+        })
     }
 
     /// Chains flushed and waiting for deletion.
@@ -403,6 +414,7 @@ impl Written {
         let mut record = PortRecord {
             chains: rules.chains.iter().map(|c| c.name.clone()).collect(),
             elements: Vec::with_capacity(rules.elements.len()),
+            no_local: (rules.no_local_internal, rules.no_local_external),
         };
         for element in &rules.elements {
             let key = (element.container, element.key.clone());

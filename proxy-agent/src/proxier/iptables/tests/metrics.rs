@@ -166,7 +166,7 @@ fn a_failed_restore_and_the_rule_counts_reach_the_metrics() {
     fake.lock().fail_next_restore = true;
     let request = replay.request(&step, false);
     let err = proxier.sync(&request).unwrap_err();
-    metrics.restore_failed(&err.restore_failed.expect("a restore failed"));
+    metrics.restore_failed(err.mode, &err.restore_failed.expect("a restore failed"));
     let page = metrics.render();
     for counter in ["restore", "partial_restore"] {
         let line = format!(

@@ -6,6 +6,7 @@
 
 mod golden;
 mod kernel;
+mod proxier;
 mod shape;
 mod written;
 
