@@ -15,7 +15,11 @@
 //! (topology, traffic policies, terminating fallback). Base chains and priorities,
 //! `service-ips` / `service-nodeports` dispatch verdict maps, the `cluster-ips` set,
 //! `no-endpoint-services` / `no-endpoint-nodeports` (REJECT through `reject-chain`, DROP
-//! for a Local policy without local endpoint), `cluster-ips-check` (REJECT for ports a live
+//! for a Local policy without local endpoint; the eTP=Local DROP of external IPs and LB
+//! IPs sits in a map of its own, `no-local-endpoint-external`, checked in input and
+//! forward only: upstream checks it in output too, before the external chain's
+//! short-circuit for this node's own traffic could apply, so the node could not reach
+//! such a service; here it can, as in iptables mode and as the shared scenarios expect), `cluster-ips-check` (REJECT for ports a live
 //! ClusterIP does not serve, DROP for unallocated addresses in the ServiceCIDRs),
 //! `firewall-ips` for loadBalancerSourceRanges (admitting the node's own address and the
 //! LB IPs as upstream does), the masquerade mark and `masquerade fully-random`,
@@ -32,7 +36,7 @@
 //! per endpoint of a ClientIP service, so a cold load grows with the square of the
 //! services (measured here: 23–84 s for 10,000 services × 4 endpoints). Chains, by
 //! contrast, are found through a hash table. So here the number of set objects is fixed
-//! (the six shared maps and sets, `nodeport-ips`, one `affinity` set, one anonymous set
+//! (the seven shared maps and sets, `nodeport-ips`, one `affinity` set, one anonymous set
 //! for the ServiceCIDRs):
 //!
 //! - **Endpoint choice** is a cascade of rules in the policy chain, `numgen random mod

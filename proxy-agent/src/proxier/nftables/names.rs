@@ -24,6 +24,9 @@ pub const NAT_POSTROUTING: &str = "nat-postrouting";
 // Regular top-level chains.
 pub const SERVICES: &str = "services";
 pub const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+/// Ours (not upstream's): the eTP=Local drop for external IPs and LB IPs without a local
+/// endpoint, checked for traffic from elsewhere only (see `ruleset::base`).
+pub const EXTERNAL_ENDPOINTS_CHECK: &str = "external-endpoints-check";
 pub const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
 pub const REJECT_CHAIN: &str = "reject-chain";
 pub const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
@@ -37,6 +40,7 @@ pub const SERVICE_NODEPORTS: &str = "service-nodeports";
 pub const NODEPORT_IPS: &str = "nodeport-ips";
 pub const CLUSTER_IPS: &str = "cluster-ips";
 pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub const NO_LOCAL_ENDPOINT_EXTERNAL: &str = "no-local-endpoint-external";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 /// The one ClientIP affinity set of the family (upstream: one set per endpoint).

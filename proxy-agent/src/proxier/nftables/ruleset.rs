@@ -30,16 +30,18 @@ pub enum Container {
     ServiceIps,
     ServiceNodePorts,
     NoEndpointServices,
+    NoLocalEndpointExternal,
     NoEndpointNodePorts,
     FirewallIps,
 }
 
 impl Container {
-    pub const ALL: [Container; 6] = [
+    pub const ALL: [Container; 7] = [
         Container::ClusterIps,
         Container::ServiceIps,
         Container::ServiceNodePorts,
         Container::NoEndpointServices,
+        Container::NoLocalEndpointExternal,
         Container::NoEndpointNodePorts,
         Container::FirewallIps,
     ];
@@ -50,6 +52,7 @@ impl Container {
             Container::ServiceIps => SERVICE_IPS,
             Container::ServiceNodePorts => SERVICE_NODEPORTS,
             Container::NoEndpointServices => NO_ENDPOINT_SERVICES,
+            Container::NoLocalEndpointExternal => NO_LOCAL_ENDPOINT_EXTERNAL,
             Container::NoEndpointNodePorts => NO_ENDPOINT_NODEPORTS,
             Container::FirewallIps => FIREWALL_IPS,
         }
@@ -248,6 +251,16 @@ pub fn port_rules(
             comment.clone(),
         );
     }
+    // No endpoint at all: REJECT whoever sends (this node too). Endpoints elsewhere only,
+    // with eTP=Local: DROP what comes from elsewhere; this node's own traffic is
+    // short-circuited to every endpoint by the external chain, as in iptables mode (and
+    // as upstream's comment intends: its filter-output check drops it before the
+    // short-circuit).
+    let external_refusals = if has_endpoints {
+        Container::NoLocalEndpointExternal
+    } else {
+        Container::NoEndpointServices
+    };
     for ip in &svc.external_ips {
         let key = format!("{ip} . {proto} . {port}");
         if has_endpoints {
@@ -260,7 +273,7 @@ pub fn port_rules(
         }
         if !has_external {
             element(
-                Container::NoEndpointServices,
+                external_refusals,
                 key,
                 Some(external_refusal.clone()),
                 comment.clone(),
@@ -287,7 +300,7 @@ pub fn port_rules(
         }
         if !has_external {
             element(
-                Container::NoEndpointServices,
+                external_refusals,
                 key,
                 Some(external_refusal.clone()),
                 comment.clone(),
@@ -522,6 +535,7 @@ pub fn base(ctx: &NftContext<'_>) -> String {
     for chain in [
         NODEPORT_ENDPOINTS_CHECK,
         SERVICE_ENDPOINTS_CHECK,
+        EXTERNAL_ENDPOINTS_CHECK,
         FIREWALL_CHECK,
         SERVICES,
         MASQUERADING,
@@ -544,6 +558,8 @@ pub fn base(ctx: &NftContext<'_>) -> String {
         (FILTER_INPUT, SERVICE_ENDPOINTS_CHECK),
         (FILTER_FORWARD, SERVICE_ENDPOINTS_CHECK),
         (FILTER_OUTPUT, SERVICE_ENDPOINTS_CHECK),
+        (FILTER_INPUT, EXTERNAL_ENDPOINTS_CHECK),
+        (FILTER_FORWARD, EXTERNAL_ENDPOINTS_CHECK),
         (FILTER_PREROUTING, FIREWALL_CHECK),
         (FILTER_OUTPUT, FIREWALL_CHECK),
         (FILTER_FORWARD, CLUSTER_IPS_CHECK),
@@ -581,6 +597,12 @@ pub fn base(ctx: &NftContext<'_>) -> String {
             service_key.clone(),
             " : verdict",
             "vmap to drop or reject packets to services with no endpoints",
+        ),
+        (
+            NO_LOCAL_ENDPOINT_EXTERNAL,
+            service_key.clone(),
+            " : verdict",
+            "vmap to drop packets from elsewhere to external IPs of eTP=Local services without local endpoints",
         ),
         (
             NO_ENDPOINT_NODEPORTS,
@@ -670,6 +692,10 @@ pub fn base(ctx: &NftContext<'_>) -> String {
     line!(
         out,
         "add rule {t} {SERVICE_ENDPOINTS_CHECK} {ip} daddr . meta l4proto . th dport vmap @{NO_ENDPOINT_SERVICES}"
+    );
+    line!(
+        out,
+        "add rule {t} {EXTERNAL_ENDPOINTS_CHECK} {ip} daddr . meta l4proto . th dport vmap @{NO_LOCAL_ENDPOINT_EXTERNAL}"
     );
     line!(
         out,
