@@ -45,12 +45,17 @@ fn scenario_files() -> Vec<PathBuf> {
 enum Files {
     /// Every file of both directories.
     All,
+    /// Every file but the IPv6 twins of our own files: a second netfilter mode's IPv6
+    /// rules are replayed through the twins of the shared files (and golden- and
+    /// kernel-tested in its unit tests); the whole CI run must stay well under 45 minutes
+    /// on 2 cores, and `cargo xtask scenarios --mode <mode>` replays all.
+    AllButOwnTwins,
     /// Only files with a client outside the node (and the runner replays only those
     /// clients' flows): XDP sits on the uplink and sees nothing else, so the other flows
-    /// would replay the plain ebpf run. Of the IPv6 twins of our own files, none: XDP's
-    /// IPv6 path is replayed through the twins of the shared files (and unit-tested in
-    /// tests/tests/privileged/bpf_test_run.rs); the whole CI run must stay well under 45
-    /// minutes on 2 cores, and `cargo xtask scenarios --xdp-mode generic` replays all.
+    /// would replay the plain ebpf run. Of the IPv6 twins, none: XDP's IPv6 path is
+    /// unit-tested in tests/tests/privileged/bpf_test_run.rs and replayed by hand; the whole
+    /// CI run must stay well under 45 minutes on 2 cores, and `cargo xtask scenarios
+    /// --xdp-mode generic` replays all.
     WithExternalClients,
     /// Only [`FALLBACK_FILES`] of ../shared/scenarios: the fallback agent runs the iptables
     /// proxier, whose outcomes the `iptables` trial already judges on every file; what this
@@ -69,9 +74,9 @@ const FALLBACK_FILES: &[&str] = &[
     "k1-session-affinity.yaml",
 ];
 
-/// Modes replayed on this host, as (test name, runner arguments, files). In ebpf and
-/// iptables modes every flow is also asked of `proxy-agent trace`, whose answer must agree
-/// with what the probes saw (`--trace-check`). `ebpf-xdp` is ebpf mode with XDP generic on
+/// Modes replayed on this host, as (test name, runner arguments, files). In ebpf,
+/// iptables and nftables modes every flow is also asked of `proxy-agent trace`, whose
+/// answer must agree with what the probes saw (`--trace-check`). `ebpf-xdp` is ebpf mode with XDP generic on
 /// the uplink in front of tc. ipvs needs a kernel with IPVS: where this one has none,
 /// `ipvs-fallback` starts the agent in ipvs mode, requires that it fell back to iptables
 /// (its /proxyMode) and judges the flows as iptables; the real ipvs runs are in the guest of
@@ -104,6 +109,11 @@ fn modes() -> Vec<(&'static str, &'static [&'static str], Files)> {
             &["--mode", "iptables", "--trace-check"],
             Files::All,
         ),
+        (
+            "nftables",
+            &["--mode", "nftables", "--trace-check"],
+            Files::AllButOwnTwins,
+        ),
         ipvs,
     ]
 }
@@ -113,6 +123,7 @@ fn modes() -> Vec<(&'static str, &'static [&'static str], Files)> {
 fn selected(files: Files, file: &Path) -> bool {
     match files {
         Files::All => true,
+        Files::AllButOwnTwins => !twin_of_an_own_file(file),
         Files::Fallback => {
             file.starts_with(workspace().join("../shared/scenarios"))
                 && file
@@ -120,7 +131,7 @@ fn selected(files: Files, file: &Path) -> bool {
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| FALLBACK_FILES.contains(&n))
         }
-        Files::WithExternalClients if twin_of_an_own_file(file) => false,
+        Files::WithExternalClients if is_v6_twin(file) => false,
         Files::WithExternalClients => match Scenario::load(file) {
             Ok(scenario) => Placement::plan(&scenario)
                 .map(|placement| !placement.external_clients.is_empty())
@@ -128,6 +139,13 @@ fn selected(files: Files, file: &Path) -> bool {
             Err(_) => true,
         },
     }
+}
+
+/// Whether `file` is an IPv6 twin (`v6-NAME`).
+fn is_v6_twin(file: &Path) -> bool {
+    file.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("v6-"))
 }
 
 /// Whether `file` is the IPv6 twin (`v6-NAME`) of a file of tests/scenarios (not of a

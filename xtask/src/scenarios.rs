@@ -54,6 +54,10 @@ pub struct ScenariosArgs {
     /// Keep namespaces, cgroup, pins and files afterwards (on this host only).
     #[arg(long)]
     pub keep: bool,
+    /// Also ask `proxy-agent trace` about every flow; its answer must agree with what the
+    /// probes saw (ebpf, iptables and nftables modes).
+    #[arg(long)]
+    pub trace_check: bool,
 }
 
 /// How long the agent may take to sync a change inside the VM: everything runs 10-20
@@ -234,6 +238,9 @@ pub fn run(args: &ScenariosArgs) -> anyhow::Result<()> {
         if let Some(value) = value {
             words.extend([flag.to_string(), value.clone()]);
         }
+    }
+    if args.trace_check {
+        words.push("--trace-check".into());
     }
     if !guest {
         if args.keep {

@@ -87,10 +87,10 @@ mod transport;
 
 pub use context::NftContext;
 pub use names::{PortNames, affinity_slot, is_port_chain};
+pub use proxier::{Error, MODE, NftablesProxier};
 pub use ruleset::{
     AFFINITY_SET_SIZE, Chain, Container, DesiredState, Element, ElementValue, Model, PortRules,
     base, port_rules,
 };
-pub use proxier::{Error, MODE, NftablesProxier};
 pub use state::{STALE_CHAIN_DELAY, TransactionStats, Written};
 pub use transport::{NftCommand, NftError, NftTransport};

@@ -11,11 +11,11 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use super::NftablesProxier;
 use super::context::NftContext;
 use super::names::TABLE;
 use super::ruleset::DesiredState;
 use super::transport::{NftCommand, family_keyword};
-use super::NftablesProxier;
 use crate::{
     config::ProxyMode,
     model::IpFamily,
@@ -153,10 +153,7 @@ mod tests {
             parse_version("nftables v1.0.6 (Lester Gooch #5)\n"),
             Some((1, 0, 6))
         );
-        assert_eq!(
-            parse_version("nftables v0.9.8 (E.D.S.)"),
-            Some((0, 9, 8))
-        );
+        assert_eq!(parse_version("nftables v0.9.8 (E.D.S.)"), Some((0, 9, 8)));
         assert!(parse_version("nftables v0.9.8 (E.D.S.)").unwrap() < MIN_NFT);
         assert_eq!(parse_version("nftables v1.1 (x)"), Some((1, 1, 0)));
         assert_eq!(parse_version("garbage"), None);

@@ -131,9 +131,7 @@ impl NftablesProxier {
                 }
             };
             let desired = DesiredState::build(model, &ctx);
-            table
-                .written
-                .full(&desired, &ctx, listed.as_deref(), now)
+            table.written.full(&desired, &ctx, listed.as_deref(), now)
         } else {
             table
                 .written

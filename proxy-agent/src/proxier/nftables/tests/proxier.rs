@@ -42,8 +42,9 @@ impl NftTransport for FakeNft {
         if std::mem::take(&mut kernel.fail_next) {
             return Err(NftError::Failed {
                 status: "exit status: 1".into(),
-                stderr: "/dev/stdin:3:1-4: Error: Could not process rule: No such file or directory"
-                    .into(),
+                stderr:
+                    "/dev/stdin:3:1-4: Error: Could not process rule: No such file or directory"
+                        .into(),
                 line: Some(3),
             });
         }
@@ -142,7 +143,10 @@ fn a_failed_transaction_is_reported_and_the_next_sync_is_full() {
     let failure = err.restore_failed.expect("the failed transaction is named");
     assert_eq!(failure.family, IpFamily::V4);
     assert!(failure.partial, "a partial sync failed");
-    assert!(err.to_string().contains("nftables transaction failed"), "{err}");
+    assert!(
+        err.to_string().contains("nftables transaction failed"),
+        "{err}"
+    );
 
     // The runner retries; even a partial request is then full.
     proxier.sync(&replay.request(&step, false)).unwrap();
@@ -184,7 +188,9 @@ fn stale_chains_are_deleted_by_a_transaction_of_their_own_a_second_later() {
     proxier.sync(&replay.request(&step, false)).unwrap();
     let scripts = fake.take_scripts();
     assert!(
-        scripts.iter().any(|s| s.contains("flush chain ip kube-proxy service-")),
+        scripts
+            .iter()
+            .any(|s| s.contains("flush chain ip kube-proxy service-")),
         "{scripts:#?}"
     );
     assert!(scripts.iter().all(|s| !s.contains("delete chain")));
@@ -216,12 +222,14 @@ fn no_local_endpoint_counts_cover_the_whole_table_in_partial_syncs() {
             let (mut fresh, _) = self::proxier();
             let expected = fresh.sync(&replay.request(&step, true)).unwrap();
             let counts = |s: &crate::proxier::SyncStats| {
-                (
-                    s.no_local_endpoints_internal,
-                    s.no_local_endpoints_external,
-                )
+                (s.no_local_endpoints_internal, s.no_local_endpoints_external)
             };
-            assert_eq!(counts(&stats), counts(&expected), "{} state {i}", scenario.name);
+            assert_eq!(
+                counts(&stats),
+                counts(&expected),
+                "{} state {i}",
+                scenario.name
+            );
             seen.0 += stats.no_local_endpoints_internal;
             seen.1 += stats.no_local_endpoints_external;
         }
@@ -235,7 +243,10 @@ fn no_local_endpoint_counts_cover_the_whole_table_in_partial_syncs() {
 #[test]
 fn request_families_without_services_still_get_their_table() {
     let (mut proxier, fake) = proxier();
-    let replay = Scenario::parse("name: empty\nnode: {name: test-node, addresses: [192.168.0.2/24]}\nobjects: []\n").replay();
+    let replay = Scenario::parse(
+        "name: empty\nnode: {name: test-node, addresses: [192.168.0.2/24]}\nobjects: []\n",
+    )
+    .replay();
     let step = crate::proxier::iptables::tests::scenario::Step {
         changed: HashSet::new(),
         stale: StaleConntrack::default(),
