@@ -212,11 +212,7 @@ impl EventLoop {
             nodeport_addresses: facts.nodeport_addresses.clone(),
             local_detector: facts.local_detector.clone(),
             masquerade_all: self.resolved.effective.masquerade_all,
-            masquerade_bit: config
-                .iptables
-                .masquerade_bit
-                .and_then(|b| u32::try_from(b).ok())
-                .unwrap_or(14),
+            masquerade_bit: config.masquerade_bit(choice.mode),
             localhost_nodeports: config.iptables.localhost_node_ports.unwrap_or(true),
         };
 

@@ -128,7 +128,7 @@ pub struct Flags {
     pub feature_gates: Vec<FeatureGates>,
 
     // ---- Proxy mode.
-    /// Dataplane: ebpf, iptables or ipvs (nftables is recognised but not implemented).
+    /// Dataplane: ebpf, iptables, ipvs or nftables.
     /// [default: ebpf]
     #[arg(long = "proxy-mode", visible_alias = "mode", value_name = "MODE")]
     pub proxy_mode: Option<String>,
@@ -403,8 +403,11 @@ pub(crate) fn apply_config_flags(
             .extend(gates.0.iter().map(|(name, on)| (name.clone(), *on)));
     }
 
+    // One flag for the mark bit, read from the section of the running mode (as
+    // masqueradeAll below).
     if let Some(bit) = flags.iptables_masquerade_bit {
         config.iptables.masquerade_bit = Some(bit);
+        config.nftables.masquerade_bit = Some(bit);
     }
     // Upstream keeps one masqueradeAll and reads it from the section of the running mode.
     if let Some(all) = flags.masquerade_all {

@@ -279,6 +279,19 @@ impl KubeProxyConfiguration {
         }
     }
 
+    /// The fwmark bit for masquerading: upstream reads `nftables.masqueradeBit` in
+    /// nftables mode and `iptables.masqueradeBit` otherwise (default 14; validation keeps
+    /// it within 0..=31).
+    pub fn masquerade_bit(&self, mode: ProxyMode) -> u32 {
+        let bit = match mode {
+            ProxyMode::Nftables => self.nftables.masquerade_bit,
+            _ => self.iptables.masquerade_bit,
+        };
+        bit.and_then(|b| u32::try_from(b).ok())
+            .filter(|b| *b <= 31)
+            .unwrap_or(14)
+    }
+
     /// The section name whose sync periods `mode` uses, for field paths.
     pub(crate) fn sync_section(mode: &str) -> &'static str {
         match mode {
@@ -473,5 +486,16 @@ mod tests {
         assert!(!config.masquerade_all(ProxyMode::Ebpf));
         config.iptables.masquerade_all = true;
         assert!(config.masquerade_all(ProxyMode::Ipvs));
+    }
+
+    #[test]
+    fn masquerade_bit_comes_from_the_section_of_the_mode() {
+        let mut config = default_config();
+        assert_eq!(config.masquerade_bit(ProxyMode::Nftables), 14);
+        config.nftables.masquerade_bit = Some(20);
+        config.iptables.masquerade_bit = Some(5);
+        assert_eq!(config.masquerade_bit(ProxyMode::Nftables), 20);
+        assert_eq!(config.masquerade_bit(ProxyMode::Iptables), 5);
+        assert_eq!(config.masquerade_bit(ProxyMode::Ebpf), 5);
     }
 }
