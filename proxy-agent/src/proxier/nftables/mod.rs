@@ -3,10 +3,11 @@
 //! yet. What is here: one family's desired ruleset for `table ip kube-proxy` /
 //! `table ip6 kube-proxy` as `nft -f` text ([`DesiredState`], [`base`], [`port_rules`]),
 //! and the record of what was written with the full and partial transactions that move
-//! the kernel to a new desired state ([`Written`]). What comes next, in the registration
-//! step: the `mode.rs` entry in the registry, applying the texts with `nft -f -` on stdin,
-//! the fallback to iptables, cleanup of the other modes' leftovers, metrics, `inspect` and
-//! `trace` from the live ruleset, and the scenario suites.
+//! the kernel to a new desired state ([`Written`]); the operator tools on the live table
+//! ([`trace`]: `trace` follows a connection through `nft -j`'s listing, `inspect rules`
+//! prints it). What comes next, in the registration step: the `mode.rs` entry in the
+//! registry, applying the texts with `nft -f -` on stdin, the fallback to iptables,
+//! cleanup of the other modes' leftovers, metrics, and the scenario suites.
 //!
 //! # Behaviour
 //!
@@ -77,6 +78,7 @@ mod ruleset;
 mod state;
 #[cfg(test)]
 mod tests;
+pub mod trace;
 
 pub use context::NftContext;
 pub use names::{PortNames, affinity_slot, is_port_chain};

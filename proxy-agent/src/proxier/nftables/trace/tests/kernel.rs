@@ -1,0 +1,335 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Every behaviour scenario's flows, traced through the kernel's own listing (root with
+//! `nft`, else skipped with a message): each state's ruleset (the model replayed through
+//! the trackers, with the state's ServiceCIDRs, as the agent would build it) is loaded
+//! into a private network namespace and listed with `nft -j`; each flow that applies to
+//! nftables mode (no `modes:`, or one naming nftables) is traced and its verdict checked
+//! against the flow's `expect`, `masq` and `sticky`.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path as FsPath;
+
+use ipnet::IpNet;
+use proxy_common::proto;
+use serde_yaml::Value as Yaml;
+
+use super::super::{Listing, trace};
+use crate::k8s::convert::ClusterObject;
+use crate::model::IpFamily;
+use crate::proxier::iptables::tests::scenario::{Scenario, scenario_files};
+use crate::proxier::nftables::tests::kernel::{in_private_netns, unavailable};
+use crate::proxier::nftables::{DesiredState, Model, NftContext};
+use crate::trace::{Action, ClientKind, Question, Verdict};
+
+/// Flows the ruleset answers otherwise than their scenario, with the ruleset's answer
+/// (scenario, state, from, to): the trace follows the kernel here, and the kernel agrees
+/// (its counters show the SYNs of the first one end in filter-output). A fix of the
+/// ruleset makes the test fail until the entry goes.
+///
+/// - a1: the node connecting to an eTP=Local external IP without local endpoints. The
+///   scenario expects the external chain's short-circuit of local traffic; but
+///   filter-output (priority -110) runs service-endpoints-check before nat-output
+///   (-100), and `no-endpoint-services` maps that address to `drop`.
+const RULESET_DIVERGES: &[(&str, usize, &str, &str, Action)] = &[(
+    "a1-overall",
+    0,
+    "192.168.0.2",
+    "192.168.99.22:80",
+    Action::Drop,
+)];
+
+/// One flow of a scenario file.
+struct Flow {
+    state: usize,
+    from: IpAddr,
+    to: SocketAddr,
+    proto: u8,
+    expect: Expect,
+    masq: Option<bool>,
+    sticky: bool,
+    text: String,
+}
+
+#[derive(Debug, PartialEq)]
+enum Expect {
+    Backends(BTreeSet<SocketAddr>),
+    Reject,
+    Drop,
+    /// LOCAL (a listener of the node, the health-check server) or UNTOUCHED: no rule of
+    /// the table translates it.
+    Untranslated,
+}
+
+fn parse_proto(name: Option<&str>) -> u8 {
+    match name.unwrap_or("tcp") {
+        "udp" => proto::UDP,
+        "sctp" => proto::SCTP,
+        _ => proto::TCP,
+    }
+}
+
+/// The flows of every state that apply to nftables mode.
+fn nftables_flows(doc: &Yaml) -> Vec<Flow> {
+    let mut states = vec![doc];
+    states.extend(doc["steps"].as_sequence().into_iter().flatten());
+    let mut out = Vec::new();
+    for (state, body) in states.into_iter().enumerate() {
+        for flow in body["flows"].as_sequence().into_iter().flatten() {
+            if let Some(modes) = flow["modes"].as_sequence()
+                && !modes.iter().any(|m| m.as_str() == Some("nftables"))
+            {
+                continue;
+            }
+            let expect = match &flow["expect"] {
+                Yaml::String(s) => match s.as_str() {
+                    "REJECT" => Expect::Reject,
+                    "DROP" => Expect::Drop,
+                    "LOCAL" | "UNTOUCHED" => Expect::Untranslated,
+                    other => panic!("unknown expectation {other}"),
+                },
+                Yaml::Sequence(list) => Expect::Backends(
+                    list.iter()
+                        .map(|b| b.as_str().unwrap().parse().unwrap())
+                        .collect(),
+                ),
+                other => panic!("unknown expectation {other:?}"),
+            };
+            out.push(Flow {
+                state,
+                from: flow["from"].as_str().unwrap().parse().unwrap(),
+                to: flow["to"].as_str().unwrap().parse().unwrap(),
+                proto: parse_proto(flow["proto"].as_str()),
+                expect,
+                masq: flow["masq"].as_bool(),
+                sticky: flow["sticky"].as_bool().unwrap_or(false),
+                text: serde_yaml::to_string(flow)
+                    .unwrap_or_default()
+                    .replace('\n', " "),
+            });
+        }
+    }
+    out
+}
+
+/// The ServiceCIDRs among a state's objects.
+fn service_cidrs(objects: &[ClusterObject]) -> Vec<IpNet> {
+    objects
+        .iter()
+        .filter_map(|o| match o {
+            ClusterObject::ServiceCidr(c) => c.spec.as_ref()?.cidrs.clone(),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|c| c.parse::<IpNet>().ok().map(|n| n.trunc()))
+        .collect()
+}
+
+/// Whether the verdict is what the flow expects; the disagreement otherwise.
+fn agrees(flow: &Flow, v: &Verdict, node_client: bool) -> Result<(), String> {
+    match &flow.expect {
+        Expect::Reject if v.action == Action::Reject => Ok(()),
+        Expect::Drop if v.action == Action::Drop => Ok(()),
+        Expect::Untranslated if v.action == Action::Untouched => Ok(()),
+        // A destination that is no service, reached directly (headless services).
+        Expect::Backends(set)
+            if v.action == Action::Untouched && set.len() == 1 && set.contains(&flow.to) =>
+        {
+            Ok(())
+        }
+        Expect::Backends(set) if v.action == Action::Forward => {
+            let got: BTreeSet<SocketAddr> = v
+                .candidates
+                .iter()
+                .map(|c| SocketAddr::new(c.address, c.port))
+                .collect();
+            if &got != set {
+                return Err(format!("candidates {got:?}, expected {set:?}"));
+            }
+            if let Some(masq) = flow.masq {
+                // The backend sees a node address: masqueraded, or the client is the node.
+                let wrong: Vec<String> = v
+                    .candidates
+                    .iter()
+                    .filter(|c| (c.masquerade || node_client) != masq)
+                    .map(|c| c.address.to_string())
+                    .collect();
+                if !wrong.is_empty() {
+                    return Err(format!("masq expected {masq}, not so towards {wrong:?}"));
+                }
+            }
+            if flow.sticky && v.affinity.is_none() {
+                return Err("sticky expected, no affinity".into());
+            }
+            Ok(())
+        }
+        expected => Err(format!("{:?}, expected {expected:?}", v.action)),
+    }
+}
+
+fn family_word(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+/// Loads each state's rulesets and lists them: per state, per family with services, the
+/// kernel's JSON listing.
+fn listings(scenario: &Scenario, dir: &FsPath) -> Vec<Vec<(IpFamily, Listing)>> {
+    let mut replay = scenario.replay();
+    let mut script = String::new();
+    for (index, objects) in scenario.states.iter().enumerate() {
+        replay.apply(objects);
+        let cidrs = service_cidrs(objects);
+        for state in &replay.families {
+            if state.services.is_empty() {
+                continue;
+            }
+            let ctx = NftContext::new(&replay.node, state.family, &cidrs);
+            let model = Model {
+                services: &state.services,
+                endpoints: &state.endpoints,
+            };
+            let text = DesiredState::build(model, &ctx).cold_load(&ctx);
+            let word = family_word(state.family);
+            let file = dir.join(format!("{}-{index}-{word}.nft", scenario.name));
+            std::fs::write(&file, text).unwrap();
+            script.push_str(&format!(
+                "nft -f {}\necho '### {index} {word}'\nnft -j list table {word} kube-proxy\necho\nnft delete table {word} kube-proxy\n",
+                file.display()
+            ));
+        }
+    }
+    let output = in_private_netns(&script);
+    let mut out: Vec<Vec<(IpFamily, Listing)>> =
+        (0..scenario.states.len()).map(|_| Vec::new()).collect();
+    let mut current: Option<(usize, IpFamily)> = None;
+    for line in output.lines() {
+        if let Some(header) = line.strip_prefix("### ") {
+            let (index, word) = header.split_once(' ').unwrap();
+            let family = if word == "ip6" {
+                IpFamily::V6
+            } else {
+                IpFamily::V4
+            };
+            current = Some((index.parse().unwrap(), family));
+        } else if line.starts_with('{') {
+            let (index, family) = current.take().expect("a listing after its header");
+            let listing = Listing::parse(line).unwrap();
+            assert_eq!(listing.family, family);
+            out[index].push((family, listing));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_scenario_flow_traces_to_its_expected_outcome() {
+    if let Some(why) = unavailable() {
+        eprintln!("SKIP nftables trace kernel test: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("nft-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let mut known = 0;
+    for path in scenario_files() {
+        let doc: Yaml = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let flows = nftables_flows(&doc);
+        if flows.is_empty() {
+            continue;
+        }
+        let scenario = Scenario::load(&path);
+        let tables = listings(&scenario, &dir);
+        let node: Vec<IpNet> = doc["node"]["addresses"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().parse().unwrap())
+            .collect();
+        let pods: Option<IpNet> = doc["node"]["podCIDR"].as_str().map(|c| c.parse().unwrap());
+        let mut node_addresses: Vec<IpAddr> = node.iter().map(IpNet::addr).collect();
+        node_addresses.extend(["127.0.0.1", "::1"].map(|a| a.parse::<IpAddr>().unwrap()));
+        for flow in &flows {
+            let client = if node_addresses.contains(&flow.from) || flow.from.is_loopback() {
+                ClientKind::Node
+            } else if pods.is_some_and(|p| p.contains(&flow.from)) {
+                ClientKind::Pod
+            } else {
+                ClientKind::External
+            };
+            let family = if flow.to.is_ipv6() {
+                IpFamily::V6
+            } else {
+                IpFamily::V4
+            };
+            let question = Question {
+                from: flow.from,
+                to: flow.to,
+                proto: flow.proto,
+                client,
+            };
+            // No table of the family: nothing is translated.
+            let empty = Listing {
+                family,
+                chains: Default::default(),
+                sets: Default::default(),
+            };
+            let listing = tables[flow.state]
+                .iter()
+                .find(|(f, _)| *f == family)
+                .map_or(&empty, |(_, l)| l);
+            let verdict = trace(listing, &node_addresses, &question);
+            checked += 1;
+            let diverges = RULESET_DIVERGES.iter().find(|(name, state, from, to, _)| {
+                *name == scenario.name
+                    && *state == flow.state
+                    && from.parse() == Ok(flow.from)
+                    && to.parse() == Ok(flow.to)
+            });
+            if let Some((.., action)) = diverges {
+                known += 1;
+                if verdict.action != *action {
+                    failures.push(format!(
+                        "{} state {}: {}\n  listed as answered {action:?} by the ruleset, traced {:?}: remove it from RULESET_DIVERGES if the ruleset changed\n{}",
+                        scenario.name,
+                        flow.state,
+                        flow.text,
+                        verdict.action,
+                        verdict.to_text()
+                    ));
+                }
+                continue;
+            }
+            if let Err(why) = agrees(flow, &verdict, client == ClientKind::Node) {
+                failures.push(format!(
+                    "{} state {}: {}\n  {why}\n{}",
+                    scenario.name,
+                    flow.state,
+                    flow.text,
+                    verdict.to_text()
+                ));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!(
+        "{checked} nftables flows traced: {} agree with their scenario, {known} are known \
+         ruleset divergences",
+        checked - known - failures.len()
+    );
+    assert_eq!(
+        known,
+        RULESET_DIVERGES.len(),
+        "a listed divergence has no flow"
+    );
+    assert!(checked > 100, "only {checked} flows found");
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} flows disagree:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
