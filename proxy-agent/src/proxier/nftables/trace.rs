@@ -635,7 +635,18 @@ impl std::fmt::Display for Expr {
                 let parts: Vec<String> = parts.iter().map(ToString::to_string).collect();
                 write!(f, "{}", parts.join(" . "))
             }
-            Expr::Binary { op, left, right } => write!(f, "{left} {op} {right}"),
+            Expr::Binary { op, left, right } => {
+                let op = match op {
+                    '&' => "and",
+                    '|' => "or",
+                    _ => "xor",
+                };
+                match right.as_ref() {
+                    // Marks read best in hex, as nft prints them.
+                    Expr::Number(n) => write!(f, "{left} {op} {n:#x}"),
+                    other => write!(f, "{left} {op} {other}"),
+                }
+            }
             Expr::Prefix(net) => write!(f, "{net}"),
             Expr::Range(low, high) => write!(f, "{low}-{high}"),
             Expr::SetRef(name) => write!(f, "@{name}"),
@@ -644,7 +655,6 @@ impl std::fmt::Display for Expr {
                 write!(f, "{{ {} }}", items.join(", "))
             }
             Expr::Text(s) => write!(f, "{s}"),
-            Expr::Number(n) if *n >= 0x100 => write!(f, "{n:#x}"),
             Expr::Number(n) => write!(f, "{n}"),
             Expr::Unknown(json) => write!(f, "<{json}>"),
         }
@@ -672,7 +682,14 @@ impl std::fmt::Display for Statement {
                 left,
                 right,
             } => {
-                let op = if *negate { "!= " } else { "" };
+                // nft spells out `==` after a computed value (`numgen … == 0`, `mark and
+                // 0x4000 == 0`), and leaves it implicit after a field.
+                let computed = matches!(left, Expr::Numgen { .. } | Expr::Binary { .. });
+                let op = match (negate, computed) {
+                    (true, _) => "!= ",
+                    (false, true) => "== ",
+                    (false, false) => "",
+                };
                 write!(f, "{left} {op}{right}")
             }
             Statement::Verdict(jump) => write!(f, "{jump}"),
@@ -1410,10 +1427,10 @@ pub fn trace(listing: &Listing, node_addresses: &[IpAddr], q: &Question) -> Verd
             "{dropped} other branch(es) end in DROP or REJECT before reaching an endpoint"
         ));
     }
-    steps.push(format!(
-        "{} endpoint(s) reachable (numgen random picks one)",
-        v.candidates.len()
-    ));
+    steps.push(match v.candidates.len() {
+        1 => "1 endpoint reachable".to_string(),
+        n => format!("{n} endpoints reachable (numgen random picks one)"),
+    });
     if let Some(a) = &v.affinity {
         steps.push(match a.pinned_backend {
             Some(b) => format!(

@@ -92,8 +92,12 @@ fn the_kernel_listing_parses_into_chains_sets_and_maps() {
         "ip daddr 172.30.0.41 tcp dport 80 ip saddr != 10.0.0.0/8 jump mark-for-masquerade"
     );
     assert_eq!(
+        render_rule(&listing.chains["masquerading"].rules[0]),
+        "meta mark and 0x4000 == 0 return"
+    );
+    assert_eq!(
         render_rule(&listing.chains["mark-for-masquerade"].rules[0]),
-        "meta mark set meta mark | 0x4000"
+        "meta mark set meta mark or 0x4000"
     );
     assert_eq!(
         render_rule(&listing.chains["services"].rules[1]),
@@ -209,7 +213,9 @@ fn clusterip_from_a_pod_reaches_every_endpoint_and_the_hairpin_is_masqueraded() 
         v.steps
     );
     assert!(
-        v.steps.iter().any(|s| s.contains("taken by 1 in 2")),
+        v.steps.iter().any(|s| s.contains(
+            "numgen random mod 2 == 0 goto endpoint-UNZV3OEC-ns4/svc4/tcp/p80__10.180.0.4/80 (taken by 1 in 2"
+        )),
         "{:?}",
         v.steps
     );

@@ -333,3 +333,139 @@ fn every_scenario_flow_traces_to_its_expected_outcome() {
         failures.join("\n")
     );
 }
+
+/// IPv6 (the nftables module's own n1 scenario, which has no flows): its first state's
+/// `table ip6 kube-proxy`, traced.
+#[test]
+fn ipv6_services_trace_through_the_ip6_table() {
+    if let Some(why) = unavailable() {
+        eprintln!("SKIP nftables trace kernel test: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("nft-trace-v6-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let scenario = Scenario::parse(include_str!("../../tests/scenarios/n1-ipv6.yaml"));
+    let tables = listings(&scenario, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let [(IpFamily::V6, listing)] = tables[0].as_slice() else {
+        panic!("expected one ip6 table in state 0");
+    };
+    let node: Vec<IpAddr> = ["fd00:192::2", "::1", "127.0.0.1"]
+        .map(|a| a.parse().unwrap())
+        .to_vec();
+    let ask = |from: &str, to: &str, proto: u8, client| {
+        trace(
+            listing,
+            &node,
+            &Question {
+                from: from.parse().unwrap(),
+                to: to.parse().unwrap(),
+                proto,
+                client,
+            },
+        )
+    };
+    let backends = |v: &Verdict| -> BTreeSet<(String, bool, bool)> {
+        v.candidates
+            .iter()
+            .map(|c| {
+                (
+                    SocketAddr::new(c.address, c.port).to_string(),
+                    c.masquerade,
+                    c.local,
+                )
+            })
+            .collect()
+    };
+    let set = |items: &[(&str, bool, bool)]| -> BTreeSet<(String, bool, bool)> {
+        items
+            .iter()
+            .map(|(a, m, l)| (a.to_string(), *m, *l))
+            .collect()
+    };
+    // ClusterIP with affinity, from a pod, and from an endpoint (hairpin on its branch).
+    let v = ask(
+        "fd00:10::9",
+        "[fd00:172::41]:80",
+        proto::TCP,
+        ClientKind::Pod,
+    );
+    assert_eq!(
+        backends(&v),
+        set(&[
+            ("[fd00:10::1]:80", false, false),
+            ("[fd00:10:1::2]:80", false, false)
+        ])
+    );
+    assert_eq!(v.affinity.as_ref().unwrap().timeout_seconds, 600);
+    let v = ask(
+        "fd00:10::1",
+        "[fd00:172::41]:80",
+        proto::TCP,
+        ClientKind::Pod,
+    );
+    assert_eq!(
+        backends(&v),
+        set(&[
+            ("[fd00:10::1]:80", true, false),
+            ("[fd00:10:1::2]:80", false, false)
+        ]),
+        "{}",
+        v.to_text()
+    );
+    // NodePort with eTP=Local from outside: the local endpoint only, source kept.
+    let v = ask(
+        "fd00:203::5",
+        "[fd00:192::2]:3001",
+        proto::TCP,
+        ClientKind::External,
+    );
+    assert_eq!(
+        backends(&v),
+        set(&[("[fd00:10::3]:8080", false, true)]),
+        "{}",
+        v.to_text()
+    );
+    // loadBalancerSourceRanges: admitted, or dropped before NAT.
+    let v = ask(
+        "fd00:203::5",
+        "[fd00:5::8]:80",
+        proto::TCP,
+        ClientKind::External,
+    );
+    assert_eq!(backends(&v), set(&[("[fd00:10:1::4]:80", true, false)]));
+    assert_eq!(v.backend_sees_source, Some("fd00:192::2".parse().unwrap()));
+    let v = ask(
+        "fd00:999::1",
+        "[fd00:5::8]:80",
+        proto::TCP,
+        ClientKind::External,
+    );
+    assert_eq!(
+        (v.action, v.decided_by),
+        (Action::Drop, "filter-prerouting")
+    );
+    // No endpoints (UDP), and a port the ClusterIP does not serve: REJECT.
+    let v = ask(
+        "fd00:10::9",
+        "[fd00:172::44]:53",
+        proto::UDP,
+        ClientKind::Pod,
+    );
+    assert_eq!((v.action, v.decided_by), (Action::Reject, "filter-forward"));
+    let v = ask(
+        "fd00:10::9",
+        "[fd00:172::41]:443",
+        proto::TCP,
+        ClientKind::Pod,
+    );
+    assert_eq!(v.action, Action::Reject);
+    // The same port over another protocol is no service either.
+    let v = ask(
+        "fd00:10::9",
+        "[fd00:172::41]:80",
+        proto::UDP,
+        ClientKind::Pod,
+    );
+    assert_eq!(v.action, Action::Reject, "{}", v.to_text());
+}
