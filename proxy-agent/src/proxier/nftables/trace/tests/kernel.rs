@@ -14,13 +14,18 @@ use ipnet::IpNet;
 use proxy_common::proto;
 use serde_yaml::Value as Yaml;
 
-use super::super::{Listing, trace};
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use super::super::{Listing, in_use, inspect_live, trace, trace_live};
+use crate::inspect::{Output, Subject};
 use crate::k8s::convert::ClusterObject;
 use crate::model::IpFamily;
+use crate::proxier::HostLayout;
 use crate::proxier::iptables::tests::scenario::{Scenario, scenario_files};
 use crate::proxier::nftables::tests::kernel::{in_private_netns, unavailable};
 use crate::proxier::nftables::{DesiredState, Model, NftContext};
-use crate::trace::{Action, ClientKind, Question, Verdict};
+use crate::trace::{Action, ClientKind, Question, TraceRequest, Verdict};
 
 /// Flows the ruleset answers otherwise than their scenario, with the ruleset's answer
 /// (scenario, state, from, to): the trace follows the kernel here, and the kernel agrees
@@ -174,14 +179,14 @@ fn family_word(family: IpFamily) -> &'static str {
     }
 }
 
-/// Loads each state's rulesets and lists them: per state, per family with services, the
-/// kernel's JSON listing.
-fn listings(scenario: &Scenario, dir: &FsPath) -> Vec<Vec<(IpFamily, Listing)>> {
+/// Each state's rulesets (`nft -f` text into an empty table), per family with services.
+fn rulesets(scenario: &Scenario) -> Vec<Vec<(IpFamily, String)>> {
     let mut replay = scenario.replay();
-    let mut script = String::new();
-    for (index, objects) in scenario.states.iter().enumerate() {
+    let mut out = Vec::new();
+    for objects in &scenario.states {
         replay.apply(objects);
         let cidrs = service_cidrs(objects);
+        let mut texts = Vec::new();
         for state in &replay.families {
             if state.services.is_empty() {
                 continue;
@@ -191,8 +196,23 @@ fn listings(scenario: &Scenario, dir: &FsPath) -> Vec<Vec<(IpFamily, Listing)>> 
                 services: &state.services,
                 endpoints: &state.endpoints,
             };
-            let text = DesiredState::build(model, &ctx).cold_load(&ctx);
-            let word = family_word(state.family);
+            texts.push((
+                state.family,
+                DesiredState::build(model, &ctx).cold_load(&ctx),
+            ));
+        }
+        out.push(texts);
+    }
+    out
+}
+
+/// Loads each state's rulesets and lists them: per state, per family with services, the
+/// kernel's JSON listing.
+fn listings(scenario: &Scenario, dir: &FsPath) -> Vec<Vec<(IpFamily, Listing)>> {
+    let mut script = String::new();
+    for (index, texts) in rulesets(scenario).into_iter().enumerate() {
+        for (family, text) in texts {
+            let word = family_word(family);
             let file = dir.join(format!("{}-{index}-{word}.nft", scenario.name));
             std::fs::write(&file, text).unwrap();
             script.push_str(&format!(
@@ -468,4 +488,115 @@ fn ipv6_services_trace_through_the_ip6_table() {
         ClientKind::Pod,
     );
     assert_eq!(v.action, Action::Reject, "{}", v.to_text());
+}
+
+/// Set in the copy of the test binary that runs inside a private network namespace.
+const IN_PRIVATE_NETNS: &str = "NFT_TRACE_TEST_IN_PRIVATE_NETNS";
+
+/// The registered tools on the live table of their network namespace: the test binary
+/// runs this test again under `unshare -n`, where no table exists until it loads a1's.
+#[test]
+fn live_tools_read_the_table_of_this_network_namespace() {
+    const NAME: &str = "proxier::nftables::trace::tests::kernel::live_tools_read_the_table_of_this_network_namespace";
+    if std::env::var_os(IN_PRIVATE_NETNS).is_none() {
+        if let Some(why) = unavailable() {
+            eprintln!("SKIP nftables trace kernel test: {why}");
+            return;
+        }
+        let out = Command::new("unshare")
+            .arg("-n")
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env(IN_PRIVATE_NETNS, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The inner run did run the test (a filter matching nothing also succeeds).
+        assert!(stdout.contains("1 passed"), "{stdout}");
+        return;
+    }
+
+    let layout = HostLayout {
+        bpffs_root: std::path::PathBuf::new(),
+        ipvs_exclude: Vec::new(),
+    };
+    assert!(!in_use(&layout));
+    let empty = inspect_live(&layout, Subject::Rules, Output::Text).unwrap();
+    assert!(empty.contains("no table ip kube-proxy"), "{empty}");
+    let request = TraceRequest {
+        from: "10.0.0.2".parse().unwrap(),
+        to: "172.30.0.44:80".parse().unwrap(),
+        proto: proto::TCP,
+        client: Some(ClientKind::Pod),
+    };
+    let missing = trace_live(&layout, &request).unwrap_err();
+    assert!(missing.contains("no table ip kube-proxy"), "{missing}");
+
+    let a1 = scenario_files()
+        .into_iter()
+        .find(|p| p.ends_with("a1-overall.yaml"))
+        .unwrap();
+    let texts = rulesets(&Scenario::load(&a1));
+    let [(IpFamily::V4, text)] = texts[0].as_slice() else {
+        panic!("a1's first state has one IPv4 table");
+    };
+    let mut nft = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    nft.stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    assert!(nft.wait().unwrap().success());
+
+    assert!(in_use(&layout));
+    let listing = inspect_live(&layout, Subject::Rules, Output::Text).unwrap();
+    assert!(listing.starts_with("table ip kube-proxy {"), "{listing}");
+    assert!(listing.contains("chain services {"), "{listing}");
+    let json = inspect_live(&layout, Subject::Rules, Output::Json).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(
+        doc["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["table"]["name"] == "kube-proxy"),
+        "{json}"
+    );
+    assert!(inspect_live(&layout, Subject::Services, Output::Text).is_err());
+
+    let v = trace_live(&layout, &request).unwrap();
+    assert_eq!(v.action, Action::Forward);
+    let backends: BTreeSet<SocketAddr> = v
+        .candidates
+        .iter()
+        .map(|c| SocketAddr::new(c.address, c.port))
+        .collect();
+    assert_eq!(
+        backends,
+        BTreeSet::from([
+            "10.180.0.4:80".parse().unwrap(),
+            "10.180.0.5:80".parse().unwrap()
+        ])
+    );
+    // The other family has no table here.
+    let v6 = TraceRequest {
+        from: "fd00:10::2".parse().unwrap(),
+        to: "[fd00:172::41]:80".parse().unwrap(),
+        proto: proto::TCP,
+        client: Some(ClientKind::Pod),
+    };
+    assert!(
+        trace_live(&layout, &v6)
+            .unwrap_err()
+            .contains("no table ip6")
+    );
 }
