@@ -31,6 +31,7 @@ use std::process::Command;
 
 use ipnet::IpNet;
 use proxy_common::proto;
+use serde::Serialize;
 use serde_json::Value;
 
 use super::names::{
@@ -98,14 +99,110 @@ pub fn in_use(_: &HostLayout) -> bool {
 
 /// `inspect rules`: both families' tables as the kernel lists them (text), or one
 /// `{"nftables": [...]}` document holding both tables' objects (JSON, as `nft -j list
-/// ruleset` would print them).
+/// ruleset` would print them). `inspect affinity`: the live ClientIP affinity entries,
+/// with the service port and backend of the endpoint chain each one's slot names.
 pub fn inspect_live(_: &HostLayout, subject: Subject, output: Output) -> Result<String, String> {
-    if subject != Subject::Rules {
-        return Err(format!(
+    match subject {
+        Subject::Rules => inspect_rules(output),
+        Subject::Affinity => {
+            let mut entries = Vec::new();
+            for family in [IpFamily::V4, IpFamily::V6] {
+                if let Some(text) = list_table(family, true).map_err(|e| e.to_string())? {
+                    let listing = Listing::parse(&text).map_err(|e| e.to_string())?;
+                    entries.extend(live_affinity(&listing));
+                }
+            }
+            Ok(match output {
+                Output::Json => {
+                    serde_json::to_string_pretty(&entries).map_err(|e| e.to_string())? + "\n"
+                }
+                Output::Text => affinity_text(&entries),
+            })
+        }
+        other => Err(format!(
             "inspect {} is not available in nftables mode",
-            subject.as_str()
+            other.as_str()
+        )),
+    }
+}
+
+/// One live ClientIP affinity entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LiveAffinity {
+    pub client: IpAddr,
+    /// The endpoint slot (see [`super::affinity_slot`]).
+    pub slot: u32,
+    /// The service port and backend of the endpoint chain with this slot, when one is
+    /// in the table.
+    pub service: Option<PortRef>,
+    pub backend: Option<SocketAddr>,
+    pub expires_seconds: Option<u64>,
+}
+
+/// The affinity set's entries, each with the endpoint chain its slot belongs to (pure).
+pub fn live_affinity(listing: &Listing) -> Vec<LiveAffinity> {
+    let endpoints: BTreeMap<u32, (&str, &Chain)> = listing
+        .chains
+        .iter()
+        .filter(|(name, _)| name.starts_with("endpoint-"))
+        .map(|(name, chain)| (super::affinity_slot(name), (name.as_str(), chain)))
+        .collect();
+    listing
+        .affinity_entries()
+        .into_iter()
+        .map(|(client, slot, expires_seconds)| {
+            let endpoint = endpoints.get(&slot);
+            LiveAffinity {
+                client,
+                slot,
+                service: endpoint.and_then(|(name, _)| service_of_chain(name)),
+                backend: endpoint.and_then(|(_, chain)| {
+                    chain
+                        .rules
+                        .iter()
+                        .flat_map(|r| &r.statements)
+                        .find_map(|s| match s {
+                            Statement::Dnat {
+                                addr: Some(addr),
+                                port: Some(port),
+                            } => Some(SocketAddr::new(*addr, *port)),
+                            _ => None,
+                        })
+                }),
+                expires_seconds,
+            }
+        })
+        .collect()
+}
+
+fn affinity_text(entries: &[LiveAffinity]) -> String {
+    if entries.is_empty() {
+        return "no ClientIP affinity entries\n".into();
+    }
+    let mut out = format!(
+        "{:<32} {:<40} {:<46} EXPIRES\n",
+        "SERVICE", "CLIENT", "BACKEND"
+    );
+    for e in entries {
+        let service = e
+            .service
+            .as_ref()
+            .map_or_else(|| "?".to_string(), ToString::to_string);
+        let backend = e
+            .backend
+            .map_or_else(|| format!("(slot {})", e.slot), |b| b.to_string());
+        let expires = e
+            .expires_seconds
+            .map_or_else(|| "-".to_string(), |s| format!("{s}s"));
+        out.push_str(&format!(
+            "{service:<32} {:<40} {backend:<46} {expires}\n",
+            e.client
         ));
     }
+    out
+}
+
+fn inspect_rules(output: Output) -> Result<String, String> {
     let json = output == Output::Json;
     let mut listings = Vec::new();
     for family in [IpFamily::V4, IpFamily::V6] {

@@ -424,6 +424,38 @@ fn a_live_affinity_entry_pins_its_client() {
 }
 
 #[test]
+fn live_affinity_entries_name_their_service_and_backend() {
+    let entries = live_affinity(&Listing::parse(K1_PINNED).unwrap());
+    assert_eq!(
+        entries,
+        [LiveAffinity {
+            client: "10.0.0.2".parse().unwrap(),
+            slot: 1_782_996_785,
+            service: Some(PortRef {
+                namespace: "ns5".into(),
+                name: "svc5".into(),
+                port_name: "p80".into(),
+            }),
+            backend: Some("10.180.1.3:80".parse().unwrap()),
+            expires_seconds: Some(10_799),
+        }]
+    );
+    let text = affinity_text(&entries);
+    assert!(text.starts_with("SERVICE"), "{text}");
+    assert!(
+        text.lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("ns5/svc5:p80")
+                && l.contains(" 10.0.0.2 ")
+                && l.contains(" 10.180.1.3:80 ")
+                && l.ends_with(" 10799s")),
+        "{text}"
+    );
+    assert_eq!(live_affinity(&a1()), []);
+    assert_eq!(affinity_text(&[]), "no ClientIP affinity entries\n");
+}
+
+#[test]
 fn json_listings_of_both_families_merge_into_one_document() {
     let v6 = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"table": {"family": "ip6", "name": "kube-proxy", "handle": 2}}]}"#;
     let merged = merge_json_listings(&[A1.to_string(), v6.to_string()]).unwrap();

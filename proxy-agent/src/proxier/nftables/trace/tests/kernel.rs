@@ -572,6 +572,8 @@ fn live_tools_read_the_table_of_this_network_namespace() {
         "{json}"
     );
     assert!(inspect_live(&layout, Subject::Services, Output::Text).is_err());
+    let none = inspect_live(&layout, Subject::Affinity, Output::Text).unwrap();
+    assert_eq!(none, "no ClientIP affinity entries\n");
 
     let v = trace_live(&layout, &request).unwrap();
     assert_eq!(v.action, Action::Forward);
@@ -586,6 +588,40 @@ fn live_tools_read_the_table_of_this_network_namespace() {
             "10.180.0.4:80".parse().unwrap(),
             "10.180.0.5:80".parse().unwrap()
         ])
+    );
+    // A live affinity entry: inspect names it, trace follows it.
+    let slot = crate::proxier::nftables::affinity_slot(
+        "endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80",
+    );
+    let added = Command::new("nft")
+        .args([
+            "add",
+            "element",
+            "ip",
+            "kube-proxy",
+            "affinity",
+            &format!("{{ 203.0.113.2 . {slot} timeout 600s }}"),
+        ])
+        .status()
+        .unwrap();
+    assert!(added.success());
+    let entries = inspect_live(&layout, Subject::Affinity, Output::Json).unwrap();
+    let entries: serde_json::Value = serde_json::from_str(&entries).unwrap();
+    assert_eq!(entries[0]["client"], "203.0.113.2", "{entries}");
+    assert_eq!(entries[0]["backend"], "10.180.0.3:80", "{entries}");
+    let pinned = trace_live(
+        &layout,
+        &TraceRequest {
+            from: "203.0.113.2".parse().unwrap(),
+            to: "5.6.7.8:80".parse().unwrap(),
+            proto: proto::TCP,
+            client: Some(ClientKind::External),
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        pinned.affinity.and_then(|a| a.pinned_backend),
+        Some("10.180.0.3:80".parse().unwrap())
     );
     // The other family has no table here.
     let v6 = TraceRequest {
