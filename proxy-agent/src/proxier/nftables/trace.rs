@@ -1,17 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The nftables mode's operator tools on the LIVE table: `trace` (what the kernel's
 //! `table ip kube-proxy` / `table ip6 kube-proxy` would do with one new connection),
-//! `inspect rules` (the tables as nft lists them) and whether the mode's state is on this
-//! node.
+//! `inspect rules` (the tables as nft lists them), `inspect affinity` (the live ClientIP
+//! affinity entries) and whether the mode's state is on this node.
 //!
 //! The trace reads the kernel's own listing (`nft -j list table <family> kube-proxy`), not
 //! the text the proxier wrote: the kernel normalises expressions (`ip daddr 10.0.0.0/8`
 //! comes back as a prefix, a numgen offset as a signed number) and the listing is what
 //! the packets meet, including the dynamic `affinity` set's live elements. [`Listing`]
-//! parses the JSON into rules, sets and maps (by hand over `serde_json::Value`: the
-//! libnftables JSON schema has no maintained Rust binding that reads every expression
-//! the kernel prints back, and an unknown expression must not fail the whole listing —
-//! it becomes [`Expr::Unknown`] and never matches).
+//! parses the JSON into rules, sets and maps by hand over `serde_json::Value`. The
+//! `nftables` crate models the libnftables JSON schema, but as closed enums deserialised
+//! with the whole document, so one expression it does not model (a newer nft's, another
+//! tool's rule in the table) would fail the listing, where the trace must still answer;
+//! and the walk needs its own small expression form anyway. Here an unknown expression
+//! becomes [`Expr::Unknown`] and never matches.
 //!
 //! [`trace`] then walks a packet through the base chains as netfilter orders them: the
 //! output hook (a client on the node) or prerouting (a pod or an outside client), then
@@ -303,6 +305,8 @@ pub enum Expr {
     SetRef(String),
     /// An anonymous set `{ a, b }`.
     AnonSet(Vec<Expr>),
+    /// An anonymous verdict map `{ 0 : goto a, 1 : goto b }`.
+    AnonMap(Vec<Element>),
     /// An address, a protocol name, `local`, `new`, an interface name.
     Text(String),
     Number(u64),
@@ -541,7 +545,13 @@ fn parse_statement(v: &Value) -> Statement {
         "vmap" => match (body.get("key"), body.get("data")) {
             (Some(key), Some(data)) => Statement::Vmap {
                 key: parse_expr(key),
-                map: parse_expr(data),
+                map: match data.get("set").and_then(Value::as_array) {
+                    // An anonymous map: [key, verdict] pairs.
+                    Some(pairs) => {
+                        Expr::AnonMap(pairs.iter().map(|p| parse_element(p, true)).collect())
+                    }
+                    None => parse_expr(data),
+                },
             },
             _ => other(),
         },
@@ -751,6 +761,16 @@ impl std::fmt::Display for Expr {
                 let items: Vec<String> = items.iter().map(ToString::to_string).collect();
                 write!(f, "{{ {} }}", items.join(", "))
             }
+            Expr::AnonMap(elements) => {
+                let items: Vec<String> = elements
+                    .iter()
+                    .map(|e| match &e.verdict {
+                        Some(v) => format!("{} : {v}", e.key),
+                        None => e.key.to_string(),
+                    })
+                    .collect();
+                write!(f, "{{ {} }}", items.join(", "))
+            }
             Expr::Text(s) => write!(f, "{s}"),
             Expr::Number(n) => write!(f, "{n}"),
             Expr::Unknown(json) => write!(f, "<{json}>"),
@@ -833,6 +853,8 @@ enum Datum {
         pod: bool,
     },
     Tuple(Vec<Datum>),
+    /// A field the packet does not have (`tcp dport` of a UDP packet): matches nothing.
+    Absent,
 }
 
 /// What evaluating an expression gave.
@@ -865,8 +887,8 @@ struct Path {
     steps: Vec<String>,
     frontend: Option<MatchedFrontend>,
     affinity_timeout: Option<u32>,
-    /// The live affinity entry this path followed (its seconds left).
-    pinned: Option<Option<u64>>,
+    /// The path followed a live affinity entry.
+    pinned: bool,
     /// It went through a service port's Local-policy chain: the endpoint is on this node.
     local_policy: bool,
     /// The last rule matched only by chance (a `numgen random` branch taken): 1 in N.
@@ -991,7 +1013,7 @@ impl Walker<'_> {
                     Some(p) if p == u64::from(q.proto) => {
                         Eval::Known(Datum::Int(u64::from(path.dport)))
                     }
-                    Some(_) => Eval::Known(Datum::Text(String::new())),
+                    Some(_) => Eval::Known(Datum::Absent),
                     None => Eval::Unknown,
                 },
                 _ => Eval::Unknown,
@@ -1128,19 +1150,20 @@ impl Walker<'_> {
     /// A lookup in the affinity set matched: the client is pinned to the endpoint chain the
     /// rule goes to, until the entry expires.
     fn note_affinity(&self, chain: &str, left: &Expr, right: &Expr, path: &mut Path) {
-        if *right != Expr::SetRef(AFFINITY.into()) {
+        let Expr::SetRef(set) = right else { return };
+        if !set.starts_with(AFFINITY) {
             return;
         }
         let Eval::Known(key) = self.eval(left, path) else {
             return;
         };
-        let expires = self.lookup(AFFINITY, &key).and_then(|e| e.expires);
-        path.pinned = Some(expires);
+        let expires = self.lookup(set, &key).and_then(|e| e.expires);
+        path.pinned = true;
         let remaining = expires
             .map(|s| format!(", expiring in {s}s"))
             .unwrap_or_default();
         path.steps.push(format!(
-            "{chain}: @{AFFINITY} holds {}{remaining}",
+            "{chain}: @{set} holds {}{remaining}",
             render_datum(&key)
         ));
     }
@@ -1200,43 +1223,55 @@ impl Walker<'_> {
                         return self.follow(chain, next_rule, jump, path, depth);
                     }
                     Statement::Vmap { key, map } => {
-                        let Expr::SetRef(name) = map else {
-                            continue;
+                        let elements: &[Element] = match map {
+                            Expr::SetRef(name) => self
+                                .listing
+                                .sets
+                                .get(name)
+                                .map_or(&[], |set| set.elements.as_slice()),
+                            Expr::AnonMap(elements) => elements,
+                            _ => &[],
                         };
-                        let Eval::Known(datum) = self.eval(key, &path) else {
-                            rule_index = next_rule;
-                            continue 'rules;
+                        let found = |datum: &Datum| {
+                            elements
+                                .iter()
+                                .find(|e| e.verdict.is_some() && datum_matches(datum, &e.key))
                         };
-                        let Some(element) = self.lookup(name, &datum) else {
-                            rule_index = next_rule;
-                            continue 'rules;
-                        };
-                        let Some(jump) = element.verdict.clone() else {
-                            rule_index = next_rule;
-                            continue 'rules;
-                        };
-                        if [
-                            SERVICE_IPS,
-                            SERVICE_NODEPORTS,
-                            NO_ENDPOINT_SERVICES,
-                            NO_ENDPOINT_NODEPORTS,
-                            FIREWALL_IPS,
-                        ]
-                        .contains(&name.as_str())
-                        {
-                            self.note_frontend(&mut path, name, element);
+                        match self.eval(key, &path) {
+                            Eval::Known(datum) => {
+                                let Some(element) = found(&datum) else {
+                                    rule_index = next_rule;
+                                    continue 'rules;
+                                };
+                                return self.map_hit(
+                                    chain, rule, next_rule, map, element, &datum, path, depth,
+                                );
+                            }
+                            // `numgen random mod N vmap { 0 : ..., 1 : ... }` (upstream's
+                            // endpoint choice): one branch per value.
+                            Eval::Random { modulus, offset } => {
+                                let mut out = Vec::new();
+                                for value in offset..offset.saturating_add(modulus) {
+                                    let datum = Datum::Int(u64::from(value));
+                                    let mut branch = path.clone();
+                                    branch.chance = Some(modulus);
+                                    match found(&datum) {
+                                        Some(element) => out.extend(self.map_hit(
+                                            chain, rule, next_rule, map, element, &datum, branch,
+                                            depth,
+                                        )),
+                                        None => {
+                                            out.extend(self.run(chain, next_rule, 0, branch, depth))
+                                        }
+                                    }
+                                }
+                                return out;
+                            }
+                            Eval::Unknown => {
+                                rule_index = next_rule;
+                                continue 'rules;
+                            }
                         }
-                        let comment = element
-                            .comment
-                            .as_deref()
-                            .map(|c| format!(" ({c})"))
-                            .unwrap_or_default();
-                        path.steps.push(format!(
-                            "{chain}: {} finds {} : {jump}{comment}",
-                            render_rule(rule),
-                            render_datum(&datum)
-                        ));
-                        return self.follow(chain, next_rule, &jump, path, depth);
                     }
                     Statement::Dnat { addr, port } => {
                         let addr = addr.unwrap_or(path.daddr);
@@ -1266,7 +1301,8 @@ impl Walker<'_> {
                         }
                     }
                     Statement::SetUpdate { set, timeout, .. } => {
-                        if set == AFFINITY {
+                        // Ours, or upstream's per-endpoint `affinity-<hash>-...` sets.
+                        if set.starts_with(AFFINITY) {
                             path.affinity_timeout = timeout.and_then(|t| u32::try_from(t).ok());
                         }
                     }
@@ -1276,6 +1312,66 @@ impl Walker<'_> {
             rule_index = next_rule;
         }
         vec![Outcome::Continue(path)]
+    }
+
+    /// A verdict map's element matched: notes the frontend (the service maps), the step,
+    /// and follows the element's verdict.
+    #[allow(clippy::too_many_arguments)]
+    fn map_hit(
+        &self,
+        chain: &str,
+        rule: &Rule,
+        next_rule: usize,
+        map: &Expr,
+        element: &Element,
+        datum: &Datum,
+        mut path: Path,
+        depth: usize,
+    ) -> Vec<Outcome> {
+        let Some(jump) = &element.verdict else {
+            return self.run(chain, next_rule, 0, path, depth);
+        };
+        if let Expr::SetRef(name) = map
+            && [
+                SERVICE_IPS,
+                SERVICE_NODEPORTS,
+                NO_ENDPOINT_SERVICES,
+                NO_ENDPOINT_NODEPORTS,
+                FIREWALL_IPS,
+            ]
+            .contains(&name.as_str())
+        {
+            self.note_frontend(&mut path, name, element);
+        }
+        let comment = element
+            .comment
+            .as_deref()
+            .map(|c| format!(" ({c})"))
+            .unwrap_or_default();
+        let chance = path
+            .chance
+            .take()
+            .map(|n| format!(", 1 in {n} of the connections reaching it"))
+            .unwrap_or_default();
+        let rendered = match map {
+            // An anonymous map's elements are in the rule already.
+            Expr::AnonMap(_) => {
+                let key = match &rule.statements.iter().find_map(|s| match s {
+                    Statement::Vmap { key, .. } => Some(key),
+                    _ => None,
+                }) {
+                    Some(key) => key.to_string(),
+                    None => String::new(),
+                };
+                format!("{key} vmap {{ … }}")
+            }
+            _ => render_rule(rule),
+        };
+        path.steps.push(format!(
+            "{chain}: {rendered} finds {} : {jump}{comment}{chance}",
+            render_datum(datum)
+        ));
+        self.follow(chain, next_rule, jump, path, depth)
     }
 
     /// Follows a verdict taken in `chain` (whose next rule is `next_rule`).
@@ -1364,6 +1460,7 @@ fn render_datum(datum: &Datum) -> String {
             "a non-pod interface"
         }
         .into(),
+        Datum::Absent => "(none)".into(),
         Datum::Tuple(parts) => {
             let parts: Vec<String> = parts
                 .iter()
@@ -1439,7 +1536,7 @@ pub fn trace(listing: &Listing, node_addresses: &[IpAddr], q: &Question) -> Verd
         steps: Vec::new(),
         frontend: None,
         affinity_timeout: None,
-        pinned: None,
+        pinned: false,
         local_policy: false,
         chance: None,
     };
@@ -1512,7 +1609,7 @@ pub fn trace(listing: &Listing, node_addresses: &[IpAddr], q: &Question) -> Verd
                 timeout_seconds: timeout,
                 pinned_backend: None,
             });
-            if p.pinned.is_some() {
+            if p.pinned {
                 info.pinned_backend = Some(dest);
             }
         }

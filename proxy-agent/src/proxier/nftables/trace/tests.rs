@@ -186,6 +186,44 @@ fn bad_listings_are_errors_and_unknown_expressions_never_match() {
 }
 
 #[test]
+fn an_anonymous_numgen_verdict_map_is_a_branch_per_value() {
+    // Upstream's endpoint choice, as the kernel lists `ip daddr 172.30.0.9 numgen random
+    // mod 2 vmap { 0 : goto a, 1 : goto b }`.
+    let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
+        {"table": {"family": "ip", "name": "kube-proxy", "handle": 1}},
+        {"chain": {"family": "ip", "table": "kube-proxy", "name": "nat-prerouting", "handle": 1, "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}},
+        {"chain": {"family": "ip", "table": "kube-proxy", "name": "a", "handle": 2}},
+        {"chain": {"family": "ip", "table": "kube-proxy", "name": "b", "handle": 3}},
+        {"rule": {"family": "ip", "table": "kube-proxy", "chain": "nat-prerouting", "handle": 5, "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "172.30.0.9"}}, {"vmap": {"key": {"numgen": {"mode": "random", "mod": 2, "offset": 0}}, "data": {"set": [[0, {"goto": {"target": "a"}}], [1, {"goto": {"target": "b"}}]]}}}]}},
+        {"rule": {"family": "ip", "table": "kube-proxy", "chain": "a", "handle": 6, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}}, {"dnat": {"addr": "10.1.0.1", "port": 80}}]}},
+        {"rule": {"family": "ip", "table": "kube-proxy", "chain": "b", "handle": 7, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}}, {"dnat": {"addr": "10.1.0.2", "port": 80}}]}}]}"#;
+    let listing = Listing::parse(json).unwrap();
+    assert_eq!(
+        render_rule(&listing.chains["nat-prerouting"].rules[0]),
+        "ip daddr 172.30.0.9 numgen random mod 2 vmap { 0 : goto a, 1 : goto b }"
+    );
+    let v = trace(
+        &listing,
+        &node(),
+        &q("203.0.113.2", "172.30.0.9:80", ClientKind::External),
+    );
+    assert_eq!(cands(&v), ["10.1.0.1:80", "10.1.0.2:80"]);
+    assert!(
+        v.steps
+            .iter()
+            .any(|s| s.contains("finds 1 : goto b, 1 in 2 of the connections")),
+        "{:?}",
+        v.steps
+    );
+    // Another protocol: the endpoint chains' `meta l4proto tcp` does not match.
+    let udp = Question {
+        proto: proto::UDP,
+        ..q("203.0.113.2", "172.30.0.9:80", ClientKind::External)
+    };
+    assert_eq!(trace(&listing, &node(), &udp).action, Action::Untouched);
+}
+
+#[test]
 fn clusterip_from_a_pod_reaches_every_endpoint_and_the_hairpin_is_masqueraded() {
     let listing = a1();
     let v = trace(
