@@ -1,12 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The nftables mode's groundwork (issue 17): the pure heart of the mode, not registered
-//! yet. What is here: one family's desired ruleset for `table ip kube-proxy` /
-//! `table ip6 kube-proxy` as `nft -f` text ([`DesiredState`], [`base`], [`port_rules`]),
-//! and the record of what was written with the full and partial transactions that move
-//! the kernel to a new desired state ([`Written`]). What comes next, in the registration
-//! step: the `mode.rs` entry in the registry, applying the texts with `nft -f -` on stdin,
-//! the fallback to iptables, cleanup of the other modes' leftovers, metrics, `inspect` and
-//! `trace` from the live ruleset, and the scenario suites.
+//! The nftables dataplane (`--proxy-mode nftables`): upstream kube-proxy's nftables mode,
+//! table `ip kube-proxy` / `ip6 kube-proxy`, with a ruleset shaped so that loading it does
+//! not grow with the square of the services.
+//!
+//! - `ruleset` renders one family's desired state as `nft -f` text ([`DesiredState`],
+//!   [`base`], [`port_rules`]; pure, golden-tested);
+//! - `state` ([`Written`]) records what was written and builds the full and partial
+//!   transactions that move the kernel to a new desired state;
+//! - `proxier` ([`NftablesProxier`]) runs one transaction per family and sync through
+//!   `transport` (`nft -f -`), deletes stale chains a second later, notices a flushed
+//!   table, and reconciles stale UDP conntrack entries after the rules;
+//! - `mode` registers it (probe, fallback to iptables, cleanup of its tables, tools);
+//! - `trace` answers `trace` and `inspect` from the live table (`nft -j` listing).
 //!
 //! # Behaviour
 //!
@@ -83,6 +88,7 @@ mod ruleset;
 mod state;
 #[cfg(test)]
 mod tests;
+mod trace;
 mod transport;
 
 pub use context::NftContext;

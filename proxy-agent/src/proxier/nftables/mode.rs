@@ -11,13 +11,14 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use super::NftablesProxier;
 use super::context::NftContext;
 use super::names::TABLE;
 use super::ruleset::DesiredState;
 use super::transport::{NftCommand, family_keyword};
+use super::{NftablesProxier, trace};
 use crate::{
     config::ProxyMode,
+    inspect::Subject,
     model::IpFamily,
     proxier::{
         CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools, NodeContext,
@@ -31,7 +32,12 @@ pub static MODE: ModeEntry = ModeEntry {
     probe: |_| unavailable(),
     start,
     cleanup,
-    tools: ModeTools::NONE,
+    tools: ModeTools {
+        in_use: trace::in_use,
+        inspect_subjects: &[Subject::Rules, Subject::Affinity],
+        inspect: Some(trace::inspect_live),
+        trace: Some(trace::trace_live),
+    },
 };
 
 /// The oldest `nft` whose cache reads only the table it is asked about.

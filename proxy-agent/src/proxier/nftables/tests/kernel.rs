@@ -15,7 +15,7 @@ use crate::model::IpFamily;
 use crate::proxier::nftables::{DesiredState, NftContext};
 
 /// Why these tests cannot run here, if they cannot.
-fn unavailable() -> Option<&'static str> {
+pub(in crate::proxier::nftables) fn unavailable() -> Option<&'static str> {
     if !nix::unistd::Uid::effective().is_root() {
         return Some("needs root");
     }
@@ -37,7 +37,7 @@ fn unavailable() -> Option<&'static str> {
 }
 
 /// Runs `script` (sh) in a private network namespace; its stdout, or a panic with stderr.
-fn in_private_netns(script: &str) -> String {
+pub(in crate::proxier::nftables) fn in_private_netns(script: &str) -> String {
     let mut child = Command::new("unshare")
         .args(["-n", "sh", "-e", "-s"])
         .stdin(Stdio::piped())

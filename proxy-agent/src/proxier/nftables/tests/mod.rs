@@ -5,7 +5,7 @@
 //! written-state bookkeeping, and (as root with `nft`) the kernel accepting the texts.
 
 mod golden;
-mod kernel;
+pub(super) mod kernel;
 mod proxier;
 mod shape;
 mod written;
