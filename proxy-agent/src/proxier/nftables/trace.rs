@@ -316,7 +316,7 @@ pub enum Expr {
 
 /// Where a rule or a map element sends the packet.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Jump {
+pub enum RuleVerdict {
     Accept,
     Drop,
     Continue,
@@ -333,7 +333,7 @@ pub enum Statement {
         left: Expr,
         right: Expr,
     },
-    Verdict(Jump),
+    Verdict(RuleVerdict),
     /// `<key> vmap @map`.
     Vmap {
         key: Expr,
@@ -385,7 +385,7 @@ pub struct Chain {
 pub struct Element {
     pub key: Expr,
     /// What a verdict map maps the key to.
-    pub verdict: Option<Jump>,
+    pub verdict: Option<RuleVerdict>,
     pub comment: Option<String>,
     /// Seconds left of a dynamic element (the affinity set's).
     pub expires: Option<u64>,
@@ -492,17 +492,17 @@ fn parse_expr(v: &Value) -> Expr {
 }
 
 /// A verdict object (`{"goto": {"target": ...}}`, `{"drop": null}`), if `v` is one.
-fn parse_jump(v: &Value) -> Option<Jump> {
+fn parse_jump(v: &Value) -> Option<RuleVerdict> {
     let map = v.as_object()?;
     let (key, body) = map.iter().next()?;
     let target = || body.get("target").map(text);
     Some(match key.as_str() {
-        "accept" => Jump::Accept,
-        "drop" => Jump::Drop,
-        "continue" => Jump::Continue,
-        "return" => Jump::Return,
-        "jump" => Jump::Jump(target()?),
-        "goto" => Jump::Goto(target()?),
+        "accept" => RuleVerdict::Accept,
+        "drop" => RuleVerdict::Drop,
+        "continue" => RuleVerdict::Continue,
+        "return" => RuleVerdict::Return,
+        "jump" => RuleVerdict::Jump(target()?),
+        "goto" => RuleVerdict::Goto(target()?),
         _ => return None,
     })
 }
@@ -778,15 +778,15 @@ impl std::fmt::Display for Expr {
     }
 }
 
-impl std::fmt::Display for Jump {
+impl std::fmt::Display for RuleVerdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Jump::Accept => write!(f, "accept"),
-            Jump::Drop => write!(f, "drop"),
-            Jump::Continue => write!(f, "continue"),
-            Jump::Return => write!(f, "return"),
-            Jump::Jump(t) => write!(f, "jump {t}"),
-            Jump::Goto(t) => write!(f, "goto {t}"),
+            RuleVerdict::Accept => write!(f, "accept"),
+            RuleVerdict::Drop => write!(f, "drop"),
+            RuleVerdict::Continue => write!(f, "continue"),
+            RuleVerdict::Return => write!(f, "return"),
+            RuleVerdict::Jump(t) => write!(f, "jump {t}"),
+            RuleVerdict::Goto(t) => write!(f, "goto {t}"),
         }
     }
 }
@@ -1112,7 +1112,7 @@ impl Walker<'_> {
             return;
         }
         let target = match &element.verdict {
-            Some(Jump::Goto(t) | Jump::Jump(t)) => Some(t.as_str()),
+            Some(RuleVerdict::Goto(t) | RuleVerdict::Jump(t)) => Some(t.as_str()),
             _ => None,
         };
         let daddr = Datum::Addr(path.daddr);
@@ -1217,7 +1217,7 @@ impl Walker<'_> {
                     },
                     Statement::Verdict(jump) => {
                         // Returning is not a decision worth a step.
-                        if *jump != Jump::Return {
+                        if *jump != RuleVerdict::Return {
                             path.step(chain, rule);
                         }
                         return self.follow(chain, next_rule, jump, path, depth);
@@ -1379,22 +1379,22 @@ impl Walker<'_> {
         &self,
         chain: &str,
         next_rule: usize,
-        jump: &Jump,
+        jump: &RuleVerdict,
         mut path: Path,
         depth: usize,
     ) -> Vec<Outcome> {
         match jump {
-            Jump::Accept => vec![Outcome::Accept(path)],
-            Jump::Drop => vec![Outcome::Drop(path)],
-            Jump::Return => vec![Outcome::Continue(path)],
-            Jump::Continue => self.run(chain, next_rule, 0, path, depth),
-            Jump::Goto(target) => {
+            RuleVerdict::Accept => vec![Outcome::Accept(path)],
+            RuleVerdict::Drop => vec![Outcome::Drop(path)],
+            RuleVerdict::Return => vec![Outcome::Continue(path)],
+            RuleVerdict::Continue => self.run(chain, next_rule, 0, path, depth),
+            RuleVerdict::Goto(target) => {
                 if target.starts_with("local-") {
                     path.local_policy = true;
                 }
                 self.run(target, 0, 0, path, depth + 1)
             }
-            Jump::Jump(target) => {
+            RuleVerdict::Jump(target) => {
                 // A jump into a chain that decides nothing leaves no step.
                 let before = path.steps.len();
                 let mut out = Vec::new();

@@ -64,7 +64,9 @@ fn the_kernel_listing_parses_into_chains_sets_and_maps() {
         .unwrap();
     assert_eq!(
         nodeport.verdict,
-        Some(Jump::Goto("external-42NFTM6N-ns2/svc2/tcp/p80".into()))
+        Some(RuleVerdict::Goto(
+            "external-42NFTM6N-ns2/svc2/tcp/p80".into()
+        ))
     );
     // Elements with attributes keep their comment.
     let no_endpoints = &listing.sets[NO_ENDPOINT_SERVICES].elements;
@@ -72,7 +74,7 @@ fn the_kernel_listing_parses_into_chains_sets_and_maps() {
         no_endpoints
             .iter()
             .any(|e| e.comment.as_deref() == Some("ns6/svc6:p80")
-                && e.verdict == Some(Jump::Goto("reject-chain".into())))
+                && e.verdict == Some(RuleVerdict::Goto("reject-chain".into())))
     );
     // The kernel's forms: a prefix, `fib`, the mark arithmetic.
     let service = &listing.chains["service-ULMVA6XW-ns1/svc1/tcp/p80"].rules[0];
