@@ -70,7 +70,10 @@ pub(crate) fn leftovers(node: &TestNode) -> Leftovers {
         .filter(|l| l.starts_with("KUBE-"))
         .map(str::to_string)
         .collect();
-    let nft_tables = out("nft", &["list", "tables"])
+    // Without nft there is no nftables mode and nothing of it to leave.
+    let nft_tables = node
+        .output("nft", &["list", "tables"])
+        .unwrap_or_default()
         .lines()
         .map(str::trim)
         .filter(|l| l.starts_with("table ") && l.ends_with(" kube-proxy"))
