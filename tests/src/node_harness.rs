@@ -236,8 +236,13 @@ impl TestNode {
         })
     }
 
-    /// The agent binary beside the test binary (target/debug/proxy-agent).
+    /// The agent binary beside the test binary (target/debug/proxy-agent), or the one
+    /// `PROXY_AGENT_BINARY` names: with a build dir apart from the target dir, test
+    /// binaries are not beside the agent this tree built.
     pub fn agent_binary() -> PathBuf {
+        if let Some(path) = std::env::var_os("PROXY_AGENT_BINARY") {
+            return PathBuf::from(path);
+        }
         std::env::current_exe()
             .ok()
             .and_then(|exe| exe.parent().and_then(Path::parent).map(Path::to_path_buf))

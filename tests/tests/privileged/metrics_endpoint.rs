@@ -8,6 +8,8 @@
 //! its own (`unshare --net`), so its rules, servers and ports are not the host's. The
 //! nfacct counters are that namespace's too: a connection to 127.0.0.1:<nodePort> inside
 //! it must show in `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`.
+//! In nftables mode the same page has the nftables counters (at 0, by family) and the
+//! common families, and none of iptables mode's.
 
 use std::{
     fs,
@@ -76,8 +78,10 @@ impl Drop for Agent {
 }
 
 impl Agent {
-    fn start() -> Self {
-        let source = std::env::temp_dir().join(format!("metrics-endpoint-{}", std::process::id()));
+    /// The agent in `mode`, strict: a fallback would expose another mode's metrics.
+    fn start(mode: &str) -> Self {
+        let source =
+            std::env::temp_dir().join(format!("metrics-endpoint-{mode}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&source);
         fs::create_dir_all(&source).unwrap();
         fs::write(source.join("node.yaml"), NODE).unwrap();
@@ -93,7 +97,7 @@ impl Agent {
                 "ip link set lo up && exec \"$0\" \"$@\"",
             ])
             .arg(agent_binary())
-            .args(["--proxy-mode", "iptables", "--strict-mode"])
+            .args(["--proxy-mode", mode, "--strict-mode"])
             .args(["--hostname-override", "metrics-node"])
             .args(["--cluster-cidr", "10.244.0.0/16"])
             .arg("--source")
@@ -199,7 +203,7 @@ fn metrics_has_every_upstream_name_of_its_mode_and_configz_the_configuration() {
         "{} not built",
         agent_binary().display()
     );
-    let mut agent = Agent::start();
+    let mut agent = Agent::start("iptables");
     // The rule counts appear with the first sync.
     agent.metrics_with("kubeproxy_sync_proxy_rules_iptables_total{");
     // Network programming latency is observed for changes after the agent started (the
@@ -268,4 +272,82 @@ fn metrics_has_every_upstream_name_of_its_mode_and_configz_the_configuration() {
     assert_eq!(config["hostnameOverride"], "metrics-node");
     assert_eq!(config["metricsBindAddress"], "127.0.0.1:10249");
     assert_eq!(config["clusterCIDR"], "10.244.0.0/16");
+}
+
+/// The value of the sample `name{labels}`.
+fn labelled_sample(page: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    page.lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+}
+
+#[test]
+fn metrics_in_nftables_mode_has_its_counters_and_the_common_families_only() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (a network namespace and nftables for the agent)");
+        return;
+    }
+    assert!(
+        agent_binary().is_file(),
+        "{} not built",
+        agent_binary().display()
+    );
+    let mut agent = Agent::start("nftables");
+    // The first sync.
+    agent.metrics_with("kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}");
+    let mode = agent.get("http://127.0.0.1:10249/proxyMode");
+    assert!(
+        mode.trim_end().ends_with("\r\n\r\nnftables"),
+        "/proxyMode: {mode}"
+    );
+    // As in iptables mode: a change with a trigger time, and probes, fill the common
+    // families that only appear once observed.
+    thread::sleep(Duration::from_millis(1100));
+    agent.add_endpoint();
+    agent.metrics_with("kubeproxy_network_programming_duration_seconds_count{");
+    for path in ["healthz", "livez"] {
+        agent.get(&format!("http://127.0.0.1:10256/{path}"));
+    }
+    let page = agent.metrics_with("kubeproxy_proxy_livez_total{");
+
+    let exposed = families(&page);
+    for (name, _, _, group) in UPSTREAM {
+        if NOT_EXPORTED.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        if group.in_mode(MetricsMode::Nftables) {
+            assert!(exposed.contains(name), "/metrics lacks {name}:\n{page}");
+        } else {
+            assert!(
+                !exposed.contains(name),
+                "nftables mode exposes {name}, not one of its families:\n{page}"
+            );
+        }
+    }
+    // Nothing failed: the nftables counters are there at 0 for the node's family.
+    for name in [
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+        "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+    ] {
+        assert_eq!(
+            labelled_sample(&page, name, "ip_family=\"IPv4\""),
+            Some(0.0),
+            "{name}:\n{page}"
+        );
+    }
+    assert!(
+        labelled_sample(
+            &page,
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "ip_family=\"IPv4\""
+        )
+        .is_some_and(|t| t > 0.0),
+        "no sync time:\n{page}"
+    );
+    assert!(
+        !page.contains("kubeproxy_iptables_"),
+        "iptables mode's counters in nftables mode:\n{page}"
+    );
+    let configz = agent.get("http://127.0.0.1:10249/configz");
+    assert!(configz.contains("\"mode\":\"nftables\""), "{configz}");
 }

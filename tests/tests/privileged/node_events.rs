@@ -3,7 +3,9 @@
 //! refuses: an agent asked for ipvs mode on this kernel (no IP_VS) is given one valid and
 //! one invalid Service through the test API server, inside a network namespace of its own,
 //! and the server receives a Warning `ProxyModeFallback` and a Warning `InvalidService`
-//! naming the refused Service, each once.
+//! naming the refused Service, each once. An agent asked for nftables mode with an `nft`
+//! too old falls back to iptables with a `ProxyModeFallback` naming nftables and the
+//! reason.
 
 use std::{
     path::PathBuf,
@@ -16,8 +18,13 @@ use tests::{
     apiserver::{ServerConfig, TestApiServer},
     node_harness::TestNode,
     require_root,
-    scenario::netns::{Place, add_netns, bind_tcp_listener_in, delete_netns, ip_in},
+    scenario::{
+        agent::get_in,
+        netns::{Place, add_netns, bind_tcp_listener_in, delete_netns, ip_in},
+    },
 };
+
+use super::nftables_fallback::OldNft;
 
 const NODE: &str = "events-node";
 
@@ -60,12 +67,19 @@ fn with_reason<'a>(events: &'a [Value], reason: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["reason"] == reason).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fallback_and_refused_objects_become_events_on_the_node() {
-    require_root!();
+/// A network namespace with the test API server holding [`objects`], and the agent in
+/// `mode` there (its output in `agent.log` of the run directory). `path`: the agent's
+/// PATH, when not this process's.
+struct Setup {
+    server: TestApiServer,
+    guard: Cleanup,
+    ns: String,
+}
+
+fn start(tag: &str, mode: &str, path: Option<&std::ffi::OsStr>) -> Setup {
     let binary = TestNode::agent_binary();
     assert!(binary.exists(), "{} is not built", binary.display());
-    let ns = format!("kpe-ev-{}", std::process::id());
+    let ns = format!("kpe-{tag}-{}", std::process::id());
     let dir = std::env::temp_dir().join(&ns);
     std::fs::create_dir_all(&dir).unwrap();
     add_netns(&ns).unwrap();
@@ -90,7 +104,7 @@ async fn fallback_and_refused_objects_become_events_on_the_node() {
     let yaml = format!(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\n\
          kind: KubeProxyConfiguration\n\
-         mode: ipvs\n\
+         mode: {mode}\n\
          hostnameOverride: {NODE}\n\
          clusterCIDR: 10.0.0.0/8\n\
          healthzBindAddress: 127.0.0.1:10256\n\
@@ -107,36 +121,56 @@ async fn fallback_and_refused_objects_become_events_on_the_node() {
         netns: ns.clone(),
         cgroup: None,
     };
+    let mut command = place.command(
+        &binary,
+        &["--config".to_string(), config.display().to_string()],
+    );
+    if let Some(path) = path {
+        command.env("PATH", path);
+    }
     guard.agent = Some(
-        place
-            .command(
-                &binary,
-                &["--config".to_string(), config.display().to_string()],
-            )
+        command
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap(),
     );
+    Setup { server, guard, ns }
+}
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let events = loop {
-        let events = server.events();
-        let done = !with_reason(&events, "ProxyModeFallback").is_empty()
-            && !with_reason(&events, "InvalidService").is_empty();
-        if done || Instant::now() > deadline {
-            break events;
+impl Setup {
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.guard.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    /// The events the server holds once one of each of `reasons` is there (or after 30 s).
+    async fn events_with(&mut self, reasons: &[&str]) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let events = self.server.events();
+            let done = reasons
+                .iter()
+                .all(|reason| !with_reason(&events, reason).is_empty());
+            if done || Instant::now() > deadline {
+                return events;
+            }
+            if let Some(Ok(Some(status))) = self.guard.agent.as_mut().map(Child::try_wait) {
+                panic!("the agent exited ({status}):\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        if let Some(Ok(Some(status))) = guard.agent.as_mut().map(Child::try_wait) {
-            panic!(
-                "the agent exited ({status}):\n{}",
-                std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_and_refused_objects_become_events_on_the_node() {
+    require_root!();
+    let mut setup = start("ev", "ipvs", None);
+    let events = setup
+        .events_with(&["ProxyModeFallback", "InvalidService"])
+        .await;
+    let log = setup.log();
 
     let fallback = with_reason(&events, "ProxyModeFallback");
     assert_eq!(fallback.len(), 1, "one fallback event: {events:#?}\n{log}");
@@ -167,5 +201,74 @@ async fn fallback_and_refused_objects_become_events_on_the_node() {
         !events.iter().any(|e| e["related"]["name"] == "good"),
         "{events:#?}"
     );
-    drop(guard);
+    drop(setup);
+}
+
+/// nftables mode where `nft` is too old (see `nftables_fallback::OldNft`): the agent falls
+/// back to iptables, says so in its log (`PROXY MODE FALLBACK`, naming the mode and the
+/// reason) and in one Warning `ProxyModeFallback` on its Node, and then runs iptables
+/// mode: its `/proxyMode` says iptables and its KUBE-SERVICES chain is in the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nftables_fallback_becomes_an_event_and_iptables_runs() {
+    require_root!();
+    let old_nft = OldNft::new("events");
+    let mut setup = start("evnft", "nftables", Some(&old_nft.path()));
+    let events = setup.events_with(&["ProxyModeFallback"]).await;
+    let log = setup.log();
+
+    let fallback = with_reason(&events, "ProxyModeFallback");
+    assert_eq!(fallback.len(), 1, "one fallback event: {events:#?}\n{log}");
+    let fallback = fallback[0];
+    assert_eq!(fallback["type"], "Warning");
+    assert_eq!(fallback["regarding"]["kind"], "Node");
+    assert_eq!(fallback["regarding"]["name"], NODE);
+    let note = fallback["note"].as_str().unwrap_or_default();
+    let too_old = format!("nft {} is too old", OldNft::VERSION);
+    assert!(
+        note.starts_with("proxy mode nftables cannot run on this node")
+            && note.contains(&too_old)
+            && note.contains("iptables"),
+        "{note}"
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("PROXY MODE FALLBACK"))
+        .unwrap_or_else(|| panic!("no PROXY MODE FALLBACK in the log:\n{log}"));
+    assert!(
+        line.contains("nftables") && line.contains(&too_old) && line.contains("iptables"),
+        "the fallback line names neither the mode, the reason nor the fallback: {line}"
+    );
+
+    // The mode that runs is iptables, with its rules (the first sync may still be on its
+    // way when the event arrives).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mode = get_in(
+            &setup.ns,
+            "http://127.0.0.1:10249/proxyMode",
+            Duration::from_millis(500),
+        );
+        let place = Place {
+            netns: setup.ns.clone(),
+            cgroup: None,
+        };
+        let saved = place
+            .command(std::path::Path::new("iptables-save"), &[])
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
+        let running = mode
+            .as_ref()
+            .is_ok_and(|m| m.status == 200 && m.body.trim() == "iptables");
+        if running && saved.contains(":KUBE-SERVICES") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s: /proxyMode {mode:?}, iptables-save:\n{saved}\n{}",
+            setup.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(setup);
 }
