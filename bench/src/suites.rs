@@ -3,7 +3,11 @@
 //! `cargo xtask bench` launches): each suite runs as its own `loadgen bench-<suite>`
 //! process appending to `<csv-dir>/<suite>.csv` (or `<suite>-quick.csv`); unless quick,
 //! what this run appended is then published as `<publish>/<suite>.csv`, from which
-//! `cargo xtask bench` regenerates the report (docs/benchmarks.md and the plots).
+//! `cargo xtask bench` regenerates the report (docs/benchmarks.md and the plots). A run
+//! given options of its own (`cargo xtask bench sync -- --sides nftables,kube-proxy-nft`:
+//! a slice of the suite) replaces only the rows of the modes and service counts it
+//! measured in the published file and keeps the others ([`merged`]); a run without
+//! options replaces the whole file.
 
 use std::{
     fs,
@@ -80,6 +84,45 @@ pub fn appended(before: &str, after: &str) -> String {
     out
 }
 
+/// The published rows of `published` with those of `run` in place of the rows of every
+/// (suite, mode, service count) `run` measured: the file a slice of a suite publishes.
+/// Rows are CSV lines whose first three fields are the suite, the mode and the count; the
+/// header is `run`'s (or `published`'s when `run` has no rows).
+pub fn merged(published: &str, run: &str) -> String {
+    let key = |line: &str| -> Option<String> {
+        let mut fields = line.splitn(4, ',');
+        Some(format!(
+            "{},{},{}",
+            fields.next()?,
+            fields.next()?,
+            fields.next()?
+        ))
+    };
+    let rows = |text: &str| -> (Option<String>, Vec<String>) {
+        let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+        let header = lines.next().map(str::to_string);
+        (header, lines.map(str::to_string).collect())
+    };
+    let (old_header, old) = rows(published);
+    let (new_header, new) = rows(run);
+    let measured: std::collections::HashSet<String> =
+        new.iter().filter_map(|line| key(line)).collect();
+    let mut out = String::new();
+    if let Some(header) = new_header.or(old_header) {
+        out.push_str(&header);
+        out.push('\n');
+    }
+    for line in old
+        .iter()
+        .filter(|line| key(line).is_none_or(|k| !measured.contains(&k)))
+        .chain(&new)
+    {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// Runs the suites with `loadgen` (this binary), then publishes this run's rows.
 /// Returns the exit code of a suite that failed or was interrupted (130), if one did.
 pub fn run_suites(loadgen: &Path, opts: &SuitesOptions) -> anyhow::Result<Option<i32>> {
@@ -132,6 +175,11 @@ pub fn run_suites(loadgen: &Path, opts: &SuitesOptions) -> anyhow::Result<Option
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         for (name, text) in published {
             let target = dir.join(format!("{name}.csv"));
+            let text = if opts.extra.is_empty() {
+                text
+            } else {
+                merged(&fs::read_to_string(&target).unwrap_or_default(), &text)
+            };
             fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
             println!("    published {}", target.display());
         }
@@ -157,6 +205,35 @@ mod tests {
             appended("", &format!("{HEADER}\n{new}")),
             format!("{HEADER}\n{new}")
         );
+    }
+
+    #[test]
+    fn a_slice_replaces_only_the_modes_and_counts_it_measured() {
+        let published = format!(
+            "{HEADER}\n\
+             sync,ebpf,1000,0,full_sync_wall,10,ms,0.2,k,c,r1\n\
+             sync,kube-proxy-nft,1000,0,full_sync_wall,700,ms,,k,c,r1\n\
+             sync,kube-proxy-nft,10000,0,full_sync_wall,90000,ms,,k,c,r1\n"
+        );
+        let run = format!(
+            "{HEADER}\n\
+             sync,nftables,1000,0,full_sync_wall,60,ms,0.09,k,c,r2\n\
+             sync,kube-proxy-nft,1000,0,full_sync_wall,650,ms,,k,c,r2\n"
+        );
+        assert_eq!(
+            merged(&published, &run),
+            format!(
+                "{HEADER}\n\
+                 sync,ebpf,1000,0,full_sync_wall,10,ms,0.2,k,c,r1\n\
+                 sync,kube-proxy-nft,10000,0,full_sync_wall,90000,ms,,k,c,r1\n\
+                 sync,nftables,1000,0,full_sync_wall,60,ms,0.09,k,c,r2\n\
+                 sync,kube-proxy-nft,1000,0,full_sync_wall,650,ms,,k,c,r2\n"
+            )
+        );
+        // Nothing published yet: the run's rows.
+        assert_eq!(merged("", &run), run);
+        // A run that wrote nothing leaves the file as it was.
+        assert_eq!(merged(&published, &format!("{HEADER}\n")), published);
     }
 
     #[test]

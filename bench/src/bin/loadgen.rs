@@ -241,9 +241,10 @@ enum Command {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
-    /// The sync suite (root): ebpf, iptables and ipvs-fallback against raw restores of
-    /// kube-proxy-shaped rules (iptables-legacy-restore, nft -f): a cold full sync, add one
-    /// service, remove one endpoint, scale one service 4 -> 40, at N services x 4.
+    /// The sync suite (root): ebpf, iptables, ipvs-fallback and nftables against raw
+    /// loads of kube-proxy-shaped rules (iptables-legacy-restore; nft -f for nftables): a
+    /// cold full sync, add one service, remove one endpoint, scale one service 4 -> 40, at N
+    /// services x 4.
     BenchSyncModes {
         /// 1 rep at 1,000 services: proves the suite works, not the speed.
         #[arg(long)]
@@ -253,7 +254,7 @@ enum Command {
         /// Service counts, comma-separated (default 1000,10000,50000; quick: 1000).
         #[arg(long, value_delimiter = ',')]
         services: Vec<u32>,
-        /// Sides, comma-separated (default: all of ebpf, iptables, ipvs-fallback,
+        /// Sides, comma-separated (default: all of ebpf, iptables, ipvs-fallback, nftables,
         /// kube-proxy-iptables, kube-proxy-nft).
         #[arg(long, value_delimiter = ',')]
         sides: Vec<SideKind>,

@@ -28,7 +28,7 @@ pub struct DataplaneArgs {
     /// The agent binary (default: proxy-agent beside this binary).
     #[arg(long)]
     agent: Option<PathBuf>,
-    /// 1 rep of 0.5 s per metric, N = 1 and 1,000, five modes: proves the suite works.
+    /// 1 rep of 0.5 s per metric, N = 1 and 1,000, six modes: proves the suite works.
     #[arg(long)]
     quick: bool,
     #[arg(long)]
@@ -39,7 +39,7 @@ pub struct DataplaneArgs {
     /// Service counts, comma-separated (default 1,1000,10000,50000; quick: 1,1000).
     #[arg(long, value_delimiter = ',')]
     services: Vec<u32>,
-    /// Modes besides direct, comma-separated (ebpf, iptables, kube-proxy-iptables,
+    /// Modes besides direct, comma-separated (ebpf, iptables, nftables, kube-proxy-iptables,
     /// kube-proxy-iptables@random, kube-proxy-nft).
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,

@@ -3,9 +3,10 @@
 //! each way of implementing N ClusterIP services, against the same client connecting
 //! straight to the backend.
 //!
-//! Modes ([`DpMode`]): `direct` (the baseline: nothing loaded), `ebpf` and `iptables` (our
-//! agent; iptables mode runs the `iptables-legacy*` commands, because the nft backend of
-//! iptables 1.8.9 cannot restore 10,000+ services in reasonable time), `kube-proxy-iptables`
+//! Modes ([`DpMode`]): `direct` (the baseline: nothing loaded), `ebpf`, `iptables` and
+//! `nftables` (our agent; iptables mode runs the `iptables-legacy*` commands, because the
+//! nft backend of iptables 1.8.9 cannot restore 10,000+ services in reasonable time;
+//! nftables mode runs `nft` and is measured up to 50,000 services), `kube-proxy-iptables`
 //! (upstream-shaped rules from [`shaped`](super::shaped) loaded with
 //! `iptables-legacy-restore`, the measured service last in `KUBE-SERVICES`: the worst
 //! case), `kube-proxy-iptables@random` (the same at a seeded random position) and
@@ -115,6 +116,7 @@ impl DataplaneOptions {
             modes: vec![
                 DpMode::Ebpf,
                 DpMode::Iptables,
+                DpMode::Nftables,
                 DpMode::KubeProxyIptables,
                 DpMode::KubeProxyNft,
             ],

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The modes of the dataplane benchmark and how each puts N services into a fresh node
-//! namespace: our agent (ebpf, iptables), upstream-shaped rules loaded with the raw tools
+//! namespace: our agent (ebpf, iptables, nftables), upstream-shaped rules loaded with the raw tools
 //! (kube-proxy-iptables, kube-proxy-nft), or nothing (direct).
 
 use std::{
@@ -48,6 +48,8 @@ pub enum DpMode {
     Ebpf,
     /// Our agent in iptables mode, with `iptables*` naming the legacy commands.
     Iptables,
+    /// Our agent in nftables mode (`nft` on PATH; `--strict-mode`, so no fallback).
+    Nftables,
     /// Upstream-shaped iptables rules, the measured service last in KUBE-SERVICES.
     KubeProxyIptables,
     /// The same, the measured service at a seeded random position.
@@ -57,10 +59,11 @@ pub enum DpMode {
 }
 
 impl DpMode {
-    pub const ALL: [DpMode; 6] = [
+    pub const ALL: [DpMode; 7] = [
         DpMode::Direct,
         DpMode::Ebpf,
         DpMode::Iptables,
+        DpMode::Nftables,
         DpMode::KubeProxyIptables,
         DpMode::KubeProxyIptablesRandom,
         DpMode::KubeProxyNft,
@@ -71,6 +74,7 @@ impl DpMode {
             DpMode::Direct => "direct",
             DpMode::Ebpf => "ebpf",
             DpMode::Iptables => "iptables",
+            DpMode::Nftables => "nftables",
             DpMode::KubeProxyIptables => "kube-proxy-iptables",
             DpMode::KubeProxyIptablesRandom => "kube-proxy-iptables@random",
             DpMode::KubeProxyNft => "kube-proxy-nft",
@@ -311,4 +315,29 @@ pub fn kube_services_rules(node: &Place, path: &OsString, limit: Duration) -> Re
         .lines()
         .filter(|l| l.starts_with("-A KUBE-SERVICES ") && l.contains("-j KUBE-SVC-"))
         .count())
+}
+
+/// How many elements the `service-ips` verdict map of the agent's nftables table holds in
+/// `node` (one per ClusterIP service port here); 0 while the table does not exist.
+pub fn service_ips_elements(node: &Place, limit: Duration) -> Result<usize> {
+    match run_with_input(
+        node,
+        "nft",
+        &["list", "map", "ip", "kube-proxy", "service-ips"],
+        "",
+        limit,
+    ) {
+        Ok(listing) => Ok(map_elements(&listing)),
+        // Before the first sync there is no table: nft says so with an error exit.
+        Err(Error::Setup(_)) => Ok(0),
+        Err(err) => Err(err),
+    }
+}
+
+/// The elements of an `nft list map` listing of a verdict map: each has one ` : ` between
+/// its key and its verdict, however nft wraps the lines.
+pub fn map_elements(listing: &str) -> usize {
+    listing
+        .split_once("elements = {")
+        .map_or(0, |(_, elements)| elements.matches(" : ").count())
 }

@@ -86,7 +86,7 @@ pub(super) fn load(
             }
             Ok((None, None))
         }
-        DpMode::Ebpf | DpMode::Iptables => {
+        DpMode::Ebpf | DpMode::Iptables | DpMode::Nftables => {
             let agent = start_agent(opts, bench_net, mode, n)?;
             Ok((Some(agent), None))
         }
@@ -111,6 +111,7 @@ fn start_agent(
             let path = modes::legacy_path(&bench_net.run_dir.join("legacy-bin"))?;
             (Mode::Iptables, vec![("PATH".into(), path)])
         }
+        DpMode::Nftables => (Mode::Nftables, Vec::new()),
         _ => (Mode::Ebpf, Vec::new()),
     };
     let started = SystemTime::now();
@@ -135,14 +136,15 @@ fn start_agent(
     let deadline = Instant::now() + opts.setup_timeout;
     loop {
         signals::check()?;
+        let node = Place {
+            netns: bench_net.node_ns.clone(),
+            cgroup: None,
+        };
         let seen = match (&env.first(), mode) {
             (Some((_, path)), DpMode::Iptables) => {
-                let node = Place {
-                    netns: bench_net.node_ns.clone(),
-                    cgroup: None,
-                };
                 modes::kube_services_rules(&node, path, opts.setup_timeout)?
             }
+            (_, DpMode::Nftables) => modes::service_ips_elements(&node, opts.setup_timeout)?,
             _ => frontends_in(&bpffs)?,
         };
         if seen == expected {

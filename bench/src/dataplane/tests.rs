@@ -39,6 +39,33 @@ fn mode_names_round_trip_and_alternate() {
 }
 
 #[test]
+fn nftables_mode_is_ours_and_uncapped() {
+    assert_eq!(DpMode::parse("nftables"), Some(DpMode::Nftables));
+    assert!(DpMode::ALL.contains(&DpMode::Nftables));
+    let opts = DataplaneOptions::full("agent".into(), "loadgen".into());
+    assert!(opts.modes.contains(&DpMode::Nftables));
+    assert_eq!(opts.max_services(DpMode::Nftables), None);
+    assert!(
+        DataplaneOptions::quick("agent".into(), "loadgen".into())
+            .modes
+            .contains(&DpMode::Nftables)
+    );
+    // Its own load, not grouped with another mode's.
+    assert_eq!(
+        mode_groups(&[DpMode::Nftables, DpMode::KubeProxyNft]),
+        [vec![DpMode::Nftables], vec![DpMode::KubeProxyNft]]
+    );
+}
+
+#[test]
+fn service_ips_map_elements_are_counted_across_line_wraps() {
+    let listing = "table ip kube-proxy {\n\tmap service-ips {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\t\tcomment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\"\n\t\telements = { 10.96.0.1 . tcp . 443 comment \"default/kubernetes:https\" : goto service-2QRHZV4L-default/kubernetes/tcp/https,\n\t\t\t     10.96.0.2 . tcp . 80 : goto service-AAAAAAAA-bench/measured/tcp/conn }\n\t}\n}\n";
+    assert_eq!(map_elements(listing), 2);
+    let empty = "table ip kube-proxy {\n\tmap service-ips {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\t}\n}\n";
+    assert_eq!(map_elements(empty), 0);
+}
+
+#[test]
 fn measured_service_is_placed_last_or_at_the_seeded_position() {
     let last = services(100, None);
     assert_eq!(last.len(), 101);

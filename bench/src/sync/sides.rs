@@ -8,9 +8,11 @@
 //! cluster), `iptables` (the proxier over iptables-legacy: the nft backend of iptables
 //! 1.8.9 does not restore 10,000 services in minutes) and `ipvs-fallback` (ipvs requested
 //! on a kernel without IPVS: the agent's capability probe, then the iptables proxier it
-//! falls back to). The baselines are the raw tools fed rules shaped like upstream
-//! kube-proxy's ([`shaped`](crate::shaped)): `kube-proxy-iptables`
-//! (`iptables-legacy-restore`) and `kube-proxy-nft` (`nft -f`).
+//! falls back to) and `nftables` (the nftables proxier: one `nft -f -` transaction per
+//! sync, the whole table first, only the changed services' chains and elements after). The
+//! baselines are the raw tools fed rules shaped like upstream kube-proxy's
+//! ([`shaped`](crate::shaped)): `kube-proxy-iptables` (`iptables-legacy-restore`) and
+//! `kube-proxy-nft` (`nft -f`).
 
 use std::{collections::HashSet, net::SocketAddrV4, path::PathBuf};
 
@@ -21,6 +23,7 @@ use proxy_agent::{
         conntrack::NetlinkConntrack,
         ebpf::{EbpfProxier, LoadOptions},
         iptables::{CommandBackend, IptablesConfig, IptablesProxier, RuleOptions},
+        nftables::{NftCommand, NftablesProxier},
     },
 };
 
@@ -237,6 +240,45 @@ impl SyncSide for IptablesSide {
     }
 }
 
+/// The agent's nftables proxier over `nft` on PATH, as the agent runs it: its first sync
+/// lists the table's chains and loads the whole `kube-proxy` table in one transaction, the
+/// later ones write only the changed services' chains and map elements.
+pub struct NftablesSide {
+    ns: SideNamespace,
+    proxier: Option<NftablesProxier>,
+}
+
+impl NftablesSide {
+    pub fn new(id: &str, rep: u32) -> Result<Self> {
+        if let Some(reason) = nftables_unavailable() {
+            return Err(Error::Setup(format!("nftables mode cannot run: {reason}")));
+        }
+        Ok(NftablesSide {
+            ns: SideNamespace::create(id, rep, "t")?,
+            proxier: None,
+        })
+    }
+}
+
+impl SyncSide for NftablesSide {
+    fn name(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn is_baseline(&self) -> bool {
+        false
+    }
+
+    fn apply(&mut self, step: &Step<'_>) -> Result<StepCost> {
+        sync_step("nftables", &self.ns, &mut self.proxier, step, || {
+            Ok(NftablesProxier::new(
+                Box::new(NftCommand),
+                Box::new(NetlinkConntrack::new()),
+            ))
+        })
+    }
+}
+
 /// The agent's ebpf proxier: programs loaded, pinned under the run's bpffs directory and
 /// attached to a cgroup of the run's own (nothing runs in it), maps sized for the cluster.
 pub struct EbpfSide {
@@ -443,6 +485,13 @@ impl SyncSide for ShapedSide {
         self.current = after;
         Ok(cost)
     }
+}
+
+/// Why this host cannot run nftables mode (the registry's probe: `nft` 1.0.1 or later, and
+/// a kernel that accepts the table), if it cannot.
+fn nftables_unavailable() -> Option<String> {
+    let layout = proxy_agent::proxier::HostLayout::from_defaults();
+    proxy_agent::proxier::unavailable(proxy_agent::config::ProxyMode::Nftables, &layout)
 }
 
 /// Whether this kernel runs ipvs mode (the registry's probe).

@@ -73,10 +73,14 @@ pub enum Bench {
     /// restore of the very same rules, at 1,000 and 10,000 services x 4 endpoints.
     SyncIptables(SyncArgs),
     /// Connection rate, connect() and request/response latency and throughput at 1 to
-    /// 50,000 services: direct, ebpf, iptables, kube-proxy-shaped iptables and nftables.
+    /// 50,000 services: direct, ebpf, iptables, nftables, kube-proxy-shaped iptables and
+    /// nftables.
     Dataplane(SuiteArgs),
     /// Cold full sync and one-change syncs at 1,000 to 50,000 services x 4: ebpf, iptables,
-    /// ipvs-fallback against raw restores of kube-proxy-shaped rules (iptables, nft).
+    /// ipvs-fallback against the raw restore of kube-proxy-shaped iptables rules, nftables
+    /// against the raw `nft -f` of kube-proxy-shaped nftables rules. Options after `--`
+    /// (`--sides nftables,kube-proxy-nft`, `--services`, `--reps`) run a slice, which
+    /// replaces only its own rows in docs/bench/sync.csv.
     Sync(SuiteArgs),
     /// From a Service's creation in the API server to the first connection through it,
     /// at 100 changes/s with 10,000 services.

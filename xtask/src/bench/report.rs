@@ -72,14 +72,43 @@ fn metric_table(out: &mut String, rows: &[Row], metric: &str, title: &str) {
     }
 }
 
+/// Where a suite's rows come from: its run, or each run with the modes it measured (a
+/// slice of a suite run on its own replaces only its modes' rows in the published CSV).
 fn run_line(out: &mut String, s: &SuiteRows) {
-    if let Some(r) = s.rows.first() {
-        let _ = writeln!(
-            out,
-            "\nRun {} on {} (kernel {}); rows: [docs/bench/{}.csv](bench/{}.csv).",
-            r.run, r.cpu, r.kernel, s.suite, s.suite
-        );
+    let mut runs: Vec<(&Row, Vec<&str>)> = Vec::new();
+    for r in &s.rows {
+        match runs.iter_mut().find(|(first, _)| first.run == r.run) {
+            Some((_, modes)) => {
+                if !modes.contains(&r.mode.as_str()) {
+                    modes.push(&r.mode);
+                }
+            }
+            None => runs.push((r, vec![r.mode.as_str()])),
+        }
     }
+    let described: Vec<String> = match runs.as_slice() {
+        [] => return,
+        [(r, _)] => vec![format!("Run {} on {} (kernel {})", r.run, r.cpu, r.kernel)],
+        _ => runs
+            .iter()
+            .map(|(r, modes)| {
+                format!(
+                    "Run {} on {} (kernel {}): {}",
+                    r.run,
+                    r.cpu,
+                    r.kernel,
+                    modes.join(", ")
+                )
+            })
+            .collect(),
+    };
+    let _ = writeln!(
+        out,
+        "\n{}; rows: [docs/bench/{}.csv](bench/{}.csv).",
+        described.join("; "),
+        s.suite,
+        s.suite
+    );
 }
 
 const SYNC_STEPS: [(&str, &str); 4] = [
@@ -138,7 +167,7 @@ pub fn render(all: &[SuiteRows]) -> String {
             "sync" => {
                 let _ = writeln!(
                     out,
-                    "\n### Sync\n\nMedian wall time; in brackets the median of the paired ratios to `kube-proxy-iptables` (raw `iptables-legacy-restore` of kube-proxy-shaped rules, same rep).\n\n![sync time against N](bench/sync.png)"
+                    "\n### Sync\n\nMedian wall time; in brackets the median of the paired ratios to the side's baseline (same rep): `nftables` to `kube-proxy-nft` (raw `nft -f` of kube-proxy-shaped nftables rules, run once at 10,000 services and not at 50,000, where it takes minutes), the others to `kube-proxy-iptables` (raw `iptables-legacy-restore` of kube-proxy-shaped rules).\n\n![sync time against N](bench/sync.png)"
                 );
                 for (step, title) in SYNC_STEPS {
                     metric_table(&mut out, &s.rows, &format!("{step}_wall"), title);
@@ -336,5 +365,51 @@ mod tests {
         let plots = plots(&all);
         assert_eq!(plots.len(), 1);
         assert_eq!(plots[0].0, "connect.png");
+    }
+
+    #[test]
+    fn nftables_targets_read_the_ratio_to_kube_proxy_nft_and_the_50k_time() {
+        let all = vec![SuiteRows {
+            suite: "sync",
+            rows: csv(&[
+                "sync,ebpf,10000,0,full_sync_wall,300,ms,0.25,k,c,r1",
+                "sync,nftables,10000,0,full_sync_wall,5000,ms,0.0600,k,c,r2",
+                "sync,nftables,10000,1,full_sync_wall,6000,ms,,k,c,r2",
+                "sync,kube-proxy-nft,10000,0,full_sync_wall,83000,ms,,k,c,r2",
+                "sync,nftables,50000,0,full_sync_wall,23000,ms,,k,c,r2",
+            ]),
+        }];
+        let t = targets(&all);
+        let ratio = t
+            .iter()
+            .find(|t| t.what.starts_with("nftables cold load of 10,000"))
+            .unwrap();
+        assert_eq!(
+            (ratio.measured.as_str(), ratio.holds, ratio.limit),
+            ("0.060", Some(true), "≤ 0.1")
+        );
+        let large = t
+            .iter()
+            .find(|t| t.what.starts_with("nftables cold load of 50,000"))
+            .unwrap();
+        assert_eq!(large.holds, Some(false));
+        assert_eq!(large.measured, "23000");
+        assert_eq!(large.miss, "2.300× the limit");
+        let text = render(&all);
+        assert!(
+            text.contains("| nftables | 5500 (0.06×) | 23000 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Run r1 on c (kernel k): ebpf; Run r2 on c (kernel k): nftables, kube-proxy-nft; rows: [docs/bench/sync.csv](bench/sync.csv)."),
+            "{text}"
+        );
+        // Not measured: no verdict.
+        let none = targets(&[]);
+        assert!(
+            none.iter()
+                .filter(|t| t.what.starts_with("nftables"))
+                .all(|t| t.holds.is_none() && t.measured == "not measured")
+        );
     }
 }
