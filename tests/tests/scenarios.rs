@@ -2,7 +2,8 @@
 //! Every behaviour scenario (../shared/scenarios and tests/scenarios) replayed with real
 //! packets by the scenario runner, once per dataplane mode this machine can run: one test
 //! per (mode, file), failing with the runner's FAIL lines. Needs root; without it each test
-//! is ignored with the reason.
+//! is ignored with the reason. Which files each mode replays here is [`Files`]' choice (the
+//! CI time budget); `cargo xtask scenarios --mode <mode>` replays every file.
 
 use std::{
     path::{Path, PathBuf},
@@ -45,18 +46,20 @@ fn scenario_files() -> Vec<PathBuf> {
 enum Files {
     /// Every file of both directories.
     All,
-    /// Every file but the IPv6 twins of our own files: a second netfilter mode's IPv6
+    /// Every file but the IPv6 twins of our own files (the netfilter modes): their IPv6
     /// rules are replayed through the twins of the shared files (and golden- and
-    /// kernel-tested in its unit tests); the whole CI run must stay well under 45 minutes
-    /// on 2 cores, and `cargo xtask scenarios --mode <mode>` replays all.
+    /// kernel-tested in their unit tests), ebpf replays every file; the whole CI run must
+    /// stay well under 45 minutes on 2 cores, and `cargo xtask scenarios --mode <mode>`
+    /// replays all.
     AllButOwnTwins,
     /// Only files with a client outside the node (and the runner replays only those
     /// clients' flows): XDP sits on the uplink and sees nothing else, so the other flows
-    /// would replay the plain ebpf run. Of the IPv6 twins, none: XDP's IPv6 path is
-    /// unit-tested in tests/tests/privileged/bpf_test_run.rs and replayed by hand; the whole
-    /// CI run must stay well under 45 minutes on 2 cores, and `cargo xtask scenarios
-    /// --xdp-mode generic` replays all.
-    WithExternalClients,
+    /// would replay the plain ebpf run. Only the shared files (../shared/scenarios): XDP's
+    /// IPv6 path and our own north-south cases are tested by tests/tests/privileged
+    /// (bpf_test_run.rs, northsouth.rs with XDP generic); the whole CI run must stay well
+    /// under 45 minutes on 2 cores, and `cargo xtask scenarios --xdp-mode generic` replays
+    /// every file.
+    SharedWithExternalClients,
     /// Only [`FALLBACK_FILES`] of ../shared/scenarios: the fallback agent runs the iptables
     /// proxier, whose outcomes the `iptables` trial already judges on every file; what this
     /// mode adds is the fallback itself.
@@ -102,12 +105,12 @@ fn modes() -> Vec<(&'static str, &'static [&'static str], Files)> {
                 "generic",
                 "--only-external-clients",
             ],
-            Files::WithExternalClients,
+            Files::SharedWithExternalClients,
         ),
         (
             "iptables",
             &["--mode", "iptables", "--trace-check"],
-            Files::All,
+            Files::AllButOwnTwins,
         ),
         (
             "nftables",
@@ -125,14 +128,14 @@ fn selected(files: Files, file: &Path) -> bool {
         Files::All => true,
         Files::AllButOwnTwins => !twin_of_an_own_file(file),
         Files::Fallback => {
-            file.starts_with(workspace().join("../shared/scenarios"))
+            is_shared(file)
                 && file
                     .file_name()
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| FALLBACK_FILES.contains(&n))
         }
-        Files::WithExternalClients if is_v6_twin(file) => false,
-        Files::WithExternalClients => match Scenario::load(file) {
+        Files::SharedWithExternalClients if !is_shared(file) => false,
+        Files::SharedWithExternalClients => match Scenario::load(file) {
             Ok(scenario) => Placement::plan(&scenario)
                 .map(|placement| !placement.external_clients.is_empty())
                 .unwrap_or(true),
@@ -141,11 +144,9 @@ fn selected(files: Files, file: &Path) -> bool {
     }
 }
 
-/// Whether `file` is an IPv6 twin (`v6-NAME`).
-fn is_v6_twin(file: &Path) -> bool {
-    file.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("v6-"))
+/// Whether `file` is one of ../shared/scenarios.
+fn is_shared(file: &Path) -> bool {
+    file.starts_with(workspace().join("../shared/scenarios"))
 }
 
 /// Whether `file` is the IPv6 twin (`v6-NAME`) of a file of tests/scenarios (not of a
