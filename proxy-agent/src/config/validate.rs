@@ -5,7 +5,7 @@
 //! (`iptables.masqueradeBit`, `ipvs.excludeCIDRs[1]`), as upstream's newest validation does
 //! for v1alpha1 input. Rules and messages are upstream's, except where noted:
 //! - mode: `ebpf` is valid and the blank default; any mode the mode registry
-//!   ([`crate::proxier::MODES`]) lacks is refused (`nftables` is parsed but not implemented); `kernelspace` is Windows-only and refused.
+//!   ([`crate::proxier::MODES`]) lacks is refused; `kernelspace` is Windows-only and refused.
 //! - ipvs.scheduler is checked against the kernel's schedulers (upstream dropped the check);
 //! - featureGates: any name is accepted (upstream refuses names it does not know);
 //! - showHiddenMetricsForVersion: only the `<major>.<minor>` form is checked, since the agent

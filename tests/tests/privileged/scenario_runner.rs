@@ -370,27 +370,6 @@ async fn run_with_fake_agent(metrics: bool) {
     fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `--mode nftables` is refused up front with the reason (the agent has no such mode yet),
-/// before anything is built or started; no root needed.
-#[test]
-fn nftables_mode_is_refused_with_the_reason() {
-    let out = Command::new(RUNNER)
-        .args(["run", "--mode", "nftables", "--filter", "no-such-file"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("cannot replay nftables mode") && stderr.contains("no nftables mode yet"),
-        "{stderr}"
-    );
-    assert!(
-        out.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-}
-
 fn inline_scenario(yaml: &str) -> Scenario {
     let raw: RawScenario = serde_yaml::from_str(yaml).unwrap();
     Scenario::from_raw(raw, Path::new("inline.yaml")).unwrap()
