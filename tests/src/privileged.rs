@@ -144,3 +144,66 @@ impl Drop for TempNetns {
             .output();
     }
 }
+
+/// Runs the agent in a network namespace of its own (`unshare --net`: its servers bind
+/// there and nothing it might touch is the host's) with `args`, a source directory holding
+/// `node_yaml`, and `path` as its PATH when given, and waits up to `limit` for it to exit
+/// (it is killed and the test fails otherwise). Returns its exit status and its stdout and
+/// stderr, in that order. For start-up refusals (`--strict-mode`).
+pub fn run_agent_to_exit(
+    agent: &Path,
+    args: &[&str],
+    node_yaml: &str,
+    path: Option<&std::ffi::OsStr>,
+    limit: std::time::Duration,
+) -> (std::process::ExitStatus, String) {
+    use std::io::Read as _;
+    use std::process::Stdio;
+    use std::time::Instant;
+
+    let source = std::env::temp_dir().join(format!(
+        "kpe-agent-exit-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    let _ = fs::remove_dir_all(&source);
+    fs::create_dir_all(&source).expect("creating the source directory");
+    fs::write(source.join("node.yaml"), node_yaml).expect("writing the Node");
+    let mut command = Command::new("unshare");
+    command
+        .arg("--net")
+        .arg("--")
+        .arg(agent)
+        .args(args)
+        .arg("--source")
+        .arg(&source)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(path) = path {
+        command.env("PATH", path);
+    }
+    let mut child = command.spawn().expect("starting the agent under unshare");
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for the agent") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = fs::remove_dir_all(&source);
+            panic!("the agent still runs after {limit:?}: it was expected to exit");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut output = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.read_to_string(&mut output);
+    }
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut output);
+    }
+    let _ = fs::remove_dir_all(&source);
+    (status, output)
+}

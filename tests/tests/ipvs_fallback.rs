@@ -7,13 +7,7 @@
 //! Needs root (the agent runs in a fresh network namespace, where its servers bind); on a
 //! kernel with IPVS there is nothing to fall back from, and the test says so and returns.
 
-use std::{
-    fs,
-    io::Read as _,
-    path::PathBuf,
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::{path::PathBuf, time::Duration};
 
 fn agent_binary() -> PathBuf {
     tests::node_harness::TestNode::agent_binary()
@@ -40,58 +34,19 @@ fn strict_ipvs_mode_exits_1_naming_the_missing_kernel_support() {
     }
     let agent = agent_binary();
     assert!(agent.is_file(), "{} not built", agent.display());
-    let source = std::env::temp_dir().join(format!("ipvs-strict-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&source);
-    fs::create_dir_all(&source).unwrap();
-    fs::write(source.join("node.yaml"), NODE).unwrap();
-
-    // `unshare --net`: the agent's healthz and metrics servers bind in a namespace of
-    // their own, and nothing it might touch is the host's.
-    let mut child = Command::new("unshare")
-        .arg("--net")
-        .arg("--")
-        .arg(&agent)
-        .args(["--proxy-mode", "ipvs", "--strict-mode"])
-        .args(["--hostname-override", "strict-node"])
-        .arg("--source")
-        .arg(&source)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting the agent under unshare");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = fs::remove_dir_all(&source);
-            panic!("the agent still runs after 60 s: strict mode did not stop it");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut output = String::new();
-    for stream in [
-        child
-            .stdout
-            .take()
-            .map(|s| Box::new(s) as Box<dyn std::io::Read>),
-        child
-            .stderr
-            .take()
-            .map(|s| Box::new(s) as Box<dyn std::io::Read>),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        let mut stream = stream;
-        stream.read_to_string(&mut output).unwrap();
-    }
-    let _ = fs::remove_dir_all(&source);
-
+    let (status, output) = tests::privileged::run_agent_to_exit(
+        &agent,
+        &[
+            "--proxy-mode",
+            "ipvs",
+            "--strict-mode",
+            "--hostname-override",
+            "strict-node",
+        ],
+        NODE,
+        None,
+        Duration::from_secs(60),
+    );
     assert_eq!(status.code(), Some(1), "exit status; output:\n{output}");
     let refusal = output
         .lines()

@@ -138,6 +138,48 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// The masquerade part of a forward verdict of the netfilter modes, once its candidates
+    /// are known: a step naming the candidates only a hairpin masquerades (the client is
+    /// also the endpoint), then either every path is marked for masquerade (`marked` says
+    /// where the SNAT happens; the backend sees a node address) or the backend sees the
+    /// client's address (`node_client`: the node's own).
+    pub fn explain_masquerade(
+        &mut self,
+        q: &Question,
+        node_addresses: &[IpAddr],
+        node_client: bool,
+        marked: &str,
+    ) {
+        let masquerade_all = self.candidates.iter().all(|c| c.masquerade);
+        let hairpin: Vec<String> = self
+            .candidates
+            .iter()
+            .filter(|c| c.masquerade)
+            .map(|c| SocketAddr::new(c.address, c.port).to_string())
+            .collect();
+        if !masquerade_all && !hairpin.is_empty() {
+            self.steps.push(format!(
+                "hairpin: the client is also an endpoint; on the way to {} it is masqueraded",
+                hairpin.join(", ")
+            ));
+        }
+        if masquerade_all {
+            self.steps.push(marked.to_string());
+            self.masquerade = true;
+            self.backend_sees_source = node_addresses
+                .iter()
+                .find(|a| a.is_ipv6() == q.from.is_ipv6() && !a.is_loopback())
+                .copied();
+        } else {
+            self.steps.push(if node_client {
+                "not masqueraded: the backend sees the node's own address".to_string()
+            } else {
+                "not masqueraded: the client address is kept".to_string()
+            });
+            self.backend_sees_source = Some(q.from);
+        }
+    }
+
     /// The answer before `mode`'s `decided_by` step looked at the question: nothing matched
     /// yet, no step taken.
     pub fn untouched(mode: &'static str, q: &Question, decided_by: &'static str) -> Self {

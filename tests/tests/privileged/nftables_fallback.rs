@@ -7,17 +7,9 @@
 //! Root (skipped otherwise): the agent runs in a network namespace of its own (`unshare
 //! --net`), where its servers bind and nothing it might touch is the host's.
 
-use std::{
-    ffi::OsString,
-    fs,
-    io::Read as _,
-    os::unix::fs::PermissionsExt as _,
-    path::PathBuf,
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::{ffi::OsString, fs, os::unix::fs::PermissionsExt as _, path::PathBuf, time::Duration};
 
-use tests::{node_harness::TestNode, require_root};
+use tests::{node_harness::TestNode, privileged::run_agent_to_exit, require_root};
 
 /// A directory holding an `nft` that prints an old version for every command (so the
 /// agent's cleanup, `nft list tables`, sees no table either); removed when dropped.
@@ -74,47 +66,19 @@ fn strict_nftables_mode_exits_1_naming_the_old_nft() {
     let agent = TestNode::agent_binary();
     assert!(agent.is_file(), "{} not built", agent.display());
     let old_nft = OldNft::new("strict");
-    let source = std::env::temp_dir().join(format!("nft-strict-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&source);
-    fs::create_dir_all(&source).unwrap();
-    fs::write(source.join("node.yaml"), NODE).unwrap();
-
-    let mut child = Command::new("unshare")
-        .arg("--net")
-        .arg("--")
-        .arg(&agent)
-        .args(["--proxy-mode", "nftables", "--strict-mode"])
-        .args(["--hostname-override", "strict-nft-node"])
-        .arg("--source")
-        .arg(&source)
-        .env("PATH", old_nft.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting the agent under unshare");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = fs::remove_dir_all(&source);
-            panic!("the agent still runs after 60 s: strict mode did not stop it");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut output = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        out.read_to_string(&mut output).unwrap();
-    }
-    if let Some(mut err) = child.stderr.take() {
-        err.read_to_string(&mut output).unwrap();
-    }
-    let _ = fs::remove_dir_all(&source);
-
+    let (status, output) = run_agent_to_exit(
+        &agent,
+        &[
+            "--proxy-mode",
+            "nftables",
+            "--strict-mode",
+            "--hostname-override",
+            "strict-nft-node",
+        ],
+        NODE,
+        Some(&old_nft.path()),
+        Duration::from_secs(60),
+    );
     assert_eq!(status.code(), Some(1), "exit status; output:\n{output}");
     let refusal = output
         .lines()

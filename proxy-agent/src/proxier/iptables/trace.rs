@@ -369,34 +369,12 @@ pub fn trace(
         }
         v.action = Action::Forward;
         let node_source = q.client == ClientKind::Node && node_addresses.contains(&q.from);
-        let masq_all = v.candidates.iter().all(|c| c.masquerade);
-        let hairpin: Vec<String> = v
-            .candidates
-            .iter()
-            .filter(|c| c.masquerade)
-            .map(|c| SocketAddr::new(c.address, c.port).to_string())
-            .collect();
-        if !masq_all && !hairpin.is_empty() {
-            steps.push(format!(
-                "hairpin: the client is also an endpoint; on the way to {} it is masqueraded",
-                hairpin.join(", ")
-            ));
-        }
-        if masq_all {
-            steps.push("marked for masquerade: KUBE-POSTROUTING SNATs to a node address".into());
-            v.masquerade = true;
-            v.backend_sees_source = node_addresses
-                .iter()
-                .find(|a| a.is_ipv6() == q.from.is_ipv6() && !a.is_loopback())
-                .copied();
-        } else {
-            steps.push(if node_source {
-                "not masqueraded: the backend sees the node's own address".into()
-            } else {
-                "not masqueraded: the client address is kept".to_string()
-            });
-            v.backend_sees_source = Some(q.from);
-        }
+        v.explain_masquerade(
+            q,
+            node_addresses,
+            node_source,
+            "marked for masquerade: KUBE-POSTROUTING SNATs to a node address",
+        );
         return v;
     }
     steps.push(format!("no nat rule translates {}", q.to));

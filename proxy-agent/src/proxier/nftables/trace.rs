@@ -1637,36 +1637,12 @@ pub fn trace(listing: &Listing, node_addresses: &[IpAddr], q: &Question) -> Verd
             ),
         });
     }
-    let masquerade_all = v.candidates.iter().all(|c| c.masquerade);
-    let hairpin: Vec<String> = v
-        .candidates
-        .iter()
-        .filter(|c| c.masquerade)
-        .map(|c| SocketAddr::new(c.address, c.port).to_string())
-        .collect();
-    if !masquerade_all && !hairpin.is_empty() {
-        steps.push(format!(
-            "hairpin: the client is also an endpoint; on the way to {} it is masqueraded",
-            hairpin.join(", ")
-        ));
-    }
-    if masquerade_all {
-        steps.push(
-            "masquerade mark set: postrouting's masquerading chain SNATs to a node address".into(),
-        );
-        v.masquerade = true;
-        v.backend_sees_source = node_addresses
-            .iter()
-            .find(|a| a.is_ipv6() == q.from.is_ipv6() && !a.is_loopback())
-            .copied();
-    } else {
-        steps.push(if node_client {
-            "not masqueraded: the backend sees the node's own address".to_string()
-        } else {
-            "not masqueraded: the client address is kept".to_string()
-        });
-        v.backend_sees_source = Some(q.from);
-    }
+    v.explain_masquerade(
+        q,
+        node_addresses,
+        node_client,
+        "masquerade mark set: postrouting's masquerading chain SNATs to a node address",
+    );
     v
 }
 
