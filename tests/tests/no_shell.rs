@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-//! No shell command is ever built from API-supplied strings. The agent starts two external
-//! programs, by fixed name and with each argument its own argv entry, never through a shell:
-//! `ipset` (ipvs mode, its input on stdin) and the iptables commands (`iptables`,
+//! No shell command is ever built from API-supplied strings. The agent starts three kinds of
+//! external programs, by fixed name and with each argument its own argv entry, never through
+//! a shell: `ipset` (ipvs mode, its input on stdin), `nft` (nftables mode, its transactions
+//! on stdin) and the iptables commands (`iptables`,
 //! `iptables-save`, `iptables-restore` and the ip6tables ones, names fixed when iptables is
 //! detected: PATH's, or the `-legacy`/`-nft` ones of the backend the host's rules are in,
 //! read with the fixed `*-save` commands of host_backend.rs), all through the netfilter
@@ -77,10 +78,10 @@ fn runner_calls(src: &Path) -> Vec<String> {
 }
 
 #[test]
-fn the_agent_starts_only_ipset_and_iptables_and_never_a_shell() {
+fn the_agent_starts_only_ipset_nft_and_iptables_and_never_a_shell() {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proxy-agent/src");
     assert_eq!(process_spawns(&src), ["proxier/netfilter/exec.rs: program"]);
-    // The runner's callers: ipset by its fixed name, exec.rs's iptables commands, and
+    // The runner's callers: ipset and nft by their fixed names, exec.rs's iptables commands, and
     // the iptables mode's counter reader (`iptables-save`/`ip6tables-save` by fixed name,
     // for kubeproxy_iptables_ct_state_invalid_dropped_packets_total).
     assert_eq!(
@@ -93,6 +94,7 @@ fn the_agent_starts_only_ipset_and_iptables_and_never_a_shell() {
             "proxier/netfilter/exec.rs: &tools.save",
             "proxier/netfilter/exec.rs: iptables",
             "proxier/netfilter/host_backend.rs: dump.program()",
+            "proxier/nftables/transport.rs: \"nft\"",
         ]
     );
     // exec.rs's `tools` and `iptables` are the names fixed at detection: host_backend.rs's

@@ -5,16 +5,13 @@
 //! It can run where `nft` 1.0.1 or later is on PATH (older ones parse the whole ruleset,
 //! other tables included, and may fail on what other software wrote: upstream's knftables
 //! requires it too) and the kernel takes our fixed ruleset: the probe is a dry run
-//! (`nft -c`) of the base chains, maps and sets, which needs every nf_tables feature the
+//! (`nft --check`) of the base chains, maps and sets, which needs every nf_tables feature the
 //! rules use (verdict maps, concatenated keys, `fib`, `numgen`, NAT chains).
-
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 use super::context::NftContext;
 use super::names::TABLE;
 use super::ruleset::DesiredState;
-use super::transport::{NftCommand, family_keyword};
+use super::transport::{NftCommand, family_keyword, nft};
 use super::{NftablesProxier, trace};
 use crate::{
     config::ProxyMode,
@@ -45,14 +42,8 @@ const MIN_NFT: (u32, u32, u32) = (1, 0, 1);
 
 /// Why nftables mode cannot run here, if it cannot.
 pub fn unavailable() -> Option<String> {
-    let version = match Command::new("nft").arg("--version").output() {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
-        Ok(out) => {
-            return Some(format!(
-                "nft --version failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+    let version = match nft(&["--version"], None) {
+        Ok(text) => text,
         Err(e) => return Some(format!("the nft binary cannot be run: {e}")),
     };
     match parse_version(&version) {
@@ -67,29 +58,10 @@ pub fn unavailable() -> Option<String> {
     let node = NodeContext::default();
     let ctx = NftContext::new(&node, IpFamily::V4, &[]);
     let probe = DesiredState::from_ports([], &ctx).cold_load(&ctx);
-    dry_run(&probe).err().map(|stderr| {
-        format!("the kernel does not accept the nftables ruleset (no nf_tables, or a feature missing): {stderr}")
+    // `nft --check`: the kernel checks the transaction and keeps nothing.
+    nft(&["--check", "-f", "-"], Some(&probe)).err().map(|e| {
+        format!("the kernel does not accept the nftables ruleset (no nf_tables, or a feature missing): {e}")
     })
-}
-
-/// `nft -c -f -`: the kernel checks the transaction and keeps nothing.
-fn dry_run(script: &str) -> Result<(), String> {
-    let mut child = Command::new("nft")
-        .args(["-c", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(script.as_bytes());
-    }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
 }
 
 /// "nftables v1.0.6 (Lester Gooch #5)" → (1, 0, 6).
@@ -118,11 +90,8 @@ fn start(_settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
 /// Deletes the `kube-proxy` tables of both families (when another mode starts, and for
 /// `--cleanup`). Nothing to look at without `nft` or nf_tables.
 fn cleanup(_: &HostLayout, _: CleanupScope) -> Option<CleanupReport> {
-    let listing = Command::new("nft").args(["list", "tables"]).output().ok()?;
-    if !listing.status.success() {
-        return None;
-    }
-    let listing = String::from_utf8_lossy(&listing.stdout);
+    // No nft, or no nf_tables: nothing of ours can be there.
+    let listing = nft(&["list", "tables"], None).ok()?;
     let mut report = CleanupReport::default();
     for family in [IpFamily::V4, IpFamily::V6] {
         let ip = family_keyword(family);
@@ -132,18 +101,9 @@ fn cleanup(_: &HostLayout, _: CleanupScope) -> Option<CleanupReport> {
         {
             continue;
         }
-        match Command::new("nft")
-            .args(["delete", "table", ip, TABLE])
-            .output()
-        {
-            Ok(out) if out.status.success() => report.removed += 1,
-            Ok(out) => report.errors.push(format!(
-                "nft delete table {ip} {TABLE}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )),
-            Err(e) => report
-                .errors
-                .push(format!("nft delete table {ip} {TABLE}: {e}")),
+        match nft(&["delete", "table", ip, TABLE], None) {
+            Ok(_) => report.removed += 1,
+            Err(e) => report.errors.push(e.to_string()),
         }
     }
     Some(report)

@@ -14,9 +14,10 @@ use super::context::NftContext;
 use super::names::{NAT_PREROUTING, TABLE};
 use super::ruleset::{DesiredState, Model};
 use super::state::Written;
-use super::transport::{NftError, NftTransport, context_of, family_keyword};
+use super::transport::{NftTransport, context_of, family_keyword};
 use crate::model::IpFamily;
 use crate::proxier::conntrack::{ConntrackTable, UdpConntrackReconciler};
+use crate::proxier::netfilter::ExecError;
 use crate::proxier::{
     FamilyReport, FamilyState, Proxier, RestoreFailure, SyncError, SyncRequest, SyncStats,
 };
@@ -29,7 +30,7 @@ pub enum Error {
     Transaction {
         family: IpFamily,
         #[source]
-        source: NftError,
+        source: ExecError,
     },
 }
 

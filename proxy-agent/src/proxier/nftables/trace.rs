@@ -29,7 +29,6 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::process::Command;
 
 use ipnet::IpNet;
 use proxy_common::proto;
@@ -41,10 +40,11 @@ use super::names::{
     NO_ENDPOINT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS, TABLE,
 };
 use super::ruleset::BASE_CHAINS;
+use super::transport::{family_keyword, nft};
 use crate::{
     inspect::{Output, Subject},
     model::{IpFamily, PortRef},
-    proxier::HostLayout,
+    proxier::{HostLayout, netfilter::ExecError},
     trace::{
         Action, AffinityInfo, Candidate, ClientKind, FrontendKind, MatchedFrontend, Question,
         TraceRequest, Verdict, client, proto_name,
@@ -53,21 +53,12 @@ use crate::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum ListingError {
-    #[error("running nft: {0}")]
-    Exec(#[from] std::io::Error),
-    #[error("nft {args}: {stderr}")]
-    Nft { args: String, stderr: String },
+    #[error(transparent)]
+    Nft(#[from] ExecError),
     #[error("reading nft's JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("nft's JSON has no `nftables` array")]
     Shape,
-}
-
-fn family_word(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
-    }
 }
 
 /// `nft [-j] list table <family> kube-proxy`; `None` when the table does not exist.
@@ -76,20 +67,15 @@ fn list_table(family: IpFamily, json: bool) -> Result<Option<String>, ListingErr
     if json {
         args.push("-j");
     }
-    args.extend(["list", "table", family_word(family), TABLE]);
-    let out = Command::new("nft").args(&args).output()?;
-    if out.status.success() {
-        return Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()));
+    args.extend(["list", "table", family_keyword(family), TABLE]);
+    match nft(&args, None) {
+        Ok(listing) => Ok(Some(listing)),
+        // nft reports a missing table as ENOENT.
+        Err(ExecError::Failed { stderr, .. }) if stderr.contains("No such file or directory") => {
+            Ok(None)
+        }
+        Err(err) => Err(err.into()),
     }
-    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    // nft reports a missing table as ENOENT.
-    if stderr.contains("No such file or directory") {
-        return Ok(None);
-    }
-    Err(ListingError::Nft {
-        args: args.join(" "),
-        stderr,
-    })
 }
 
 /// Whether the nftables mode's table (either family) is on this node.
@@ -256,7 +242,7 @@ pub fn trace_live(_: &HostLayout, request: &TraceRequest) -> Result<Verdict, Str
         .ok_or_else(|| {
             format!(
                 "no table {} {TABLE} on this node: is the nftables mode running?",
-                family_word(family)
+                family_keyword(family)
             )
         })?;
     let listing = Listing::parse(&text).map_err(|e| e.to_string())?;
@@ -1515,7 +1501,7 @@ pub fn trace(listing: &Listing, node_addresses: &[IpAddr], q: &Question) -> Verd
     if listing.family != wanted || q.from.is_ipv6() != q.to.is_ipv6() {
         v.steps.push(format!(
             "the table read is {} {TABLE}; {} -> {} is not in its family",
-            family_word(listing.family),
+            family_keyword(listing.family),
             q.from,
             q.to
         ));

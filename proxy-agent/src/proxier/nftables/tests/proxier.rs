@@ -10,7 +10,8 @@ use super::golden::all_scenarios;
 use crate::model::{IpFamily, NamespacedName};
 use crate::proxier::conntrack::fake::FakeConntrack;
 use crate::proxier::iptables::tests::scenario::Scenario;
-use crate::proxier::nftables::{NftError, NftTransport, NftablesProxier};
+use crate::proxier::netfilter::ExecError;
+use crate::proxier::nftables::{NftTransport, NftablesProxier};
 use crate::proxier::{Proxier, StaleConntrack, SyncRequest};
 
 /// What the fake kernel saw and how it answers.
@@ -37,15 +38,16 @@ impl FakeNft {
 }
 
 impl NftTransport for FakeNft {
-    fn run(&mut self, script: &str) -> Result<(), NftError> {
+    fn run(&mut self, script: &str) -> Result<(), ExecError> {
         let mut kernel = self.kernel();
         if std::mem::take(&mut kernel.fail_next) {
-            return Err(NftError::Failed {
+            return Err(ExecError::Failed {
+                program: "nft -f -".into(),
                 status: "exit status: 1".into(),
                 stderr:
                     "/dev/stdin:3:1-4: Error: Could not process rule: No such file or directory"
                         .into(),
-                line: Some(3),
+                line: None,
             });
         }
         kernel.scripts.push(script.to_string());
@@ -53,11 +55,11 @@ impl NftTransport for FakeNft {
         Ok(())
     }
 
-    fn list_chains(&mut self, _: IpFamily) -> Result<Vec<String>, NftError> {
+    fn list_chains(&mut self, _: IpFamily) -> Result<Vec<String>, ExecError> {
         Ok(Vec::new())
     }
 
-    fn chain_has_rules(&mut self, _: IpFamily, _: &str) -> Result<bool, NftError> {
+    fn chain_has_rules(&mut self, _: IpFamily, _: &str) -> Result<bool, ExecError> {
         Ok(self.kernel().dispatch_present)
     }
 }
