@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use super::golden::all_scenarios;
 use crate::model::{IpFamily, NamespacedName};
 use crate::proxier::conntrack::fake::FakeConntrack;
-use crate::proxier::iptables::tests::scenario::Scenario;
+use crate::proxier::iptables::tests::scenario::{Replay, Scenario};
 use crate::proxier::netfilter::ExecError;
 use crate::proxier::nftables::{NftTransport, NftablesProxier};
 use crate::proxier::{Proxier, StaleConntrack, SyncRequest};
@@ -77,6 +77,17 @@ fn scenario(name: &str) -> Scenario {
         .unwrap_or_else(|| panic!("no scenario {name}"))
 }
 
+/// A proxier that synced the scenario's first state (its transactions taken), with the
+/// replay it came from.
+fn after_first_sync(scenario: &Scenario) -> (Replay, NftablesProxier, FakeNft) {
+    let mut replay = scenario.replay();
+    let (mut proxier, fake) = proxier();
+    let step = replay.apply(&scenario.states[0]);
+    proxier.sync(&replay.request(&step, false)).unwrap();
+    fake.take_scripts();
+    (replay, proxier, fake)
+}
+
 fn is_full(script: &str) -> bool {
     script.contains("flush map ip kube-proxy service-ips")
         || script.contains("flush map ip6 kube-proxy service-ips")
@@ -132,11 +143,7 @@ fn first_sync_is_full_then_partial_with_only_the_changed_service() {
 #[test]
 fn a_failed_transaction_is_reported_and_the_next_sync_is_full() {
     let scenario = scenario("l5-incremental-updates");
-    let mut replay = scenario.replay();
-    let (mut proxier, fake) = proxier();
-    let step = replay.apply(&scenario.states[0]);
-    proxier.sync(&replay.request(&step, false)).unwrap();
-    fake.take_scripts();
+    let (mut replay, mut proxier, fake) = after_first_sync(&scenario);
 
     let step = replay.apply(&scenario.states[1]);
     fake.kernel().fail_next = true;
@@ -159,11 +166,7 @@ fn a_failed_transaction_is_reported_and_the_next_sync_is_full() {
 #[test]
 fn a_flushed_table_is_noticed_and_rewritten_in_full() {
     let scenario = scenario("c1-clusterip-general");
-    let mut replay = scenario.replay();
-    let (mut proxier, fake) = proxier();
-    let step = replay.apply(&scenario.states[0]);
-    proxier.sync(&replay.request(&step, false)).unwrap();
-    fake.take_scripts();
+    let (mut replay, mut proxier, fake) = after_first_sync(&scenario);
     assert!(!proxier.needs_full_resync(), "nothing happened yet");
 
     fake.kernel().dispatch_present = false;
@@ -180,11 +183,7 @@ fn a_flushed_table_is_noticed_and_rewritten_in_full() {
 #[test]
 fn stale_chains_are_deleted_by_a_transaction_of_their_own_a_second_later() {
     let scenario = scenario("l5-incremental-updates");
-    let mut replay = scenario.replay();
-    let (mut proxier, fake) = proxier();
-    let step = replay.apply(&scenario.states[0]);
-    proxier.sync(&replay.request(&step, false)).unwrap();
-    fake.take_scripts();
+    let (mut replay, mut proxier, fake) = after_first_sync(&scenario);
     // A state without the services: their chains are flushed, not deleted.
     let step = replay.apply(&[]);
     proxier.sync(&replay.request(&step, false)).unwrap();
