@@ -166,7 +166,7 @@ fn a_failed_transaction_is_reported_and_the_next_sync_is_full() {
 #[test]
 fn a_flushed_table_is_noticed_and_rewritten_in_full() {
     let scenario = scenario("c1-clusterip-general");
-    let (mut replay, mut proxier, fake) = after_first_sync(&scenario);
+    let (replay, mut proxier, fake) = after_first_sync(&scenario);
     assert!(!proxier.needs_full_resync(), "nothing happened yet");
 
     fake.kernel().dispatch_present = false;
