@@ -142,6 +142,29 @@ impl Leftovers {
     }
 }
 
+/// Starts an agent in `mode` after one in `previous` (kept, to be killed by the caller) and
+/// checks that it runs that mode; with the step's name for the assertions.
+async fn start_checked(
+    node: &TestNode,
+    runner: &Path,
+    previous: Option<Mode>,
+    mode: Mode,
+) -> (String, tests::scenario::agent::Agent) {
+    let step = match previous {
+        Some(from) => format!("{from} -> {mode}"),
+        None => format!("first {mode}"),
+    };
+    let agent = node
+        .start_agent(mode, Default::default(), true, runner)
+        .await
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    agent
+        .check_running_mode(mode)
+        .await
+        .unwrap_or_else(|e| panic!("{step}: {e}"));
+    (step, agent)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_modes_and_cleanup_leave_nothing_behind() {
     require_root!();
@@ -164,18 +187,7 @@ async fn switching_modes_and_cleanup_leave_nothing_behind() {
     ];
     let mut previous: Option<Mode> = None;
     for mode in sequence {
-        let step = match previous {
-            Some(from) => format!("{from} -> {mode}"),
-            None => format!("first {mode}"),
-        };
-        let mut agent = node
-            .start_agent(mode, Default::default(), true, runner)
-            .await
-            .unwrap_or_else(|e| panic!("{step}: {e}"));
-        agent
-            .check_running_mode(mode)
-            .await
-            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        let (step, mut agent) = start_checked(&node, runner, previous, mode).await;
         let seen = leftovers(&node);
         seen.assert_only(mode, &step);
         match mode {
@@ -243,18 +255,7 @@ async fn ipvs_and_nftables_switches_leave_nothing_behind() {
     let runner = Path::new(RUNNER);
     let mut previous: Option<Mode> = None;
     for mode in [Mode::Ipvs, Mode::Nftables, Mode::Ipvs] {
-        let step = match previous {
-            Some(from) => format!("{from} -> {mode}"),
-            None => format!("first {mode}"),
-        };
-        let mut agent = node
-            .start_agent(mode, Default::default(), true, runner)
-            .await
-            .unwrap_or_else(|e| panic!("{step}: {e}"));
-        agent
-            .check_running_mode(mode)
-            .await
-            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        let (step, mut agent) = start_checked(&node, runner, previous, mode).await;
         let seen = leftovers(&node);
         let virtual_servers = node.ipvs_table().unwrap();
         assert!(!seen.has_ebpf(), "{step}: {seen:?}");
