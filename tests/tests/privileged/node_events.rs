@@ -163,6 +163,17 @@ impl Setup {
     }
 }
 
+/// The one ProxyModeFallback event, a Warning about the Node.
+fn the_fallback_event<'e>(events: &'e [Value], log: &str) -> &'e Value {
+    let fallback = with_reason(events, "ProxyModeFallback");
+    assert_eq!(fallback.len(), 1, "one fallback event: {events:#?}\n{log}");
+    let fallback = fallback[0];
+    assert_eq!(fallback["type"], "Warning");
+    assert_eq!(fallback["regarding"]["kind"], "Node");
+    assert_eq!(fallback["regarding"]["name"], NODE);
+    fallback
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_and_refused_objects_become_events_on_the_node() {
     require_root!();
@@ -172,12 +183,7 @@ async fn fallback_and_refused_objects_become_events_on_the_node() {
         .await;
     let log = setup.log();
 
-    let fallback = with_reason(&events, "ProxyModeFallback");
-    assert_eq!(fallback.len(), 1, "one fallback event: {events:#?}\n{log}");
-    let fallback = fallback[0];
-    assert_eq!(fallback["type"], "Warning");
-    assert_eq!(fallback["regarding"]["kind"], "Node");
-    assert_eq!(fallback["regarding"]["name"], NODE);
+    let fallback = the_fallback_event(&events, &log);
     assert_eq!(fallback["reportingController"], "kube-proxy-ebpf");
     let note = fallback["note"].as_str().unwrap_or_default();
     assert!(
@@ -216,12 +222,7 @@ async fn nftables_fallback_becomes_an_event_and_iptables_runs() {
     let events = setup.events_with(&["ProxyModeFallback"]).await;
     let log = setup.log();
 
-    let fallback = with_reason(&events, "ProxyModeFallback");
-    assert_eq!(fallback.len(), 1, "one fallback event: {events:#?}\n{log}");
-    let fallback = fallback[0];
-    assert_eq!(fallback["type"], "Warning");
-    assert_eq!(fallback["regarding"]["kind"], "Node");
-    assert_eq!(fallback["regarding"]["name"], NODE);
+    let fallback = the_fallback_event(&events, &log);
     let note = fallback["note"].as_str().unwrap_or_default();
     let too_old = format!("nft {} is too old", OldNft::VERSION);
     assert!(
