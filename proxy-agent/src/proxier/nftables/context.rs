@@ -53,10 +53,7 @@ impl<'a> NftContext<'a> {
 
     /// "ip" or "ip6": the table family and the address payload's protocol.
     pub fn ip(&self) -> &'static str {
-        match self.family {
-            IpFamily::V4 => "ip",
-            IpFamily::V6 => "ip6",
-        }
+        super::transport::family_keyword(self.family)
     }
 
     /// The address type of set keys.

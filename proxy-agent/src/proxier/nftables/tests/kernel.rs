@@ -100,12 +100,7 @@ fn normalized(listing: &str) -> Vec<String> {
     lines
 }
 
-fn family_word(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
-    }
-}
+use crate::proxier::nftables::transport::family_keyword as family_word;
 
 #[test]
 fn nft_checks_thousands_of_services() {

@@ -155,12 +155,7 @@ fn agrees(flow: &Flow, v: &Verdict, node_client: bool) -> Result<(), String> {
     }
 }
 
-fn family_word(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
-    }
-}
+use crate::proxier::nftables::transport::family_keyword as family_word;
 
 /// Each state's rulesets (`nft -f` text into an empty table), per family with services.
 fn rulesets(scenario: &Scenario) -> Vec<Vec<(IpFamily, String)>> {
