@@ -38,9 +38,9 @@ pub enum Error {
 #[derive(Debug)]
 struct FamilyTable {
     family: IpFamily,
+    /// Empty when the next sync must be full: before the first, and after a failure or a
+    /// flush (nobody knows then what the kernel holds).
     written: Written,
-    /// The next sync must be full (first sync, after a failure, after a flush).
-    needs_full: bool,
 }
 
 /// The nftables proxier for both families.
@@ -86,7 +86,6 @@ impl NftablesProxier {
                 self.families.push(FamilyTable {
                     family,
                     written: Written::default(),
-                    needs_full: true,
                 });
                 self.families.len() - 1
             }
@@ -118,7 +117,7 @@ impl NftablesProxier {
             }
         }
 
-        let full = request.full || table.needs_full || table.written.is_empty();
+        let full = request.full || table.written.is_empty();
         let model = Model {
             services: &state.services,
             endpoints: &state.endpoints,
@@ -138,8 +137,6 @@ impl NftablesProxier {
                 .written
                 .partial_from_model(model, &ctx, request.changed, now)
         };
-        // Stays set unless the transaction goes in.
-        table.needs_full = true;
         tracing::debug!(
             %family,
             full,
@@ -165,7 +162,6 @@ impl NftablesProxier {
                 },
             ));
         }
-        table.needs_full = false;
         self.last_script = script;
         outcome.written += stats.chains_written + stats.elements_added;
         outcome.deleted += stats.chains_flushed_stale + stats.elements_deleted;
@@ -186,7 +182,6 @@ impl NftablesProxier {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::info!(%family, table = %format_args!("{} {TABLE}", family_keyword(family)), "the nftables table was flushed or deleted; a full sync will restore it");
-                    table.needs_full = true;
                     table.written.reset();
                     flushed = true;
                 }
