@@ -83,17 +83,25 @@ pub struct Version {
     pub variant: Variant,
 }
 
+/// The version a netfilter tool's `--version` prints after " v" ("iptables v1.8.9
+/// (nf_tables)", "nftables v1.0.6 (Lester Gooch #5)"), as (major, minor, patch); missing
+/// parts are 0.
+pub fn tool_version(text: &str) -> Option<(u32, u32, u32)> {
+    let start = text.find(" v")? + 2;
+    let digits: String = text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let mut parts = digits.split('.').map(|p| p.parse::<u32>().ok());
+    let major = parts.next()??;
+    let minor = parts.next().flatten().unwrap_or(0);
+    let patch = parts.next().flatten().unwrap_or(0);
+    Some((major, minor, patch))
+}
+
 impl Version {
     pub fn parse(text: &str) -> Option<Self> {
-        let start = text.find(" v")? + 2;
-        let digits: String = text[start..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.')
-            .collect();
-        let mut parts = digits.split('.').map(|p| p.parse::<u32>().ok());
-        let major = parts.next()??;
-        let minor = parts.next().flatten().unwrap_or(0);
-        let patch = parts.next().flatten().unwrap_or(0);
+        let (major, minor, patch) = tool_version(text)?;
         let variant = if text.contains("nf_tables") {
             Variant::Nft
         } else if text.contains("legacy") {

@@ -13,6 +13,7 @@ use super::names::TABLE;
 use super::ruleset::DesiredState;
 use super::transport::{NftCommand, family_keyword, nft};
 use super::{NftablesProxier, trace};
+use crate::proxier::netfilter::exec::tool_version;
 use crate::{
     config::ProxyMode,
     inspect::Subject,
@@ -46,7 +47,7 @@ pub fn unavailable() -> Option<String> {
         Ok(text) => text,
         Err(e) => return Some(format!("the nft binary cannot be run: {e}")),
     };
-    match parse_version(&version) {
+    match tool_version(&version) {
         Some(v) if v >= MIN_NFT => {}
         Some((a, b, c)) => {
             return Some(format!(
@@ -62,22 +63,6 @@ pub fn unavailable() -> Option<String> {
     nft(&["--check", "-f", "-"], Some(&probe)).err().map(|e| {
         format!("the kernel does not accept the nftables ruleset (no nf_tables, or a feature missing): {e}")
     })
-}
-
-/// "nftables v1.0.6 (Lester Gooch #5)" → (1, 0, 6).
-pub fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
-    let word = text.split_whitespace().find(|w| w.starts_with('v'))?;
-    let mut parts = word[1..].split('.').map(|p| {
-        p.chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse::<u32>()
-            .ok()
-    });
-    let major = parts.next()??;
-    let minor = parts.next().flatten().unwrap_or(0);
-    let patch = parts.next().flatten().unwrap_or(0);
-    Some((major, minor, patch))
 }
 
 fn start(_settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
@@ -116,12 +101,12 @@ mod tests {
     #[test]
     fn nft_versions() {
         assert_eq!(
-            parse_version("nftables v1.0.6 (Lester Gooch #5)\n"),
+            tool_version("nftables v1.0.6 (Lester Gooch #5)\n"),
             Some((1, 0, 6))
         );
-        assert_eq!(parse_version("nftables v0.9.8 (E.D.S.)"), Some((0, 9, 8)));
-        assert!(parse_version("nftables v0.9.8 (E.D.S.)").unwrap() < MIN_NFT);
-        assert_eq!(parse_version("nftables v1.1 (x)"), Some((1, 1, 0)));
-        assert_eq!(parse_version("garbage"), None);
+        assert_eq!(tool_version("nftables v0.9.8 (E.D.S.)"), Some((0, 9, 8)));
+        assert!(tool_version("nftables v0.9.8 (E.D.S.)").unwrap() < MIN_NFT);
+        assert_eq!(tool_version("nftables v1.1 (x)"), Some((1, 1, 0)));
+        assert_eq!(tool_version("garbage"), None);
     }
 }
