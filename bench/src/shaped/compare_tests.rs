@@ -136,7 +136,11 @@ fn nft_cold_load_ours_vs_upstream_shape() {
         eprintln!(
             "cold load of {count} services x 4 endpoints, ours only: {ours_time:.2?} (generated in {generation:.2?})"
         );
-        let _ = std::fs::remove_dir_all(&dir);
+        if std::env::var_os("SHAPED_COMPARE_KEEP").is_some() {
+            eprintln!("text kept in {}", dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         return;
     }
     let upstream_time = cold_load(&upstream_file);

@@ -31,24 +31,39 @@
 //! masqueradeAll and the local-traffic detector, external chains with the eTP=Local
 //! short-circuits, nodePortAddresses (the `nodeport-ips` set, or `fib daddr type local`
 //! and never loopback), ClientIP affinity, hairpin masquerade, DNAT. Chain names are
-//! upstream's (`service-<hash>-ns/name/tcp/port`, `endpoint-<hash>-...__ip/port`).
+//! upstream's (`service-<hash>-ns/name/tcp/port`, and `endpoint-<hash>-...__ip/port` for
+//! services with ClientIP affinity).
 //!
-//! # Shape: same packets, no per-service sets
+//! # Shape: same packets, no per-service sets, few chains
 //!
 //! The kernel finds a set by walking the table's list of sets, and every anonymous set
 //! needs a fresh name found the same way; upstream binds one anonymous verdict map per
 //! service (`numgen random mod N vmap { 0 : goto ..., ... }`) and one named affinity set
 //! per endpoint of a ClientIP service, so a cold load grows with the square of the
-//! services (measured here: 23–84 s for 10,000 services × 4 endpoints). Chains, by
-//! contrast, are found through a hash table. So here the number of set objects is fixed
-//! (the seven shared maps and sets, `nodeport-ips`, one `affinity` set, one anonymous set
-//! for the ServiceCIDRs):
+//! services (measured here: 23–84 s for 10,000 services × 4 endpoints). And `nft` 1.0.x
+//! lists every chain of the table before any transaction that adds a rule or an element
+//! (4 s for the 225,000 chains of 50,000 services × 4 endpoints in upstream's shape, most
+//! of them endpoint chains), so the chain count sets the floor of every partial sync.
+//! So here the number of set objects is fixed (the seven shared maps and sets,
+//! `nodeport-ips`, one `affinity` set, `hairpin-endpoints`, the slot maps, one anonymous
+//! set for the ServiceCIDRs) and a service without affinity has no endpoint chain:
 //!
-//! - **Endpoint choice** is a cascade of rules in the policy chain, `numgen random mod
-//!   (N-i) == 0 goto endpoint-i` for i = 0..N-2 and a final `goto endpoint-(N-1)`; each
-//!   endpoint gets exactly 1/N (proof at `dispatch` in ruleset.rs, checked over the
-//!   generated rules by a unit test). It costs up to N-1 random draws per new connection
-//!   instead of one map lookup; NAT rules only see a connection's first packet.
+//! - **Endpoint choice** (no affinity) is one rule in the policy chain: `meta l4proto tcp
+//!   dnat ip to <hi> . <lo> . numgen random mod N map @endpoint-slots-tcp-<b>`, where
+//!   `<hi> . <lo>` (62 bits) and the bucket `<b>` come from the hash of the chain's name
+//!   (`names::SlotKey`) and the map holds `<hi> . <lo> . i : address . port` for the N
+//!   endpoints: one draw, each endpoint 1/N. 256 maps per protocol rather than one: the
+//!   kernel walks a map's bindings (its rules) for every element added, so one shared
+//!   map would cost services × endpoints at a cold load; 256 keep it at about 1/256 of
+//!   that. `hairpin-endpoints` (`endpoint . endpoint`) replaces upstream's per-endpoint
+//!   `ip saddr <endpoint> jump mark-for-masquerade`: postrouting marks a DNATed
+//!   connection whose source is its destination. Upstream's per-service rule masquerading
+//!   off-cluster traffic to the ClusterIP is one rule of `services` over `@cluster-ips`.
+//! - **With ClientIP affinity** a service keeps upstream's endpoint chains (the affinity
+//!   entry names one), chosen by a cascade of rules in the policy chain, `numgen random
+//!   mod (N-i) == 0 goto endpoint-i` for i = 0..N-2 and a final `goto endpoint-(N-1)`;
+//!   each endpoint gets exactly 1/N (proof at `dispatch` in ruleset.rs, checked over the
+//!   generated rules by a unit test).
 //! - **ClientIP affinity** uses ONE dynamic set per family, keyed `client address .
 //!   endpoint slot`, with a per-element timeout: the endpoint chain does `update
 //!   @affinity { ip saddr . <slot> timeout <s>s }`, the policy chain looks up `ip saddr .

@@ -5,8 +5,12 @@
 //! It can run where `nft` 1.0.1 or later is on PATH (older ones parse the whole ruleset,
 //! other tables included, and may fail on what other software wrote: upstream's knftables
 //! requires it too) and the kernel takes our fixed ruleset: the probe is a dry run
-//! (`nft --check`) of the base chains, maps and sets, which needs every nf_tables feature the
-//! rules use (verdict maps, concatenated keys, `fib`, `numgen`, NAT chains).
+//! (`nft --check`) of the base chains, maps and sets and of one service, which needs every
+//! nf_tables feature the rules use (verdict maps, concatenated keys, `fib`, `numgen`, NAT
+//! chains, DNAT to an address and port looked up in a map).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use super::context::NftContext;
 use super::names::TABLE;
@@ -17,7 +21,7 @@ use crate::proxier::netfilter::exec::tool_version;
 use crate::{
     config::ProxyMode,
     inspect::Subject,
-    model::IpFamily,
+    model::{Endpoint, IpFamily, NamespacedName, Protocol, ServicePort, ServicePortName},
     proxier::{
         CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools, NodeContext,
         Proxier, conntrack::NetlinkConntrack,
@@ -58,11 +62,44 @@ pub fn unavailable() -> Option<String> {
     }
     let node = NodeContext::default();
     let ctx = NftContext::new(&node, IpFamily::V4, &[]);
-    let probe = DesiredState::from_ports([], &ctx).cold_load(&ctx);
+    let (name, port, endpoints) = probe_service();
+    let probe =
+        DesiredState::from_ports([(&name, &port, endpoints.as_slice())], &ctx).cold_load(&ctx);
     // `nft --check`: the kernel checks the transaction and keeps nothing.
     nft(&["--check", "-f", "-"], Some(&probe)).err().map(|e| {
         format!("the kernel does not accept the nftables ruleset (no nf_tables, or a feature missing): {e}")
     })
+}
+
+/// A NodePort service with one endpoint: its rules use the slot maps' DNAT.
+fn probe_service() -> (ServicePortName, ServicePort, Vec<Arc<Endpoint>>) {
+    let name = ServicePortName::new(NamespacedName::new("probe", "probe"), "p", Protocol::Tcp);
+    let port = ServicePort {
+        cluster_ip: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)),
+        port: 80,
+        protocol: Protocol::Tcp,
+        node_port: Some(30080),
+        external_ips: Vec::new(),
+        load_balancer_ingress: Vec::new(),
+        load_balancer_source_ranges: Vec::new(),
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+        session_affinity: None,
+    };
+    let endpoint = Endpoint {
+        ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+        port: 8080,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: None,
+        zone: None,
+        zone_hints: None,
+        node_hints: None,
+        is_local: false,
+    };
+    (name, port, vec![Arc::new(endpoint)])
 }
 
 fn start(_settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 
-use crate::model::ServicePortName;
+use crate::model::{Protocol, ServicePortName};
 use crate::proxier::netfilter::names::{protocol_lower, text_hash};
 
 pub const TABLE: &str = "kube-proxy";
@@ -45,6 +45,14 @@ pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 /// The one ClientIP affinity set of the family (upstream: one set per endpoint).
 pub const AFFINITY: &str = "affinity";
+/// Ours (not upstream's): the prefix of the maps from a policy chain's endpoint slot to the
+/// endpoint's address and port (see [`SlotKey`]), which replace upstream's endpoint chains
+/// for services without ClientIP affinity.
+pub const ENDPOINT_SLOTS: &str = "endpoint-slots";
+/// Ours: `endpoint . endpoint` for every endpoint of those services, so that postrouting
+/// masquerades an endpoint reaching itself through its service (hairpin), the job of
+/// upstream's rule `ip saddr <endpoint> jump mark-for-masquerade` in each endpoint chain.
+pub const HAIRPIN_ENDPOINTS: &str = "hairpin-endpoints";
 
 /// Longest name nft accepts, and the room left for the hash-and-readable part after the
 /// longest prefix ("external-" and the like; 16 as upstream reserves).
@@ -134,31 +142,81 @@ pub fn is_port_chain(name: &str) -> bool {
     name.contains('/')
 }
 
-/// The affinity slot of one endpoint of one service port: 32 bits of the hash of its chain
-/// name. Deterministic, so affinity survives a restart of the agent as upstream's sets do.
-/// Two endpoints sharing a slot can only make a client stick to an endpoint of the right
-/// service it did not pick (the lookup happens in that service's own chain).
-pub fn affinity_slot(endpoint_chain: &str) -> u32 {
-    let hash = text_hash(endpoint_chain);
-    // The hash text is base32: 5 bits a character, 6 characters hold 30 bits, 7 hold 35.
-    hash.as_str()
+/// The first `chars` characters of the hash of `text` as a number (the hash text is
+/// base32: 5 bits a character; at most 25 characters, 125 bits).
+fn hash_bits(text: &str, chars: usize) -> u128 {
+    text_hash(text)
+        .as_str()
         .bytes()
-        .take(7)
-        .fold(0u64, |acc, c| {
+        .take(chars.min(25))
+        .fold(0u128, |acc, c| {
             let v = match c {
                 b'A'..=b'Z' => c - b'A',
                 b'2'..=b'7' => c - b'2' + 26,
                 _ => 0,
             };
-            (acc << 5) | u64::from(v)
+            (acc << 5) | u128::from(v)
         })
-        .wrapping_shr(3) as u32
+}
+
+/// The affinity slot of one endpoint of one service port: 32 bits of the hash of its chain
+/// name. Deterministic, so affinity survives a restart of the agent as upstream's sets do.
+/// Two endpoints sharing a slot can only make a client stick to an endpoint of the right
+/// service it did not pick (the lookup happens in that service's own chain).
+pub fn affinity_slot(endpoint_chain: &str) -> u32 {
+    // 7 characters hold 35 bits: the top 32.
+    (hash_bits(endpoint_chain, 7) >> 3) as u32
+}
+
+/// How many `endpoint-slots-<protocol>-<n>` maps a family has per protocol. Every rule
+/// that looks up a map is a binding the kernel walks for each element added to it, so one
+/// map for every service would cost (services × endpoints) at a cold load; one map per
+/// service would make 50,000 set objects, which the kernel finds by a list walk. 256 maps
+/// keep both small: at 50,000 services, about 200 rules and 800 elements each. (One set of
+/// maps per protocol: nft 1.0.6 cannot list a rule matching `meta l4proto tcp` that looks
+/// up a map whose data is typed `th dport`, and a restarted agent must read its table.)
+pub const ENDPOINT_SLOT_MAPS: u32 = 256;
+
+/// The map `endpoint-slots-<protocol>-<n>` of one bucket.
+pub fn endpoint_slot_map(protocol: Protocol, bucket: u32) -> String {
+    format!("{ENDPOINT_SLOTS}-{}-{bucket}", protocol_lower(protocol))
+}
+
+/// Where a policy chain's endpoints are in the slot maps: the bucket (which
+/// `endpoint-slots-<protocol>-<n>` map of its protocol) and two 31-bit numbers that, with the endpoint's index, key
+/// its element (`hi . lo . index`). All from the hash of the chain's name: deterministic
+/// without any record (a restart or another agent writes the same keys), and 62 bits make
+/// two chains of one bucket sharing a key as unlikely as two chains sharing a name hash.
+/// 31 bits each because nft lists a numgen offset of 2^31 or more as a negative number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotKey {
+    pub bucket: u32,
+    pub hi: u32,
+    pub lo: u32,
+}
+
+impl SlotKey {
+    pub fn of_chain(policy_chain: &str) -> Self {
+        // 15 characters: 75 bits, of which 8 + 31 + 31 are used.
+        let bits = hash_bits(policy_chain, 15);
+        let mask31 = (1u128 << 31) - 1;
+        SlotKey {
+            bucket: ((bits >> 62) as u32) % ENDPOINT_SLOT_MAPS,
+            hi: ((bits >> 31) & mask31) as u32,
+            lo: (bits & mask31) as u32,
+        }
+    }
+
+    /// The element key of endpoint `index`.
+    pub fn element(&self, index: usize) -> String {
+        format!("{} . {} . {index}", self.hi, self.lo)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{NamespacedName, Protocol};
+    use crate::model::NamespacedName;
 
     #[test]
     fn names_as_upstreams() {
@@ -187,6 +245,23 @@ mod tests {
         assert_eq!(name.len(), BASE_LENGTH_MAX);
         assert!(name.ends_with("..."));
         assert_ne!(hashed(&format!("{long}a")), hashed(&format!("{long}b")));
+    }
+
+    #[test]
+    fn slot_keys_are_deterministic_spread_and_below_2_31() {
+        let a = SlotKey::of_chain("service-X-ns/a/tcp/p");
+        assert_eq!(a, SlotKey::of_chain("service-X-ns/a/tcp/p"));
+        assert_ne!(a, SlotKey::of_chain("local-X-ns/a/tcp/p"));
+        let keys: Vec<SlotKey> = (0..20_000)
+            .map(|i| SlotKey::of_chain(&format!("service-{i}")))
+            .collect();
+        let distinct: std::collections::HashSet<(u32, u32)> =
+            keys.iter().map(|k| (k.hi, k.lo)).collect();
+        assert_eq!(distinct.len(), keys.len());
+        assert!(keys.iter().all(|k| k.hi < 1 << 31 && k.lo < 1 << 31));
+        let buckets: std::collections::HashSet<u32> = keys.iter().map(|k| k.bucket).collect();
+        assert_eq!(buckets.len(), ENDPOINT_SLOT_MAPS as usize);
+        assert_eq!(a.element(3), format!("{} . {} . 3", a.hi, a.lo));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! dispatch rules, sets and maps) as text, and for each service port its chains with
 //! their rules and its elements in the shared maps.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -10,7 +11,8 @@ use std::sync::Arc;
 use super::context::NftContext;
 use super::names::*;
 use crate::model::{
-    Endpoint, EndpointsMap, ServicePort, ServicePortMap, ServicePortName, categorize_endpoints,
+    Endpoint, EndpointsMap, Protocol, ServicePort, ServicePortMap, ServicePortName,
+    categorize_endpoints,
 };
 use crate::proxier::netfilter::names::protocol_lower;
 
@@ -33,21 +35,32 @@ pub enum Container {
     NoLocalEndpointExternal,
     NoEndpointNodePorts,
     FirewallIps,
+    /// `endpoint-slots-<protocol>-<bucket>`: policy chain slot → endpoint address and port.
+    EndpointSlots(Protocol, u32),
+    HairpinEndpoints,
 }
 
 impl Container {
-    pub const ALL: [Container; 7] = [
-        Container::ClusterIps,
-        Container::ServiceIps,
-        Container::ServiceNodePorts,
-        Container::NoEndpointServices,
-        Container::NoLocalEndpointExternal,
-        Container::NoEndpointNodePorts,
-        Container::FirewallIps,
-    ];
+    /// Every container of a family's table.
+    pub fn all() -> impl Iterator<Item = Container> {
+        [
+            Container::ClusterIps,
+            Container::ServiceIps,
+            Container::ServiceNodePorts,
+            Container::NoEndpointServices,
+            Container::NoLocalEndpointExternal,
+            Container::NoEndpointNodePorts,
+            Container::FirewallIps,
+            Container::HairpinEndpoints,
+        ]
+        .into_iter()
+        .chain(SLOT_PROTOCOLS.into_iter().flat_map(|protocol| {
+            (0..ENDPOINT_SLOT_MAPS).map(move |bucket| Container::EndpointSlots(protocol, bucket))
+        }))
+    }
 
-    pub fn name(self) -> &'static str {
-        match self {
+    pub fn name(self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
             Container::ClusterIps => CLUSTER_IPS,
             Container::ServiceIps => SERVICE_IPS,
             Container::ServiceNodePorts => SERVICE_NODEPORTS,
@@ -55,18 +68,26 @@ impl Container {
             Container::NoLocalEndpointExternal => NO_LOCAL_ENDPOINT_EXTERNAL,
             Container::NoEndpointNodePorts => NO_ENDPOINT_NODEPORTS,
             Container::FirewallIps => FIREWALL_IPS,
-        }
+            Container::HairpinEndpoints => HAIRPIN_ENDPOINTS,
+            Container::EndpointSlots(protocol, bucket) => {
+                return Cow::Owned(endpoint_slot_map(protocol, bucket));
+            }
+        })
     }
 
     pub fn is_map(self) -> bool {
-        !matches!(self, Container::ClusterIps)
+        !matches!(self, Container::ClusterIps | Container::HairpinEndpoints)
     }
 }
 
-/// What one element maps to (maps) and its comment.
+/// The protocols with slot maps of their own.
+const SLOT_PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+
+/// What one element maps to (maps: a verdict, or an endpoint's address and port) and its
+/// comment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ElementValue {
-    pub verdict: Option<String>,
+    pub data: Option<String>,
     pub comment: Option<String>,
 }
 
@@ -87,8 +108,8 @@ impl Element {
             if let Some(comment) = &self.value.comment {
                 let _ = write!(out, " comment \"{comment}\"");
             }
-            if let Some(verdict) = &self.value.verdict {
-                let _ = write!(out, " : {verdict}");
+            if let Some(data) = &self.value.data {
+                let _ = write!(out, " : {data}");
             }
         }
     }
@@ -219,11 +240,11 @@ pub fn port_rules(
     let proto = protocol_lower(svc.protocol);
     let port = svc.port;
     let comment = Some(name.to_string());
-    let mut element = |container, key: String, verdict: Option<String>, comment: Option<String>| {
+    let mut element = |container, key: String, data: Option<String>, comment: Option<String>| {
         out.elements.push(Element {
             container,
             key,
-            value: ElementValue { verdict, comment },
+            value: ElementValue { data, comment },
         });
     };
     let internal_refusal = refusal(has_endpoints);
@@ -331,18 +352,10 @@ pub fn port_rules(
 
     let ip = ctx.ip();
     let mut chains: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    // Off-cluster traffic to a ClusterIP (a static route to the service range via any
-    // node) may leave the node again, so it is masqueraded.
-    if has_internal && (ctx.masquerade_all || ctx.local.is_implemented()) {
-        let not_local = if ctx.masquerade_all {
-            String::new()
-        } else {
-            ctx.if_not_local().to_string()
-        };
-        chains.entry(internal_chain).or_default().push(format!(
-            "{ip} daddr {} {proto} dport {port}{not_local} jump {MARK_FOR_MASQUERADE}",
-            svc.cluster_ip
-        ));
+    // Off-cluster traffic to a ClusterIP is masqueraded by one rule of `services` (see
+    // `base`), not one per service; the internal chain exists for its endpoints.
+    if has_internal {
+        chains.entry(internal_chain).or_default();
     }
 
     if uses_external {
@@ -392,24 +405,41 @@ pub fn port_rules(
         rules.push("drop".to_string());
     }
 
+    // ClientIP affinity remembers an endpoint by its chain, so those services keep
+    // upstream's endpoint chains; the others DNAT straight from the policy chain through the
+    // slot maps (one chain per endpoint made most of the table's chains, and nft reads
+    // every chain of the table before each transaction).
+    let affinity = svc.session_affinity.is_some();
     let endpoint_chain = |ep: &Endpoint| names.endpoint(&ep.addr());
-    if uses_cluster {
-        dispatch(
-            chains.entry(&cluster_chain).or_default(),
-            ip,
-            svc,
-            &sets.cluster,
-            &endpoint_chain,
-        );
-    }
-    if uses_local {
-        dispatch(
-            chains.entry(&local_chain).or_default(),
-            ip,
-            svc,
-            &sets.local,
-            &endpoint_chain,
-        );
+    let mut slot_elements = Vec::new();
+    for (policy_chain, endpoints, used) in [
+        (&cluster_chain, &sets.cluster, uses_cluster),
+        (&local_chain, &sets.local, uses_local),
+    ] {
+        if !used {
+            continue;
+        }
+        let rules = chains.entry(policy_chain).or_default();
+        if affinity {
+            dispatch(rules, ip, svc, endpoints, &endpoint_chain);
+        } else {
+            let slots = SlotKey::of_chain(policy_chain);
+            rules.push(format!(
+                "meta l4proto {proto} dnat {ip} to {} . {} . numgen random mod {} map @{}",
+                slot_expr(slots.hi),
+                slot_expr(slots.lo),
+                endpoints.len(),
+                endpoint_slot_map(svc.protocol, slots.bucket)
+            ));
+            slot_elements.extend(endpoints.iter().enumerate().map(|(i, ep)| Element {
+                container: Container::EndpointSlots(svc.protocol, slots.bucket),
+                key: slots.element(i),
+                value: ElementValue {
+                    data: Some(format!("{} . {}", ep.ip, ep.port)),
+                    comment: None,
+                },
+            }));
+        }
     }
     // Chains in a stable order: the port's own, then its endpoints' in model order.
     let mut port_chains: Vec<Chain> = chains
@@ -419,7 +449,21 @@ pub fn port_rules(
             rules,
         })
         .collect();
-    for ep in &sets.all_reachable {
+    out.elements.extend(slot_elements);
+    if !affinity {
+        let mut hairpin: Vec<_> = sets.all_reachable.iter().map(|ep| ep.ip).collect();
+        hairpin.sort();
+        hairpin.dedup();
+        out.elements.extend(hairpin.into_iter().map(|ip| Element {
+            container: Container::HairpinEndpoints,
+            key: format!("{ip} . {ip}"),
+            value: ElementValue {
+                data: None,
+                comment: None,
+            },
+        }));
+    }
+    for ep in sets.all_reachable.iter().filter(|_| affinity) {
         let name = endpoint_chain(ep);
         let mut rules = Vec::with_capacity(3);
         // Hairpin: an endpoint reaching its own service must see the reply come back
@@ -580,14 +624,6 @@ pub fn base(ctx: &NftContext<'_>) -> String {
         out,
         "add rule {t} {MARK_FOR_MASQUERADE} mark set mark or {mark}"
     );
-    line!(
-        out,
-        "add rule {t} {MASQUERADING} mark and {mark} == 0 return"
-    );
-    // Clearing the mark keeps a packet that traverses the stack again from being
-    // masqueraded twice.
-    line!(out, "add rule {t} {MASQUERADING} mark set mark xor {mark}");
-    line!(out, "add rule {t} {MASQUERADING} masquerade fully-random");
 
     let service_key = format!("{addr} . inet_proto . inet_service");
     for (name, key, value, comment) in [
@@ -639,6 +675,33 @@ pub fn base(ctx: &NftContext<'_>) -> String {
         out,
         "add set {t} {AFFINITY} {{ typeof {ip} saddr . numgen random mod 1 ; flags dynamic,timeout ; size {AFFINITY_SET_SIZE} ; comment \"ClientIP affinity: client . endpoint slot\" ; }}"
     );
+    for protocol in SLOT_PROTOCOLS {
+        let l4 = protocol_lower(protocol);
+        for bucket in 0..ENDPOINT_SLOT_MAPS {
+            line!(
+                out,
+                "add map {t} {} {{ typeof numgen random mod 1 . numgen random mod 1 . numgen random mod 1 : {ip} daddr . {l4} dport ; }}",
+                endpoint_slot_map(protocol, bucket)
+            );
+        }
+    }
+    line!(
+        out,
+        "add set {t} {HAIRPIN_ENDPOINTS} {{ type {addr} . {addr} ; comment \"endpoint . endpoint: an endpoint reaching itself through its service\" ; }}"
+    );
+    // Hairpin: the endpoint must see the reply come back through the node.
+    line!(
+        out,
+        "add rule {t} {MASQUERADING} ct status dnat {ip} saddr . {ip} daddr @{HAIRPIN_ENDPOINTS} jump {MARK_FOR_MASQUERADE}"
+    );
+    line!(
+        out,
+        "add rule {t} {MASQUERADING} mark and {mark} == 0 return"
+    );
+    // Clearing the mark keeps a packet that traverses the stack again from being
+    // masqueraded twice.
+    line!(out, "add rule {t} {MASQUERADING} mark set mark xor {mark}");
+    line!(out, "add rule {t} {MASQUERADING} masquerade fully-random");
 
     line!(
         out,
@@ -705,6 +768,23 @@ pub fn base(ctx: &NftContext<'_>) -> String {
         out,
         "add rule {t} {FIREWALL_CHECK} {ip} daddr . meta l4proto . th dport vmap @{FIREWALL_IPS}"
     );
+    // Off-cluster traffic to a ClusterIP (a static route to the service range via any
+    // node) may leave the node again, so it is masqueraded. Upstream writes this rule into
+    // every service's internal chain (`ip daddr <ClusterIP> tcp dport <port> ...`); one
+    // rule over @cluster-ips marks the same packets: a ClusterIP's traffic to a port it
+    // does not serve, or to a service without usable endpoints, is rejected or dropped by
+    // the filter chains before postrouting looks at the mark.
+    if ctx.masquerade_all || ctx.local.is_implemented() {
+        let not_local = if ctx.masquerade_all {
+            String::new()
+        } else {
+            ctx.if_not_local().to_string()
+        };
+        line!(
+            out,
+            "add rule {t} {SERVICES} {ip} daddr @{CLUSTER_IPS}{not_local} jump {MARK_FOR_MASQUERADE}"
+        );
+    }
     line!(
         out,
         "add rule {t} {SERVICES} {ip} daddr . meta l4proto . th dport vmap @{SERVICE_IPS}"

@@ -137,7 +137,7 @@ impl Written {
             }
         }
         out.push_str(&desired.base);
-        for container in Container::ALL {
+        for container in Container::all() {
             line!(
                 out,
                 "flush {} {t} {}",

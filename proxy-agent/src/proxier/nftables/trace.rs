@@ -329,6 +329,11 @@ pub enum Statement {
         addr: Option<IpAddr>,
         port: Option<u16>,
     },
+    /// `dnat to <key> map @map`: the address and port are the element's data.
+    DnatMap {
+        key: Expr,
+        map: String,
+    },
     Masquerade,
     Reject,
     /// `meta mark set <value>`.
@@ -372,6 +377,8 @@ pub struct Element {
     pub key: Expr,
     /// What a verdict map maps the key to.
     pub verdict: Option<RuleVerdict>,
+    /// What another map maps it to (an endpoint's `address . port`).
+    pub data: Option<Expr>,
     pub comment: Option<String>,
     /// Seconds left of a dynamic element (the affinity set's).
     pub expires: Option<u64>,
@@ -541,15 +548,24 @@ fn parse_statement(v: &Value) -> Statement {
             },
             _ => other(),
         },
-        "dnat" => Statement::Dnat {
-            addr: body
-                .get("addr")
-                .and_then(Value::as_str)
-                .and_then(|a| a.parse().ok()),
-            port: body
-                .get("port")
-                .and_then(Value::as_u64)
-                .and_then(|p| u16::try_from(p).ok()),
+        "dnat" => match body.get("addr").and_then(|a| a.get("map")) {
+            Some(lookup) => match (lookup.get("key"), lookup.get("data")) {
+                (Some(key), Some(data)) => Statement::DnatMap {
+                    key: parse_expr(key),
+                    map: text(data).trim_start_matches('@').to_string(),
+                },
+                _ => other(),
+            },
+            None => Statement::Dnat {
+                addr: body
+                    .get("addr")
+                    .and_then(Value::as_str)
+                    .and_then(|a| a.parse().ok()),
+                port: body
+                    .get("port")
+                    .and_then(Value::as_u64)
+                    .and_then(|p| u16::try_from(p).ok()),
+            },
         },
         "masquerade" => Statement::Masquerade,
         "reject" => Statement::Reject,
@@ -586,9 +602,12 @@ fn parse_statement(v: &Value) -> Statement {
 }
 
 fn parse_element(v: &Value, is_map: bool) -> Element {
-    let (key_value, verdict) = match (is_map, v.as_array().map(Vec::as_slice)) {
-        (true, Some([key, value])) => (key, parse_jump(value)),
-        _ => (v, None),
+    let (key_value, verdict, data) = match (is_map, v.as_array().map(Vec::as_slice)) {
+        (true, Some([key, value])) => match parse_jump(value) {
+            Some(verdict) => (key, Some(verdict), None),
+            None => (key, None, Some(parse_expr(value))),
+        },
+        _ => (v, None, None),
     };
     let attributes = key_value.get("elem");
     let key = attributes
@@ -597,6 +616,7 @@ fn parse_element(v: &Value, is_map: bool) -> Element {
     Element {
         key,
         verdict,
+        data,
         comment: attributes
             .and_then(|a| a.get("comment"))
             .and_then(Value::as_str)
@@ -805,6 +825,7 @@ impl std::fmt::Display for Statement {
                     None => write!(f, "dnat to {addr}"),
                 }
             }
+            Statement::DnatMap { key, map } => write!(f, "dnat to {key} map @{map}"),
             Statement::Masquerade => write!(f, "masquerade"),
             Statement::Reject => write!(f, "reject"),
             Statement::SetMark(value) => write!(f, "meta mark set {value}"),
@@ -1014,6 +1035,10 @@ impl Walker<'_> {
             },
             // The trace follows a connection's first packet.
             Expr::Ct(key) if key == "state" => Eval::Known(Datum::Text("new".into())),
+            // Postrouting's hairpin check: whether the connection was DNATed.
+            Expr::Ct(key) if key == "status" => Eval::Known(Datum::Text(
+                if path.dnat.is_some() { "dnat" } else { "none" }.into(),
+            )),
             Expr::Fib { flags, result } if result == "type" => {
                 let addr = if flags.iter().any(|f| f == "saddr") {
                     q.from
@@ -1060,6 +1085,42 @@ impl Walker<'_> {
             }
             Expr::Number(n) => Eval::Known(Datum::Int(*n)),
             _ => Eval::Unknown,
+        }
+    }
+
+    /// The values `expr` can take, each as likely: one, or one per value of a `numgen
+    /// random mod N` inside it (with N); `None` when the packet cannot tell.
+    fn choices(&self, expr: &Expr, path: &Path) -> Option<(Vec<Datum>, u32)> {
+        match self.eval(expr, path) {
+            Eval::Known(datum) => Some((vec![datum], 1)),
+            Eval::Random { modulus, offset } => Some((
+                (offset..offset.saturating_add(modulus))
+                    .map(|v| Datum::Int(u64::from(v)))
+                    .collect(),
+                modulus,
+            )),
+            Eval::Unknown => {
+                let Expr::Concat(parts) = expr else {
+                    return None;
+                };
+                let mut tuples = vec![Vec::with_capacity(parts.len())];
+                let mut modulus = 1u32;
+                for part in parts {
+                    let (values, n) = self.choices(part, path)?;
+                    modulus = modulus.saturating_mul(n);
+                    tuples = tuples
+                        .into_iter()
+                        .flat_map(|t| {
+                            values.iter().map(move |v| {
+                                let mut t = t.clone();
+                                t.push(v.clone());
+                                t
+                            })
+                        })
+                        .collect();
+                }
+                Some((tuples.into_iter().map(Datum::Tuple).collect(), modulus))
+            }
         }
     }
 
@@ -1271,6 +1332,44 @@ impl Walker<'_> {
                         }
                         return vec![Outcome::Accept(path)];
                     }
+                    Statement::DnatMap { key, map } => {
+                        let Some((choices, modulus)) = self.choices(key, &path) else {
+                            rule_index = next_rule;
+                            continue 'rules;
+                        };
+                        let mut out = Vec::new();
+                        for datum in choices {
+                            let mut branch = path.clone();
+                            let dest = self
+                                .lookup(map, &datum)
+                                .and_then(|e| e.data.as_ref())
+                                .and_then(endpoint_of_data);
+                            // A key the map lacks: the kernel's lookup breaks the rule.
+                            let Some(dest) = dest else {
+                                out.extend(self.run(chain, next_rule, 0, branch, depth));
+                                continue;
+                            };
+                            let chance = if modulus > 1 {
+                                format!(" (1 in {modulus} of the connections reaching it)")
+                            } else {
+                                String::new()
+                            };
+                            branch.chance = None;
+                            branch.steps.push(format!(
+                                "{chain}: {} finds {} : {dest}{chance}",
+                                render_rule(rule),
+                                render_datum(&datum)
+                            ));
+                            branch.daddr = dest.ip();
+                            branch.dport = dest.port();
+                            branch.dnat = Some(dest);
+                            if chain.starts_with("local-") {
+                                branch.local_policy = true;
+                            }
+                            out.push(Outcome::Accept(branch));
+                        }
+                        return out;
+                    }
                     Statement::Masquerade => {
                         path.step(chain, rule);
                         path.masquerade = true;
@@ -1432,6 +1531,20 @@ impl Walker<'_> {
             live = next;
         }
         live
+    }
+}
+
+/// The endpoint an element of a slot map names (`address . port`).
+fn endpoint_of_data(data: &Expr) -> Option<SocketAddr> {
+    let Expr::Concat(parts) = data else {
+        return None;
+    };
+    match parts.as_slice() {
+        [Expr::Text(addr), Expr::Number(port)] => Some(SocketAddr::new(
+            addr.parse().ok()?,
+            u16::try_from(*port).ok()?,
+        )),
+        _ => None,
     }
 }
 

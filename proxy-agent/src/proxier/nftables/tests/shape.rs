@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The ruleset's shape: the endpoint choice is uniform, set objects do not grow with the
-//! services, and representative services get upstream's rules.
+//! The ruleset's shape: the endpoint choice is uniform (the slot maps' and the affinity
+//! services' cascade), set objects do not grow with the services, and representative
+//! services get upstream's rules.
 
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::model::IpFamily;
+use crate::model::{IpFamily, NamespacedName, Protocol, ServicePortName};
+use crate::proxier::netfilter::names::protocol_lower;
+use crate::proxier::nftables::names::{ENDPOINT_SLOT_MAPS, SlotKey, endpoint_slot_map};
+use crate::proxier::nftables::ruleset::Container;
 use crate::proxier::nftables::{DesiredState, NftContext, port_rules};
 
 /// Exact fractions, so that "1/n" is checked exactly.
@@ -45,6 +49,7 @@ fn choice_probabilities(rules: &[String]) -> BTreeMap<String, Fraction> {
     out
 }
 
+/// Services with ClientIP affinity keep endpoint chains, chosen by the cascade.
 #[test]
 fn cascade_is_uniform() {
     let node = node();
@@ -52,7 +57,12 @@ fn cascade_is_uniform() {
     for n in 1..=40 {
         let name = port_name("ns", "svc", "p");
         let eps = endpoints_of(0, n, false);
-        let rules = port_rules(&name, &cluster_ip("10.96.0.10", 80), &eps, &ctx);
+        let rules = port_rules(
+            &name,
+            &with_affinity(cluster_ip("10.96.0.10", 80)),
+            &eps,
+            &ctx,
+        );
         let chain = rules
             .chains
             .iter()
@@ -73,6 +83,59 @@ fn cascade_is_uniform() {
                 "{n} endpoints: {target}"
             );
         }
+    }
+}
+
+/// The others DNAT in the policy chain through a slot map: one rule drawing `numgen random
+/// mod n` (uniform by itself) over a key whose n elements map to the n endpoints, each
+/// once, in the map of the service's protocol; no endpoint chain.
+#[test]
+fn slot_dispatch_maps_each_endpoint_once() {
+    let node = node();
+    let ctx = NftContext::new(&node, IpFamily::V4, &[]);
+    for (n, protocol) in [(1, Protocol::Tcp), (4, Protocol::Udp), (40, Protocol::Sctp)] {
+        let name = ServicePortName::new(NamespacedName::new("ns", "svc"), "p", protocol);
+        let mut svc = cluster_ip("10.96.0.10", 80);
+        svc.protocol = protocol;
+        let eps = endpoints_of(0, n, false);
+        let rules = port_rules(&name, &svc, &eps, &ctx);
+        assert!(
+            rules
+                .chains
+                .iter()
+                .all(|c| !c.name.starts_with("endpoint-"))
+        );
+        let chain = rules
+            .chains
+            .iter()
+            .find(|c| c.name.starts_with("service-"))
+            .unwrap();
+        let slots = SlotKey::of_chain(&chain.name);
+        let map = endpoint_slot_map(protocol, slots.bucket);
+        let l4 = protocol_lower(protocol);
+        let dispatch = format!(
+            "meta l4proto {l4} dnat ip to numgen random mod 1 offset {} . numgen random mod 1 offset {} . numgen random mod {n} map @{map}",
+            slots.hi, slots.lo
+        );
+        assert_eq!(chain.rules.last(), Some(&dispatch));
+        let mapped: BTreeMap<String, String> = rules
+            .elements
+            .iter()
+            .filter(|e| e.container == Container::EndpointSlots(protocol, slots.bucket))
+            .map(|e| (e.key.clone(), e.value.data.clone().unwrap()))
+            .collect();
+        let expected: BTreeMap<String, String> = eps
+            .iter()
+            .enumerate()
+            .map(|(i, ep)| (slots.element(i), format!("{} . {}", ep.ip, ep.port)))
+            .collect();
+        assert_eq!(mapped, expected, "{n} endpoints");
+        let hairpin = rules
+            .elements
+            .iter()
+            .filter(|e| e.container == Container::HairpinEndpoints)
+            .count();
+        assert_eq!(hairpin, n as usize);
     }
 }
 
@@ -103,8 +166,9 @@ fn set_objects_do_not_grow_with_services() {
     };
     let small = count(16);
     assert_eq!(small, count(2000));
-    // cluster-ips, six maps, affinity, nodeport-ips, the ServiceCIDRs.
-    assert_eq!(small, 10);
+    // cluster-ips, six maps, affinity, nodeport-ips, the ServiceCIDRs, hairpin-endpoints,
+    // and the slot maps of three protocols.
+    assert_eq!(small, 11 + 3 * ENDPOINT_SLOT_MAPS as usize);
 }
 
 fn rules_of(rules: &crate::proxier::nftables::PortRules) -> String {
@@ -148,7 +212,6 @@ fn clusterip_with_affinity_and_hairpin() {
     let e2 = e2_name.as_str();
     let expected = format!(
         "chain service-ULMVA6XW-ns1/svc1/tcp/p80
-  ip daddr 172.30.0.41 tcp dport 80 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
   ip saddr . numgen random mod 1 offset {s1} @affinity goto {e1}
   ip saddr . numgen random mod 1 offset {s2} @affinity goto {e2}
   numgen random mod 2 == 0 goto {e1}
@@ -293,8 +356,31 @@ fn ipv6_service() {
     svc.node_port = Some(3006);
     let rules = port_rules(&name, &svc, &[endpoint("[fd00:10::3]:8080", true)], &ctx);
     let text = rules_of(&rules);
-    assert!(text.contains("  ip6 daddr fd00:96::10 tcp dport 80 ip6 saddr != fd00:10::/64 jump mark-for-masquerade\n"), "{text}");
-    assert!(text.contains("__fd00.10..3/8080\n  ip6 saddr fd00:10::3 jump mark-for-masquerade\n  meta l4proto tcp dnat to [fd00:10::3]:8080\n"), "{text}");
+    assert!(
+        text.contains(" numgen random mod 1 map @endpoint-slots-tcp-"),
+        "{text}"
+    );
+    assert!(text.contains(" : fd00:10::3 . 8080 }"), "{text}");
+    assert!(
+        text.contains("element hairpin-endpoints { fd00:10::3 . fd00:10::3 }"),
+        "{text}"
+    );
+    // With affinity: upstream's endpoint chains.
+    let with_chains = rules_of(&port_rules(
+        &name,
+        &with_affinity(svc.clone()),
+        &[endpoint("[fd00:10::3]:8080", true)],
+        &ctx,
+    ));
+    assert!(
+        with_chains
+            .contains("__fd00.10..3/8080\n  ip6 saddr fd00:10::3 jump mark-for-masquerade\n"),
+        "{with_chains}"
+    );
+    assert!(
+        with_chains.contains("  meta l4proto tcp dnat to [fd00:10::3]:8080\n"),
+        "{with_chains}"
+    );
     assert!(text.contains("element service-ips { fd00:96::10 . tcp . 80 : goto service-"));
     let base = crate::proxier::nftables::base(&ctx);
     assert!(
@@ -302,6 +388,13 @@ fn ipv6_service() {
     );
     assert!(base.contains("add rule ip6 kube-proxy services fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap @service-nodeports"));
     assert!(base.contains("typeof ip6 saddr . numgen random mod 1"));
+    assert!(base.contains(
+        "add rule ip6 kube-proxy services ip6 daddr @cluster-ips ip6 saddr != fd00:10::/64 jump mark-for-masquerade\n"
+    ));
+    assert!(base.contains(": ip6 daddr . udp dport ; }"));
+    assert!(base.contains(
+        "ct status dnat ip6 saddr . ip6 daddr @hairpin-endpoints jump mark-for-masquerade"
+    ));
 }
 
 #[test]
@@ -325,15 +418,13 @@ fn nodeport_addresses_and_masquerade_all() {
         !base.contains("cluster-ips-check ip daddr {"),
         "no ServiceCIDRs known"
     );
-    let name = port_name("ns", "svc", "p");
-    let rules = port_rules(
-        &name,
-        &cluster_ip("10.96.0.1", 443),
-        &[endpoint("10.1.0.1:6443", false)],
-        &ctx,
-    );
-    assert_eq!(
-        rules.chains[0].rules[0],
-        "ip daddr 10.96.0.1 tcp dport 443 jump mark-for-masquerade"
-    );
+    // masqueradeAll: every connection to a ClusterIP, whatever its source, before the
+    // dispatch to the service's chain.
+    let marks = base
+        .find("add rule ip kube-proxy services ip daddr @cluster-ips jump mark-for-masquerade\n")
+        .expect("the masquerade-all rule");
+    let dispatch = base
+        .find("add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n")
+        .expect("the dispatch");
+    assert!(marks < dispatch, "{base}");
 }

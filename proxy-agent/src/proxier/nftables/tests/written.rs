@@ -7,8 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::model::IpFamily;
-use crate::proxier::nftables::{DesiredState, NftContext, PortRules, Written, port_rules};
+use crate::model::{IpFamily, Protocol};
+use crate::proxier::nftables::names::{PortChain, SlotKey, endpoint_slot_map};
+use crate::proxier::nftables::{
+    DesiredState, NftContext, PortNames, PortRules, Written, port_rules,
+};
 
 type Port = (ServicePortName, ServicePort, Vec<Arc<Endpoint>>);
 
@@ -41,7 +44,17 @@ fn lines_with<'a>(text: &'a str, part: &str) -> Vec<&'a str> {
     text.lines().filter(|l| l.contains(part)).collect()
 }
 
+/// Two services with ClientIP affinity: they have endpoint chains, whose retirement the
+/// tests follow.
 fn two_services() -> Vec<Port> {
+    two_services_without_affinity()
+        .into_iter()
+        .map(|(name, svc, eps)| (name, with_affinity(svc), eps))
+        .collect()
+}
+
+/// The same two, DNATing through the slot maps.
+fn two_services_without_affinity() -> Vec<Port> {
     vec![
         (
             port_name("ns", "a", "p"),
@@ -254,4 +267,58 @@ fn vanished_ports_are_found() {
     written.full(&desired(&ports, &ctx), &ctx, Some(&[]), Instant::now());
     let vanished = written.vanished(|p| p.service.name == "a");
     assert_eq!(vanished, [NamespacedName::new("ns", "b")]);
+}
+
+/// Without affinity an endpoint change moves elements only: the policy chain is rewritten
+/// (its `mod n`), the slot past the end and the endpoint's hairpin pair go, and no chain is
+/// retired. A hairpin pair two services claim stays while one still does.
+#[test]
+fn slot_elements_follow_endpoint_changes() {
+    let node = node();
+    let ctx = NftContext::new(&node, IpFamily::V4, &[]);
+    let mut ports = two_services_without_affinity();
+    ports[1].2.push(endpoint("10.1.0.2:8080", false));
+    let mut written = Written::default();
+    let t0 = Instant::now();
+    written.full(&desired(&ports, &ctx), &ctx, Some(&[]), t0);
+    let chain = PortNames::new(&ports[0].0).chain(PortChain::Cluster);
+    let slots = SlotKey::of_chain(&chain);
+    let map = endpoint_slot_map(Protocol::Tcp, slots.bucket);
+
+    ports[0].2.pop();
+    let text = partial(&mut written, &ports, &["a"], &ctx, t0);
+    assert_eq!(
+        lines_with(&text, "element"),
+        [format!(
+            "delete element ip kube-proxy {map} {{ {} }}",
+            slots.element(1)
+        )],
+        "10.1.0.2 is still b's endpoint: its hairpin pair stays\n{text}"
+    );
+    assert_eq!(
+        lines_with(&text, "flush chain"),
+        [format!("flush chain ip kube-proxy {chain}")]
+    );
+    assert!(text.contains(" numgen random mod 1 map @"), "{text}");
+    assert_eq!(written.stale_chains().count(), 0);
+
+    ports[1].2.pop();
+    let text = partial(&mut written, &ports, &["b"], &ctx, t0);
+    assert!(
+        text.contains("delete element ip kube-proxy hairpin-endpoints { 10.1.0.2 . 10.1.0.2 }"),
+        "{text}"
+    );
+
+    ports[0].2.push(endpoint("10.1.0.9:80", false));
+    let text = partial(&mut written, &ports, &["a"], &ctx, t0);
+    assert_eq!(
+        lines_with(&text, "element"),
+        [
+            format!(
+                "add element ip kube-proxy {map} {{ {} : 10.1.0.9 . 80 }}",
+                slots.element(1)
+            ),
+            "add element ip kube-proxy hairpin-endpoints { 10.1.0.9 . 10.1.0.9 }".to_string(),
+        ]
+    );
 }
