@@ -149,9 +149,9 @@ pub struct SuiteOptions {
 
 impl SuiteOptions {
     /// 1,000, 10,000 and 50,000 services × 4 endpoints; 3 reps (1 at 50,000, where the
-    /// iptables sides take minutes); every side. The nftables side adds about a minute and
-    /// a half to the suite on a 2-core machine (about 6 s a cold load at 10,000 services,
-    /// 25 s at 50,000).
+    /// iptables sides take minutes); every side. The nftables side adds well under a minute
+    /// to the suite on a 2-core machine (about 1.3 s a cold load at 10,000 services, 8 s at
+    /// 50,000).
     pub fn full() -> Self {
         SuiteOptions {
             service_counts: vec![1_000, 10_000, 50_000],
