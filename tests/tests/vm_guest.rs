@@ -7,8 +7,9 @@
 //! - `guest::ipvs_scenarios`: ONE boot for all ipvs work: the scenario runner in ipvs mode
 //!   over the shared scenarios but [`GUEST_LEAVES_OUT`] and the main IPv6 variants
 //!   ([`IPV6_FILES`]), then the
-//!   privileged ipvs_kernel test binary, and the ipvs tests of the agent_restart and
-//!   drift_repair modules of the privileged binary ([`GUEST_TEST_BINARIES`]), each when
+//!   privileged ipvs_kernel test binary, and the ipvs tests of the agent_restart,
+//!   drift_repair and mode_switch_cleanup modules of the privileged binary
+//!   ([`GUEST_TEST_BINARIES`]), each when
 //!   built. Fails with the runner's FAIL lines and the failing binaries' output (a skipped
 //!   ipvs test fails: the guest has IPVS). Skipped with the reason when this host runs ipvs itself
 //!   (tests/tests/scenarios.rs and those binaries then do), or the agent has no ipvs
@@ -175,6 +176,12 @@ fn ipvs_kernel_binary() -> Option<PathBuf> {
 const GUEST_TEST_BINARIES: &[(&str, &str, &str)] = &[
     ("agent_restart", "privileged", "agent_restart::ipvs_"),
     ("drift_repair", "privileged", "drift_repair::ipvs_"),
+    // ipvs -> nftables -> ipvs: each start removes the other mode's state (issue 17).
+    (
+        "mode_switch_cleanup",
+        "privileged",
+        "mode_switch_cleanup::ipvs_",
+    ),
 ];
 
 /// The newest build of test binary `name` beside this one, if any.
