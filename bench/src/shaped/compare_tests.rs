@@ -40,35 +40,16 @@ fn as_model(services: &[ShapedService]) -> Vec<Port> {
                 svc.port_name.clone(),
                 Protocol::Tcp,
             );
-            let port = ServicePort {
-                cluster_ip: IpAddr::V4(svc.cluster_ip),
-                port: svc.port,
-                protocol: Protocol::Tcp,
-                node_port: None,
-                external_ips: Vec::new(),
-                load_balancer_ingress: Vec::new(),
-                load_balancer_source_ranges: Vec::new(),
-                external_policy_local: false,
-                internal_policy_local: false,
-                health_check_node_port: None,
-                session_affinity: None,
-            };
+            let port =
+                ServicePort::cluster_ip_only(IpAddr::V4(svc.cluster_ip), svc.port, Protocol::Tcp);
             let endpoints = svc
                 .endpoints
                 .iter()
                 .map(|ep| {
                     let addr = SocketAddr::V4(*ep);
                     Arc::new(Endpoint {
-                        ip: addr.ip(),
-                        port: addr.port(),
-                        ready: true,
-                        serving: true,
-                        terminating: false,
                         node_name: Some("other".into()),
-                        zone: None,
-                        zone_hints: None,
-                        node_hints: None,
-                        is_local: false,
+                        ..Endpoint::ready_at(addr)
                     })
                 })
                 .collect();

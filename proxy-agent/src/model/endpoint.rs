@@ -30,6 +30,22 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// A ready, serving endpoint with no node, zone or hints.
+    pub fn ready_at(addr: SocketAddr) -> Self {
+        Endpoint {
+            ip: addr.ip(),
+            port: addr.port(),
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: None,
+            zone: None,
+            zone_hints: None,
+            node_hints: None,
+            is_local: false,
+        }
+    }
+
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::new(self.ip, self.port)
     }

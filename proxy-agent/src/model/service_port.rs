@@ -65,6 +65,24 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A port reachable on its ClusterIP only: no NodePort, external or LB addresses,
+    /// Cluster traffic policies, no affinity (what the others are built from).
+    pub fn cluster_ip_only(cluster_ip: IpAddr, port: u16, protocol: Protocol) -> Self {
+        ServicePort {
+            cluster_ip,
+            port,
+            protocol,
+            node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ingress: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+            session_affinity: None,
+        }
+    }
+
     /// The ingress IPs the proxy handles: those whose mode is VIP (an absent `ipMode`
     /// means VIP).
     pub fn load_balancer_vips(&self) -> impl Iterator<Item = IpAddr> + '_ {

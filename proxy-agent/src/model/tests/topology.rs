@@ -15,16 +15,9 @@ const NODE: &str = "test-node";
 fn ep(addr: &str) -> Endpoint {
     let addr: SocketAddr = addr.parse().unwrap();
     Endpoint {
-        ip: addr.ip(),
-        port: addr.port(),
         ready: false,
         serving: false,
-        terminating: false,
-        node_name: None,
-        zone: None,
-        zone_hints: None,
-        node_hints: None,
-        is_local: false,
+        ..Endpoint::ready_at(addr)
     }
 }
 

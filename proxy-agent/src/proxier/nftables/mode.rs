@@ -9,7 +9,7 @@
 //! nf_tables feature the rules use (verdict maps, concatenated keys, `fib`, `numgen`, NAT
 //! chains, DNAT to an address and port looked up in a map).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use super::context::NftContext;
@@ -74,31 +74,10 @@ pub fn unavailable() -> Option<String> {
 /// A NodePort service with one endpoint: its rules use the slot maps' DNAT.
 fn probe_service() -> (ServicePortName, ServicePort, Vec<Arc<Endpoint>>) {
     let name = ServicePortName::new(NamespacedName::new("probe", "probe"), "p", Protocol::Tcp);
-    let port = ServicePort {
-        cluster_ip: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)),
-        port: 80,
-        protocol: Protocol::Tcp,
-        node_port: Some(30080),
-        external_ips: Vec::new(),
-        load_balancer_ingress: Vec::new(),
-        load_balancer_source_ranges: Vec::new(),
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-        session_affinity: None,
-    };
-    let endpoint = Endpoint {
-        ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
-        port: 8080,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: None,
-        zone: None,
-        zone_hints: None,
-        node_hints: None,
-        is_local: false,
-    };
+    let mut port =
+        ServicePort::cluster_ip_only(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 80, Protocol::Tcp);
+    port.node_port = Some(30080);
+    let endpoint = Endpoint::ready_at(SocketAddr::from(([10, 0, 0, 1], 8080)));
     (name, port, vec![Arc::new(endpoint)])
 }
 

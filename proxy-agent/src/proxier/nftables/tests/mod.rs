@@ -44,19 +44,7 @@ pub fn port_name(ns: &str, name: &str, port: &str) -> ServicePortName {
 }
 
 pub fn cluster_ip(ip: &str, port: u16) -> ServicePort {
-    ServicePort {
-        cluster_ip: ip.parse().unwrap(),
-        port,
-        protocol: Protocol::Tcp,
-        node_port: None,
-        external_ips: Vec::new(),
-        load_balancer_ingress: Vec::new(),
-        load_balancer_source_ranges: Vec::new(),
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-        session_affinity: None,
-    }
+    ServicePort::cluster_ip_only(ip.parse().unwrap(), port, Protocol::Tcp)
 }
 
 pub fn with_affinity(mut svc: ServicePort) -> ServicePort {
