@@ -6,6 +6,7 @@
 
 pub mod apiserver;
 pub mod model_feed;
+pub mod multinode;
 pub mod node_harness;
 pub mod privileged;
 pub mod python_backend;

@@ -53,6 +53,9 @@ pub struct EventLoop {
     /// Services were left out while the same sync freed entries: another sync soon may fit
     /// them (a sync's deletions free room only for the next).
     follow_up: bool,
+    /// Removes what the other modes left; run once, after this mode's first successful
+    /// sync (see [`EventLoop::run`]).
+    remove_other_modes: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl EventLoop {
@@ -78,6 +81,7 @@ impl EventLoop {
             events: EventSink::disabled(),
             not_programmed: false,
             follow_up: false,
+            remove_other_modes: None,
             node_name,
             resolved: resolved.clone(),
             synced: HashSet::new(),
@@ -268,12 +272,18 @@ impl EventLoop {
             requested = choice.requested.as_str(),
             "proxier running"
         );
-        // Failures are logged per mode; the chosen mode runs regardless.
-        let _ = crate::cleanup::cleanup_other_modes(
+        // What another mode left goes only after this mode's first successful sync (and
+        // before that sync is reported): until then the old mode's rules or programs keep
+        // serving the node, so a mode switch leaves no moment in which new connections
+        // find neither. Failures are logged per mode; the chosen mode runs regardless.
+        let (running, bpffs_root, ipvs_exclude) = (
             choice.mode,
-            &layout.bpffs_root,
-            &layout.ipvs_exclude,
+            layout.bpffs_root.clone(),
+            layout.ipvs_exclude.clone(),
         );
+        self.remove_other_modes = Some(Box::new(move || {
+            let _ = crate::cleanup::cleanup_other_modes(running, &bpffs_root, &ipvs_exclude);
+        }));
         let mut service_health =
             ServiceHealthServers::new(self.health.clone(), node.nodeport_addresses.clone());
 
@@ -420,6 +430,9 @@ impl EventLoop {
         let elapsed = started.elapsed().as_secs_f64();
         match result {
             Ok(stats) => {
+                if let Some(remove_other_modes) = self.remove_other_modes.take() {
+                    remove_other_modes();
+                }
                 let now = SystemTime::now();
                 // One sync programs every family together: each family's series gets it.
                 let synced: Vec<IpFamily> = request.families.iter().map(|f| f.family).collect();

@@ -167,11 +167,16 @@ pub struct TestApiServer {
     shared: Arc<Shared>,
     addr: SocketAddr,
     accept_task: JoinHandle<()>,
+    /// Accept loops of the listeners added by [`TestApiServer::also_serve_on`].
+    more_accept_tasks: Vec<JoinHandle<()>>,
 }
 
 impl Drop for TestApiServer {
     fn drop(&mut self) {
         self.accept_task.abort();
+        for task in &self.more_accept_tasks {
+            task.abort();
+        }
         self.shared.store().drop_watches();
         self.shared.cut_all_connections();
     }
@@ -249,7 +254,22 @@ impl TestApiServer {
             shared,
             addr,
             accept_task,
+            more_accept_tasks: Vec::new(),
         })
+    }
+
+    /// Serves the same objects on one more listener the caller bound (another network
+    /// namespace's 127.0.0.1: one server for the agents of several node namespaces).
+    /// Returns the kubeconfig YAML that reaches the server through it.
+    pub fn also_serve_on(&mut self, listener: std::net::TcpListener) -> Result<String> {
+        listener.set_nonblocking(true).map_err(Error::Bind)?;
+        let listener = TcpListener::from_std(listener).map_err(Error::Bind)?;
+        let addr = listener.local_addr().map_err(Error::Bind)?;
+        self.more_accept_tasks.push(tokio::spawn(serve::accept_loop(
+            listener,
+            self.shared.clone(),
+        )));
+        Ok(kubeconfig::render(&format!("http://{addr}")))
     }
 
     pub fn addr(&self) -> SocketAddr {

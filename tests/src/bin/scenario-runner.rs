@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! `scenario-runner`: replays behaviour scenarios through network namespaces
-//! (`run`), and the helpers it starts inside them (`echo`, `probe`, `http-get`).
+//! (`run`), and the helpers it starts inside them (`echo`, `probe`, `http-get`, and the
+//! multi-node tests' `load`).
 #![forbid(unsafe_code)]
 
 use std::{io::Write, path::PathBuf, process::ExitCode, time::Duration};
@@ -115,6 +116,28 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
     },
+    /// Traffic a migration must not disturb (tests/src/multinode/load.rs): prints READY
+    /// once its long-lived connections are open, runs until stdin closes, then prints its
+    /// report as JSON.
+    Load {
+        #[arg(long, default_value = "0.0.0.0")]
+        from: String,
+        /// New connections, one per tick.
+        #[arg(long)]
+        new_to: Option<String>,
+        /// Long-lived connections, one line each per tick.
+        #[arg(long)]
+        long_to: Option<String>,
+        #[arg(long, default_value_t = 8)]
+        long_count: usize,
+        /// One UDP flow, one datagram per tick.
+        #[arg(long)]
+        udp_to: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        tick_ms: u64,
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+    },
     /// GET a URL; prints {"status":..,"body":..}.
     HttpGet {
         url: String,
@@ -158,6 +181,32 @@ fn main() -> ExitCode {
             timeout_ms,
         } => run_probe(&from, from_port, &to, &proto, count, timeout_ms),
         Command::HttpGet { url, timeout_ms } => run_http_get(&url, timeout_ms),
+        Command::Load {
+            from,
+            new_to,
+            long_to,
+            long_count,
+            udp_to,
+            tick_ms,
+            timeout_ms,
+        } => {
+            let target = |t: Option<String>| {
+                t.map(|t| tests::scenario::addr::parse_socket_addr(&t))
+                    .transpose()
+            };
+            (|| {
+                let spec = tests::multinode::load::LoadSpec {
+                    from: tests::scenario::addr::parse_ip(&from)?,
+                    new_to: target(new_to)?,
+                    long_to: target(long_to)?,
+                    long_count,
+                    udp_to: target(udp_to)?,
+                    tick: Duration::from_millis(tick_ms),
+                    timeout: Duration::from_millis(timeout_ms),
+                };
+                run_load(&spec)
+            })()
+        }
         Command::CleanupStale => run_cleanup_stale(),
         Command::Run {
             mode,
@@ -292,6 +341,17 @@ fn run_probe(
     for attempt in probe(&spec) {
         writeln!(out, "{}", serde_json::to_string(&attempt)?)?;
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_load(spec: &tests::multinode::load::LoadSpec) -> anyhow::Result<ExitCode> {
+    let report = tests::multinode::load::run(spec, || {
+        println!("READY");
+        let _ = std::io::stdout().flush();
+        // Until the parent closes stdin (or writes anything).
+        let _ = std::io::stdin().read_line(&mut String::new());
+    });
+    println!("{}", serde_json::to_string(&report)?);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -334,11 +334,11 @@ impl Agent {
         }
     }
 
-    /// SIGTERM, then SIGKILL after 5 s; then (unless kept) `--cleanup` with the same
-    /// pin root, and the pin directory removed.
-    pub fn stop(&mut self) {
+    /// SIGTERM, then SIGKILL after 5 s, and nothing else: the dataplane stays for the
+    /// next agent (an upgrade, a mode switch). Returns whether the agent was running.
+    pub fn terminate(&mut self) -> bool {
         let Some(mut child) = self.child.take() else {
-            return;
+            return false;
         };
         if let Ok(pid) = i32::try_from(child.id()) {
             let _ = nix::sys::signal::kill(
@@ -352,7 +352,13 @@ impl Agent {
         }
         let _ = child.kill();
         let _ = child.wait();
-        if self.keep {
+        true
+    }
+
+    /// SIGTERM, then SIGKILL after 5 s; then (unless kept) `--cleanup` with the same
+    /// pin root, and the pin directory removed.
+    pub fn stop(&mut self) {
+        if !self.terminate() || self.keep {
             return;
         }
 

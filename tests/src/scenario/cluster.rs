@@ -191,6 +191,28 @@ impl ApiServerStore {
         Ok(Self { server, kubeconfig })
     }
 
+    /// Starts one server for the agents of several namespaces: it listens on the
+    /// 127.0.0.1 of each, and the kubeconfig of namespace `i` is the `i`-th returned
+    /// (the first is also the store's own connection).
+    pub fn start_in_all(namespaces: &[String], run_dir: &Path) -> Result<(Self, Vec<PathBuf>)> {
+        let (first, rest) = namespaces
+            .split_first()
+            .ok_or_else(|| Error::Setup("an API server for no namespace".into()))?;
+        let mut store = Self::start(first, run_dir)?;
+        let mut kubeconfigs = vec![store.kubeconfig.clone()];
+        for (index, ns) in rest.iter().enumerate() {
+            let listener = super::netns::bind_tcp_listener_in(ns, ([127, 0, 0, 1], 0).into())?;
+            let yaml = store
+                .server
+                .also_serve_on(listener)
+                .map_err(|e| api_error(&format!("serving in {ns}"), e))?;
+            let path = run_dir.join(format!("kubeconfig-{}", index + 1));
+            fs::write(&path, yaml).map_err(Error::io(format!("writing {}", path.display())))?;
+            kubeconfigs.push(path);
+        }
+        Ok((store, kubeconfigs))
+    }
+
     pub fn server(&self) -> &crate::apiserver::TestApiServer {
         &self.server
     }

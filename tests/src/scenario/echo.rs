@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Echo servers and plain listeners (the `echo` subcommand). Every connection or
 //! datagram gets one line: `ECHO <own ip:port> FROM <peer ip:port>` from an echo
-//! server, `PLAIN <own ip:port> FROM <peer ip:port>` from a plain listener.
+//! server, `PLAIN <own ip:port> FROM <peer ip:port>` from a plain listener. A session
+//! server (for long-lived connections) answers every line of a stream with the echo line
+//! and keeps the connection until the client closes it; its datagrams are echoed.
 
 use std::{
     fmt,
@@ -27,6 +29,7 @@ pub const IPPROTO_SCTP: i32 = 132;
 pub enum ListenKind {
     Echo,
     Plain,
+    Session,
 }
 
 /// `echo/tcp/10.180.0.1:80`, `plain/udp/[fd00::3]:53`.
@@ -42,6 +45,7 @@ impl fmt::Display for ListenSpec {
         let kind = match self.kind {
             ListenKind::Echo => "echo",
             ListenKind::Plain => "plain",
+            ListenKind::Session => "session",
         };
         write!(f, "{kind}/{}/{}", self.proto, self.addr)
     }
@@ -52,13 +56,14 @@ impl FromStr for ListenSpec {
     fn from_str(s: &str) -> Result<Self> {
         let bad = || {
             Error::Invalid(format!(
-                "listener {s:?} is not <echo|plain>/<proto>/<ip:port>"
+                "listener {s:?} is not <echo|plain|session>/<proto>/<ip:port>"
             ))
         };
         let mut parts = s.splitn(3, '/');
         let kind = match parts.next() {
             Some("echo") => ListenKind::Echo,
             Some("plain") => ListenKind::Plain,
+            Some("session") => ListenKind::Session,
             _ => return Err(bad()),
         };
         let proto = parts.next().ok_or_else(bad)?.parse()?;
@@ -82,7 +87,7 @@ pub const REFLECT: &[u8] = b"REFLECT\n";
 
 pub fn reply_line(kind: ListenKind, own: SocketAddr, peer: SocketAddr) -> String {
     match kind {
-        ListenKind::Echo => format!("ECHO {own} FROM {peer}\n"),
+        ListenKind::Echo | ListenKind::Session => format!("ECHO {own} FROM {peer}\n"),
         ListenKind::Plain => format!("PLAIN {own} FROM {peer}\n"),
     }
 }
@@ -169,6 +174,9 @@ pub fn serve(bound: Bound) -> JoinHandle<()> {
 }
 
 fn answer_stream(mut stream: TcpStream, kind: ListenKind) -> io::Result<()> {
+    if kind == ListenKind::Session {
+        return answer_session(stream);
+    }
     // Read the request first, so closing never finds unread data (which would send a
     // RST and could destroy the reply in flight).
     stream.set_read_timeout(Some(Duration::from_millis(500)))?;
@@ -180,6 +188,20 @@ fn answer_stream(mut stream: TcpStream, kind: ListenKind) -> io::Result<()> {
     stream.shutdown(Shutdown::Write)?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+    Ok(())
+}
+
+/// A session: one echo line per line received, until the client closes (or resets).
+fn answer_session(stream: TcpStream) -> io::Result<()> {
+    let own = stream.local_addr()?;
+    let peer = stream.peer_addr()?;
+    let reply = reply_line(ListenKind::Session, own, peer);
+    let mut writer = stream.try_clone()?;
+    let reader = io::BufReader::new(stream);
+    for line in io::BufRead::lines(reader) {
+        line?;
+        writer.write_all(reply.as_bytes())?;
+    }
     Ok(())
 }
 

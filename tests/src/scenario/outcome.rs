@@ -52,6 +52,11 @@ pub struct Attempt {
     /// True when a stream connection was established before the timeout.
     #[serde(default)]
     pub connected: bool,
+    /// The address the client's socket was talking to, as the client saw it: its stream
+    /// socket's peer (getpeername) or the source of the datagram answer. A translated
+    /// reply path shows here as the address the client dialled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<SocketAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errno: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,6 +73,7 @@ impl Attempt {
             seen_source: None,
             first_line: None,
             connected: false,
+            peer: None,
             errno: None,
             message: None,
             elapsed_ms,

@@ -91,6 +91,7 @@ fn attempt_stream(spec: &ProbeSpec, protocol: Protocol) -> Attempt {
     if let Err(err) = connect_watching(&socket, spec, icmp.as_ref(), quoted) {
         return failed(&err, start, false);
     }
+    let peer = socket.peer_addr().ok().and_then(|a| a.as_socket());
     let mut socket = socket;
     let exchange = (|| {
         socket.set_write_timeout(Some(spec.timeout))?;
@@ -99,11 +100,13 @@ fn attempt_stream(spec: &ProbeSpec, protocol: Protocol) -> Attempt {
         read_answer(&mut socket)
     })();
     match exchange {
-        Ok(answer) if !answer.is_empty() => {
-            Attempt::answered(&String::from_utf8_lossy(&answer), millis(start))
-        }
+        Ok(answer) if !answer.is_empty() => Attempt {
+            peer,
+            ..Attempt::answered(&String::from_utf8_lossy(&answer), millis(start))
+        },
         Ok(_) => Attempt {
             connected: true,
+            peer,
             message: Some("connection closed without an answer".into()),
             ..Attempt::new(Outcome::Error, millis(start))
         },
@@ -278,17 +281,21 @@ fn is_timeout(err: &io::Error) -> bool {
 fn attempt_datagram(spec: &ProbeSpec) -> Attempt {
     let start = Instant::now();
     let exchange = (|| {
-        let mut socket = bound_socket(spec, Type::DGRAM, Protocol::UDP)?;
+        let socket = bound_socket(spec, Type::DGRAM, Protocol::UDP)?;
         // Connected, so an ICMP port unreachable surfaces as ECONNREFUSED.
         socket.connect(&spec.to.into())?;
         socket.set_read_timeout(Some(spec.timeout))?;
+        let socket = std::net::UdpSocket::from(socket);
         socket.send(REQUEST)?;
         let mut buf = [0u8; 2048];
-        let n = socket.read(&mut buf)?;
-        Ok::<_, io::Error>(buf[..n].to_vec())
+        let (n, from) = socket.recv_from(&mut buf)?;
+        Ok::<_, io::Error>((buf[..n].to_vec(), from))
     })();
     match exchange {
-        Ok(answer) => Attempt::answered(&String::from_utf8_lossy(&answer), millis(start)),
+        Ok((answer, from)) => Attempt {
+            peer: Some(from),
+            ..Attempt::answered(&String::from_utf8_lossy(&answer), millis(start))
+        },
         Err(err) => failed(&err, start, false),
     }
 }

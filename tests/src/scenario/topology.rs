@@ -307,36 +307,7 @@ impl Topology {
     /// to a second later) the device still has the no-op qdisc, which silently drops what
     /// is sent: the first flow would lose its SYN and time out.
     fn wait_links_up(&self) -> Result<()> {
-        let deadline =
-            std::time::Instant::now() + super::readiness::scaled(std::time::Duration::from_secs(5));
-        for ns in &self.namespaces {
-            loop {
-                let out = netns::ip_in(ns, &["-o", "link", "show"])?;
-                let links_pending = out
-                    .lines()
-                    .filter(|l| l.contains("veth") || l.contains("@"))
-                    .any(|l| !l.contains("state UP"));
-                // With DAD off nothing should stay tentative; if the kernel ignored that
-                // setting, wait the detection out rather than lose the first packets.
-                let tentative = netns::ip_in(ns, &["-6", "-o", "addr", "show", "tentative"])?;
-                let failed = netns::ip_in(ns, &["-6", "-o", "addr", "show", "dadfailed"])?;
-                if !failed.trim().is_empty() {
-                    return Err(Error::Setup(format!(
-                        "duplicate IPv6 address in {ns}: {failed}"
-                    )));
-                }
-                if !links_pending && tentative.trim().is_empty() {
-                    break;
-                }
-                if std::time::Instant::now() > deadline {
-                    return Err(Error::Setup(format!(
-                        "links in {ns} did not come up: {out}{tentative}"
-                    )));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        }
-        Ok(())
+        wait_links_up(&self.namespaces)
     }
 
     pub fn pod_ns(&self, index: usize) -> String {
@@ -425,59 +396,12 @@ impl Topology {
         let lan = self.switch_ns.clone();
         add_netns(&lan)?;
         self.namespaces.push(lan.clone());
-        sysctl_in(
-            &lan,
-            &[
-                ("net.ipv6.conf.all.disable_ipv6", "1"),
-                ("net.ipv6.conf.default.disable_ipv6", "1"),
-            ],
-        )?;
-        // Only where bridge netfilter exists (`-e` ignores unknown keys).
-        netns::sysctl_in_ignoring_unknown(
-            &lan,
-            &[
-                ("net.bridge.bridge-nf-call-iptables", "0"),
-                ("net.bridge.bridge-nf-call-ip6tables", "0"),
-                ("net.bridge.bridge-nf-call-arptables", "0"),
-            ],
-        )?;
-        // No STP and no multicast snooping: ports forward at once, and neighbour
-        // solicitations (multicast) reach every port whatever MLD state the bridge saw.
-        ip_in(
-            &lan,
-            &[
-                "link",
-                "add",
-                SWITCH_BRIDGE,
-                "type",
-                "bridge",
-                "stp_state",
-                "0",
-                "forward_delay",
-                "0",
-                "mcast_snooping",
-                "0",
-            ],
-        )?;
-        ip_in(&lan, &["link", "set", SWITCH_BRIDGE, "up"])
-            .map(drop)
-            .map_err(Into::into)
+        build_switch(&lan)
     }
 
     /// A veth from the switch to `ns`, named `device` there and `port` on the switch.
     fn plug_into_switch(&self, ns: &str, device: &str, port: &str) -> Result<()> {
-        let lan = self.switch_ns.as_str();
-        ip_in(
-            lan,
-            &[
-                "link", "add", port, "type", "veth", "peer", "name", device, "netns", ns,
-            ],
-        )?;
-        ip_in(lan, &["link", "set", port, "master", SWITCH_BRIDGE])?;
-        ip_in(lan, &["link", "set", port, "up"])?;
-        ip_in(ns, &["link", "set", device, "up"])
-            .map(drop)
-            .map_err(Into::into)
+        plug_into_switch(&self.switch_ns, ns, device, port)
     }
 
     /// A remote node: forwards for its pods (built later), reaches the node's pods and
@@ -671,67 +595,7 @@ impl Topology {
         let ns = self.pod_ns(index);
         add_netns(&ns)?;
         self.namespaces.push(ns.clone());
-        // Before the veth exists: its end here takes the namespace's defaults.
-        sysctl_in(&ns, &NAMESPACE_SYSCTLS)?;
-        let node = host;
-        let host_if = format!("kp{index}");
-        ip_in(
-            node,
-            &[
-                "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &ns,
-            ],
-        )?;
-        add_address(&ns, host_net(address), "eth0")?;
-        ip_in(&ns, &["link", "set", "eth0", "up"])?;
-        ip_in(node, &["link", "set", &host_if, "up"])?;
-        let route = format!("{address}/{}", host_prefix(address));
-        ip_in(node, &["route", "add", &route, "dev", &host_if])?;
-        if address.is_ipv4() {
-            ip_in(
-                &ns,
-                &[
-                    "route",
-                    "add",
-                    POD_GATEWAY_V4,
-                    "dev",
-                    "eth0",
-                    "scope",
-                    "link",
-                ],
-            )?;
-            ip_in(
-                &ns,
-                &[
-                    "route",
-                    "add",
-                    "default",
-                    "via",
-                    POD_GATEWAY_V4,
-                    "dev",
-                    "eth0",
-                ],
-            )?;
-        } else {
-            let gateway = format!("{POD_GATEWAY_V6}/64");
-            ip_in(
-                node,
-                &["-6", "addr", "add", &gateway, "dev", &host_if, "nodad"],
-            )?;
-            ip_in(
-                &ns,
-                &[
-                    "-6",
-                    "route",
-                    "add",
-                    "default",
-                    "via",
-                    POD_GATEWAY_V6,
-                    "dev",
-                    "eth0",
-                ],
-            )?;
-        }
-        Ok(())
+        build_routed_pod(host, &ns, &format!("kp{index}"), address)
     }
 
     /// Where a client of this address runs.
@@ -973,7 +837,165 @@ impl Drop for Topology {
     }
 }
 
-fn host_net(ip: IpAddr) -> IpNet {
+pub fn wait_links_up(namespaces: &[String]) -> Result<()> {
+    let deadline =
+        std::time::Instant::now() + super::readiness::scaled(std::time::Duration::from_secs(5));
+    for ns in namespaces {
+        loop {
+            let out = netns::ip_in(ns, &["-o", "link", "show"])?;
+            let links_pending = out
+                .lines()
+                .filter(|l| l.contains("veth") || l.contains("@"))
+                .any(|l| !l.contains("state UP"));
+            // With DAD off nothing should stay tentative; if the kernel ignored that
+            // setting, wait the detection out rather than lose the first packets.
+            let tentative = netns::ip_in(ns, &["-6", "-o", "addr", "show", "tentative"])?;
+            let failed = netns::ip_in(ns, &["-6", "-o", "addr", "show", "dadfailed"])?;
+            if !failed.trim().is_empty() {
+                return Err(Error::Setup(format!(
+                    "duplicate IPv6 address in {ns}: {failed}"
+                )));
+            }
+            if !links_pending && tentative.trim().is_empty() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Setup(format!(
+                    "links in {ns} did not come up: {out}{tentative}"
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
+/// Makes namespace `lan` a switch (see [`Topology::switch_ns`]): one bridge, no addresses,
+/// no IPv6, no netfilter on bridged traffic.
+pub fn build_switch(lan: &str) -> Result<()> {
+    sysctl_in(
+        lan,
+        &[
+            ("net.ipv6.conf.all.disable_ipv6", "1"),
+            ("net.ipv6.conf.default.disable_ipv6", "1"),
+        ],
+    )?;
+    // Only where bridge netfilter exists (`-e` ignores unknown keys).
+    netns::sysctl_in_ignoring_unknown(
+        lan,
+        &[
+            ("net.bridge.bridge-nf-call-iptables", "0"),
+            ("net.bridge.bridge-nf-call-ip6tables", "0"),
+            ("net.bridge.bridge-nf-call-arptables", "0"),
+        ],
+    )?;
+    // No STP and no multicast snooping: ports forward at once, and neighbour
+    // solicitations (multicast) reach every port whatever MLD state the bridge saw.
+    ip_in(
+        lan,
+        &[
+            "link",
+            "add",
+            SWITCH_BRIDGE,
+            "type",
+            "bridge",
+            "stp_state",
+            "0",
+            "forward_delay",
+            "0",
+            "mcast_snooping",
+            "0",
+        ],
+    )?;
+    ip_in(lan, &["link", "set", SWITCH_BRIDGE, "up"])
+        .map(drop)
+        .map_err(Into::into)
+}
+
+/// A veth from the switch namespace `lan` to `ns`, named `device` there and `port` on
+/// the switch.
+pub fn plug_into_switch(lan: &str, ns: &str, device: &str, port: &str) -> Result<()> {
+    ip_in(
+        lan,
+        &[
+            "link", "add", port, "type", "veth", "peer", "name", device, "netns", ns,
+        ],
+    )?;
+    ip_in(lan, &["link", "set", port, "master", SWITCH_BRIDGE])?;
+    ip_in(lan, &["link", "set", port, "up"])?;
+    ip_in(ns, &["link", "set", device, "up"])
+        .map(drop)
+        .map_err(Into::into)
+}
+
+/// Plugs the existing namespace `ns` in as a pod of `host` (Calico-style): a veth
+/// `host_if` there and `eth0` in the pod holding `address`, a host route to it, and
+/// the pod's default route through the proxy-ARP gateway. The caller sets the
+/// host-side sysctls of `host_if` (proxy_arp 1, proxy_delay 0, rp_filter 0).
+pub fn build_routed_pod(host: &str, ns: &str, host_if: &str, address: IpAddr) -> Result<()> {
+    // Before the veth exists: its end here takes the namespace's defaults.
+    sysctl_in(ns, &NAMESPACE_SYSCTLS)?;
+    let node = host;
+    ip_in(
+        node,
+        &[
+            "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns,
+        ],
+    )?;
+    add_address(ns, host_net(address), "eth0")?;
+    ip_in(ns, &["link", "set", "eth0", "up"])?;
+    ip_in(node, &["link", "set", host_if, "up"])?;
+    let route = format!("{address}/{}", host_prefix(address));
+    ip_in(node, &["route", "add", &route, "dev", host_if])?;
+    if address.is_ipv4() {
+        ip_in(
+            ns,
+            &[
+                "route",
+                "add",
+                POD_GATEWAY_V4,
+                "dev",
+                "eth0",
+                "scope",
+                "link",
+            ],
+        )?;
+        ip_in(
+            ns,
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                POD_GATEWAY_V4,
+                "dev",
+                "eth0",
+            ],
+        )?;
+    } else {
+        let gateway = format!("{POD_GATEWAY_V6}/64");
+        ip_in(
+            node,
+            &["-6", "addr", "add", &gateway, "dev", host_if, "nodad"],
+        )?;
+        ip_in(
+            ns,
+            &[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                POD_GATEWAY_V6,
+                "dev",
+                "eth0",
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+pub fn host_net(ip: IpAddr) -> IpNet {
     // A host prefix is always valid for its own family.
     IpNet::new(ip, host_prefix(ip)).unwrap_or_else(|_| IpNet::from(ip))
 }
@@ -988,7 +1010,7 @@ fn family_flag(ip: IpAddr) -> &'static str {
     if ip.is_ipv4() { "-4" } else { "-6" }
 }
 
-fn add_address(ns: &str, address: IpNet, dev: &str) -> Result<()> {
+pub fn add_address(ns: &str, address: IpNet, dev: &str) -> Result<()> {
     let text = address.to_string();
     if address.addr().is_ipv4() {
         ip_in(ns, &["addr", "add", &text, "dev", dev])

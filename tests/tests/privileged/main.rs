@@ -25,6 +25,7 @@ mod layout_upgrade;
 mod least_privilege;
 mod metrics_endpoint;
 mod mode_switch_cleanup;
+mod multinode;
 mod nftables_fallback;
 mod node_events;
 mod northsouth;

@@ -1,0 +1,560 @@
+// SPDX-License-Identifier: Apache-2.0
+//! A three-node cluster (tests/src/multinode): every node runs its own agent, and the flows
+//! that cross nodes are checked from both ends — the client must see the address it
+//! dialled, the backend the source the mode promises.
+//!
+//! - `cross_node_*`: NodePort on node A to a pod on node B (eTP=Cluster: SNAT to A,
+//!   reply back through A), UDP too; eTP=Local on nodes without a local endpoint (DROP
+//!   there, health-check node port 503) and on the node with one (the client's address
+//!   kept, 200); external traffic to LB IPs entering through each node; pod on A (and on
+//!   C) to a ClusterIP served on B (the backend sees the pod); hairpin through another
+//!   node (a pod reaching itself through node A's NodePort). In ebpf, in iptables, and
+//!   with node A in ebpf, B in iptables and C in nftables; `MULTINODE_ALL_MIXES=1` adds
+//!   the two other rotations of the three modes over the three nodes.
+//! - `rolling_upgrade_*`: every node's agent replaced in turn under load (new connections,
+//!   long-lived TCP connections and a UDP flow through a ClusterIP and a NodePort across
+//!   nodes): nothing fails, breaks or is lost.
+//! - `drained_node_*`: a node drained (its endpoints leave the EndpointSlice) and its
+//!   agent stopped: after one sync the other nodes send nothing to its pods.
+//! - `mode_switch_*` (`MULTINODE_MIGRATIONS=1`): node A switched between iptables (or
+//!   nftables) and ebpf and back under the same load; each prints its numbers.
+
+use std::{
+    net::Ipv4Addr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use tests::{
+    multinode::{
+        AgentSetup, Cluster, at,
+        load::LoadReport,
+        net::{EXTERNAL_CLIENT, node_address, node_name, pinned_client, pod_address},
+    },
+    node_harness::{TestNode, time_scale},
+    require_root,
+    scenario::{Mode, outcome::Outcome},
+};
+
+const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
+
+/// eTP=Cluster LoadBalancer: ClusterIP, LB IP, NodePorts (TCP and UDP 80, TCP 81).
+const WEB_VIP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 10);
+const WEB_LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const WEB_NODE_PORT: u16 = 30080;
+const WEB_LONG_NODE_PORT: u16 = 30081;
+/// eTP=Local LoadBalancer with its health-check node port.
+const LOCAL_VIP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 20);
+const LOCAL_LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
+const LOCAL_NODE_PORT: u16 = 30090;
+const LOCAL_HEALTH_PORT: u16 = 30990;
+
+/// Node indices: A is where traffic enters, B holds the endpoints, C is the third node.
+const A: usize = 0;
+const B: usize = 1;
+const C: usize = 2;
+
+/// Pods: `(node, host)`.
+const CLIENT_A: (usize, u8) = (A, 10);
+const WEB_BACKEND: (usize, u8) = (B, 10);
+const LOCAL_BACKEND: (usize, u8) = (B, 11);
+const CLIENT_C: (usize, u8) = (C, 10);
+/// A second web backend, on C, for the drain and load tests.
+const WEB_BACKEND_C: (usize, u8) = (C, 11);
+
+fn pod(p: (usize, u8)) -> Ipv4Addr {
+    pod_address(p.0, p.1)
+}
+
+fn endpoint_yaml(p: (usize, u8)) -> String {
+    format!(
+        "{{addresses: [{}], nodeName: {}, conditions: {{ready: true}}}}",
+        pod(p),
+        node_name(p.0)
+    )
+}
+
+/// The two services and their EndpointSlices; `web` is served by `web_backends`.
+fn objects(web_backends: &[(usize, u8)]) -> String {
+    let web = web_backends
+        .iter()
+        .copied()
+        .map(endpoint_yaml)
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"- apiVersion: v1
+  kind: Service
+  metadata: {{name: web, namespace: ns1}}
+  spec:
+    type: LoadBalancer
+    clusterIP: {WEB_VIP}
+    clusterIPs: [{WEB_VIP}]
+    externalTrafficPolicy: Cluster
+    ports:
+    - {{name: p, port: 80, protocol: TCP, targetPort: 9000, nodePort: {WEB_NODE_PORT}}}
+    - {{name: u, port: 80, protocol: UDP, targetPort: 9000, nodePort: {WEB_NODE_PORT}}}
+    - {{name: s, port: 81, protocol: TCP, targetPort: 9001, nodePort: {WEB_LONG_NODE_PORT}}}
+  status: {{loadBalancer: {{ingress: [{{ip: {WEB_LB}}}]}}}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {{name: web-1, namespace: ns1, labels: {{kubernetes.io/service-name: web}}}}
+  addressType: IPv4
+  endpoints: [{web}]
+  ports:
+  - {{name: p, port: 9000, protocol: TCP}}
+  - {{name: u, port: 9000, protocol: UDP}}
+  - {{name: s, port: 9001, protocol: TCP}}
+- apiVersion: v1
+  kind: Service
+  metadata: {{name: local, namespace: ns1}}
+  spec:
+    type: LoadBalancer
+    clusterIP: {LOCAL_VIP}
+    clusterIPs: [{LOCAL_VIP}]
+    externalTrafficPolicy: Local
+    healthCheckNodePort: {LOCAL_HEALTH_PORT}
+    ports:
+    - {{name: p, port: 80, protocol: TCP, targetPort: 9000, nodePort: {LOCAL_NODE_PORT}}}
+  status: {{loadBalancer: {{ingress: [{{ip: {LOCAL_LB}}}]}}}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {{name: local-1, namespace: ns1, labels: {{kubernetes.io/service-name: local}}}}
+  addressType: IPv4
+  endpoints: [{}]
+  ports:
+  - {{name: p, port: 9000, protocol: TCP}}
+"#,
+        endpoint_yaml(LOCAL_BACKEND)
+    )
+}
+
+fn setup() -> AgentSetup {
+    AgentSetup {
+        binary: TestNode::agent_binary(),
+        runner: PathBuf::from(RUNNER),
+        ready_timeout: Duration::from_secs(30) * time_scale(),
+        config: Default::default(),
+    }
+}
+
+async fn cluster(modes: [Mode; 3], web_backends: &[(usize, u8)]) -> Cluster {
+    let binary = TestNode::agent_binary();
+    assert!(binary.exists(), "{} is not built", binary.display());
+    let pods = [
+        CLIENT_A,
+        WEB_BACKEND,
+        LOCAL_BACKEND,
+        CLIENT_C,
+        WEB_BACKEND_C,
+    ];
+    let mut cluster = Cluster::build(
+        setup(),
+        &pods,
+        &[WEB_LB, LOCAL_LB],
+        &[9000, 9001],
+        &objects(web_backends),
+    )
+    .expect("the cluster builds");
+    cluster
+        .start_agents(modes)
+        .await
+        .expect("every agent starts in its mode");
+    cluster
+}
+
+/// What a flow must do.
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    /// Answered by `backend:port`, which saw `source`.
+    Reach {
+        backend: Ipv4Addr,
+        port: u16,
+        source: Ipv4Addr,
+    },
+    /// Dropped: no answer, no refusal.
+    Drop,
+}
+
+/// Probes one flow and says what was wrong with it, if anything.
+fn check(
+    cluster: &Cluster,
+    what: &str,
+    from: Ipv4Addr,
+    to: (Ipv4Addr, u16),
+    proto: &str,
+    expect: Expect,
+) -> Option<String> {
+    let to = at(to.0, to.1);
+    let attempt = match cluster.probe(from, to, proto) {
+        Ok(attempt) => attempt,
+        Err(err) => return Some(format!("{what}: probe failed: {err}")),
+    };
+    let seen = attempt.describe();
+    eprintln!(
+        "{what}: {proto} {from} -> {to}: {seen}, client's peer {:?}",
+        attempt.peer
+    );
+    match expect {
+        Expect::Reach {
+            backend,
+            port,
+            source,
+        } => {
+            let mut wrong = Vec::new();
+            if attempt.backend != Some(at(backend, port)) {
+                wrong.push(format!(
+                    "answered by {:?}, not {backend}:{port}",
+                    attempt.backend
+                ));
+            }
+            if attempt.seen_source != Some(source.into()) {
+                wrong.push(format!(
+                    "the backend saw {:?}, not {source}",
+                    attempt.seen_source
+                ));
+            }
+            // The reply path, seen from the client: its socket talked to what it dialled.
+            if attempt.peer != Some(to) {
+                wrong.push(format!(
+                    "the client's peer was {:?}, not {to}",
+                    attempt.peer
+                ));
+            }
+            (!wrong.is_empty()).then(|| {
+                format!(
+                    "{what} ({proto} {from} -> {to}): {} [{seen}]",
+                    wrong.join("; ")
+                )
+            })
+        }
+        Expect::Drop => (attempt.outcome != Outcome::Timeout)
+            .then(|| format!("{what} ({proto} {from} -> {to}): expected a drop, got {seen}")),
+    }
+}
+
+/// Every cross-node flow of the module doc; returns what went wrong.
+fn cross_node_failures(cluster: &Cluster) -> Vec<String> {
+    let (a, b, c) = (node_address(A), node_address(B), node_address(C));
+    let web = pod(WEB_BACKEND);
+    let local = pod(LOCAL_BACKEND);
+    let reach = |backend, source| Expect::Reach {
+        backend,
+        port: 9000,
+        source,
+    };
+    let mut failures = Vec::new();
+    let flow =
+        |what: &str, from, to, proto: &str, expect| check(cluster, what, from, to, proto, expect);
+    // East-west: a pod on A (and on C) to a ClusterIP served on B; no NAT of the source.
+    for client in [pod(CLIENT_A), pod(CLIENT_C)] {
+        for proto in ["tcp", "udp"] {
+            failures.extend(flow(
+                "pod to ClusterIP on another node",
+                client,
+                (WEB_VIP, 80),
+                proto,
+                reach(web, client),
+            ));
+        }
+    }
+    // NodePort of A and of C to the pod on B: SNAT to the entry node, reply through it.
+    for (node, address) in [(A, a), (C, c)] {
+        for proto in ["tcp", "udp"] {
+            failures.extend(flow(
+                &format!("NodePort of node {node} to a pod on another node"),
+                EXTERNAL_CLIENT,
+                (address, WEB_NODE_PORT),
+                proto,
+                reach(web, address),
+            ));
+        }
+    }
+    // NodePort of B, which has the endpoint: eTP=Cluster still masquerades outside
+    // traffic.
+    failures.extend(flow(
+        "NodePort of the endpoint's node",
+        EXTERNAL_CLIENT,
+        (b, WEB_NODE_PORT),
+        "tcp",
+        reach(web, b),
+    ));
+    // eTP=Local: dropped where no endpoint is local, the client kept where one is.
+    for address in [a, c] {
+        failures.extend(flow(
+            "eTP=Local NodePort without a local endpoint",
+            EXTERNAL_CLIENT,
+            (address, LOCAL_NODE_PORT),
+            "tcp",
+            Expect::Drop,
+        ));
+    }
+    failures.extend(flow(
+        "eTP=Local NodePort with a local endpoint",
+        EXTERNAL_CLIENT,
+        (b, LOCAL_NODE_PORT),
+        "tcp",
+        reach(local, EXTERNAL_CLIENT),
+    ));
+    // LB IPs entering through each node (the router pinned per client address).
+    for (node, address) in [(A, a), (B, b), (C, c)] {
+        let client = pinned_client(node);
+        failures.extend(flow(
+            &format!("eTP=Cluster LB IP through node {node}"),
+            client,
+            (WEB_LB, 80),
+            "tcp",
+            reach(web, address),
+        ));
+        let local_expect = if node == B {
+            reach(local, client)
+        } else {
+            Expect::Drop
+        };
+        failures.extend(flow(
+            &format!("eTP=Local LB IP through node {node}"),
+            client,
+            (LOCAL_LB, 80),
+            "tcp",
+            local_expect,
+        ));
+    }
+    // The router's own ECMP choice: some node, and the backend.
+    let attempt = cluster.probe(EXTERNAL_CLIENT, at(WEB_LB, 80), "tcp");
+    match attempt {
+        Ok(attempt) if attempt.backend == Some(at(web, 9000)) => {}
+        other => failures.push(format!("LB IP through the ECMP route: {other:?}")),
+    }
+    // Hairpin through another node: the backend reaches itself through A's NodePort.
+    failures.extend(flow(
+        "hairpin through another node",
+        web,
+        (a, WEB_NODE_PORT),
+        "tcp",
+        reach(web, a),
+    ));
+    // Health checks as a load balancer sees them.
+    for (node, address, status) in [(A, a, 503), (B, b, 200), (C, c, 503)] {
+        let url = format!("http://{address}:{LOCAL_HEALTH_PORT}/healthz");
+        let got = cluster.external_get(&url);
+        if got != Some(status) {
+            failures.push(format!(
+                "health-check node port of node {node}: {got:?}, expected {status}"
+            ));
+        }
+    }
+    failures
+}
+
+async fn cross_node(modes: [Mode; 3]) {
+    let cluster = cluster(modes, &[WEB_BACKEND]).await;
+    let failures = cross_node_failures(&cluster);
+    assert!(
+        failures.is_empty(),
+        "modes {modes:?}: {} flows wrong:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_node_ebpf() {
+    require_root!();
+    cross_node([Mode::Ebpf; 3]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_node_iptables() {
+    require_root!();
+    cross_node([Mode::Iptables; 3]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_node_mixed_ebpf_iptables_nftables() {
+    require_root!();
+    cross_node([Mode::Ebpf, Mode::Iptables, Mode::Nftables]).await;
+}
+
+/// The other two rotations of the three modes over the three nodes (each mode in each
+/// role), behind `MULTINODE_ALL_MIXES=1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_node_other_mixes() {
+    require_root!();
+    if std::env::var_os("MULTINODE_ALL_MIXES").is_none() {
+        eprintln!("SKIP: set MULTINODE_ALL_MIXES=1 for the two other rotations of the modes");
+        return;
+    }
+    cross_node([Mode::Iptables, Mode::Nftables, Mode::Ebpf]).await;
+    cross_node([Mode::Nftables, Mode::Ebpf, Mode::Iptables]).await;
+}
+
+/// The load of a migration: from a pod on A through the ClusterIP, and from outside
+/// through A's NodePorts, to the backends on B and C.
+fn start_loads(cluster: &Cluster) -> Vec<(&'static str, tests::multinode::RunningLoad)> {
+    let a = node_address(A);
+    let arguments = |new: String, long: String, udp: String| -> Vec<String> {
+        vec![
+            "--new-to".into(),
+            new,
+            "--long-to".into(),
+            long,
+            "--long-count".into(),
+            "8".into(),
+            "--udp-to".into(),
+            udp,
+            "--tick-ms".into(),
+            "20".into(),
+            "--timeout-ms".into(),
+            (1000 * time_scale()).to_string(),
+        ]
+    };
+    let east_west = arguments(
+        at(WEB_VIP, 81).to_string(),
+        at(WEB_VIP, 81).to_string(),
+        at(WEB_VIP, 80).to_string(),
+    );
+    let north_south = arguments(
+        at(a, WEB_LONG_NODE_PORT).to_string(),
+        at(a, WEB_LONG_NODE_PORT).to_string(),
+        at(a, WEB_NODE_PORT).to_string(),
+    );
+    vec![
+        (
+            "pod on A -> ClusterIP",
+            cluster
+                .start_load(pod(CLIENT_A), &east_west)
+                .expect("the east-west load starts"),
+        ),
+        (
+            "outside -> NodePort of A",
+            cluster
+                .start_load(EXTERNAL_CLIENT, &north_south)
+                .expect("the north-south load starts"),
+        ),
+    ]
+}
+
+fn finish_loads(
+    loads: Vec<(&'static str, tests::multinode::RunningLoad)>,
+) -> Vec<(&'static str, LoadReport)> {
+    loads
+        .into_iter()
+        .map(|(name, load)| (name, load.finish().expect("the load reports")))
+        .collect()
+}
+
+fn assert_clean(migration: &str, reports: &[(&str, LoadReport)]) {
+    for (name, report) in reports {
+        eprintln!("{migration}: {name}: {}", report.summary());
+    }
+    let dirty: Vec<String> = reports
+        .iter()
+        .filter(|(_, r)| !r.clean())
+        .map(|(name, r)| format!("{name}: {}\n  failures: {:?}", r.summary(), r.failures))
+        .collect();
+    assert!(dirty.is_empty(), "{migration}:\n{}", dirty.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_upgrade_ebpf_drops_nothing() {
+    require_root!();
+    let mut cluster = cluster([Mode::Ebpf; 3], &[WEB_BACKEND, WEB_BACKEND_C]).await;
+    let loads = start_loads(&cluster);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for node in [A, B, C] {
+        let begun = Instant::now();
+        cluster.stop_agent_keeping_dataplane(node);
+        cluster
+            .start_agent(node, Mode::Ebpf)
+            .await
+            .expect("the new agent starts");
+        eprintln!(
+            "rolling upgrade: node {node} replaced in {} ms (stop to first sync)",
+            begun.elapsed().as_millis()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let reports = finish_loads(loads);
+    assert_clean("rolling upgrade (ebpf)", &reports);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_node_gets_no_traffic_after_one_sync() {
+    require_root!();
+    let mut cluster = cluster(
+        [Mode::Ebpf, Mode::Iptables, Mode::Ebpf],
+        &[WEB_BACKEND, WEB_BACKEND_C],
+    )
+    .await;
+    let before: Vec<_> = (0..12)
+        .filter_map(|_| cluster.probe(pod(CLIENT_A), at(WEB_VIP, 80), "tcp").ok())
+        .filter_map(|attempt| attempt.backend)
+        .collect();
+    assert!(
+        before.contains(&at(pod(WEB_BACKEND_C), 9000)),
+        "before the drain C's pod is used: {before:?}"
+    );
+    // The drain: C's endpoint leaves the slice, then C's agent is stopped for good.
+    cluster
+        .apply(&objects(&[WEB_BACKEND]))
+        .await
+        .expect("every agent syncs the drain");
+    cluster.stop_agent(C);
+    for (from, to) in [
+        (pod(CLIENT_A), at(WEB_VIP, 80)),
+        (EXTERNAL_CLIENT, at(node_address(A), WEB_NODE_PORT)),
+        (EXTERNAL_CLIENT, at(node_address(B), WEB_NODE_PORT)),
+    ] {
+        for _ in 0..10 {
+            let attempt = cluster.probe(from, to, "tcp").expect("probe runs");
+            assert_eq!(
+                attempt.backend,
+                Some(at(pod(WEB_BACKEND), 9000)),
+                "{from} -> {to} after the drain: {}",
+                attempt.describe()
+            );
+        }
+    }
+}
+
+/// Node A switched from `from` to ebpf and back under load.
+async fn mode_switch(from: Mode) {
+    if std::env::var_os("MULTINODE_MIGRATIONS").is_none() {
+        eprintln!("SKIP: set MULTINODE_MIGRATIONS=1 for the mode-switch migrations");
+        return;
+    }
+    let mut cluster = cluster(
+        [from, Mode::Ebpf, Mode::Ebpf],
+        &[WEB_BACKEND, WEB_BACKEND_C],
+    )
+    .await;
+    let loads = start_loads(&cluster);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for mode in [Mode::Ebpf, from] {
+        let begun = Instant::now();
+        cluster.stop_agent_keeping_dataplane(A);
+        cluster
+            .start_agent(A, mode)
+            .await
+            .expect("the agent starts in the new mode");
+        eprintln!(
+            "mode switch: node A now {mode} after {} ms (stop to first sync)",
+            begun.elapsed().as_millis()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let reports = finish_loads(loads);
+    assert_clean(&format!("{from} -> ebpf -> {from} on node A"), &reports);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_switch_iptables_ebpf_iptables() {
+    require_root!();
+    mode_switch(Mode::Iptables).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_switch_nftables_ebpf_nftables() {
+    require_root!();
+    mode_switch(Mode::Nftables).await;
+}
