@@ -141,6 +141,13 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
         // Its first fragment made no flow: nothing to join.
         return NewFlow::Done(C::DROP);
     }
+    if p.proto == proto::TCP && p.tcp_flags & TCP_SYN == 0 {
+        // Not the start of a connection: one this conntrack does not know, e.g. translated
+        // by the netfilter mode this node ran before (whose conntrack entry, kept on by the
+        // agent's handover table, still translates it). Given a backend of its own now it
+        // would only be reset there; the stack has the entry, or answers as a host does.
+        return NewFlow::Done(C::PASS);
+    }
     let internal = side == ClientSide::Pod && pods_are_local(cfg.flags);
     let (svc, key) = match lookup_frontend::<F>(p.daddr, p.dport, p.proto, internal) {
         Frontend::None => return NewFlow::Done(C::PASS),

@@ -17,7 +17,8 @@
 //! - `drained_node_*`: a node drained (its endpoints leave the EndpointSlice) and its
 //!   agent stopped: after one sync the other nodes send nothing to its pods.
 //! - `mode_switch_*` (`MULTINODE_MIGRATIONS=1`): node A switched between iptables (or
-//!   nftables) and ebpf and back under the same load; each prints its numbers.
+//!   nftables) and ebpf and back under the same load, starting from either; each prints
+//!   its numbers.
 
 use std::{
     net::Ipv4Addr,
@@ -517,20 +518,20 @@ async fn drained_node_gets_no_traffic_after_one_sync() {
     }
 }
 
-/// Node A switched from `from` to ebpf and back under load.
-async fn mode_switch(from: Mode) {
+/// Node A switched from `first` to `second` and back under load (opened in `first`).
+async fn mode_switch(first: Mode, second: Mode) {
     if std::env::var_os("MULTINODE_MIGRATIONS").is_none() {
         eprintln!("SKIP: set MULTINODE_MIGRATIONS=1 for the mode-switch migrations");
         return;
     }
     let mut cluster = cluster(
-        [from, Mode::Ebpf, Mode::Ebpf],
+        [first, Mode::Ebpf, Mode::Ebpf],
         &[WEB_BACKEND, WEB_BACKEND_C],
     )
     .await;
     let loads = start_loads(&cluster);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    for mode in [Mode::Ebpf, from] {
+    for mode in [second, first] {
         let begun = Instant::now();
         cluster.stop_agent_keeping_dataplane(A);
         cluster
@@ -544,17 +545,32 @@ async fn mode_switch(from: Mode) {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let reports = finish_loads(loads);
-    assert_clean(&format!("{from} -> ebpf -> {from} on node A"), &reports);
+    assert_clean(
+        &format!("{first} -> {second} -> {first} on node A"),
+        &reports,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mode_switch_iptables_ebpf_iptables() {
     require_root!();
-    mode_switch(Mode::Iptables).await;
+    mode_switch(Mode::Iptables, Mode::Ebpf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_switch_ebpf_iptables_ebpf() {
+    require_root!();
+    mode_switch(Mode::Ebpf, Mode::Iptables).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_switch_ebpf_nftables_ebpf() {
+    require_root!();
+    mode_switch(Mode::Ebpf, Mode::Nftables).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mode_switch_nftables_ebpf_nftables() {
     require_root!();
-    mode_switch(Mode::Nftables).await;
+    mode_switch(Mode::Nftables, Mode::Ebpf).await;
 }

@@ -11,6 +11,7 @@ mod attached;
 mod budget;
 mod desired;
 mod entries;
+pub(super) mod handover;
 mod ids;
 mod inspect;
 mod kernel;
@@ -54,6 +55,8 @@ pub struct EbpfProxier {
     connected_udp: sockets::ConnectedUdpTerminator,
     /// Stale UDP flows in the conntrack maps (see [`stale_ct`]).
     stale_flows: stale_ct::StaleBpfFlows,
+    /// The flows a previous netfilter mode translated (see [`handover`]).
+    handover: handover::NetfilterHandover,
 }
 
 impl EbpfProxier {
@@ -79,6 +82,12 @@ impl EbpfProxier {
                 None
             }
         };
+        // Before the first sync, so before the previous mode's rules go (see [`handover`]).
+        let mut handover = handover::NetfilterHandover::new(
+            Box::new(crate::proxier::conntrack::NetlinkConntrack::new()),
+            Box::new(handover::NftCommand),
+        );
+        handover.begin(&[crate::model::IpFamily::V4, crate::model::IpFamily::V6]);
         let max_backends = id_space(loaded.maps.backends4.capacity(), opts.map_sizes.backends);
         let max_rev_nat = id_space(loaded.maps.rev_nat4.capacity(), opts.map_sizes.rev_nat);
         Ok(Self {
@@ -91,6 +100,7 @@ impl EbpfProxier {
                 &opts.bpffs_root,
             )),
             stale_flows: stale_ct::StaleBpfFlows::default(),
+            handover,
         })
     }
 }
@@ -169,6 +179,10 @@ impl Proxier for EbpfProxier {
     }
 
     fn maintain(&mut self) {
+        // Only during a handover: a conntrack listing per round is not free.
+        if self.handover.active() {
+            self.handover.maintain();
+        }
         match self.loaded.refresh_pod_devices() {
             Ok(added) if !added.is_empty() => info!(devices = ?added, "pod-side program attached"),
             Ok(_) => {}

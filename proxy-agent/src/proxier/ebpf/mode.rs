@@ -132,6 +132,9 @@ fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
     let sweep = attached::remove_all();
     report.removed += sweep.removed;
     report.errors.extend(sweep.errors);
+    let (tables, errors) = super::handover::remove_tables(&mut super::handover::NftCommand);
+    report.removed += tables;
+    report.errors.extend(errors);
     let looked = pinned || scope == CleanupScope::Everything;
     (looked || report.removed > 0 || !report.errors.is_empty()).then_some(report)
 }

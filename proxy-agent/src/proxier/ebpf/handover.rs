@@ -1,0 +1,382 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Taking a node over from a netfilter mode (iptables, nftables, ipvs, or kube-proxy
+//! itself) without breaking the connections that mode translated.
+//!
+//! An established connection the previous mode DNATed (or masqueraded) is translated by
+//! its netfilter conntrack entry, not by rules: every later packet gets the entry's NAT
+//! binding. That needs two things the previous mode's rules provided and its cleanup
+//! takes away: connection tracking on in the namespace (the kernel turns it off when the
+//! last rule that needs it goes — with iptables-nft and nftables, removing our rules is
+//! exactly that), and NAT hooks at the four places bindings are applied. Without them the
+//! next packet of such a connection leaves untranslated: to a ClusterIP no one owns, or
+//! from the wrong address, and the connection is gone. (The programs do not take these
+//! flows: a socket program only sees new connections, and tc only translates flows its
+//! own conntrack knows.)
+//!
+//! So at start, when a family's netfilter table holds translated flows, ebpf mode installs
+//! a table of its own, [`TABLE`]: empty NAT chains on the four hooks and one rule that
+//! reads the connection state (its counter shows the packets of established flows).
+//! Nothing in it matches a new flow: those are the programs'. Every maintenance round
+//! (10 s) lists the table again, and once no translated flow is left the table goes.
+//! Deleting it, like `--cleanup`, is harmless at any time: at worst the flows it kept end.
+//!
+//! Written by hand because ctnetlink has no "is conntrack on" query; [`translated`] and the
+//! scripts are pure, the rest runs `nft` and lists conntrack over netlink.
+
+use std::collections::BTreeSet;
+
+use tracing::{info, warn};
+
+use crate::model::IpFamily;
+use crate::proxier::conntrack::{ConntrackTable, Entry};
+use crate::proxier::netfilter::exec::run_program;
+
+/// The handover table's name, in the `ip` and `ip6` families.
+pub const TABLE: &str = "kube-proxy-ebpf-handover";
+
+fn family_keyword(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+/// Whether netfilter translated this flow: its answers do not come from where the client
+/// sent it, or do not go back to where it came from.
+pub fn translated(entry: &Entry) -> bool {
+    entry.reply.src != entry.orig.dst
+        || entry.reply.src_port != entry.orig.dst_port
+        || entry.reply.dst != entry.orig.src
+        || entry.reply.dst_port != entry.orig.src_port
+}
+
+/// The transaction that (re)creates the family's table.
+pub fn create_script(family: IpFamily) -> String {
+    let ip = family_keyword(family);
+    format!(
+        "add table {ip} {TABLE}\n\
+         delete table {ip} {TABLE}\n\
+         table {ip} {TABLE} {{\n\
+         \tchain nat-prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}\n\
+         \tchain nat-input {{ type nat hook input priority 100; policy accept; }}\n\
+         \tchain nat-output {{ type nat hook output priority -100; policy accept; }}\n\
+         \tchain nat-postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}\n\
+         \tchain established {{\n\
+         \t\ttype filter hook prerouting priority -150; policy accept;\n\
+         \t\tct state established,related counter\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
+/// The transaction that removes the family's table (whether or not it exists).
+pub fn delete_script(family: IpFamily) -> String {
+    let ip = family_keyword(family);
+    format!("add table {ip} {TABLE}\ndelete table {ip} {TABLE}\n")
+}
+
+/// The nftables operations of the handover.
+pub trait Nft: Send {
+    /// Runs one `nft -f -` transaction.
+    fn run(&mut self, script: &str) -> Result<(), String>;
+    /// Whether the family's handover table exists (false where nft is missing).
+    fn table_exists(&mut self, family: IpFamily) -> bool;
+}
+
+/// `nft` on PATH.
+#[derive(Debug, Default)]
+pub struct NftCommand;
+
+impl Nft for NftCommand {
+    fn run(&mut self, script: &str) -> Result<(), String> {
+        run_program("nft", &["-f", "-"], Some(script))
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn table_exists(&mut self, family: IpFamily) -> bool {
+        run_program(
+            "nft",
+            &["list", "table", family_keyword(family), TABLE],
+            None,
+        )
+        .is_ok()
+    }
+}
+
+/// The handover of one agent: which families hold the table.
+pub struct NetfilterHandover {
+    conntrack: Box<dyn ConntrackTable>,
+    nft: Box<dyn Nft>,
+    active: BTreeSet<IpFamily>,
+}
+
+impl NetfilterHandover {
+    pub fn new(conntrack: Box<dyn ConntrackTable>, nft: Box<dyn Nft>) -> Self {
+        Self {
+            conntrack,
+            nft,
+            active: BTreeSet::new(),
+        }
+    }
+
+    /// How many of the family's netfilter flows were translated; `None` when the table
+    /// cannot be listed (then nothing is known, and nothing is installed).
+    fn translated_flows(&mut self, family: IpFamily) -> Option<usize> {
+        match self.conntrack.list(family) {
+            Ok(entries) => Some(entries.iter().filter(|e| translated(e)).count()),
+            Err(error) => {
+                warn!(%family, %error, "listing netfilter conntrack for the handover");
+                None
+            }
+        }
+    }
+
+    /// At start, before the previous mode's rules go: every family with translated flows
+    /// gets the table. One left by an earlier agent (an upgrade during a handover) is kept
+    /// while its flows live, and removed otherwise.
+    pub fn begin(&mut self, families: &[IpFamily]) {
+        for &family in families {
+            let flows = match self.translated_flows(family) {
+                Some(0) => {
+                    if self.nft.table_exists(family) {
+                        self.active.insert(family);
+                    }
+                    continue;
+                }
+                Some(flows) => flows,
+                None => continue,
+            };
+            match self.nft.run(&create_script(family)) {
+                Ok(()) => {
+                    info!(
+                        %family,
+                        flows,
+                        table = TABLE,
+                        "keeping netfilter conntrack and NAT on for the flows the previous mode translated"
+                    );
+                    self.active.insert(family);
+                }
+                Err(error) => warn!(
+                    %family,
+                    flows,
+                    %error,
+                    "could not keep netfilter NAT on: the previous mode's established flows will break"
+                ),
+            }
+        }
+        // Tables whose flows are already gone (left by an earlier agent) go at once.
+        self.maintain();
+    }
+
+    /// Removes the table of every family whose translated flows have all ended.
+    pub fn maintain(&mut self) {
+        for family in self.active.clone() {
+            if self.translated_flows(family) != Some(0) {
+                continue;
+            }
+            match self.nft.run(&delete_script(family)) {
+                Ok(()) => {
+                    info!(%family, table = TABLE, "the previous mode's flows have ended; handover table removed");
+                    self.active.remove(&family);
+                }
+                Err(error) => warn!(%family, %error, "removing the handover table"),
+            }
+        }
+    }
+
+    /// Whether a family still holds the table.
+    pub fn active(&self) -> bool {
+        !self.active.is_empty()
+    }
+}
+
+/// Removes both families' tables (`--cleanup`, another mode starting); returns how many
+/// existed, and the errors of the ones that could not go.
+pub fn remove_tables(nft: &mut dyn Nft) -> (usize, Vec<String>) {
+    let mut removed = 0;
+    let mut errors = Vec::new();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        // Only a table that exists counts, and a node without nft has none.
+        if !nft.table_exists(family) {
+            continue;
+        }
+        match nft.run(&delete_script(family)) {
+            Ok(()) => removed += 1,
+            Err(e) => errors.push(format!("nft table {} {TABLE}: {e}", family_keyword(family))),
+        }
+    }
+    (removed, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::proxier::conntrack::Tuple;
+
+    fn entry(orig: (&str, u16, &str, u16), reply: (&str, u16, &str, u16)) -> Entry {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        Entry {
+            family: IpFamily::V4,
+            orig: Tuple {
+                src: ip(orig.0),
+                src_port: orig.1,
+                dst: ip(orig.2),
+                dst_port: orig.3,
+                protocol: 6,
+            },
+            reply: Tuple {
+                src: ip(reply.0),
+                src_port: reply.1,
+                dst: ip(reply.2),
+                dst_port: reply.3,
+                protocol: 6,
+            },
+            zone: 0,
+        }
+    }
+
+    #[test]
+    fn dnat_and_masquerade_are_translated_plain_flows_are_not() {
+        let dnat = entry(
+            ("10.1.0.10", 4000, "172.30.0.10", 81),
+            ("10.2.0.10", 9001, "10.1.0.10", 4000),
+        );
+        let masquerade = entry(
+            ("203.0.113.1", 4000, "10.2.0.10", 9001),
+            ("10.2.0.10", 9001, "192.168.0.11", 4001),
+        );
+        let plain = entry(
+            ("10.1.0.10", 4000, "10.2.0.10", 9001),
+            ("10.2.0.10", 9001, "10.1.0.10", 4000),
+        );
+        assert!(translated(&dnat));
+        assert!(translated(&masquerade));
+        assert!(!translated(&plain));
+    }
+
+    #[test]
+    fn scripts_name_the_family_and_every_nat_hook() {
+        let v4 = create_script(IpFamily::V4);
+        assert!(v4.starts_with("add table ip kube-proxy-ebpf-handover\ndelete table ip"));
+        for hook in ["prerouting", "input", "output", "postrouting"] {
+            assert!(
+                v4.contains(&format!("type nat hook {hook} ")),
+                "{hook} in {v4}"
+            );
+        }
+        // Connection tracking stays on only while a rule reads it.
+        assert!(v4.contains("ct state established,related counter"));
+        assert!(create_script(IpFamily::V6).contains("table ip6 kube-proxy-ebpf-handover {"));
+        assert_eq!(
+            delete_script(IpFamily::V6),
+            "add table ip6 kube-proxy-ebpf-handover\ndelete table ip6 kube-proxy-ebpf-handover\n"
+        );
+    }
+
+    /// A conntrack table whose entries the test sets.
+    struct Listed(Arc<Mutex<Vec<Entry>>>);
+
+    impl ConntrackTable for Listed {
+        fn list(&mut self, family: IpFamily) -> crate::proxier::conntrack::Result<Vec<Entry>> {
+            Ok(self
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| e.family == family)
+                .copied()
+                .collect())
+        }
+
+        fn delete(&mut self, _: &[Entry]) -> crate::proxier::conntrack::Result<usize> {
+            Ok(0)
+        }
+    }
+
+    struct Recorded(Arc<Mutex<Vec<String>>>);
+
+    impl Nft for Recorded {
+        fn run(&mut self, script: &str) -> Result<(), String> {
+            self.0.lock().unwrap().push(script.to_string());
+            Ok(())
+        }
+
+        /// The last script run for the family created it.
+        fn table_exists(&mut self, family: IpFamily) -> bool {
+            let name = format!("table {} {TABLE} {{", family_keyword(family));
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .find(|s| s.contains(&format!(" {} {TABLE}\n", family_keyword(family))))
+                .is_some_and(|s| s.contains(&name))
+        }
+    }
+
+    #[test]
+    fn the_table_lives_while_translated_flows_do() {
+        let entries = Arc::new(Mutex::new(vec![entry(
+            ("10.1.0.10", 4000, "172.30.0.10", 81),
+            ("10.2.0.10", 9001, "10.1.0.10", 4000),
+        )]));
+        let scripts = Arc::new(Mutex::new(Vec::new()));
+        let mut handover = NetfilterHandover::new(
+            Box::new(Listed(entries.clone())),
+            Box::new(Recorded(scripts.clone())),
+        );
+        handover.begin(&[IpFamily::V4, IpFamily::V6]);
+        assert!(handover.active());
+        assert_eq!(*scripts.lock().unwrap(), vec![create_script(IpFamily::V4)]);
+
+        handover.maintain();
+        assert!(handover.active(), "the flow still lives");
+        assert_eq!(scripts.lock().unwrap().len(), 1);
+
+        // Only untranslated flows are left: the table goes, once.
+        *entries.lock().unwrap() = vec![entry(
+            ("10.1.0.10", 4000, "10.2.0.10", 9001),
+            ("10.2.0.10", 9001, "10.1.0.10", 4000),
+        )];
+        handover.maintain();
+        handover.maintain();
+        assert!(!handover.active());
+        assert_eq!(
+            *scripts.lock().unwrap(),
+            vec![create_script(IpFamily::V4), delete_script(IpFamily::V4)]
+        );
+    }
+
+    #[test]
+    fn a_node_without_translated_flows_gets_no_table() {
+        let scripts = Arc::new(Mutex::new(Vec::new()));
+        let mut handover = NetfilterHandover::new(
+            Box::new(Listed(Arc::new(Mutex::new(Vec::new())))),
+            Box::new(Recorded(scripts.clone())),
+        );
+        handover.begin(&[IpFamily::V4, IpFamily::V6]);
+        assert!(!handover.active());
+        assert!(scripts.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_table_left_by_an_earlier_agent_goes_once_its_flows_have() {
+        let scripts = Arc::new(Mutex::new(vec![create_script(IpFamily::V4)]));
+        let mut handover = NetfilterHandover::new(
+            Box::new(Listed(Arc::new(Mutex::new(Vec::new())))),
+            Box::new(Recorded(scripts.clone())),
+        );
+        handover.begin(&[IpFamily::V4, IpFamily::V6]);
+        assert!(!handover.active());
+        assert_eq!(
+            scripts.lock().unwrap().last(),
+            Some(&delete_script(IpFamily::V4))
+        );
+        let (removed, errors) = remove_tables(&mut Recorded(scripts.clone()));
+        assert_eq!((removed, errors.len()), (0, 0), "nothing is left to remove");
+    }
+}
