@@ -216,7 +216,7 @@ impl ApplyState {
                         count: ids.len() as u16,
                         rev_nat_id,
                         flags: scope.flags,
-                        _pad: 0,
+                        maglev_table: 0,
                     },
                 );
                 if frontend.affinity_timeout.is_some() {

@@ -487,7 +487,7 @@ mod tests {
         );
         assert_eq!(
             pin_path(dir, names::LB_CONFIG, &maps, &plans),
-            dir.join("LB_CONFIG_V1")
+            dir.join("LB_CONFIG_V2")
         );
         // The LPM key is the prefix length and the data.
         let src = maps.iter().find(|m| m.name == names::SRC_RANGES4).unwrap();
