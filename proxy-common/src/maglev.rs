@@ -23,7 +23,10 @@ pub const MAX_TABLE_SIZE: u32 = 131_071;
 /// One MurmurHash3 round: mixes the word `k` into the state `h`.
 #[inline(always)]
 pub const fn mix_word(h: u32, k: u32) -> u32 {
-    let k = k.wrapping_mul(0xcc9e_2d51).rotate_left(15).wrapping_mul(0x1b87_3593);
+    let k = k
+        .wrapping_mul(0xcc9e_2d51)
+        .rotate_left(15)
+        .wrapping_mul(0x1b87_3593);
     (h ^ k)
         .rotate_left(13)
         .wrapping_mul(5)
@@ -49,7 +52,12 @@ pub const fn mix_addr(mut h: u32, addr: &[u8; 16]) -> u32 {
     while i < 4 {
         h = mix_word(
             h,
-            u32::from_be_bytes([addr[4 * i], addr[4 * i + 1], addr[4 * i + 2], addr[4 * i + 3]]),
+            u32::from_be_bytes([
+                addr[4 * i],
+                addr[4 * i + 1],
+                addr[4 * i + 2],
+                addr[4 * i + 3],
+            ]),
         );
         i += 1;
     }
@@ -63,7 +71,13 @@ const FLOW_WORDS: u32 = 10;
 /// [`mix_addr`]), source and destination port in network byte order as the packet (and
 /// the maps) hold them, and the IP protocol.
 #[inline(always)]
-pub const fn flow_hash(saddr: &[u8; 16], daddr: &[u8; 16], sport: u16, dport: u16, proto: u8) -> u32 {
+pub const fn flow_hash(
+    saddr: &[u8; 16],
+    daddr: &[u8; 16],
+    sport: u16,
+    dport: u16,
+    proto: u8,
+) -> u32 {
     let mut h = mix_addr(FLOW_HASH_SEED, saddr);
     h = mix_addr(h, daddr);
     h = mix_word(h, ((sport as u32) << 16) | dport as u32);
