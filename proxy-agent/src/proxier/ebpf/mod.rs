@@ -15,6 +15,7 @@ mod ids;
 mod inspect;
 mod kernel;
 mod loader;
+mod maglev;
 mod maps;
 pub(super) mod mode;
 mod names;
