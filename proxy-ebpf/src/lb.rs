@@ -378,22 +378,24 @@ impl MaglevHash {
     }
 }
 
-/// The backend id entry `hash % size` of Maglev table `table` holds; 0 when there is none
-/// (no table size configured, or the entry is not written yet).
+/// The backend entry `hash % size` of Maglev table `table` names; None when there is none
+/// (no table size configured, an entry not written yet, a backend gone): the caller then
+/// picks at random rather than failing the flow.
 #[inline(always)]
-fn maglev_backend_id(table: u16, hash: u32) -> u32 {
-    let Some(cfg) = LB_CONFIG_V2.get(0) else {
-        return 0;
-    };
-    let size = cfg.maglev_table_size;
+fn maglev_pick<F: Family>(table: u16, hash: u32) -> Option<(u32, F::Backend)> {
+    let size = LB_CONFIG_V2.get(0)?.maglev_table_size;
     if size == 0 {
-        return 0;
+        return None;
     }
     // The agent keeps tables * size within the map (and u32).
     let index = u32::from(table)
         .wrapping_mul(size)
         .wrapping_add(hash % size);
-    MAGLEV_V1.get(index).copied().unwrap_or(0)
+    let backend_id = MAGLEV_V1.get(index).copied()?;
+    if backend_id == 0 {
+        return None;
+    }
+    Some((backend_id, F::backend(backend_id)?))
 }
 
 /// Picks a backend for the frontend (`svc` is its slot 0 under `key`), honouring affinity.
@@ -452,20 +454,23 @@ pub fn select_backend<F: Family>(
             }
         }
     }
-    let mut backend_id = match maglev_hash.get() {
+    let picked = match maglev_hash.get() {
         Some(hash) if svc.flags & svc_flags::MAGLEV != 0 => {
-            maglev_backend_id(svc.maglev_table, hash)
+            maglev_pick::<F>(svc.maglev_table, hash)
         }
-        _ => 0,
+        _ => None,
     };
-    if backend_id == 0 {
-        // SAFETY: a helper without pointer arguments.
-        let slot = (unsafe { bpf_get_prandom_u32() } % count) + 1;
-        let mut slot_key = *key;
-        F::set_slot(&mut slot_key, slot as u16);
-        backend_id = F::svc(&slot_key)?.backend_id;
-    }
-    let backend = F::backend(backend_id)?;
+    let (backend_id, backend) = match picked {
+        Some(picked) => picked,
+        None => {
+            // SAFETY: a helper without pointer arguments.
+            let slot = (unsafe { bpf_get_prandom_u32() } % count) + 1;
+            let mut slot_key = *key;
+            F::set_slot(&mut slot_key, slot as u16);
+            let backend_id = F::svc(&slot_key)?.backend_id;
+            (backend_id, F::backend(backend_id)?)
+        }
+    };
     if affinity {
         let _ = AFFINITY_V1.insert(
             akey,

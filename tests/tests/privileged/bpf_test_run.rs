@@ -416,6 +416,7 @@ impl Dataplane {
                 map_sizes: MapSizes::default(),
                 devices: Vec::new(),
                 xdp: proxy_agent::config::XdpMode::Off,
+                maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
             })
         });
         let mut loaded = match loaded {

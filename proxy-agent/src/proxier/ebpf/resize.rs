@@ -251,6 +251,50 @@ pub fn resizable(sizes: &MapSizes) -> Vec<Resizable> {
     ]
 }
 
+/// Entries of the Maglev map: the configured tables of `table_size` entries (validation
+/// keeps the product within a u32).
+pub fn maglev_entries(sizes: &MapSizes, table_size: u32) -> u32 {
+    sizes.maglev_tables.saturating_mul(table_size).max(1)
+}
+
+/// The Maglev map is not resized like the others: its entries are tables of a given size,
+/// meaningless under another one. When the pinned map has another capacity, or the running
+/// dataplane's configuration another table size, its pin is removed so that the load
+/// creates the map afresh. The running programs keep reading the old map until they are
+/// replaced; the new ones find empty tables (entry 0: they pick at random) until the first
+/// full sync, which writes every table in use (see `apply`'s `maglev`).
+pub fn replace_other_maglev_layout(maps_dir: &Path, entries: u32, table_size: u32) {
+    let path = maps_dir.join(names::MAGLEV);
+    let Some(shape) = pinned_shape(names::MAGLEV, &path) else {
+        return;
+    };
+    let pinned_size = pinned_maglev_table_size(maps_dir);
+    let same_size = pinned_size.is_none_or(|s| s == table_size);
+    if shape.max_entries == entries && same_size {
+        return;
+    }
+    info!(
+        from_entries = shape.max_entries,
+        to_entries = entries,
+        from_table_size = ?pinned_size,
+        to_table_size = table_size,
+        "Maglev tables change shape: the map is created afresh and refilled by the first full sync"
+    );
+    if let Err(e) = fs::remove_file(&path) {
+        warn!(error = %e, "could not remove the pinned Maglev map; the load reuses it");
+    }
+}
+
+/// The table size the pinned runtime configuration holds (None: no pin, unreadable, or not
+/// written yet).
+fn pinned_maglev_table_size(maps_dir: &Path) -> Option<u32> {
+    let data = MapData::from_pin(maps_dir.join(names::LB_CONFIG)).ok()?;
+    let config: aya::maps::Array<MapData, proxy_common::LbConfig> =
+        aya::maps::Array::try_from(AyaMap::Array(data)).ok()?;
+    let size = config.get(&0, 0).ok()?.maglev_table_size;
+    (size != 0).then_some(size)
+}
+
 /// Where the new map of a resize is pinned until it replaces the old one (bpffs refuses
 /// names with dots).
 pub fn staging_pin(maps_dir: &Path, name: &str) -> PathBuf {
