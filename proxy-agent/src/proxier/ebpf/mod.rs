@@ -31,7 +31,9 @@ mod xdp;
 /// What the integration tests and benchmarks load, pin and clean up with.
 pub use self::{
     apply::ApplyState,
+    desired::BackendAddr,
     loader::{LoadError, LoadOptions, Loaded, detect_cgroup2_root, load_and_attach},
+    maglev::build_table as build_maglev_table,
     pins::{MapSizes, links_dir, maps_dir, unpin_all},
     sockets::Unsupported as SocketSweepUnsupported,
 };
