@@ -80,7 +80,7 @@ pub fn measure(n: u32, size: u32, rep: u32) -> Result<Vec<Row>> {
     let started = Instant::now();
     let table = build_maglev_table(&members, size);
     let build = started.elapsed();
-    if table.iter().any(|id| *id == 0) {
+    if table.contains(&0) {
         return Err(Error::Setup(format!(
             "the table of {size} entries over {n} backends has empty entries"
         )));

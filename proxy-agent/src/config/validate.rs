@@ -465,7 +465,10 @@ fn validate_maglev(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>
 }
 
 fn is_prime(n: u32) -> bool {
-    n >= 2 && (2..).take_while(|d: &u32| d * d <= n).all(|d| n % d != 0)
+    n >= 2
+        && (2..)
+            .take_while(|d: &u32| d * d <= n)
+            .all(|d| !n.is_multiple_of(d))
 }
 
 #[cfg(test)]
