@@ -7,7 +7,7 @@ use proxy_common::{SCOPE_EXTERNAL, SCOPE_INTERNAL, maps::MAGLEV, svc_flags};
 
 use super::{
     apply::ApplyState,
-    apply_tests::Harness,
+    apply_tests::{Harness, etp_local_lb_service, is_put, last_pos},
     desired::BackendAddr,
     maglev::build_table,
     maps::{LbMaps, Op as LoggedOp},
@@ -132,18 +132,7 @@ fn the_frontends_of_a_maglev_service_share_one_table_written_before_their_slot_z
         "{ops:#?}"
     );
     let table = ops.iter().position(is_table_put).unwrap();
-    let last_backend = ops
-        .iter()
-        .rposition(|op| {
-            matches!(
-                op,
-                LoggedOp::Put {
-                    map: "BACKENDS4_V1",
-                    ..
-                }
-            )
-        })
-        .unwrap();
+    let last_backend = last_pos(&ops, is_put("BACKENDS4_V1", ""));
     let first_slot0 = ops.iter().position(is_slot0_put).unwrap();
     assert!(last_backend < table && table < first_slot0, "{ops:#?}");
 }
@@ -239,16 +228,7 @@ fn the_annotation_overrides_the_configured_algorithm() {
 #[test]
 fn with_etp_local_the_table_holds_the_local_endpoints_and_only_the_external_scope_has_one() {
     let mut h = harness(LoadBalancerAlgorithm::Maglev, 4);
-    h.service(
-        mk_service("ns1", "lb")
-            .type_("LoadBalancer")
-            .cluster_ip("172.30.0.30")
-            .node_port("http", 80, "TCP", 30080)
-            .lb_ingress("1.2.3.4", None)
-            .external_traffic_policy("Local")
-            .health_check_node_port(30000)
-            .build(),
-    );
+    h.service(etp_local_lb_service());
     h.slice(slice(
         "lb",
         &[
