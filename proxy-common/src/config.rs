@@ -60,11 +60,8 @@ pub struct LbConfig {
     /// Ports SNAT falls back to when the client's own port is taken.
     pub snat_port_min: u16,
     pub snat_port_max: u16,
-    /// Entries of one Maglev table (a prime; see [`crate::maps::MAGLEV`]).
-    pub maglev_table_size: u32,
-    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<LbConfig>() == 56);
+const _: () = assert!(core::mem::size_of::<LbConfig>() == 48);
 
 /// The configuration slot has been written.
 pub const LB_CFG_READY: u32 = 1 << 0;

@@ -383,7 +383,7 @@ impl MaglevHash {
 /// picks at random rather than failing the flow.
 #[inline(always)]
 fn maglev_pick<F: Family>(table: u16, hash: u32) -> Option<(u32, F::Backend)> {
-    let size = LB_CONFIG_V2.get(0)?.maglev_table_size;
+    let size = *MAGLEV_CONFIG_V1.get(0)?;
     if size == 0 {
         return None;
     }

@@ -40,7 +40,7 @@ use crate::{
         Client, ClientSide, Family, Frontend, MaglevHash, V4, V6, lookup_frontend, masquerade_flow,
         pods_are_local, select_backend,
     },
-    maps::{LB_CONFIG_V2, SOCK_FRONTEND_V1, SOCK_REV_NAT4_V1, SOCK_REV_NAT6_V1},
+    maps::{LB_CONFIG_V1, SOCK_FRONTEND_V1, SOCK_REV_NAT4_V1, SOCK_REV_NAT6_V1},
 };
 
 const ECONNREFUSED: i32 = 111;
@@ -261,7 +261,7 @@ fn reject() -> i32 {
 /// The node's network-namespace cookie and the configuration flags.
 #[inline(always)]
 fn host_and_flags() -> (u64, u32) {
-    LB_CONFIG_V2
+    LB_CONFIG_V1
         .get(0)
         .map(|c| (c.host_netns_cookie, c.flags))
         .unwrap_or((0, 0))

@@ -14,7 +14,7 @@ use super::{
     PacketFamily,
     parse::{TCP_FIN, TCP_RST},
 };
-use crate::{maps::LB_CONFIG_V2, packet::Packet};
+use crate::{maps::LB_CONFIG_V1, packet::Packet};
 
 const DEFAULT_TCP_LIFETIME: u32 = 21_600;
 const DEFAULT_UDP_LIFETIME: u32 = 60;
@@ -36,13 +36,11 @@ static DEFAULT_CONFIG: LbConfig = LbConfig {
     ct_closing_lifetime: 0,
     snat_port_min: 0,
     snat_port_max: 0,
-    maglev_table_size: 0,
-    _pad: 0,
 };
 
 #[inline(always)]
 pub fn config() -> &'static LbConfig {
-    LB_CONFIG_V2.get(0).unwrap_or(&DEFAULT_CONFIG)
+    LB_CONFIG_V1.get(0).unwrap_or(&DEFAULT_CONFIG)
 }
 
 #[inline(always)]

@@ -475,7 +475,6 @@ impl Dataplane {
                 ct_tcp_lifetime: 600,
                 ct_udp_lifetime: 60,
                 ct_closing_lifetime: 10,
-                maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
                 ..Default::default()
             })
             .expect("writing the configuration");

@@ -140,6 +140,8 @@ pub struct Loaded {
     ebpf: Ebpf,
     pub maps: LbMaps,
     config: Array<MapData, LbConfig>,
+    /// Kept open: a program loaded later (XDP, lazily) refers to the map by this fd.
+    _maglev_config: Array<MapData, u32>,
     pub ct4: AyaHash<MapData, proxy_common::Ct4Key, proxy_common::CtValue>,
     pub ct6: AyaHash<MapData, proxy_common::Ct6Key, proxy_common::CtValue>,
     /// The local-traffic detector's CIDRs (written with the node settings, not per service).
@@ -255,6 +257,15 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
 
     let maps = take_maps(&mut ebpf)?;
     let config = take_array(&mut ebpf, names::LB_CONFIG)?;
+    // The table size goes in before any program is attached: a program reading the tables
+    // with another size would index into the wrong table.
+    let mut maglev_config: Array<MapData, u32> = take_array(&mut ebpf, names::MAGLEV_CONFIG)?;
+    maglev_config
+        .set(0, opts.maglev_table_size, 0)
+        .map_err(|source| LoadError::Map {
+            name: names::MAGLEV_CONFIG,
+            source,
+        })?;
     let ct4 = take_raw_hash(&mut ebpf, names::CT4)?;
     let ct6 = take_raw_hash(&mut ebpf, names::CT6)?;
     let local_cidrs = LocalCidrMaps {
@@ -265,6 +276,7 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         ebpf,
         maps,
         config,
+        _maglev_config: maglev_config,
         ct4,
         ct6,
         local_cidrs,

@@ -84,9 +84,12 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
         .load_balancer_algorithm()
         .map_err(|e| e.to_string())?;
     let cookie = crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
-    let mut lb = lb_config(cookie, settings.node, &config.ebpf.conntrack);
-    lb.maglev_table_size = config.ebpf.maglev_table_size;
-    let proxier = EbpfProxier::start(&opts, lb, algorithm).map_err(|e| e.to_string())?;
+    let proxier = EbpfProxier::start(
+        &opts,
+        lb_config(cookie, settings.node, &config.ebpf.conntrack),
+        algorithm,
+    )
+    .map_err(|e| e.to_string())?;
     Ok(Box::new(proxier))
 }
 

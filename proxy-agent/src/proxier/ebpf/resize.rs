@@ -260,9 +260,10 @@ pub fn maglev_entries(sizes: &MapSizes, table_size: u32) -> u32 {
 /// The Maglev map is not resized like the others: its entries are tables of a given size,
 /// meaningless under another one. When the pinned map has another capacity, or the running
 /// dataplane's configuration another table size, its pin is removed so that the load
-/// creates the map afresh. The running programs keep reading the old map until they are
-/// replaced; the new ones find empty tables (entry 0: they pick at random) until the first
-/// full sync, which writes every table in use (see `apply`'s `maglev`).
+/// creates the map afresh, and so is the configuration's (with another table size) so that
+/// the running programs keep reading their old tables with their old size until they are
+/// replaced. The new programs find empty tables (entry 0: they pick at random) until the
+/// first full sync, which writes every table in use (see `apply`'s `maglev`).
 pub fn replace_other_maglev_layout(maps_dir: &Path, entries: u32, table_size: u32) {
     let path = maps_dir.join(names::MAGLEV);
     let Some(shape) = pinned_shape(names::MAGLEV, &path) else {
@@ -280,18 +281,24 @@ pub fn replace_other_maglev_layout(maps_dir: &Path, entries: u32, table_size: u3
         to_table_size = table_size,
         "Maglev tables change shape: the map is created afresh and refilled by the first full sync"
     );
-    if let Err(e) = fs::remove_file(&path) {
-        warn!(error = %e, "could not remove the pinned Maglev map; the load reuses it");
+    let mut pins = vec![path];
+    if !same_size {
+        pins.push(maps_dir.join(names::MAGLEV_CONFIG));
+    }
+    for pin in pins {
+        if let Err(e) = fs::remove_file(&pin) {
+            warn!(pin = %pin.display(), error = %e, "could not remove a pinned Maglev map; the load reuses it");
+        }
     }
 }
 
-/// The table size the pinned runtime configuration holds (None: no pin, unreadable, or not
-/// written yet).
+/// The table size the running dataplane's pinned Maglev configuration holds (None: no pin,
+/// unreadable, or not written yet).
 fn pinned_maglev_table_size(maps_dir: &Path) -> Option<u32> {
-    let data = MapData::from_pin(maps_dir.join(names::LB_CONFIG)).ok()?;
-    let config: aya::maps::Array<MapData, proxy_common::LbConfig> =
+    let data = MapData::from_pin(maps_dir.join(names::MAGLEV_CONFIG)).ok()?;
+    let config: aya::maps::Array<MapData, u32> =
         aya::maps::Array::try_from(AyaMap::Array(data)).ok()?;
-    let size = config.get(&0, 0).ok()?.maglev_table_size;
+    let size = config.get(&0, 0).ok()?;
     (size != 0).then_some(size)
 }
 
@@ -531,7 +538,7 @@ mod tests {
         );
         assert_eq!(
             pin_path(dir, names::LB_CONFIG, &maps, &plans),
-            dir.join("LB_CONFIG_V2")
+            dir.join("LB_CONFIG_V1")
         );
         // The LPM key is the prefix length and the data.
         let src = maps.iter().find(|m| m.name == names::SRC_RANGES4).unwrap();
