@@ -2,7 +2,8 @@
 //! The north-south tc and XDP programs of proxy-ebpf run on hand-built packets with
 //! `BPF_PROG_TEST_RUN` (aya's `TestRun`): DNAT and SNAT of TCP, UDP and SCTP, ICMP errors
 //! about a translated flow, conntrack's reverse translation of replies, and the REJECT
-//! answers (TCP RST, ICMP port unreachable), in both families. Every packet that comes out
+//! answers (TCP RST, ICMP port unreachable), in both families; and Maglev's choice of
+//! backend, which three dataplanes make alike and the agent's table and hash predict. Every packet that comes out
 //! is checked against checksums computed here, independently of the programs' incremental
 //! updates and of proxy-common's CRC32c: the IPv4 header checksum, the TCP/UDP/ICMPv6
 //! pseudo-header checksums, the ICMP checksum and SCTP's CRC32c.
@@ -39,7 +40,7 @@ use proxy_agent::{
         NodeContext,
         ebpf::{
             ApplyState, BackendAddr, LoadError, LoadOptions, Loaded, MapSizes, build_maglev_table,
-            load_and_attach,
+            load_and_attach, maps_dir,
         },
     },
 };
@@ -884,6 +885,17 @@ impl MaglevNode {
     /// random) with `backends`. `decoys` unrelated backends are programmed first, so that
     /// this node's ids for the hashed ones differ from another node's.
     fn new(backends: &[Ipv4Addr], decoys: u8) -> Self {
+        let sizes = MapSizes::default();
+        Self::with_tables(
+            backends,
+            decoys,
+            proxy_common::maglev::DEFAULT_TABLE_SIZE,
+            sizes.maglev_tables,
+        )
+    }
+
+    /// [`MaglevNode::new`] for a map of `tables` tables of `table_size` entries.
+    fn with_tables(backends: &[Ipv4Addr], decoys: u8, table_size: u32, tables: u32) -> Self {
         let mut cluster = ClusterState::new(&[IpFamily::V4], "test-node");
         let hashed = mk_service("ns1", "hashed")
             .type_("LoadBalancer")
@@ -913,8 +925,8 @@ impl MaglevNode {
             cluster,
             apply: ApplyState::new(sizes.backends, sizes.rev_nat).with_maglev(
                 LoadBalancerAlgorithm::Random,
-                proxy_common::maglev::DEFAULT_TABLE_SIZE,
-                sizes.maglev_tables,
+                table_size,
+                tables,
             ),
         };
         node.set_backends(backends);
@@ -1113,4 +1125,98 @@ fn maglev_picks_the_same_backend_on_every_node_and_a_removal_moves_about_one_nth
         f64::from(others_moved) / f64::from(FLOWS) <= 0.03,
         "{others_moved} flows of remaining backends moved"
     );
+}
+
+/// The Maglev map as pinned under `bpffs`: its capacity, the table size its configuration
+/// holds, and table 0's first `size` entries.
+fn pinned_maglev(bpffs: &TempBpffs, size: u32) -> (u32, u32, Vec<u32>) {
+    use aya::maps::{Array, Map, MapData, MapInfo};
+    let dir = maps_dir(&bpffs.path);
+    let open = |name: &str| -> Array<MapData, u32> {
+        let data = MapData::from_pin(dir.join(name)).expect("a pinned map");
+        Array::try_from(Map::Array(data)).expect("an array of u32")
+    };
+    let capacity = MapInfo::from_pin(dir.join(proxy_common::maps::MAGLEV))
+        .expect("the Maglev map's description")
+        .max_entries();
+    let configured = open(proxy_common::maps::MAGLEV_CONFIG)
+        .get(&0, 0)
+        .expect("the table size");
+    let tables = open(proxy_common::maps::MAGLEV);
+    let table0 = (0..size.min(capacity))
+        .map(|i| tables.get(&i, 0).expect("an entry"))
+        .collect();
+    (capacity, configured, table0)
+}
+
+#[test]
+fn a_new_maglev_table_size_replaces_the_tables_across_a_restart() {
+    require_root!();
+    let ns = TempNetns::new("kpe-bpft-maglev-size");
+    let bpffs = TempBpffs::new("kpe-bpftest-maglev-size");
+    let cgroup = TempCgroup::new("kpe-bpftest-maglev-size");
+    let backends: Vec<Ipv4Addr> = (1..=MAGLEV_BACKENDS).map(maglev_backend).collect();
+    // One agent's life: load with `size` and `tables`, check what it finds, sync.
+    let life = |size: u32, tables: u32, check: &dyn Fn(u32, u32, &[u32])| -> bool {
+        let loaded = in_ns(&ns, || {
+            load_and_attach(&LoadOptions {
+                bpffs_root: bpffs.path.clone(),
+                cgroup: cgroup.path.clone(),
+                map_sizes: MapSizes {
+                    maglev_tables: tables,
+                    ..MapSizes::default()
+                },
+                devices: Vec::new(),
+                xdp: proxy_agent::config::XdpMode::Off,
+                maglev_table_size: size,
+            })
+        });
+        let mut loaded = match loaded {
+            Ok(loaded) => loaded,
+            Err(LoadError::Unavailable(reason))
+                if std::env::var_os("PROXY_REQUIRE_EBPF").is_none() =>
+            {
+                eprintln!("SKIP: {reason} (build with PROXY_REQUIRE_EBPF=1)");
+                return false;
+            }
+            Err(e) => panic!("loading the eBPF object: {e}"),
+        };
+        let (capacity, configured, table0) = pinned_maglev(&bpffs, size);
+        assert_eq!(
+            capacity,
+            size * tables,
+            "the map holds the configured tables"
+        );
+        assert_eq!(configured, size, "the size is written before any sync");
+        check(size, tables, &table0);
+        let mut node = MaglevNode::with_tables(&backends, 0, size, tables);
+        node.sync(&mut loaded, true);
+        let (_, _, table0) = pinned_maglev(&bpffs, size);
+        assert!(
+            table0.iter().all(|id| *id != 0),
+            "table 0 is written in full at size {size}"
+        );
+        true
+    };
+    let fresh = |size: u32, _: u32, table0: &[u32]| {
+        assert!(
+            table0.iter().all(|id| *id == 0),
+            "a new map at size {size} is empty"
+        );
+    };
+    let kept = |size: u32, _: u32, table0: &[u32]| {
+        assert!(
+            table0.iter().all(|id| *id != 0),
+            "the map at size {size} is kept"
+        );
+    };
+    if !life(251, 4, &fresh) {
+        return;
+    }
+    // Same shape: the pins are reused, tables and all. Another size or number of tables:
+    // a new map, empty until the first sync writes it.
+    life(251, 4, &kept);
+    life(16_381, 4, &fresh);
+    life(16_381, 6, &fresh);
+    life(16_381, 6, &kept);
 }
