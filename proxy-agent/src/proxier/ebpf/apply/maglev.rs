@@ -25,6 +25,17 @@
 //!
 //! When no table id is left, the frontend is programmed without Maglev (random choice)
 //! and a warning names `ebpf.mapSizes.maglevTables`; every full sync tries again.
+//!
+//! **Why one flat array** (`MAGLEV_V1`, entry `table * size + i`) and not Cilium's outer
+//! hash of inner arrays (`cilium_lb4_maglev`): the table size is a setting, so it cannot be
+//! a compile-time value size, and with an outer map every table would be an inner map the
+//! agent creates from userspace, keeps open or pinned by itself, and finds again after a
+//! restart, outside the pinning, resizing and layout-upgrade machinery every other map goes
+//! through (`loader`, `resize`, `upgrade`: one pin per map name). The flat array is one more
+//! pinned map; the size lives in `MAGLEV_CONFIG_V1`, written before the programs attach; a
+//! change of size or of table count replaces both pins at start-up (`resize`). What it
+//! costs: the array is preallocated for all `maglevTables`, used or not (4 MiB at the
+//! defaults).
 
 use std::collections::BTreeMap;
 
