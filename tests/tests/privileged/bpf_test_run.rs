@@ -401,6 +401,37 @@ fn in_ns<T: Send>(ns: &TempNetns, f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
+/// The agent's object loaded in `ns` (which has only `lo` yet: the pod-side program
+/// attaches nowhere) with maps pinned under `bpffs`; None (after saying why) when the
+/// object is the build's stand-in.
+fn load_in(
+    ns: &TempNetns,
+    bpffs: &TempBpffs,
+    cgroup: &TempCgroup,
+    map_sizes: MapSizes,
+    maglev_table_size: u32,
+    name: &str,
+) -> Option<Loaded> {
+    let loaded = in_ns(ns, || {
+        load_and_attach(&LoadOptions {
+            bpffs_root: bpffs.path.clone(),
+            cgroup: cgroup.path.clone(),
+            map_sizes,
+            devices: Vec::new(),
+            xdp: proxy_agent::config::XdpMode::Off,
+            maglev_table_size,
+        })
+    });
+    match loaded {
+        Ok(loaded) => Some(loaded),
+        Err(LoadError::Unavailable(reason)) if std::env::var_os("PROXY_REQUIRE_EBPF").is_none() => {
+            eprintln!("SKIP {name}: {reason} (build with PROXY_REQUIRE_EBPF=1)");
+            None
+        }
+        Err(e) => panic!("loading the eBPF object: {e}"),
+    }
+}
+
 /// The uplink (veth `up0`) with the node's addresses, routes to the clients and the
 /// backends through neighbours whose MAC addresses are known (so that FIB lookups succeed),
 /// forwarding on (FIB lookups refuse otherwise).
@@ -435,27 +466,14 @@ impl Dataplane {
     ) -> Option<Self> {
         let bpffs = TempBpffs::new(&format!("kpe-bpftest-{name}"));
         let cgroup = TempCgroup::new(&format!("kpe-bpftest-{name}"));
-        // In the namespace, which has only `lo` yet: the pod-side program attaches nowhere.
-        let loaded = in_ns(ns, || {
-            load_and_attach(&LoadOptions {
-                bpffs_root: bpffs.path.clone(),
-                cgroup: cgroup.path.clone(),
-                map_sizes: MapSizes::default(),
-                devices: Vec::new(),
-                xdp: proxy_agent::config::XdpMode::Off,
-                maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
-            })
-        });
-        let mut loaded = match loaded {
-            Ok(loaded) => loaded,
-            Err(LoadError::Unavailable(reason))
-                if std::env::var_os("PROXY_REQUIRE_EBPF").is_none() =>
-            {
-                eprintln!("SKIP {name}: {reason} (build with PROXY_REQUIRE_EBPF=1)");
-                return None;
-            }
-            Err(e) => panic!("loading the eBPF object: {e}"),
-        };
+        let mut loaded = load_in(
+            ns,
+            &bpffs,
+            &cgroup,
+            MapSizes::default(),
+            proxy_common::maglev::DEFAULT_TABLE_SIZE,
+            name,
+        )?;
         let out = ns.sh(NETWORK);
         assert!(
             out.status.success(),
@@ -1158,28 +1176,12 @@ fn a_new_maglev_table_size_replaces_the_tables_across_a_restart() {
     let backends: Vec<Ipv4Addr> = (1..=MAGLEV_BACKENDS).map(maglev_backend).collect();
     // One agent's life: load with `size` and `tables`, check what it finds, sync.
     let life = |size: u32, tables: u32, check: &dyn Fn(u32, u32, &[u32])| -> bool {
-        let loaded = in_ns(&ns, || {
-            load_and_attach(&LoadOptions {
-                bpffs_root: bpffs.path.clone(),
-                cgroup: cgroup.path.clone(),
-                map_sizes: MapSizes {
-                    maglev_tables: tables,
-                    ..MapSizes::default()
-                },
-                devices: Vec::new(),
-                xdp: proxy_agent::config::XdpMode::Off,
-                maglev_table_size: size,
-            })
-        });
-        let mut loaded = match loaded {
-            Ok(loaded) => loaded,
-            Err(LoadError::Unavailable(reason))
-                if std::env::var_os("PROXY_REQUIRE_EBPF").is_none() =>
-            {
-                eprintln!("SKIP: {reason} (build with PROXY_REQUIRE_EBPF=1)");
-                return false;
-            }
-            Err(e) => panic!("loading the eBPF object: {e}"),
+        let sizes = MapSizes {
+            maglev_tables: tables,
+            ..MapSizes::default()
+        };
+        let Some(mut loaded) = load_in(&ns, &bpffs, &cgroup, sizes, size, "maglev-size") else {
+            return false;
         };
         let (capacity, configured, table0) = pinned_maglev(&bpffs, size);
         assert_eq!(
