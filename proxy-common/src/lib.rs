@@ -14,6 +14,7 @@ pub mod backend;
 pub mod config;
 pub mod crc32c;
 pub mod ct;
+pub mod maglev;
 pub mod maps;
 pub mod revnat;
 pub mod service;

@@ -43,6 +43,16 @@ pub const FRAG4: &str = "FRAG4_V1";
 pub const FRAG6: &str = "FRAG6_V1";
 /// Single-slot array holding [`crate::LbConfig`].
 pub const LB_CONFIG: &str = "LB_CONFIG_V1";
+/// Maglev lookup tables, one array of backend ids: table `t` is the entries
+/// `t * size .. (t + 1) * size`, `size` being the value of [`MAGLEV_CONFIG`]. A frontend's
+/// slot 0 names its table (`SvcValue::maglev_table`). Entry 0 (no backend) means "not
+/// written": the programs then pick at random.
+pub const MAGLEV: &str = "MAGLEV_V1";
+/// Single-slot array holding the entries of one Maglev table (u32). A map of its own, not a
+/// field of [`crate::LbConfig`]: a new map starts at 0, which turns Maglev off (random
+/// choice) until the loader has written the size, whereas a new `LbConfig` layout would
+/// start as an all-zero configuration under running programs.
+pub const MAGLEV_CONFIG: &str = "MAGLEV_CONFIG_V1";
 /// Per-CPU counters of the XDP program's verdicts (index: the XDP action, 1 drop, 2 pass,
 /// 3 transmit) and of packets it translated and passed up ([`XDP_STAT_TRANSLATED_PASS`]):
 /// what XDP handled and what it left to tc.
@@ -78,6 +88,8 @@ pub const ALL: &[&str] = &[
     FRAG4,
     FRAG6,
     LB_CONFIG,
+    MAGLEV,
+    MAGLEV_CONFIG,
     XDP_STATS,
 ];
 
@@ -93,3 +105,8 @@ pub const DEFAULT_CT_ENTRIES: usize = 131_072;
 pub const DEFAULT_CIDR_ENTRIES: usize = 64;
 pub const DEFAULT_NODE_ADDR_ENTRIES: usize = 256;
 pub const DEFAULT_SRC_RANGE_ENTRIES: usize = 16_384;
+/// Maglev tables of the default size; the agent sizes the map to `maglevTables` tables of
+/// `maglevTableSize` entries.
+pub const DEFAULT_MAGLEV_TABLES: usize = 64;
+pub const DEFAULT_MAGLEV_ENTRIES: usize =
+    DEFAULT_MAGLEV_TABLES * crate::maglev::DEFAULT_TABLE_SIZE as usize;

@@ -49,6 +49,10 @@ pub mod svc_flags {
     /// Source ranges: some but not all pod addresses of this node are inside the ranges;
     /// socket programs leave the connection to tc, which sees the real source.
     pub const SRC_RANGE_PODS_DEFER: u16 = 1 << 14;
+    /// A new flow from outside the node picks its backend from the Maglev table
+    /// `maglev_table` of [`crate::maps::MAGLEV`] by its 5-tuple's hash, so that every node
+    /// picks the same one (external scope only; socket programs ignore it).
+    pub const MAGLEV: u16 = 1 << 15;
 }
 
 #[repr(C)]
@@ -90,6 +94,9 @@ pub struct SvcValue {
     pub rev_nat_id: u16,
     /// Slot 0: [`svc_flags`].
     pub flags: u16,
-    pub _pad: u16,
+    /// Slot 0 with [`svc_flags::MAGLEV`]: the index of the frontend's table in
+    /// [`crate::maps::MAGLEV`]. 0 otherwise (it was padding before Maglev; older agents
+    /// write 0 and no flag, so the layout version did not change).
+    pub maglev_table: u16,
 }
 const _: () = assert!(core::mem::size_of::<SvcValue>() == 12);

@@ -346,13 +346,69 @@ pub enum Client<A> {
     Addr(A),
 }
 
+/// The Maglev hash of a flow (`proxy_common::maglev::flow_hash`), in a frame of its own so
+/// that the 16-byte copies of the addresses do not sit on the caller's stack.
+#[inline(never)]
+pub fn flow_hash<F: Family>(
+    saddr: &F::Addr,
+    daddr: &F::Addr,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+) -> u32 {
+    proxy_common::maglev::flow_hash(&F::to16(*saddr), &F::to16(*daddr), sport, dport, proto)
+}
+
+/// A flow's Maglev hash, or none, in one register: `select_backend` has no argument to spare
+/// for an `Option` (BPF calls pass at most five, in registers).
+#[derive(Clone, Copy)]
+pub struct MaglevHash(u64);
+
+impl MaglevHash {
+    pub const NONE: Self = Self(u64::MAX);
+
+    #[inline(always)]
+    pub fn of(hash: u32) -> Self {
+        Self(u64::from(hash))
+    }
+
+    #[inline(always)]
+    fn get(self) -> Option<u32> {
+        u32::try_from(self.0).ok()
+    }
+}
+
+/// The backend entry `hash % size` of Maglev table `table` names; None when there is none
+/// (no table size configured, an entry not written yet, a backend gone): the caller then
+/// picks at random rather than failing the flow.
+#[inline(always)]
+fn maglev_pick<F: Family>(table: u16, hash: u32) -> Option<(u32, F::Backend)> {
+    let size = *MAGLEV_CONFIG_V1.get(0)?;
+    if size == 0 {
+        return None;
+    }
+    // The agent keeps tables * size within the map (and u32).
+    let index = u32::from(table)
+        .wrapping_mul(size)
+        .wrapping_add(hash % size);
+    let backend_id = MAGLEV_V1.get(index).copied()?;
+    if backend_id == 0 {
+        return None;
+    }
+    Some((backend_id, F::backend(backend_id)?))
+}
+
 /// Picks a backend for the frontend (`svc` is its slot 0 under `key`), honouring affinity.
-/// Returns the backend id and the backend.
+/// `maglev_hash` is the flow's hash when the frontend uses Maglev for this client (a new
+/// flow from outside the node): the backend is then the table's, the same on every node;
+/// otherwise (or when the table has no entry yet) a random slot. Returns the backend id and
+/// the backend.
 #[inline(never)]
 pub fn select_backend<F: Family>(
     svc: &SvcValue,
     key: &F::SvcKey,
     client: Client<F::Addr>,
+    maglev_hash: MaglevHash,
 ) -> Option<(u32, F::Backend)> {
     let count = svc.count as u32;
     if count == 0 {
@@ -398,12 +454,23 @@ pub fn select_backend<F: Family>(
             }
         }
     }
-    // SAFETY: a helper without pointer arguments.
-    let slot = (unsafe { bpf_get_prandom_u32() } % count) + 1;
-    let mut slot_key = *key;
-    F::set_slot(&mut slot_key, slot as u16);
-    let backend_id = F::svc(&slot_key)?.backend_id;
-    let backend = F::backend(backend_id)?;
+    let picked = match maglev_hash.get() {
+        Some(hash) if svc.flags & svc_flags::MAGLEV != 0 => {
+            maglev_pick::<F>(svc.maglev_table, hash)
+        }
+        _ => None,
+    };
+    let (backend_id, backend) = match picked {
+        Some(picked) => picked,
+        None => {
+            // SAFETY: a helper without pointer arguments.
+            let slot = (unsafe { bpf_get_prandom_u32() } % count) + 1;
+            let mut slot_key = *key;
+            F::set_slot(&mut slot_key, slot as u16);
+            let backend_id = F::svc(&slot_key)?.backend_id;
+            (backend_id, F::backend(backend_id)?)
+        }
+    };
     if affinity {
         let _ = AFFINITY_V1.insert(
             akey,

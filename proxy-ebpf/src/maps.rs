@@ -87,6 +87,14 @@ pub static FRAG6_V1: LruHashMap<Frag6Key, FragPorts, DEFAULT_FRAG_ENTRIES> = Lru
 #[btf_map]
 pub static LB_CONFIG_V1: Array<LbConfig, 1> = Array::new();
 
+/// Maglev tables (see `proxy_common::maps::MAGLEV`); the agent sets the size.
+#[btf_map]
+pub static MAGLEV_V1: Array<u32, DEFAULT_MAGLEV_ENTRIES> = Array::new();
+
+/// The entries of one Maglev table; 0: no Maglev (see `proxy_common::maps::MAGLEV_CONFIG`).
+#[btf_map]
+pub static MAGLEV_CONFIG_V1: Array<u32, 1> = Array::new();
+
 #[btf_map]
 pub static XDP_STATS_V1: PerCpuArray<u64, { XDP_STAT_SLOTS as usize }> = PerCpuArray::new();
 

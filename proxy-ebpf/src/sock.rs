@@ -37,7 +37,7 @@ use proxy_common::{
 
 use crate::{
     lb::{
-        Client, ClientSide, Family, Frontend, V4, V6, lookup_frontend, masquerade_flow,
+        Client, ClientSide, Family, Frontend, MaglevHash, V4, V6, lookup_frontend, masquerade_flow,
         pods_are_local, select_backend,
     },
     maps::{LB_CONFIG_V1, SOCK_FRONTEND_V1, SOCK_REV_NAT4_V1, SOCK_REV_NAT6_V1},
@@ -341,7 +341,9 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
         // The pod-side tc program translates it, with SNAT (see the module's notes).
         return 1;
     }
-    let Some((_, backend)) = select_backend::<F>(&svc, &key, Client::Netns(netns)) else {
+    let Some((_, backend)) =
+        select_backend::<F>(&svc, &key, Client::Netns(netns), MaglevHash::NONE)
+    else {
         return 1;
     };
     let target = F::backend_target(&backend);

@@ -11,7 +11,7 @@
 //! sudo loadgen bench-nodeport [--quick] [--csv FILE]     # see `cargo xtask bench nodeport`
 //! sudo loadgen bench-sync --mode iptables [--quick]     # see `cargo xtask bench sync-iptables`
 //! sudo loadgen bench-sync-modes [--quick] [--csv FILE]   # see `cargo xtask bench sync`
-//! sudo loadgen bench-bpf [--quick] [--csv FILE]         # program cost, map updates
+//! sudo loadgen bench-bpf [--quick] [--csv FILE]         # program cost, map updates, Maglev
 //! sudo loadgen bench-memory [--quick] [--csv FILE]      # agent RSS, BPF map memory
 //! sudo loadgen bench-dataplane [--quick] [--csv FILE]  # direct/ebpf/iptables/kube-proxy-*
 //! sudo loadgen bench-latency [--quick] [--mode ebpf --mode iptables-legacy] [--csv FILE]
@@ -218,6 +218,13 @@ enum Command {
         /// Elements per BPF_MAP_UPDATE_BATCH.
         #[arg(long)]
         batch: Option<usize>,
+        /// Backend counts of the Maglev table build, comma-separated (default 1000; 0
+        /// skips).
+        #[arg(long, value_delimiter = ',')]
+        maglev_backends: Vec<u32>,
+        /// Maglev table sizes, comma-separated (default 16381,65521).
+        #[arg(long, value_delimiter = ',')]
+        maglev_sizes: Vec<u32>,
         /// Append the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -523,6 +530,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             services,
             entries,
             batch,
+            maglev_backends,
+            maglev_sizes,
             csv,
         } => {
             let here = std::env::current_exe().context("locating this binary")?;
@@ -547,6 +556,12 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             if let Some(batch) = batch {
                 opts.batch_size = batch.max(1);
+            }
+            if !maglev_backends.is_empty() {
+                opts.maglev_backends = maglev_backends.into_iter().filter(|n| *n > 0).collect();
+            }
+            if !maglev_sizes.is_empty() {
+                opts.maglev_sizes = maglev_sizes;
             }
             Ok(run_reported(csv.as_deref(), || run_bpf(&opts))?)
         }

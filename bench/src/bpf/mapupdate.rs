@@ -37,7 +37,7 @@ pub fn entry(i: u32) -> (Svc4Key, SvcValue) {
         count: 1,
         rev_nat_id: (i & 0xffff) as u16,
         flags: 0,
-        _pad: 0,
+        maglev_table: 0,
     };
     (key, value)
 }

@@ -6,9 +6,12 @@
 //!   maps; the kernel's run-time statistics of each of the run's programs, read before and
 //!   after, give calls and nanoseconds per call ([`progs`]);
 //! - map updates: the time per element to fill (and overwrite) a service map of N entries
-//!   one update at a time against batched updates ([`mapupdate`]).
+//!   one update at a time against batched updates ([`mapupdate`]);
+//! - Maglev tables: the time to build a table over N backends against writing it into
+//!   the map ([`maglev`]).
 
 mod batch;
+pub mod maglev;
 pub mod mapupdate;
 pub mod progs;
 
@@ -51,13 +54,16 @@ pub struct BpfOptions {
     pub map_entries: Vec<u32>,
     pub map_reps: u32,
     pub batch_size: usize,
+    /// Backend counts of the Maglev part (empty: skip it), and its table sizes.
+    pub maglev_backends: Vec<u32>,
+    pub maglev_sizes: Vec<u32>,
     pub sync_timeout: Duration,
     pub verbose: bool,
 }
 
 impl BpfOptions {
     /// 1 and 50,000 services, 3 reps of 3 s; maps of 1k to 1M entries, 3 reps, 4096 per
-    /// batch.
+    /// batch; Maglev tables of 16381 and 65521 entries over 1,000 backends, 3 reps.
     pub fn full(agent_binary: PathBuf, loadgen_binary: PathBuf) -> Self {
         BpfOptions {
             agent_binary,
@@ -68,12 +74,15 @@ impl BpfOptions {
             map_entries: vec![1_000, 10_000, 100_000, 1_000_000],
             map_reps: 3,
             batch_size: 4096,
+            maglev_backends: vec![1_000],
+            maglev_sizes: vec![16_381, 65_521],
             sync_timeout: Duration::from_secs(180),
             verbose: true,
         }
     }
 
-    /// 1 and 1,000 services, 1 rep of 1 s; a map of 1,000 entries.
+    /// 1 and 1,000 services, 1 rep of 1 s; a map of 1,000 entries; one Maglev table of
+    /// 16381 entries over 1,000 backends.
     pub fn quick(agent_binary: PathBuf, loadgen_binary: PathBuf) -> Self {
         BpfOptions {
             service_counts: vec![1, 1_000],
@@ -81,6 +90,7 @@ impl BpfOptions {
             client_duration: Duration::from_secs(1),
             map_entries: vec![1_000],
             map_reps: 1,
+            maglev_sizes: vec![16_381],
             sync_timeout: Duration::from_secs(60),
             ..Self::full(agent_binary, loadgen_binary)
         }
@@ -154,6 +164,20 @@ pub fn run_bpf(opts: &BpfOptions) -> Result<BpfResults> {
                 ));
             }
             results.rows.extend(rows);
+        }
+    }
+    for &backends in &opts.maglev_backends {
+        for &size in &opts.maglev_sizes {
+            for rep in 0..opts.map_reps {
+                let rows = maglev::measure(backends, size, rep)?;
+                for r in &rows {
+                    opts.progress(&format!(
+                        "{backends} backends, table of {size} rep {rep} {:<13} {:>8.2} ms",
+                        r.mode, r.value
+                    ));
+                }
+                results.rows.extend(rows);
+            }
         }
     }
     results.rows = with_medians(std::mem::take(&mut results.rows));

@@ -81,6 +81,7 @@ fn service_ports(index: u32) -> std::collections::HashMap<ServicePortName, Arc<S
         internal_policy_local: false,
         health_check_node_port: None,
         session_affinity: None,
+        load_balancer_algorithm: None,
     };
     [(
         ServicePortName::new(service_name(index), "p", Protocol::Tcp),

@@ -340,6 +340,7 @@ impl SyncSide for EbpfSide {
             map_sizes: self.map_sizes,
             devices: Vec::new(),
             xdp: proxy_agent::config::XdpMode::Off,
+            maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
         };
         let masq = step.world.node.primary_ips.v4;
         sync_step("ebpf", &self.ns, &mut self.proxier, step, || {
@@ -352,7 +353,7 @@ impl SyncSide for EbpfSide {
             if let Some(std::net::IpAddr::V4(ip)) = masq {
                 config.masq4 = u32::from_ne_bytes(ip.octets());
             }
-            EbpfProxier::start(&opts, config).map_err(|e| e.to_string())
+            EbpfProxier::start(&opts, config, Default::default()).map_err(|e| e.to_string())
         })
     }
 }

@@ -121,6 +121,9 @@ pub fn apply_v1alpha1_defaults(config: &mut KubeProxyConfiguration) {
     if ebpf.xdp_mode.is_empty() {
         ebpf.xdp_mode = "off".to_owned();
     }
+    if ebpf.load_balancer_algorithm.is_empty() {
+        ebpf.load_balancer_algorithm = "random".to_owned();
+    }
 }
 
 /// logsapi's `SetRecommendedLoggingConfiguration`: text format, 5s flush, and a zero
@@ -262,6 +265,8 @@ mod tests {
         assert!(c.ebpf.devices.is_empty());
         assert_eq!(c.ebpf.xdp_mode, "off");
         assert_eq!(c.ebpf.map_sizes, MapSizes::default());
+        assert_eq!(c.ebpf.load_balancer_algorithm, "random");
+        assert_eq!(c.ebpf.maglev_table_size, 16381);
     }
 
     #[test]

@@ -89,6 +89,9 @@ const WRONG_TYPE: &[(&str, &str)] = &[
     ("ebpf.conntrack.tcpTimeout", "[1]"),
     ("ebpf.conntrack.tcpClosingTimeout", "[1]"),
     ("ebpf.conntrack.udpTimeout", "[1]"),
+    ("ebpf.mapSizes.maglevTables", "many"),
+    ("ebpf.loadBalancerAlgorithm", "[maglev]"),
+    ("ebpf.maglevTableSize", "-1"),
 ];
 
 /// What validation makes of a well-typed value out of range or of a bad format.
@@ -413,6 +416,24 @@ const OUT_OF_RANGE: &[(&str, &str, Context, Bad)] = &[
         "-1s",
         &[],
         Bad::Refused("ebpf.conntrack.udpTimeout"),
+    ),
+    (
+        "ebpf.mapSizes.maglevTables",
+        "0",
+        &[],
+        Bad::Refused("ebpf.mapSizes.maglevTables"),
+    ),
+    (
+        "ebpf.loadBalancerAlgorithm",
+        "least-conn",
+        &[],
+        Bad::Refused("ebpf.loadBalancerAlgorithm"),
+    ),
+    (
+        "ebpf.maglevTableSize",
+        "16384",
+        &[],
+        Bad::Refused("ebpf.maglevTableSize"),
     ),
 ];
 

@@ -13,6 +13,7 @@ use super::duration::Duration;
 use super::field::FieldError;
 use super::net::{is_ipv4_like, parse_cidr_sloppy};
 use super::types::KubeProxyConfiguration;
+use crate::model::LoadBalancerAlgorithm;
 
 /// Which dataplane programs the services.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -203,6 +204,15 @@ impl KubeProxyConfiguration {
         XdpMode::parse(&self.ebpf.xdp_mode).ok_or_else(|| unsupported_xdp_mode(&self.ebpf.xdp_mode))
     }
 
+    /// `ebpf.loadBalancerAlgorithm` (blank: random).
+    pub fn load_balancer_algorithm(&self) -> Result<LoadBalancerAlgorithm, FieldError> {
+        let name = &self.ebpf.load_balancer_algorithm;
+        if name.is_empty() {
+            return Ok(LoadBalancerAlgorithm::default());
+        }
+        LoadBalancerAlgorithm::parse(name).ok_or_else(|| unsupported_lb_algorithm(name))
+    }
+
     /// `clusterCIDR` split into one CIDR or a dual-stack pair; empty when unset.
     pub fn cluster_cidrs(&self) -> Result<Vec<IpNet>, FieldError> {
         match cluster_cidr_errors(&self.cluster_cidr).into_iter().next() {
@@ -330,6 +340,14 @@ pub(crate) fn unsupported_local_mode(mode: &str) -> FieldError {
 
 pub(crate) fn unsupported_xdp_mode(mode: &str) -> FieldError {
     FieldError::not_supported("ebpf.xdpMode", mode, XDP_MODES)
+}
+
+pub(crate) fn unsupported_lb_algorithm(name: &str) -> FieldError {
+    FieldError::not_supported(
+        "ebpf.loadBalancerAlgorithm",
+        name,
+        LoadBalancerAlgorithm::NAMES,
+    )
 }
 
 /// The clusterCIDR checks upstream applies in ClusterCIDR mode: one CIDR or a pair of

@@ -236,9 +236,9 @@ pub struct ConntrackConfiguration {
     pub udp_stream_timeout: Duration,
 }
 
-/// Ours. Empty strings are defaulted (see `defaults.rs`); map sizes default when absent, and
-/// an explicit 0 is a validation error.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// Ours. Empty strings are defaulted (see `defaults.rs`); map sizes and the Maglev table
+/// size default when absent, and an explicit 0 is a validation error.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct EbpfConfiguration {
     /// Directory under the BPF filesystem where maps and links are pinned.
@@ -258,6 +258,29 @@ pub struct EbpfConfiguration {
     /// Lifetimes of the BPF connection tracking of north-south flows.
     #[serde(deserialize_with = "nullable")]
     pub conntrack: EbpfConntrack,
+    /// How a new flow from outside the node picks its backend: "random" (the default) or
+    /// "maglev" (consistent hashing of the 5-tuple, the same backend on every node). A
+    /// service's `kube-proxy-ebpf.io/lb-algorithm` annotation overrides it.
+    #[serde(deserialize_with = "nullable")]
+    pub load_balancer_algorithm: String,
+    /// Entries of each Maglev table: a prime in [251, 131071]. More entries spread flows
+    /// more evenly over many backends and cost memory (4 bytes each, per table).
+    pub maglev_table_size: u32,
+}
+
+impl Default for EbpfConfiguration {
+    fn default() -> Self {
+        Self {
+            bpffs_root: String::new(),
+            cgroup_root: String::new(),
+            devices: Vec::new(),
+            xdp_mode: String::new(),
+            map_sizes: MapSizes::default(),
+            conntrack: EbpfConntrack::default(),
+            load_balancer_algorithm: String::new(),
+            maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
+        }
+    }
 }
 
 /// How long a translated north-south flow is remembered after its last packet.
@@ -295,6 +318,9 @@ pub struct MapSizes {
     pub affinity: u32,
     pub conntrack: u32,
     pub source_ranges: u32,
+    /// Maglev tables (of `maglevTableSize` entries each): one per distinct backend set of
+    /// the frontends that use Maglev, plus one per set that changes during a sync.
+    pub maglev_tables: u32,
 }
 
 impl Default for MapSizes {
@@ -310,6 +336,7 @@ impl Default for MapSizes {
             affinity: size(maps::DEFAULT_AFFINITY_ENTRIES),
             conntrack: size(maps::DEFAULT_CT_ENTRIES),
             source_ranges: size(maps::DEFAULT_SRC_RANGE_ENTRIES),
+            maglev_tables: size(maps::DEFAULT_MAGLEV_TABLES),
         }
     }
 }
@@ -330,6 +357,7 @@ mod tests {
                 affinity: 65536,
                 conntrack: 131072,
                 source_ranges: 16384,
+                maglev_tables: 64,
             }
         );
     }

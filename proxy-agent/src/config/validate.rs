@@ -397,6 +397,7 @@ fn validate_ebpf(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) 
             ));
         }
     }
+    validate_maglev(config, errors);
     let MapSizes {
         services,
         backends,
@@ -405,6 +406,7 @@ fn validate_ebpf(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) 
         affinity,
         conntrack,
         source_ranges,
+        maglev_tables: _,
     } = ebpf.map_sizes;
     let sizes = [
         ("ebpf.mapSizes.services", services),
@@ -424,6 +426,49 @@ fn validate_ebpf(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) 
             ));
         }
     }
+}
+
+/// The Maglev settings: a known algorithm; a prime table size in range (the paper's
+/// permutations cover the table only when its size is prime); a table count the u16 index
+/// of a frontend's slot 0 can address; and a map (tables x size) within `MAX_MAP_ENTRIES`.
+fn validate_maglev(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) {
+    use proxy_common::maglev::{MAX_TABLE_SIZE, MIN_TABLE_SIZE};
+    let ebpf = &config.ebpf;
+    if let Err(e) = config.load_balancer_algorithm() {
+        errors.push(e);
+    }
+    let size = ebpf.maglev_table_size;
+    if !(MIN_TABLE_SIZE..=MAX_TABLE_SIZE).contains(&size) || !is_prime(size) {
+        errors.push(FieldError::invalid(
+            "ebpf.maglevTableSize",
+            size,
+            format!("must be a prime within the range [{MIN_TABLE_SIZE}, {MAX_TABLE_SIZE}]"),
+        ));
+    }
+    let tables = ebpf.map_sizes.maglev_tables;
+    let max_tables = u32::from(u16::MAX);
+    if !(1..=max_tables).contains(&tables) {
+        errors.push(FieldError::invalid(
+            "ebpf.mapSizes.maglevTables",
+            tables,
+            format!("must be within the range [1, {max_tables}]"),
+        ));
+    } else if u64::from(tables) * u64::from(size) > u64::from(MAX_MAP_ENTRIES) {
+        errors.push(FieldError::invalid(
+            "ebpf.mapSizes.maglevTables",
+            tables,
+            format!(
+                "times ebpf.maglevTableSize ({size}) must be at most {MAX_MAP_ENTRIES} entries"
+            ),
+        ));
+    }
+}
+
+fn is_prime(n: u32) -> bool {
+    n >= 2
+        && (2..)
+            .take_while(|d: &u32| d * d <= n)
+            .all(|d| !n.is_multiple_of(d))
 }
 
 #[cfg(test)]

@@ -526,6 +526,53 @@ fn ebpf_map_sizes_must_be_positive_and_bounded() {
 }
 
 #[test]
+fn ebpf_load_balancer_algorithm_must_be_known() {
+    assert!(errors_of(|c| c.ebpf.load_balancer_algorithm = "maglev".into()).is_empty());
+    assert!(errors_of(|c| c.ebpf.load_balancer_algorithm = String::new()).is_empty());
+    expect_one(
+        |c| c.ebpf.load_balancer_algorithm = "round-robin".into(),
+        r#"ebpf.loadBalancerAlgorithm: Unsupported value: "round-robin": supported values: "random", "maglev""#,
+    );
+}
+
+#[test]
+fn ebpf_maglev_table_size_must_be_a_prime_in_range() {
+    for ok in [251, 16_381, 65_521, 131_071] {
+        assert!(
+            errors_of(|c| c.ebpf.maglev_table_size = ok).is_empty(),
+            "{ok}"
+        );
+    }
+    for (bad, shown) in [
+        (16_384, "16384"),
+        (0, "0"),
+        (241, "241"),
+        (131_101, "131101"),
+    ] {
+        expect_one(
+            |c| c.ebpf.maglev_table_size = bad,
+            &format!(
+                "ebpf.maglevTableSize: Invalid value: {shown}: must be a prime within the range [251, 131071]"
+            ),
+        );
+    }
+}
+
+#[test]
+fn ebpf_maglev_tables_must_fit_the_index_and_the_map_bound() {
+    expect_one(
+        |c| c.ebpf.map_sizes.maglev_tables = 0,
+        "ebpf.mapSizes.maglevTables: Invalid value: 0: must be within the range [1, 65535]",
+    );
+    // 1025 tables of 16381 entries are more than 16M entries.
+    expect_one(
+        |c| c.ebpf.map_sizes.maglev_tables = 1025,
+        "ebpf.mapSizes.maglevTables: Invalid value: 1025: times ebpf.maglevTableSize (16381) must be at most 16777216 entries",
+    );
+    assert!(errors_of(|c| c.ebpf.map_sizes.maglev_tables = 1024).is_empty());
+}
+
+#[test]
 fn errors_are_collected_and_sorted_by_field() {
     let errors = errors_of(|c| {
         c.oom_score_adj = Some(2000);

@@ -30,7 +30,9 @@ pub use endpointslice_cache::{EndpointSliceCache, EndpointsChange, ServiceEndpoi
 pub use family::{FamilyState, StaleConntrack};
 pub use invalid::{InvalidObject, ObjectKind, Rejections};
 pub use names::{IpFamily, NamespacedName, PortRef, Protocol, ServicePortName};
-pub use service_port::{LoadBalancerIngress, LoadBalancerIpMode, ServicePort, SessionAffinity};
+pub use service_port::{
+    LoadBalancerAlgorithm, LoadBalancerIngress, LoadBalancerIpMode, ServicePort, SessionAffinity,
+};
 pub use service_tracker::{
     ServiceChangeTracker, ServicePortMap, ServicePorts, UpdateServiceMapResult,
 };

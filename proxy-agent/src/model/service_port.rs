@@ -40,6 +40,38 @@ impl SessionAffinity {
     }
 }
 
+/// How a new flow picks a service's backend, where a mode lets it choose (ebpf mode, for
+/// flows from outside the node; the other modes have their own settings and ignore it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LoadBalancerAlgorithm {
+    /// Uniformly at random.
+    #[default]
+    Random,
+    /// Maglev consistent hashing of the flow's 5-tuple: every node picks the same backend
+    /// for the same flow, and a change of backends moves few flows.
+    Maglev,
+}
+
+impl LoadBalancerAlgorithm {
+    /// The configuration's and the annotation's spelling.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "random" => Some(Self::Random),
+            "maglev" => Some(Self::Maglev),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Random => "random",
+            Self::Maglev => "maglev",
+        }
+    }
+
+    pub const NAMES: &[&str] = &["random", "maglev"];
+}
+
 /// One service port for one IP family: a dual-stack service yields one `ServicePort` per
 /// family, each tracked by that family's tracker. Every address here is of that family.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -62,6 +94,9 @@ pub struct ServicePort {
     /// Set only for LoadBalancer services with externalTrafficPolicy Local.
     pub health_check_node_port: Option<u16>,
     pub session_affinity: Option<SessionAffinity>,
+    /// The service's own load-balancing algorithm (its annotation); `None` follows the
+    /// configuration.
+    pub load_balancer_algorithm: Option<LoadBalancerAlgorithm>,
 }
 
 impl ServicePort {
@@ -80,6 +115,7 @@ impl ServicePort {
             internal_policy_local: false,
             health_check_node_port: None,
             session_affinity: None,
+            load_balancer_algorithm: None,
         }
     }
 

@@ -16,8 +16,8 @@ use aya_ebpf::programs::TcContext;
 
 use crate::{
     lb::{
-        Client, ClientSide, Frontend, V4, V6, lookup_frontend, masquerade_flow, pods_are_local,
-        select_backend,
+        Client, ClientSide, Frontend, MaglevHash, V4, V6, flow_hash, lookup_frontend,
+        masquerade_flow, pods_are_local, select_backend,
     },
     maps::CT_SCRATCH,
     packet::Packet,
@@ -164,7 +164,18 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
         }
         return NewFlow::Reject;
     }
-    let Some((backend_id, backend)) = select_backend::<F>(&svc, &key, Client::Addr(p.saddr)) else {
+    // Maglev applies to clients outside the node only: an ECMP router may send their packets
+    // to any node, which must all pick the same backend.
+    let maglev_hash = if side == ClientSide::Outside && svc.flags & svc_flags::MAGLEV != 0 {
+        MaglevHash::of(flow_hash::<F>(
+            &p.saddr, &p.daddr, p.sport, p.dport, p.proto,
+        ))
+    } else {
+        MaglevHash::NONE
+    };
+    let Some((backend_id, backend)) =
+        select_backend::<F>(&svc, &key, Client::Addr(p.saddr), maglev_hash)
+    else {
         return NewFlow::Done(C::DROP);
     };
     let (baddr, bport) = F::backend_target(&backend);

@@ -2,7 +2,8 @@
 //! The north-south tc and XDP programs of proxy-ebpf run on hand-built packets with
 //! `BPF_PROG_TEST_RUN` (aya's `TestRun`): DNAT and SNAT of TCP, UDP and SCTP, ICMP errors
 //! about a translated flow, conntrack's reverse translation of replies, and the REJECT
-//! answers (TCP RST, ICMP port unreachable), in both families. Every packet that comes out
+//! answers (TCP RST, ICMP port unreachable), in both families; and Maglev's choice of
+//! backend, which three dataplanes make alike and the agent's table and hash predict. Every packet that comes out
 //! is checked against checksums computed here, independently of the programs' incremental
 //! updates and of proxy-common's CRC32c: the IPv4 header checksum, the TCP/UDP/ICMPv6
 //! pseudo-header checksums, the ICMP checksum and SCTP's CRC32c.
@@ -33,11 +34,14 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proxy_agent::{
     k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
     model::ClusterState,
-    model::IpFamily,
+    model::{IpFamily, LoadBalancerAlgorithm},
     node::NodeAddresses,
     proxier::{
         NodeContext,
-        ebpf::{ApplyState, LoadError, LoadOptions, Loaded, MapSizes, load_and_attach},
+        ebpf::{
+            ApplyState, BackendAddr, LoadError, LoadOptions, Loaded, MapSizes, build_maglev_table,
+            load_and_attach, maps_dir,
+        },
     },
 };
 use proxy_common::LbConfig;
@@ -366,6 +370,20 @@ struct Dataplane {
     _bpffs: TempBpffs,
 }
 
+/// The node the dataplane runs on (every test node has the same addresses: the namespaces
+/// are separate).
+fn test_node() -> NodeContext {
+    NodeContext {
+        name: "test-node".into(),
+        primary_ips: NodeAddresses {
+            v4: Some(NODE4.into()),
+            v6: Some(NODE6.into()),
+        },
+        host_addresses: vec![NODE4.into(), NODE6.into()],
+        ..Default::default()
+    }
+}
+
 /// Runs `f` on a thread inside `ns` (the programs' FIB lookups and the test_run device
 /// are resolved in the caller's namespace), passing a panic on.
 fn in_ns<T: Send>(ns: &TempNetns, f: impl FnOnce() -> T + Send) -> T {
@@ -381,6 +399,37 @@ fn in_ns<T: Send>(ns: &TempNetns, f: impl FnOnce() -> T + Send) -> T {
             Err(panic) => std::panic::resume_unwind(panic),
         }
     })
+}
+
+/// The agent's object loaded in `ns` (which has only `lo` yet: the pod-side program
+/// attaches nowhere) with maps pinned under `bpffs`; None (after saying why) when the
+/// object is the build's stand-in.
+fn load_in(
+    ns: &TempNetns,
+    bpffs: &TempBpffs,
+    cgroup: &TempCgroup,
+    map_sizes: MapSizes,
+    maglev_table_size: u32,
+    name: &str,
+) -> Option<Loaded> {
+    let loaded = in_ns(ns, || {
+        load_and_attach(&LoadOptions {
+            bpffs_root: bpffs.path.clone(),
+            cgroup: cgroup.path.clone(),
+            map_sizes,
+            devices: Vec::new(),
+            xdp: proxy_agent::config::XdpMode::Off,
+            maglev_table_size,
+        })
+    });
+    match loaded {
+        Ok(loaded) => Some(loaded),
+        Err(LoadError::Unavailable(reason)) if std::env::var_os("PROXY_REQUIRE_EBPF").is_none() => {
+            eprintln!("SKIP {name}: {reason} (build with PROXY_REQUIRE_EBPF=1)");
+            None
+        }
+        Err(e) => panic!("loading the eBPF object: {e}"),
+    }
 }
 
 /// The uplink (veth `up0`) with the node's addresses, routes to the clients and the
@@ -406,28 +455,25 @@ ip -o link show dev up0 | cut -d: -f1";
 impl Dataplane {
     /// None (after saying why) when the object is the build's stand-in.
     fn new(ns: &TempNetns, name: &str) -> Option<Self> {
+        Self::with_services(ns, name, program_services)
+    }
+
+    /// The dataplane with its maps filled by `program` (as the agent's syncs do).
+    fn with_services(
+        ns: &TempNetns,
+        name: &str,
+        program: impl FnOnce(&mut Loaded, &NodeContext),
+    ) -> Option<Self> {
         let bpffs = TempBpffs::new(&format!("kpe-bpftest-{name}"));
         let cgroup = TempCgroup::new(&format!("kpe-bpftest-{name}"));
-        // In the namespace, which has only `lo` yet: the pod-side program attaches nowhere.
-        let loaded = in_ns(ns, || {
-            load_and_attach(&LoadOptions {
-                bpffs_root: bpffs.path.clone(),
-                cgroup: cgroup.path.clone(),
-                map_sizes: MapSizes::default(),
-                devices: Vec::new(),
-                xdp: proxy_agent::config::XdpMode::Off,
-            })
-        });
-        let mut loaded = match loaded {
-            Ok(loaded) => loaded,
-            Err(LoadError::Unavailable(reason))
-                if std::env::var_os("PROXY_REQUIRE_EBPF").is_none() =>
-            {
-                eprintln!("SKIP {name}: {reason} (build with PROXY_REQUIRE_EBPF=1)");
-                return None;
-            }
-            Err(e) => panic!("loading the eBPF object: {e}"),
-        };
+        let mut loaded = load_in(
+            ns,
+            &bpffs,
+            &cgroup,
+            MapSizes::default(),
+            proxy_common::maglev::DEFAULT_TABLE_SIZE,
+            name,
+        )?;
         let out = ns.sh(NETWORK);
         assert!(
             out.status.success(),
@@ -439,15 +485,7 @@ impl Dataplane {
             .parse()
             .expect("the uplink's ifindex");
 
-        let node = NodeContext {
-            name: "test-node".into(),
-            primary_ips: NodeAddresses {
-                v4: Some(NODE4.into()),
-                v6: Some(NODE6.into()),
-            },
-            host_addresses: vec![NODE4.into(), NODE6.into()],
-            ..Default::default()
-        };
+        let node = test_node();
         // As the agent's event loop writes it: the masquerade addresses are the node's.
         loaded
             .write_config(LbConfig {
@@ -459,7 +497,7 @@ impl Dataplane {
                 ..Default::default()
             })
             .expect("writing the configuration");
-        program_services(&mut loaded, &node);
+        program(&mut loaded, &node);
         Some(Self {
             loaded,
             uplink,
@@ -836,4 +874,351 @@ fn the_checksums_of_this_test_are_right() {
     // A packet built here passes the checks made here.
     let p = ip_packet(client(false), node(false), SCTP, sctp(1, 2, 3, false));
     let _ = parse_frame(&frame(ROUTER_MAC, &p), "a built packet");
+}
+
+// ---------------------------------------------------------------------------------------
+// Maglev: a LoadBalancer VIP whose service asks for Maglev, reached by new TCP flows from
+// outside (SNATed, eTP=Cluster). Each "node" is a dataplane of its own, in its own
+// namespace, whose agent knows the backends under other ids.
+
+/// The VIP, its port and the backends' target port.
+const MAGLEV_VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const MAGLEV_PORT: u16 = 80;
+const MAGLEV_TARGET: u16 = 8080;
+/// Backends 10.180.2.1..=10.180.2.N (routed through the remote node).
+const MAGLEV_BACKENDS: u8 = 10;
+
+fn maglev_backend(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 180, 2, i)
+}
+
+/// The agent's model and apply state of one node, kept across syncs.
+struct MaglevNode {
+    cluster: ClusterState,
+    apply: ApplyState,
+}
+
+impl MaglevNode {
+    /// The "hashed" LoadBalancer service (annotated for Maglev; the configuration says
+    /// random) with `backends`. `decoys` unrelated backends are programmed first, so that
+    /// this node's ids for the hashed ones differ from another node's.
+    fn new(backends: &[Ipv4Addr], decoys: u8) -> Self {
+        let sizes = MapSizes::default();
+        Self::with_tables(
+            backends,
+            decoys,
+            proxy_common::maglev::DEFAULT_TABLE_SIZE,
+            sizes.maglev_tables,
+        )
+    }
+
+    /// [`MaglevNode::new`] for a map of `tables` tables of `table_size` entries.
+    fn with_tables(backends: &[Ipv4Addr], decoys: u8, table_size: u32, tables: u32) -> Self {
+        let mut cluster = ClusterState::new(&[IpFamily::V4], "test-node");
+        let hashed = mk_service("ns1", "hashed")
+            .type_("LoadBalancer")
+            .cluster_ip("172.30.0.20")
+            .node_port("http", i32::from(MAGLEV_PORT), "TCP", 30090)
+            .with_last_port(|p| p.target_port = Some(IntOrString::Int(i32::from(MAGLEV_TARGET))))
+            .lb_ingress(&MAGLEV_VIP.to_string(), None)
+            .external_traffic_policy("Cluster")
+            .annotation("kube-proxy-ebpf.io/lb-algorithm", "maglev")
+            .build();
+        cluster.service(&Arc::new(hashed), false);
+        if decoys > 0 {
+            // "aaa" sorts before "hashed": its backends get their ids first.
+            let decoy = mk_service("ns1", "aaa")
+                .cluster_ip("172.30.0.21")
+                .port("http", 80, "TCP")
+                .build();
+            cluster.service(&Arc::new(decoy), false);
+            let mut slice = mk_endpointslice("ns1", "aaa-1", "aaa", "IPv4").port("http", 80, "TCP");
+            for i in 0..decoys {
+                slice = slice.endpoint(mk_endpoint(&format!("10.180.9.{}", i + 1)).node("node2"));
+            }
+            cluster.endpoint_slice(&slice.build(), false);
+        }
+        let sizes = MapSizes::default();
+        let mut node = Self {
+            cluster,
+            apply: ApplyState::new(sizes.backends, sizes.rev_nat).with_maglev(
+                LoadBalancerAlgorithm::Random,
+                table_size,
+                tables,
+            ),
+        };
+        node.set_backends(backends);
+        node
+    }
+
+    fn set_backends(&mut self, backends: &[Ipv4Addr]) {
+        let mut slice = mk_endpointslice("ns1", "hashed-1", "hashed", "IPv4").port(
+            "http",
+            i32::from(MAGLEV_TARGET),
+            "TCP",
+        );
+        for b in backends {
+            slice = slice.endpoint(mk_endpoint(&b.to_string()).node("node2"));
+        }
+        self.cluster.endpoint_slice(&slice.build(), false);
+    }
+
+    /// Applies the model's pending changes to `loaded`'s maps.
+    fn sync(&mut self, loaded: &mut Loaded, full: bool) {
+        let changes = self.cluster.apply_pending();
+        self.apply
+            .sync(
+                &mut loaded.maps,
+                self.cluster.families(),
+                &test_node(),
+                &changes.changed,
+                full,
+            )
+            .expect("writing the maps");
+    }
+}
+
+/// A node's dataplane with the hashed service over `backends`.
+fn maglev_node(
+    ns: &TempNetns,
+    name: &str,
+    backends: &[Ipv4Addr],
+    decoys: u8,
+) -> Option<(Dataplane, MaglevNode)> {
+    let mut state = MaglevNode::new(backends, decoys);
+    let dp = Dataplane::with_services(ns, name, |loaded, _| state.sync(loaded, true))?;
+    Some((dp, state))
+}
+
+/// The client of flow `i`: addresses and ports spread over the client network.
+fn maglev_client(i: u32) -> (Ipv4Addr, u16) {
+    (
+        Ipv4Addr::new(203, 0, 113, 2 + (i % 200) as u8),
+        30_000 + (i * 7919 % 30_000) as u16,
+    )
+}
+
+/// Sends flow `i`'s SYN to the VIP through the uplink's tc program; returns the backend it
+/// was sent to (checking the translation on the way: DNAT to the target port, SNAT).
+fn maglev_backend_of(dp: &mut Dataplane, ns: &TempNetns, i: u32) -> Ipv4Addr {
+    let (client, sport) = maglev_client(i);
+    let syn = ip_packet(
+        client.into(),
+        MAGLEV_VIP.into(),
+        TCP,
+        tcp(sport, MAGLEV_PORT, 1000, 0, TCP_SYN),
+    );
+    let (verdict, out) = dp.tc(ns, "tc_uplink_ingress", &frame(ROUTER_MAC, &syn));
+    assert_eq!(
+        verdict, TC_ACT_REDIRECT,
+        "flow {i}: redirected to the backend"
+    );
+    let seen = parse_frame(&out, "a SYN to the Maglev VIP");
+    assert_eq!(
+        seen.src,
+        IpAddr::from(NODE4),
+        "flow {i}: SNATed to the node"
+    );
+    assert_eq!(seen.dport(), MAGLEV_TARGET);
+    match seen.dst {
+        IpAddr::V4(b) => b,
+        other => panic!("flow {i}: an IPv6 backend {other}"),
+    }
+}
+
+/// The backend the agent's table (built here, from the backends' addresses only) gives
+/// flow `i`, with the flow hash both the programs and the agent use.
+fn maglev_expected(backends: &[Ipv4Addr], i: u32) -> Ipv4Addr {
+    let members: Vec<(BackendAddr, u32)> = backends
+        .iter()
+        .zip(1..)
+        .map(|(b, id)| {
+            (
+                BackendAddr {
+                    addr: (*b).into(),
+                    port: MAGLEV_TARGET,
+                    proto: TCP,
+                },
+                id,
+            )
+        })
+        .collect();
+    let table = build_maglev_table(&members, proxy_common::maglev::DEFAULT_TABLE_SIZE);
+    let (client, sport) = maglev_client(i);
+    let mut saddr = [0u8; 16];
+    saddr[..4].copy_from_slice(&client.octets());
+    let mut daddr = [0u8; 16];
+    daddr[..4].copy_from_slice(&MAGLEV_VIP.octets());
+    let hash =
+        proxy_common::maglev::flow_hash(&saddr, &daddr, sport.to_be(), MAGLEV_PORT.to_be(), TCP);
+    let id = table[(hash % proxy_common::maglev::DEFAULT_TABLE_SIZE) as usize];
+    backends[(id - 1) as usize]
+}
+
+#[test]
+fn maglev_picks_the_same_backend_on_every_node_and_a_removal_moves_about_one_nth() {
+    require_root!();
+    let backends: Vec<Ipv4Addr> = (1..=MAGLEV_BACKENDS).map(maglev_backend).collect();
+    const FLOWS: u32 = 1_000;
+
+    // Node A: every flow reaches the backend the userspace table and hash say, which
+    // holds only if the programs' flow hash is the agent's.
+    let ns_a = TempNetns::new("kpe-bpft-maglev-a");
+    let Some((mut a, _)) = maglev_node(&ns_a, "maglev-a", &backends, 0) else {
+        return;
+    };
+    let on_a: Vec<Ipv4Addr> = (0..FLOWS)
+        .map(|i| maglev_backend_of(&mut a, &ns_a, i))
+        .collect();
+    for (i, seen) in on_a.iter().enumerate() {
+        assert_eq!(*seen, maglev_expected(&backends, i as u32), "flow {i}");
+    }
+    let used: HashSet<_> = on_a.iter().collect();
+    assert_eq!(used.len(), backends.len(), "every backend gets flows");
+
+    // Nodes B and C know the backends under other ids (and list them in another order):
+    // the same flows reach the same backends.
+    let ns_b = TempNetns::new("kpe-bpft-maglev-b");
+    let mut reversed = backends.clone();
+    reversed.reverse();
+    let Some((mut b, _)) = maglev_node(&ns_b, "maglev-b", &reversed, 3) else {
+        return;
+    };
+    let ns_c = TempNetns::new("kpe-bpft-maglev-c");
+    let Some((mut c, mut c_state)) = maglev_node(&ns_c, "maglev-c", &backends, 7) else {
+        return;
+    };
+    for i in 0..200 {
+        assert_eq!(
+            maglev_backend_of(&mut b, &ns_b, i),
+            on_a[i as usize],
+            "flow {i} via node B"
+        );
+        assert_eq!(
+            maglev_backend_of(&mut c, &ns_c, i),
+            on_a[i as usize],
+            "flow {i} via node C"
+        );
+    }
+
+    // Node C loses one backend (a partial sync): flows it has not seen yet (no conntrack
+    // entry) move only if they were on the removed backend, or a few more.
+    let removed = backends[3];
+    let rest: Vec<Ipv4Addr> = backends.iter().copied().filter(|b| *b != removed).collect();
+    c_state.set_backends(&rest);
+    c_state.sync(&mut c.loaded, false);
+    let fresh = 200..200 + FLOWS;
+    let mut moved = 0;
+    let mut others_moved = 0;
+    for i in fresh.clone() {
+        let before = on_a
+            .get(i as usize)
+            .copied()
+            .unwrap_or_else(|| maglev_backend_of(&mut a, &ns_a, i));
+        let after = maglev_backend_of(&mut c, &ns_c, i);
+        assert_ne!(after, removed, "flow {i}");
+        assert_eq!(
+            after,
+            maglev_expected(&rest, i),
+            "flow {i} after the removal"
+        );
+        if after != before {
+            moved += 1;
+            if before != removed {
+                others_moved += 1;
+            }
+        }
+    }
+    let n = f64::from(MAGLEV_BACKENDS);
+    let fraction = f64::from(moved) / f64::from(FLOWS);
+    eprintln!(
+        "maglev: {moved} of {FLOWS} flows moved ({fraction:.3}; 1/N = {:.3}), {others_moved} not on the removed backend",
+        1.0 / n
+    );
+    // 1/N of the flows, give or take the sampling of 1,000 flows (about 3 standard
+    // deviations) and Maglev's few percent of disruption.
+    assert!(fraction <= 1.0 / n + 0.05, "{moved} of {FLOWS} flows moved");
+    assert!(fraction >= 1.0 / n - 0.05, "{moved} of {FLOWS} flows moved");
+    assert!(
+        f64::from(others_moved) / f64::from(FLOWS) <= 0.03,
+        "{others_moved} flows of remaining backends moved"
+    );
+}
+
+/// The Maglev map as pinned under `bpffs`: its capacity, the table size its configuration
+/// holds, and table 0's first `size` entries.
+fn pinned_maglev(bpffs: &TempBpffs, size: u32) -> (u32, u32, Vec<u32>) {
+    use aya::maps::{Array, Map, MapData, MapInfo};
+    let dir = maps_dir(&bpffs.path);
+    let open = |name: &str| -> Array<MapData, u32> {
+        let data = MapData::from_pin(dir.join(name)).expect("a pinned map");
+        Array::try_from(Map::Array(data)).expect("an array of u32")
+    };
+    let capacity = MapInfo::from_pin(dir.join(proxy_common::maps::MAGLEV))
+        .expect("the Maglev map's description")
+        .max_entries();
+    let configured = open(proxy_common::maps::MAGLEV_CONFIG)
+        .get(&0, 0)
+        .expect("the table size");
+    let tables = open(proxy_common::maps::MAGLEV);
+    let table0 = (0..size.min(capacity))
+        .map(|i| tables.get(&i, 0).expect("an entry"))
+        .collect();
+    (capacity, configured, table0)
+}
+
+#[test]
+fn a_new_maglev_table_size_replaces_the_tables_across_a_restart() {
+    require_root!();
+    let ns = TempNetns::new("kpe-bpft-maglev-size");
+    let bpffs = TempBpffs::new("kpe-bpftest-maglev-size");
+    let cgroup = TempCgroup::new("kpe-bpftest-maglev-size");
+    let backends: Vec<Ipv4Addr> = (1..=MAGLEV_BACKENDS).map(maglev_backend).collect();
+    // One agent's life: load with `size` and `tables`, check what it finds, sync.
+    let life = |size: u32, tables: u32, check: &dyn Fn(u32, u32, &[u32])| -> bool {
+        let sizes = MapSizes {
+            maglev_tables: tables,
+            ..MapSizes::default()
+        };
+        let Some(mut loaded) = load_in(&ns, &bpffs, &cgroup, sizes, size, "maglev-size") else {
+            return false;
+        };
+        let (capacity, configured, table0) = pinned_maglev(&bpffs, size);
+        assert_eq!(
+            capacity,
+            size * tables,
+            "the map holds the configured tables"
+        );
+        assert_eq!(configured, size, "the size is written before any sync");
+        check(size, tables, &table0);
+        let mut node = MaglevNode::with_tables(&backends, 0, size, tables);
+        node.sync(&mut loaded, true);
+        let (_, _, table0) = pinned_maglev(&bpffs, size);
+        assert!(
+            table0.iter().all(|id| *id != 0),
+            "table 0 is written in full at size {size}"
+        );
+        true
+    };
+    let fresh = |size: u32, _: u32, table0: &[u32]| {
+        assert!(
+            table0.iter().all(|id| *id == 0),
+            "a new map at size {size} is empty"
+        );
+    };
+    let kept = |size: u32, _: u32, table0: &[u32]| {
+        assert!(
+            table0.iter().all(|id| *id != 0),
+            "the map at size {size} is kept"
+        );
+    };
+    if !life(251, 4, &fresh) {
+        return;
+    }
+    // Same shape: the pins are reused, tables and all. Another size or number of tables:
+    // a new map, empty until the first sync writes it.
+    life(251, 4, &kept);
+    life(16_381, 4, &fresh);
+    life(16_381, 6, &fresh);
+    life(16_381, 6, &kept);
 }

@@ -79,6 +79,7 @@ fn connect_is_translated_rejected_or_left_alone() {
         map_sizes: MapSizes::default(),
         devices: Vec::new(),
         xdp: proxy_agent::config::XdpMode::Off,
+        maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
     })
     .expect("load and attach");
     loaded

@@ -28,6 +28,7 @@ fn options_on(bpffs: &TempBpffs, cg: &TempCgroup, xdp: XdpMode, device: &str) ->
         map_sizes: MapSizes::default(),
         devices: vec![device.into()],
         xdp,
+        maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
     }
 }
 

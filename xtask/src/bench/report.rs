@@ -204,13 +204,15 @@ pub fn render(all: &[SuiteRows]) -> String {
             "bpf" => {
                 let _ = writeln!(
                     out,
-                    "\n### BPF programs and map updates\n\nRun-time statistics (kernel BPF stats on for the run only) and the cost per element of one update per call against batched updates (ratio: batch / single)."
+                    "\n### BPF programs and map updates\n\nRun-time statistics (kernel BPF stats on for the run only) and the cost per element of one update per call against batched updates (ratio: batch / single). Maglev tables (N = backends): the agent's build of one table against writing it into a BPF array one update per entry, as the agent does (ratio: build / write)."
                 );
                 let mut metrics: Vec<String> = s
                     .rows
                     .iter()
                     .filter(|r| {
-                        r.metric.ends_with("_ns_per_call") || r.metric.ends_with("_per_elem")
+                        r.metric.ends_with("_ns_per_call")
+                            || r.metric.ends_with("_per_elem")
+                            || r.metric.starts_with("maglev_table_")
                     })
                     .map(|r| r.metric.clone())
                     .collect();

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
 use super::{object_name, parse_cidr_sloppy, parse_ip_sloppy, quoted, should_proxy_service};
 use crate::model::{
-    InvalidObject, IpFamily, LoadBalancerIngress, LoadBalancerIpMode, NamespacedName, ObjectKind,
-    Protocol, ServicePort, ServicePortName, SessionAffinity,
+    InvalidObject, IpFamily, LoadBalancerAlgorithm, LoadBalancerIngress, LoadBalancerIpMode,
+    NamespacedName, ObjectKind, Protocol, ServicePort, ServicePortName, SessionAffinity,
 };
 
 const TYPE_CLUSTER_IP: &str = "ClusterIP";
@@ -17,6 +17,9 @@ const TYPE_NODE_PORT: &str = "NodePort";
 const TYPE_LOAD_BALANCER: &str = "LoadBalancer";
 const TYPE_EXTERNAL_NAME: &str = "ExternalName";
 const CLUSTER_IP_NONE: &str = "None";
+/// The annotation that chooses a service's load-balancing algorithm (values:
+/// [`LoadBalancerAlgorithm::NAMES`]); without it the configuration decides.
+pub const LB_ALGORITHM_ANNOTATION: &str = "kube-proxy-ebpf.io/lb-algorithm";
 /// The API server's bound for `sessionAffinityConfig.clientIP.timeoutSeconds`.
 const MAX_AFFINITY_TIMEOUT_SECONDS: i32 = 86_400;
 
@@ -102,6 +105,8 @@ fn convert(
         "internalTrafficPolicy",
     )
     .map_err(invalid)?;
+
+    let load_balancer_algorithm = load_balancer_algorithm(svc, log_as);
 
     let health_check_node_port = if service_type == TYPE_LOAD_BALANCER && external_policy_local {
         match spec.health_check_node_port.unwrap_or(0) {
@@ -196,10 +201,38 @@ fn convert(
                 internal_policy_local,
                 health_check_node_port,
                 session_affinity,
+                load_balancer_algorithm,
             },
         ));
     }
     Ok(ports)
+}
+
+/// The algorithm the service's annotation asks for. An unknown value is not worth refusing
+/// the service for: it is reported (when `log_as` names the service) and the configuration
+/// decides, as for an absent annotation.
+fn load_balancer_algorithm(
+    svc: &Service,
+    log_as: Option<&NamespacedName>,
+) -> Option<LoadBalancerAlgorithm> {
+    let value = svc
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(LB_ALGORITHM_ANNOTATION)?;
+    let algorithm = LoadBalancerAlgorithm::parse(value.trim());
+    if algorithm.is_none()
+        && let Some(name) = log_as
+    {
+        tracing::warn!(
+            service = %name,
+            annotation = LB_ALGORITHM_ANNOTATION,
+            value = %quoted(value),
+            supported = ?LoadBalancerAlgorithm::NAMES,
+            "ignoring an unknown load-balancing algorithm; the configured one applies"
+        );
+    }
+    algorithm
 }
 
 /// The ClusterIP of `family`, `None` when the service has none (headless, or not of that

@@ -73,6 +73,7 @@ fn service(policy: Policy) -> ServicePort {
         internal_policy_local: policy.internal_local,
         health_check_node_port: None,
         session_affinity: None,
+        load_balancer_algorithm: None,
     }
 }
 

@@ -14,8 +14,12 @@
 //!
 //! When the maps are full, services are admitted whole or not at all, in a fixed order
 //! (see `admission`): what does not fit is reported and retried at every sync.
+//!
+//! Frontends that use Maglev get a table written before the slot 0 that points at it, and
+//! a table in use is never rewritten (see `maglev`).
 
 mod admission;
+mod maglev;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -26,7 +30,10 @@ use ipnet::IpNet;
 use proxy_common::{SCOPE_EXTERNAL, SCOPE_INTERNAL, SvcValue, svc_flags};
 use tracing::{debug, warn};
 
-use self::admission::Refusals;
+use self::{
+    admission::Refusals,
+    maglev::{BackendSet, MaglevState, TableWrites, with_table},
+};
 use super::{
     budget::{Budget, MapKind, PerMap},
     desired::{BackendAddr, DesiredService, FrontendKey, Scope},
@@ -60,6 +67,8 @@ pub enum Op {
     DelBackend(bool, u32),
     DelNodePortAddr(IpAddr),
     DelSvcCidr(IpNet),
+    /// Writes Maglev table `index` for these backends (identity, id), built at write time.
+    PutMaglevTable(u16, Vec<(BackendAddr, u32)>),
 }
 
 /// What has been written for one service of one family, and the ids it holds.
@@ -73,6 +82,8 @@ struct AppliedService {
     backends: Vec<BackendAddr>,
     /// (rev_nat_id, backend ids) of frontends with session affinity.
     affinity: Vec<(u16, Vec<u32>)>,
+    /// One reference on the Maglev table of each frontend that uses one.
+    maglev: Vec<BackendSet>,
     no_local_internal: bool,
     no_local_external: bool,
 }
@@ -98,6 +109,7 @@ pub struct ApplyState {
     /// Services in `services` with no local endpoint for a Local internal / external
     /// traffic policy (kept as they come and go, for the same reason as `counted`).
     no_local: (usize, usize),
+    maglev: MaglevState,
 }
 
 fn v6(addr: &IpAddr) -> bool {
@@ -121,7 +133,20 @@ impl ApplyState {
             deferred: HashSet::new(),
             counted: None,
             no_local: (0, 0),
+            maglev: MaglevState::default(),
         }
+    }
+
+    /// Sets the Maglev settings: the configured algorithm, the entries of a table, and how
+    /// many tables the map holds.
+    pub fn with_maglev(
+        mut self,
+        default: crate::model::LoadBalancerAlgorithm,
+        table_size: u32,
+        tables: u32,
+    ) -> Self {
+        self.maglev = MaglevState::new(default, table_size, tables);
+        self
     }
 
     /// Takes ids over from maps a previous agent left, so that identical entries keep
@@ -141,6 +166,7 @@ impl ApplyState {
                     .adopt(key.frontend, u64::from(value.rev_nat_id));
             }
         }
+        self.maglev.adopt(actual);
         self.adopted = true;
     }
 
@@ -191,6 +217,13 @@ impl ApplyState {
             }
             for (scope_id, scope) in scopes {
                 let ids = self.backend_slots(scope, out, ops)?;
+                // Flows from outside the node use the external scope: it alone gets a table.
+                let table = (scope_id == SCOPE_EXTERNAL
+                    && !ids.is_empty()
+                    && self.maglev.applies(frontend.load_balancer_algorithm))
+                .then(|| self.maglev.acquire(scope, &ids, out, ops))
+                .flatten();
+                let (flags, maglev_table) = with_table(scope.flags, table);
                 for (i, id) in ids.iter().enumerate() {
                     out.svc.insert(
                         SvcEntryKey {
@@ -215,8 +248,8 @@ impl ApplyState {
                         backend_id: frontend.affinity_timeout.unwrap_or(0),
                         count: ids.len() as u16,
                         rev_nat_id,
-                        flags: scope.flags,
-                        _pad: 0,
+                        flags,
+                        maglev_table,
                     },
                 );
                 if frontend.affinity_timeout.is_some() {
@@ -290,6 +323,7 @@ impl ApplyState {
                 }
             }
         }
+        self.maglev.release(old);
         for addr in &old.backends {
             if let Some(id) = self.backend_ids.release(addr) {
                 self.backend_entries.remove(addr);
@@ -308,6 +342,8 @@ struct Plan {
     range_puts: Vec<Op>,
     svc_puts: Vec<(SvcEntryKey, SvcValue)>,
     node_puts: Vec<Op>,
+    /// Maglev tables, written after the backends they name and before any slot 0.
+    maglev_puts: TableWrites,
     svc_dels: Vec<SvcEntryKey>,
     range_dels: Vec<Op>,
     rev_nat_dels: Vec<Op>,
@@ -321,6 +357,8 @@ struct Plan {
     /// Ids handed out for the first time by this plan (their entries are new).
     fresh_backends: HashSet<u32>,
     fresh_rev_nat: HashSet<u16>,
+    /// Maglev table ids handed out for the first time by this plan.
+    fresh_maglev: HashSet<u64>,
 }
 
 impl Plan {
@@ -341,6 +379,8 @@ impl Plan {
         self.backend_entries.extend(other.backend_entries);
         self.fresh_backends.extend(other.fresh_backends);
         self.fresh_rev_nat.extend(other.fresh_rev_nat);
+        self.maglev_puts.extend(other.maglev_puts);
+        self.fresh_maglev.extend(other.fresh_maglev);
     }
 
     fn diff_service(&mut self, old: &AppliedService, new: &AppliedService) {
@@ -395,6 +435,11 @@ impl Plan {
         ops.extend(self.rev_nat_puts);
         ops.extend(self.range_puts);
         ops.extend(self.node_puts);
+        ops.extend(
+            self.maglev_puts
+                .into_iter()
+                .map(|(index, members)| Op::PutMaglevTable(index, members)),
+        );
         ops.extend(self.svc_puts.into_iter().map(|(k, v)| Op::PutSvc(k, v)));
         ops.extend(self.svc_dels.into_iter().map(Op::DelSvc));
         ops.extend(self.range_dels);
@@ -436,7 +481,8 @@ fn deleted_entry(op: &Op) -> Option<(MapKind, IpFamily)> {
     }
 }
 
-fn execute(maps: &mut LbMaps, ops: &[Op]) -> Result<(usize, usize), MapOpError> {
+/// Runs `ops` in order (Maglev tables are built here, of `maglev_size` entries).
+fn execute(maps: &mut LbMaps, ops: &[Op], maglev_size: u32) -> Result<(usize, usize), MapOpError> {
     let (mut written, mut deleted) = (0, 0);
     for op in ops {
         match op {
@@ -452,6 +498,9 @@ fn execute(maps: &mut LbMaps, ops: &[Op]) -> Result<(usize, usize), MapOpError> 
             Op::DelBackend(v6, id) => maps.del_backend(*v6, *id)?,
             Op::DelNodePortAddr(ip) => maps.del_nodeport_addr(*ip)?,
             Op::DelSvcCidr(net) => maps.del_svc_cidr(net)?,
+            Op::PutMaglevTable(index, members) => maps
+                .maglev
+                .write(*index, &super::maglev::build_table(members, maglev_size))?,
         }
         if matches!(
             op,
@@ -461,6 +510,7 @@ fn execute(maps: &mut LbMaps, ops: &[Op]) -> Result<(usize, usize), MapOpError> 
                 | Op::PutSvc(..)
                 | Op::PutNodePortAddr(..)
                 | Op::PutSvcCidr(..)
+                | Op::PutMaglevTable(..)
         ) {
             written += 1;
         } else {
@@ -554,18 +604,27 @@ impl ApplyState {
         for (_, id) in self.rev_nat_ids.drop_unreferenced() {
             plan.dead_rev_nat.insert(id as u16);
         }
+        self.maglev.drop_unreferenced();
 
+        // Tables are not in the snapshot (nothing reads them back): a full sync writes the
+        // ones this plan wrote, in the same phase.
+        let tables = if actual.is_some() {
+            std::mem::take(&mut plan.maglev_puts)
+        } else {
+            TableWrites::new()
+        };
         let (diff_ops, dead_frontends, dead_pairs) = plan.ordered();
         // A full sync compares with what the maps hold instead of what was written.
         let ops = match actual {
-            Some(actual) => self.reconcile(&actual),
+            Some(actual) => self.reconcile(&actual, tables),
             None => diff_ops,
         };
-        let executed = execute(maps, &ops);
+        let executed = execute(maps, &ops, self.maglev.size);
         // Ids freed by this sync are safe to hand out once their entries are gone (or, if a
         // write failed, at the next sync, which is then full and rewrites what it needs).
         self.backend_ids.recycle();
         self.rev_nat_ids.recycle();
+        self.maglev.finish(executed.is_err());
         let (written, deleted) = executed?;
         // At the peak the maps held what they had plus what was admitted; the deletes
         // came after.
@@ -666,10 +725,14 @@ impl ApplyState {
         s
     }
 
-    /// The operations that turn `actual` into [`ApplyState::expected`], in safe order.
-    fn reconcile(&self, actual: &Snapshot) -> Vec<Op> {
+    /// The operations that turn `actual` into [`ApplyState::expected`], in safe order, with
+    /// the Maglev `tables` to write.
+    fn reconcile(&self, actual: &Snapshot, tables: TableWrites) -> Vec<Op> {
         let expected = self.expected();
-        let mut plan = Plan::default();
+        let mut plan = Plan {
+            maglev_puts: tables,
+            ..Plan::default()
+        };
         for (id, entry) in &expected.backends {
             if actual.backends.get(id) != Some(entry) {
                 plan.backend_puts.push(Op::PutBackend(id.1, *entry));

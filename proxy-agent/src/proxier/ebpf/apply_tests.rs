@@ -165,6 +165,26 @@ fn web_service() -> k8s_openapi::api::core::v1::Service {
         .build()
 }
 
+/// LoadBalancer "lb" with eTP=Local: ClusterIP 172.30.0.30:80, NodePort 30080, LB IP
+/// 1.2.3.4.
+pub(super) fn etp_local_lb_service() -> k8s_openapi::api::core::v1::Service {
+    mk_service("ns1", "lb")
+        .type_("LoadBalancer")
+        .cluster_ip("172.30.0.30")
+        .node_port("http", 80, "TCP", 30080)
+        .lb_ingress("1.2.3.4", None)
+        .external_traffic_policy("Local")
+        .health_check_node_port(30000)
+        .build()
+}
+
+/// Index of the last logged op matching `pred`.
+pub(super) fn last_pos(ops: &[LoggedOp], pred: impl Fn(&LoggedOp) -> bool) -> usize {
+    ops.iter()
+        .rposition(pred)
+        .unwrap_or_else(|| panic!("no such op in {ops:#?}"))
+}
+
 /// Index of the first logged op matching `pred`.
 fn pos(ops: &[LoggedOp], pred: impl Fn(&LoggedOp) -> bool) -> usize {
     ops.iter()
@@ -172,7 +192,7 @@ fn pos(ops: &[LoggedOp], pred: impl Fn(&LoggedOp) -> bool) -> usize {
         .unwrap_or_else(|| panic!("no such op in {ops:#?}"))
 }
 
-fn is_put<'a>(map: &'static str, key_part: &'a str) -> impl Fn(&LoggedOp) -> bool + 'a {
+pub(super) fn is_put<'a>(map: &'static str, key_part: &'a str) -> impl Fn(&LoggedOp) -> bool + 'a {
     move |op| matches!(op, LoggedOp::Put { map: m, key } if *m == map && key.contains(key_part))
 }
 
@@ -208,18 +228,7 @@ fn a_cluster_ip_service_is_written_backends_first_slot_zero_last() {
         &ops,
         |op| matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains("slot: 0") && key.contains("dport: 20480")),
     );
-    let last_backend = ops
-        .iter()
-        .rposition(|op| {
-            matches!(
-                op,
-                LoggedOp::Put {
-                    map: "BACKENDS4_V1",
-                    ..
-                }
-            )
-        })
-        .unwrap();
+    let last_backend = last_pos(&ops, is_put("BACKENDS4_V1", ""));
     let rev_nat = pos(&ops, is_put("REV_NAT4_V1", ""));
     let slot1 = pos(
         &ops,
@@ -386,16 +395,7 @@ fn a_restarted_agent_adopts_the_maps_without_rewriting_them() {
 #[test]
 fn etp_local_gets_two_scopes_internal_written_before_the_external_slot_zero() {
     let mut h = Harness::new();
-    h.service(
-        mk_service("ns1", "lb")
-            .type_("LoadBalancer")
-            .cluster_ip("172.30.0.30")
-            .node_port("http", 80, "TCP", 30080)
-            .lb_ingress("1.2.3.4", None)
-            .external_traffic_policy("Local")
-            .health_check_node_port(30000)
-            .build(),
-    );
+    h.service(etp_local_lb_service());
     h.slice(
         mk_endpointslice("ns1", "lb-1", "lb", "IPv4")
             .port("http", 8080, "TCP")

@@ -10,8 +10,8 @@ use proxy_common::{proto, svc_flags};
 
 use crate::{
     model::{
-        CategorizedEndpoints, Endpoint, FamilyState, IpFamily, NamespacedName, Protocol,
-        ServicePort, categorize_endpoints,
+        CategorizedEndpoints, Endpoint, FamilyState, IpFamily, LoadBalancerAlgorithm,
+        NamespacedName, Protocol, ServicePort, categorize_endpoints,
     },
     proxier::NodeContext,
 };
@@ -58,6 +58,8 @@ pub struct DesiredFrontend {
     pub affinity_timeout: Option<u32>,
     /// loadBalancerSourceRanges (with the LB IP itself added when a node IP is inside them).
     pub source_ranges: Vec<IpNet>,
+    /// The service's own algorithm for flows from outside (None: the configured one).
+    pub load_balancer_algorithm: Option<LoadBalancerAlgorithm>,
 }
 
 /// Everything one service needs in one family.
@@ -205,6 +207,7 @@ fn add_port_frontends(
         internal: None,
         affinity_timeout,
         source_ranges: Vec::new(),
+        load_balancer_algorithm: port.load_balancer_algorithm,
     });
 
     // External destinations: the external policy decides for clients from outside; clients
@@ -245,6 +248,7 @@ fn add_port_frontends(
             internal,
             affinity_timeout,
             source_ranges: ranges,
+            load_balancer_algorithm: port.load_balancer_algorithm,
         }
     };
     if let Some(node_port) = port.node_port {

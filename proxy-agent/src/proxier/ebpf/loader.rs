@@ -30,7 +30,7 @@ use crate::proxier::netlink::tc::ClsactHook;
 pub use super::pins::{MapSizes, links_dir, maps_dir};
 use super::{
     attached::{self, POD_INGRESS, UPLINK_EGRESS, UPLINK_INGRESS},
-    maps::{KernelHash, KernelLpm, LbMaps},
+    maps::{KernelHash, KernelLpm, KernelMaglev, LbMaps},
     node_settings::LocalCidrMaps,
     resize::{self, PinPlan, Resizable},
     upgrade,
@@ -101,6 +101,9 @@ pub struct LoadOptions {
     pub devices: Vec<String>,
     /// XDP acceleration on the uplinks.
     pub xdp: crate::config::XdpMode,
+    /// Entries of one Maglev table (`ebpf.maglevTableSize`): the Maglev map holds
+    /// `map_sizes.maglev_tables` of them.
+    pub maglev_table_size: u32,
 }
 
 /// The socket programs and where they attach.
@@ -137,6 +140,8 @@ pub struct Loaded {
     ebpf: Ebpf,
     pub maps: LbMaps,
     config: Array<MapData, LbConfig>,
+    /// Kept open: a program loaded later (XDP, lazily) refers to the map by this fd.
+    _maglev_config: Array<MapData, u32>,
     pub ct4: AyaHash<MapData, proxy_common::Ct4Key, proxy_common::CtValue>,
     pub ct6: AyaHash<MapData, proxy_common::Ct6Key, proxy_common::CtValue>,
     /// The local-traffic detector's CIDRs (written with the node settings, not per service).
@@ -230,8 +235,10 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
     let defer = upgrade::deferred_attach(&maps_dir, &links_dir);
     let resizable = resize::resizable(&opts.map_sizes);
     let mut plans = resize::plan(&maps_dir, &resizable);
+    let maglev_entries = resize::maglev_entries(&opts.map_sizes, opts.maglev_table_size);
+    resize::replace_other_maglev_layout(&maps_dir, maglev_entries, opts.maglev_table_size);
     let mut ebpf = loop {
-        let ebpf = load_object(&maps_dir, &resizable, &plans)?;
+        let ebpf = load_object(&maps_dir, &resizable, &plans, maglev_entries)?;
         if resize::copy_over(&maps_dir, &resizable, &mut plans) {
             break ebpf;
         }
@@ -250,6 +257,15 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
 
     let maps = take_maps(&mut ebpf)?;
     let config = take_array(&mut ebpf, names::LB_CONFIG)?;
+    // The table size goes in before any program is attached: a program reading the tables
+    // with another size would index into the wrong table.
+    let mut maglev_config: Array<MapData, u32> = take_array(&mut ebpf, names::MAGLEV_CONFIG)?;
+    maglev_config
+        .set(0, opts.maglev_table_size, 0)
+        .map_err(|source| LoadError::Map {
+            name: names::MAGLEV_CONFIG,
+            source,
+        })?;
     let ct4 = take_raw_hash(&mut ebpf, names::CT4)?;
     let ct6 = take_raw_hash(&mut ebpf, names::CT6)?;
     let local_cidrs = LocalCidrMaps {
@@ -260,6 +276,7 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         ebpf,
         maps,
         config,
+        _maglev_config: maglev_config,
         ct4,
         ct6,
         local_cidrs,
@@ -369,8 +386,13 @@ impl Loaded {
 }
 
 /// Loads the embedded object: maps at their pins (a resized map at its staging pin), with
-/// the configured capacities.
-fn load_object(maps_dir: &Path, resizable: &[Resizable], plans: &[PinPlan]) -> Result<Ebpf> {
+/// the configured capacities (`maglev_entries` for the Maglev tables).
+fn load_object(
+    maps_dir: &Path,
+    resizable: &[Resizable],
+    plans: &[PinPlan],
+    maglev_entries: u32,
+) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
     for name in names::ALL {
         loader.map_pin_path(name, resize::pin_path(maps_dir, name, resizable, plans));
@@ -378,6 +400,7 @@ fn load_object(maps_dir: &Path, resizable: &[Resizable], plans: &[PinPlan]) -> R
     for map in resizable {
         loader.map_max_entries(map.name, map.wanted.max_entries);
     }
+    loader.map_max_entries(names::MAGLEV, maglev_entries);
     Ok(loader.load(crate::ebpf_object::bytes())?)
 }
 
@@ -580,5 +603,6 @@ fn take_maps(ebpf: &mut Ebpf) -> Result<LbMaps> {
         nodeport_addrs6: take_hash(ebpf, names::NODEPORT_ADDRS6)?,
         src_ranges4: take_lpm(ebpf, names::SRC_RANGES4)?,
         src_ranges6: take_lpm(ebpf, names::SRC_RANGES6)?,
+        maglev: Box::new(KernelMaglev::new(take_array(ebpf, names::MAGLEV)?)),
     })
 }

@@ -10,7 +10,7 @@ use std::{
 };
 
 use aya::maps::{
-    HashMap as AyaHash, IterableMap, MapData, MapError,
+    Array, HashMap as AyaHash, IterableMap, MapData, MapError,
     lpm_trie::{Key as LpmKey, LpmTrie},
 };
 use proxy_common::{
@@ -271,6 +271,119 @@ where
 
 pub type Map<K, V> = Box<dyn KvMap<K, V>>;
 
+/// The Maglev tables: one array of backend ids, table `t` at entries
+/// `t * size..(t + 1) * size` (see `proxy_common::maps::MAGLEV`).
+pub trait MaglevTables: Send {
+    /// Entries of the map (tables times their size).
+    fn capacity(&self) -> Result<usize>;
+    /// Writes `table` as table `index` (`table.len()` is the table size).
+    fn write(&mut self, index: u16, table: &[u32]) -> Result<()>;
+    /// Table `index` of `size` entries as the map holds it.
+    fn read(&self, index: u16, size: u32) -> Result<Vec<u32>>;
+}
+
+/// The first entry of table `index` and the end of its entries, checked against the map.
+fn table_range(name: &'static str, capacity: usize, index: u16, size: usize) -> Result<(u32, u32)> {
+    let start = usize::from(index) * size;
+    let end = start + size;
+    match (u32::try_from(start), u32::try_from(end)) {
+        (Ok(start), Ok(end)) if end as usize <= capacity => Ok((start, end)),
+        _ => Err(MapOpError::Full {
+            map: name,
+            op: "update",
+        }),
+    }
+}
+
+/// The kernel's Maglev array.
+pub struct KernelMaglev {
+    map: Array<MapData, u32>,
+}
+
+impl KernelMaglev {
+    const NAME: &'static str = proxy_common::maps::MAGLEV;
+
+    pub fn new(map: Array<MapData, u32>) -> Self {
+        Self { map }
+    }
+}
+
+impl MaglevTables for KernelMaglev {
+    fn capacity(&self) -> Result<usize> {
+        Ok(self.map.len() as usize)
+    }
+    fn write(&mut self, index: u16, table: &[u32]) -> Result<()> {
+        let (start, _) = table_range(Self::NAME, self.capacity()?, index, table.len())?;
+        // No batch update in aya: one update per entry. A program reading the table meanwhile
+        // finds either entry valid (see `apply`: a table is written before any slot 0 points
+        // at it, and is never rewritten while one does).
+        for (i, id) in (start..).zip(table) {
+            self.map
+                .set(i, id, 0)
+                .map_err(|e| kernel_err(Self::NAME, "update", e))?;
+        }
+        Ok(())
+    }
+    fn read(&self, index: u16, size: u32) -> Result<Vec<u32>> {
+        let (start, end) = table_range(Self::NAME, self.capacity()?, index, size as usize)?;
+        (start..end)
+            .map(|i| {
+                self.map
+                    .get(&i, 0)
+                    .map_err(|e| kernel_err(Self::NAME, "lookup", e))
+            })
+            .collect()
+    }
+}
+
+/// In-memory Maglev tables for tests: a write is one logged operation (`table N`).
+pub struct MemMaglev {
+    tables: StdHashMap<u16, Vec<u32>>,
+    capacity: usize,
+    log: OpLog,
+}
+
+impl MemMaglev {
+    pub fn new(capacity: usize, log: OpLog) -> Self {
+        Self {
+            tables: StdHashMap::new(),
+            capacity,
+            log,
+        }
+    }
+}
+
+impl MaglevTables for MemMaglev {
+    fn capacity(&self) -> Result<usize> {
+        Ok(self.capacity)
+    }
+    fn write(&mut self, index: u16, table: &[u32]) -> Result<()> {
+        let name = proxy_common::maps::MAGLEV;
+        table_range(name, self.capacity, index, table.len())?;
+        self.tables.insert(index, table.to_vec());
+        if let Ok(mut log) = self.log.lock() {
+            log.push(Op::Put {
+                map: name,
+                key: format!("table {index}"),
+            });
+        }
+        Ok(())
+    }
+    fn read(&self, index: u16, size: u32) -> Result<Vec<u32>> {
+        table_range(
+            proxy_common::maps::MAGLEV,
+            self.capacity,
+            index,
+            size as usize,
+        )?;
+        Ok(self
+            .tables
+            .get(&index)
+            .cloned()
+            .unwrap_or_else(|| vec![0; size as usize]))
+    }
+}
+
 /// Every map the agent writes.
 pub struct LbMaps {
     pub svc4: Map<Svc4Key, SvcValue>,
@@ -286,6 +399,7 @@ pub struct LbMaps {
     pub nodeport_addrs6: Map<NodeAddr6Key, u8>,
     pub src_ranges4: Map<Prefix<SourceRange4>, u8>,
     pub src_ranges6: Map<Prefix<SourceRange6>, u8>,
+    pub maglev: Box<dyn MaglevTables>,
 }
 
 impl LbMaps {
@@ -321,6 +435,7 @@ impl LbMaps {
             nodeport_addrs6: mem(NODEPORT_ADDRS6, c, l),
             src_ranges4: mem(SRC_RANGES4, c, l),
             src_ranges6: mem(SRC_RANGES6, c, l),
+            maglev: Box::new(MemMaglev::new(capacity_of(MAGLEV), log.clone())),
         };
         (maps, log)
     }

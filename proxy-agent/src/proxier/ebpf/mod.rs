@@ -16,6 +16,7 @@ mod ids;
 mod inspect;
 mod kernel;
 mod loader;
+mod maglev;
 mod maps;
 pub(super) mod mode;
 mod names;
@@ -31,7 +32,9 @@ mod xdp;
 /// What the integration tests and benchmarks load, pin and clean up with.
 pub use self::{
     apply::ApplyState,
+    desired::BackendAddr,
     loader::{LoadError, LoadOptions, Loaded, detect_cgroup2_root, load_and_attach},
+    maglev::build_table as build_maglev_table,
     pins::{MapSizes, links_dir, maps_dir, unpin_all},
     sockets::Unsupported as SocketSweepUnsupported,
 };
@@ -61,8 +64,13 @@ pub struct EbpfProxier {
 
 impl EbpfProxier {
     /// Loads and attaches the programs (reusing pinned maps and replacing pinned links of a
-    /// previous agent) and writes the runtime configuration.
-    pub fn start(opts: &LoadOptions, config: LbConfig) -> Result<Self, LoadError> {
+    /// previous agent) and writes the runtime configuration. `algorithm` is how flows from
+    /// outside pick backends where a service does not say (its annotation).
+    pub fn start(
+        opts: &LoadOptions,
+        config: LbConfig,
+        algorithm: crate::model::LoadBalancerAlgorithm,
+    ) -> Result<Self, LoadError> {
         let mut loaded = loader::load_and_attach(opts)?;
         loaded.write_config(config)?;
         info!(
@@ -90,9 +98,25 @@ impl EbpfProxier {
         handover.begin(&[crate::model::IpFamily::V4, crate::model::IpFamily::V6]);
         let max_backends = id_space(loaded.maps.backends4.capacity(), opts.map_sizes.backends);
         let max_rev_nat = id_space(loaded.maps.rev_nat4.capacity(), opts.map_sizes.rev_nat);
+        // As many tables as the map holds (it is sized for the configured number).
+        let maglev_tables = loaded
+            .maps
+            .maglev
+            .capacity()
+            .ok()
+            .and_then(|entries| {
+                u32::try_from(entries / opts.maglev_table_size.max(1) as usize).ok()
+            })
+            .unwrap_or(0)
+            .min(opts.map_sizes.maglev_tables);
+        let state = ApplyState::new(max_backends, max_rev_nat).with_maglev(
+            algorithm,
+            opts.maglev_table_size,
+            maglev_tables,
+        );
         Ok(Self {
             loaded,
-            state: ApplyState::new(max_backends, max_rev_nat),
+            state,
             names,
             config,
             written_config: None,
@@ -242,5 +266,7 @@ impl Proxier for EbpfProxier {
 
 #[cfg(test)]
 mod apply_capacity_tests;
+#[cfg(test)]
+mod apply_maglev_tests;
 #[cfg(test)]
 mod apply_tests;

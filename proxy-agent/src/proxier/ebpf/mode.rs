@@ -77,11 +77,17 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
         map_sizes: config.ebpf.map_sizes,
         devices: settings.devices.to_vec(),
         xdp,
+        maglev_table_size: config.ebpf.maglev_table_size,
     };
+    // Validation refused an unknown algorithm before any mode started.
+    let algorithm = config
+        .load_balancer_algorithm()
+        .map_err(|e| e.to_string())?;
     let cookie = crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
     let proxier = EbpfProxier::start(
         &opts,
         lb_config(cookie, settings.node, &config.ebpf.conntrack),
+        algorithm,
     )
     .map_err(|e| e.to_string())?;
     Ok(Box::new(proxier))

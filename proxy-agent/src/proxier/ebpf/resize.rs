@@ -251,6 +251,57 @@ pub fn resizable(sizes: &MapSizes) -> Vec<Resizable> {
     ]
 }
 
+/// Entries of the Maglev map: the configured tables of `table_size` entries (validation
+/// keeps the product within a u32).
+pub fn maglev_entries(sizes: &MapSizes, table_size: u32) -> u32 {
+    sizes.maglev_tables.saturating_mul(table_size).max(1)
+}
+
+/// The Maglev map is not resized like the others: its entries are tables of a given size,
+/// meaningless under another one. When the pinned map has another capacity, or the running
+/// dataplane's configuration another table size, its pin is removed so that the load
+/// creates the map afresh, and so is the configuration's (with another table size) so that
+/// the running programs keep reading their old tables with their old size until they are
+/// replaced. The new programs find empty tables (entry 0: they pick at random) until the
+/// first full sync, which writes every table in use (see `apply`'s `maglev`).
+pub fn replace_other_maglev_layout(maps_dir: &Path, entries: u32, table_size: u32) {
+    let path = maps_dir.join(names::MAGLEV);
+    let Some(shape) = pinned_shape(names::MAGLEV, &path) else {
+        return;
+    };
+    let pinned_size = pinned_maglev_table_size(maps_dir);
+    let same_size = pinned_size.is_none_or(|s| s == table_size);
+    if shape.max_entries == entries && same_size {
+        return;
+    }
+    info!(
+        from_entries = shape.max_entries,
+        to_entries = entries,
+        from_table_size = ?pinned_size,
+        to_table_size = table_size,
+        "Maglev tables change shape: the map is created afresh and refilled by the first full sync"
+    );
+    let mut pins = vec![path];
+    if !same_size {
+        pins.push(maps_dir.join(names::MAGLEV_CONFIG));
+    }
+    for pin in pins {
+        if let Err(e) = fs::remove_file(&pin) {
+            warn!(pin = %pin.display(), error = %e, "could not remove a pinned Maglev map; the load reuses it");
+        }
+    }
+}
+
+/// The table size the running dataplane's pinned Maglev configuration holds (None: no pin,
+/// unreadable, or not written yet).
+fn pinned_maglev_table_size(maps_dir: &Path) -> Option<u32> {
+    let data = MapData::from_pin(maps_dir.join(names::MAGLEV_CONFIG)).ok()?;
+    let config: aya::maps::Array<MapData, u32> =
+        aya::maps::Array::try_from(AyaMap::Array(data)).ok()?;
+    let size = config.get(&0, 0).ok()?;
+    (size != 0).then_some(size)
+}
+
 /// Where the new map of a resize is pinned until it replaces the old one (bpffs refuses
 /// names with dots).
 pub fn staging_pin(maps_dir: &Path, name: &str) -> PathBuf {

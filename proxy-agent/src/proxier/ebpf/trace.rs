@@ -163,6 +163,11 @@ fn describe_set(
             "no ready endpoint: the serving terminating ones are used (upstream's fallback)".into(),
         );
     }
+    if s.flags & svc_flags::MAGLEV != 0 {
+        steps.push(
+            "Maglev: a new flow from outside the node takes the backend its 5-tuple hashes to in the frontend's table, the same on every node (flows from this node's pods and processes: at random)".into(),
+        );
+    }
 }
 
 /// Whether a new flow of `client` to frontend `f` (scope `s`) is masqueraded, as

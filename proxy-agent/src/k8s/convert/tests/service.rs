@@ -45,6 +45,7 @@ fn base(cluster_ip: &str, port: u16, protocol: Protocol) -> ServicePort {
         internal_policy_local: false,
         health_check_node_port: None,
         session_affinity: None,
+        load_balancer_algorithm: None,
     }
 }
 
@@ -625,4 +626,32 @@ fn invalid_services_are_refused_with_a_reason() {
     assert!(service_ports(&nameless, IpFamily::V4).is_err());
     // The same object, made valid, converts.
     assert_eq!(ports(&good().build(), IpFamily::V4).len(), 1);
+}
+
+#[test]
+fn the_lb_algorithm_annotation_chooses_the_algorithm_and_an_unknown_value_is_ignored() {
+    use crate::k8s::convert::LB_ALGORITHM_ANNOTATION;
+    use crate::model::LoadBalancerAlgorithm;
+    let svc = || {
+        mk_service("ns", "web")
+            .cluster_ip("10.0.0.1")
+            .port("http", 80, "TCP")
+    };
+    assert_eq!(
+        only_port(&svc().build(), IpFamily::V4).load_balancer_algorithm,
+        None
+    );
+    for (value, expected) in [
+        ("maglev", Some(LoadBalancerAlgorithm::Maglev)),
+        (" random ", Some(LoadBalancerAlgorithm::Random)),
+        // Warned about, and the configuration decides: the service still converts.
+        ("ring-hash", None),
+    ] {
+        let annotated = svc().annotation(LB_ALGORITHM_ANNOTATION, value).build();
+        assert_eq!(
+            only_port(&annotated, IpFamily::V4).load_balancer_algorithm,
+            expected,
+            "{value}"
+        );
+    }
 }

@@ -191,6 +191,7 @@ impl ApplyState {
                 // Nothing of `new` is written: its references go (ids it was the first to
                 // take are free again at once), `old` stays as it was.
                 self.release(family, &service, &new, &mut Plan::default());
+                self.maglev.forget(&trial);
                 for id in &trial.fresh_backends {
                     self.backend_ids.forget(u64::from(*id));
                 }

@@ -11,7 +11,7 @@ use proxy_common::{Ct4Key, Ct6Key, CtValue, LbConfig, maps as names};
 use super::live::{LiveError, RawMaps};
 use crate::proxier::ebpf::{
     loader::{links_dir, maps_dir},
-    maps::{KernelHash, KernelLpm, KvMap, LbMaps},
+    maps::{KernelHash, KernelLpm, KvMap, LbMaps, MemMaglev},
     names::read_pinned as read_names,
     node_settings::LocalCidrMaps,
 };
@@ -86,6 +86,8 @@ pub fn read_pinned(bpffs_root: &Path) -> Result<RawMaps, LiveError> {
         nodeport_addrs6: hash(&dir, names::NODEPORT_ADDRS6)?,
         src_ranges4: lpm(&dir, names::SRC_RANGES4)?,
         src_ranges6: lpm(&dir, names::SRC_RANGES6)?,
+        // Inspection reads no table: what a frontend uses is in its slot 0.
+        maglev: Box::new(MemMaglev::new(0, Default::default())),
     };
     let snapshot = maps.snapshot()?;
     let affinity = maps.affinity.entries()?;

@@ -33,7 +33,7 @@ fn raw() -> live::RawMaps {
             count: 2,
             rev_nat_id: 7,
             flags: svc_flags::CLUSTER_IP,
-            _pad: 0,
+            maglev_table: 0,
         },
     );
     for (slot, id) in [(1, 3), (2, 4)] {
