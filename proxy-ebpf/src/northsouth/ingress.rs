@@ -141,13 +141,6 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
         // Its first fragment made no flow: nothing to join.
         return NewFlow::Done(C::DROP);
     }
-    if p.proto == proto::TCP && p.tcp_flags & TCP_SYN == 0 {
-        // Not the start of a connection: one this conntrack does not know, e.g. translated
-        // by the netfilter mode this node ran before (whose conntrack entry, kept on by the
-        // agent's handover table, still translates it). Given a backend of its own now it
-        // would only be reset there; the stack has the entry, or answers as a host does.
-        return NewFlow::Done(C::PASS);
-    }
     let internal = side == ClientSide::Pod && pods_are_local(cfg.flags);
     let (svc, key) = match lookup_frontend::<F>(p.daddr, p.dport, p.proto, internal) {
         Frontend::None => return NewFlow::Done(C::PASS),
@@ -155,6 +148,16 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
         Frontend::Reject => return NewFlow::Reject,
         Frontend::Service { svc, key } => (svc, key),
     };
+    let maglev = side == ClientSide::Outside && svc.flags & svc_flags::MAGLEV != 0;
+    if p.proto == proto::TCP && p.tcp_flags & TCP_SYN == 0 && !maglev {
+        // Not the start of a connection: one this conntrack does not know, e.g. translated
+        // by the netfilter mode this node ran before (whose conntrack entry, kept on by the
+        // agent's handover table, still translates it). Given a backend of its own now it
+        // would only be reset there; the stack has the entry, or answers as a host does.
+        // A Maglev frontend does take it: another node may have started the flow (an ECMP
+        // router moved it), and the table picks the backend that node picked.
+        return NewFlow::Done(C::PASS);
+    }
     if svc.flags & svc_flags::SOURCE_RANGES != 0 && !F::source_allowed(svc.rev_nat_id, p.saddr) {
         return NewFlow::Done(C::DROP);
     }
@@ -166,7 +169,7 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
     }
     // Maglev applies to clients outside the node only: an ECMP router may send their packets
     // to any node, which must all pick the same backend.
-    let maglev_hash = if side == ClientSide::Outside && svc.flags & svc_flags::MAGLEV != 0 {
+    let maglev_hash = if maglev {
         MaglevHash::of(flow_hash::<F>(
             &p.saddr, &p.daddr, p.sport, p.dport, p.proto,
         ))

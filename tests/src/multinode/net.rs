@@ -266,6 +266,15 @@ impl ClusterNet {
         Ok(())
     }
 
+    /// Sends the external namespace's own traffic for `lb` (the ECMP route's) through
+    /// node `index` only: a router that moved the flows to that node.
+    pub fn route_via(&self, lb: Ipv4Addr, index: usize) -> Result<()> {
+        let (dest, via) = (format!("{lb}/32"), node_address(index).to_string());
+        ip_in(&self.ext_ns, &["route", "replace", &dest, "via", &via])
+            .map(drop)
+            .map_err(Into::into)
+    }
+
     /// The pod with this address.
     pub fn pod(&self, address: Ipv4Addr) -> Option<&PodNet> {
         self.pods.iter().find(|p| p.address == address)

@@ -16,6 +16,9 @@
 //!   nodes): nothing fails, breaks or is lost.
 //! - `drained_node_*`: a node drained (its endpoints leave the EndpointSlice) and its
 //!   agent stopped: after one sync the other nodes send nothing to its pods.
+//! - `maglev_*`: a Maglev service (by annotation) reached at its LB IP: the same 5-tuple
+//!   entering through each node reaches the same backend, and removing one of five
+//!   backends moves about a fifth of a set of new flows (those it served, and few others).
 //! - `mode_switch_*` (`MULTINODE_MIGRATIONS=1`): node A switched between iptables (or
 //!   nftables) and ebpf and back under the same load, starting from either; each prints
 //!   its numbers.
@@ -573,4 +576,149 @@ async fn mode_switch_ebpf_nftables_ebpf() {
 async fn mode_switch_nftables_ebpf_nftables() {
     require_root!();
     mode_switch(Mode::Nftables, Mode::Ebpf).await;
+}
+
+const MAGLEV_VIP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 30);
+const MAGLEV_LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 30);
+const MAGLEV_BACKENDS: [(usize, u8); 5] = [(A, 20), (A, 21), (B, 20), (B, 21), (C, 20)];
+
+/// An eTP=Cluster LoadBalancer service using Maglev, served by `backends` (UDP 80 to 9000).
+fn maglev_objects(backends: &[(usize, u8)]) -> String {
+    let endpoints = backends
+        .iter()
+        .copied()
+        .map(endpoint_yaml)
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"- apiVersion: v1
+  kind: Service
+  metadata:
+    name: mag
+    namespace: ns1
+    annotations: {{kube-proxy-ebpf.io/lb-algorithm: maglev}}
+  spec:
+    type: LoadBalancer
+    clusterIP: {MAGLEV_VIP}
+    clusterIPs: [{MAGLEV_VIP}]
+    externalTrafficPolicy: Cluster
+    ports:
+    - {{name: u, port: 80, protocol: UDP, targetPort: 9000, nodePort: 30100}}
+  status: {{loadBalancer: {{ingress: [{{ip: {MAGLEV_LB}}}]}}}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {{name: mag-1, namespace: ns1, labels: {{kubernetes.io/service-name: mag}}}}
+  addressType: IPv4
+  endpoints: [{endpoints}]
+  ports:
+  - {{name: u, port: 9000, protocol: UDP}}
+"#
+    )
+}
+
+/// Which backend each flow (the external client's source port `port`, UDP to the LB IP)
+/// reaches while the router sends it through node `node`.
+fn maglev_backends(
+    cluster: &Cluster,
+    node: usize,
+    ports: std::ops::Range<u16>,
+) -> Vec<Option<Ipv4Addr>> {
+    cluster
+        .net
+        .route_via(MAGLEV_LB, node)
+        .expect("the router's route moves");
+    ports
+        .map(|port| {
+            let attempt = cluster
+                .probe_from_port(EXTERNAL_CLIENT, port, at(MAGLEV_LB, 80), "udp")
+                .expect("probe runs");
+            // SNAT at the entry node (eTP=Cluster), the reply back through it.
+            assert_eq!(
+                attempt.seen_source,
+                Some(node_address(node).into()),
+                "port {port} through node {node}: {}",
+                attempt.describe()
+            );
+            assert_eq!(attempt.peer, Some(at(MAGLEV_LB, 80)), "port {port}");
+            attempt.backend.and_then(|b| match b.ip() {
+                std::net::IpAddr::V4(ip) => Some(ip),
+                std::net::IpAddr::V6(_) => None,
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maglev_same_backend_through_every_node_and_little_movement() {
+    require_root!();
+    let binary = TestNode::agent_binary();
+    assert!(binary.exists(), "{} is not built", binary.display());
+    let mut cluster = Cluster::build(
+        setup(),
+        &MAGLEV_BACKENDS,
+        &[MAGLEV_LB],
+        &[9000],
+        &maglev_objects(&MAGLEV_BACKENDS),
+    )
+    .expect("the cluster builds");
+    cluster
+        .start_agents([Mode::Ebpf; 3])
+        .await
+        .expect("every agent starts");
+
+    // The same 5-tuples through each of the three nodes.
+    let same = 41000..41030;
+    let through: Vec<Vec<Option<Ipv4Addr>>> = [A, B, C]
+        .into_iter()
+        .map(|node| maglev_backends(&cluster, node, same.clone()))
+        .collect();
+    for (i, port) in same.clone().enumerate() {
+        let seen: Vec<_> = through.iter().map(|b| b[i]).collect();
+        assert!(
+            seen[0].is_some() && seen.iter().all(|b| *b == seen[0]),
+            "source port {port}: backends through nodes A, B, C: {seen:?}"
+        );
+    }
+    let used: std::collections::BTreeSet<_> = through[0].iter().flatten().collect();
+    assert!(
+        used.len() >= 3,
+        "30 flows spread over the backends: {used:?}"
+    );
+
+    // New flows: their backends through B, then (after one of five backends goes) through
+    // C, which has never seen them.
+    let fresh = 42000..42100;
+    let before = maglev_backends(&cluster, B, fresh.clone());
+    let removed = pod(MAGLEV_BACKENDS[4]);
+    cluster
+        .apply(&maglev_objects(&MAGLEV_BACKENDS[..4]))
+        .await
+        .expect("every agent syncs the removal");
+    let after = maglev_backends(&cluster, C, fresh.clone());
+    let on_removed = before.iter().filter(|b| **b == Some(removed)).count();
+    let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+    let moved_elsewhere = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| b != a && **b != Some(removed))
+        .count();
+    eprintln!(
+        "maglev: removing 1 of 5 backends moved {moved} of {} flows: {on_removed} were on it, {moved_elsewhere} others",
+        fresh.len()
+    );
+    assert!(
+        after.iter().all(|b| b.is_some() && *b != Some(removed)),
+        "{after:?}"
+    );
+    assert!(
+        on_removed > 0,
+        "some flows used the removed backend: {before:?}"
+    );
+    // Maglev's promise: about 1/N moves. Every flow of the removed backend must move; of the
+    // others only a few may (the table's disruption is small, not zero).
+    assert!(
+        moved_elsewhere * 10 <= fresh.len(),
+        "{moved_elsewhere} of {} flows moved between backends that stayed",
+        fresh.len()
+    );
 }
