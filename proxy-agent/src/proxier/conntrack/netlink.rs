@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 //! ctnetlink (NETLINK_NETFILTER, subsystem CTNETLINK) on netlink-packet-netfilter: dump
-//! one family's conntrack table, delete entries by their original tuple. The crate has
-//! the messages and the tuple attributes; the zone (`CTA_ZONE`, which it does not
-//! define) travels as a plain attribute.
+//! one family's conntrack table, delete entries by their original tuple, create entries
+//! that carry a NAT binding ([`NatFlow`]). The crate has the messages, the tuple and TCP
+//! attributes; the zone (`CTA_ZONE`) and the NAT ranges (`CTA_NAT_DST`, `CTA_NAT_SRC`),
+//! which it does not define, travel as plain attributes encoded here.
 
 use std::net::{IpAddr, Ipv6Addr};
 
 use netlink_packet_core::{DefaultNla, NLA_TYPE_MASK, Nla};
 use netlink_packet_netfilter::conntrack::{
-    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Tuple as CtTuple,
+    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple, TCPFlags,
+    Tuple as CtTuple,
 };
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
@@ -21,6 +23,114 @@ use crate::model::IpFamily;
 use crate::proxier::netlink::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkError, NetlinkMessage, NetlinkSocket, request,
 };
+
+/// NLM_F_CREATE and NLM_F_EXCL: a new entry, never a change to an existing one.
+const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_EXCL: u16 = 0x200;
+/// `CTA_NAT_SRC`, `CTA_NAT_DST` and their nested attributes (linux/netfilter/nfnetlink_conntrack.h).
+const CTA_NAT_SRC: u16 = 6;
+const CTA_NAT_DST: u16 = 13;
+const CTA_NAT_V4_MINIP: u16 = 1;
+const CTA_NAT_V4_MAXIP: u16 = 2;
+const CTA_NAT_PROTO: u16 = 3;
+const CTA_NAT_V6_MINIP: u16 = 4;
+const CTA_NAT_V6_MAXIP: u16 = 5;
+const CTA_PROTONAT_PORT_MIN: u16 = 1;
+const CTA_PROTONAT_PORT_MAX: u16 = 2;
+const NLA_F_NESTED: u16 = 0x8000;
+/// TCP_CONNTRACK_ESTABLISHED, and IP_CT_TCP_FLAG_BE_LIBERAL: the entry knows no window yet,
+/// so its first packets are not judged against one.
+const TCP_CONNTRACK_ESTABLISHED: u8 = 3;
+const IP_CT_TCP_FLAG_BE_LIBERAL: u8 = 0x08;
+
+/// A connection to create in netfilter's table already translated: its original tuple, the
+/// destination it is DNATed to and, when masqueraded, the source it is SNATed to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NatFlow {
+    pub family: IpFamily,
+    pub orig: Tuple,
+    pub dnat_to: std::net::SocketAddr,
+    pub snat_to: Option<std::net::SocketAddr>,
+    /// Seconds until netfilter forgets it without traffic.
+    pub timeout: u32,
+}
+
+/// One netlink attribute (header, payload, padding to 4 bytes).
+fn nla_bytes(kind: u16, payload: &[u8]) -> Vec<u8> {
+    let len = 4 + payload.len();
+    let mut bytes = Vec::with_capacity(len.next_multiple_of(4));
+    bytes.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_ne_bytes());
+    bytes.extend_from_slice(&kind.to_ne_bytes());
+    bytes.extend_from_slice(payload);
+    bytes.resize(len.next_multiple_of(4), 0);
+    bytes
+}
+
+/// A NAT range of exactly one address and port (`CTA_NAT_*`'s nested attributes).
+fn nat_range(to: std::net::SocketAddr) -> Vec<u8> {
+    let mut value = match to.ip() {
+        IpAddr::V4(ip) => [
+            nla_bytes(CTA_NAT_V4_MINIP, &ip.octets()),
+            nla_bytes(CTA_NAT_V4_MAXIP, &ip.octets()),
+        ]
+        .concat(),
+        IpAddr::V6(ip) => [
+            nla_bytes(CTA_NAT_V6_MINIP, &ip.octets()),
+            nla_bytes(CTA_NAT_V6_MAXIP, &ip.octets()),
+        ]
+        .concat(),
+    };
+    let port = to.port().to_be_bytes();
+    let ports = [
+        nla_bytes(CTA_PROTONAT_PORT_MIN, &port),
+        nla_bytes(CTA_PROTONAT_PORT_MAX, &port),
+    ]
+    .concat();
+    value.extend(nla_bytes(CTA_NAT_PROTO | NLA_F_NESTED, &ports));
+    value
+}
+
+/// Creates `flow`: the original tuple and its untranslated reply, then the NAT bindings,
+/// from which the kernel computes the translated reply tuple (as a rule's DNAT and
+/// masquerade would have).
+pub fn create_request(flow: &NatFlow) -> NetlinkMessage<NetfilterMessage> {
+    let reply = Tuple {
+        src: flow.orig.dst,
+        dst: flow.orig.src,
+        protocol: flow.orig.protocol,
+        src_port: flow.orig.dst_port,
+        dst_port: flow.orig.src_port,
+    };
+    let mut attributes = vec![
+        ConntrackAttribute::CtaTupleOrig(tuple_attributes(&flow.orig)),
+        ConntrackAttribute::CtaTupleReply(tuple_attributes(&reply)),
+        ConntrackAttribute::CtaTimeout(flow.timeout),
+        ConntrackAttribute::Other(DefaultNla::new(
+            CTA_NAT_DST | NLA_F_NESTED,
+            nat_range(flow.dnat_to),
+        )),
+    ];
+    if let Some(snat) = flow.snat_to {
+        attributes.push(ConntrackAttribute::Other(DefaultNla::new(
+            CTA_NAT_SRC | NLA_F_NESTED,
+            nat_range(snat),
+        )));
+    }
+    if flow.orig.protocol == super::IPPROTO_TCP {
+        let liberal = || TCPFlags::parse(&[IP_CT_TCP_FLAG_BE_LIBERAL, IP_CT_TCP_FLAG_BE_LIBERAL]);
+        let mut tcp = vec![ProtoInfoTCP::State(TCP_CONNTRACK_ESTABLISHED)];
+        if let (Ok(original), Ok(reply)) = (liberal(), liberal()) {
+            tcp.push(ProtoInfoTCP::OriginalFlags(original));
+            tcp.push(ProtoInfoTCP::ReplyFlags(reply));
+        }
+        attributes.push(ConntrackAttribute::CtaProtoInfo(vec![ProtoInfo::TCP(tcp)]));
+    }
+    ct_request(
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        flow.family,
+        ConntrackMessage::New(attributes),
+    )
+}
 
 /// `CTA_ZONE`: a big-endian u16, present when the entry is not in zone 0.
 const CTA_ZONE: u16 = 18;
@@ -197,6 +307,26 @@ impl NetlinkConntrack {
 
     fn open() -> Result<NetlinkSocket> {
         NetlinkSocket::open(NETLINK_NETFILTER).map_err(conntrack_error)
+    }
+}
+
+impl NetlinkConntrack {
+    /// Creates each flow (see [`create_request`]); returns how many were created. One the
+    /// table already has is left as it is.
+    pub fn create_translated(&mut self, flows: &[NatFlow]) -> Result<usize> {
+        if flows.is_empty() {
+            return Ok(0);
+        }
+        let mut socket = Self::open()?;
+        let mut created = 0;
+        for flow in flows {
+            match socket.request(create_request(flow), "create") {
+                Ok(_) => created += 1,
+                Err(err) if err.errno() == Some(Errno::EEXIST) => {}
+                Err(err) => return Err(conntrack_error(err)),
+            }
+        }
+        Ok(created)
     }
 }
 

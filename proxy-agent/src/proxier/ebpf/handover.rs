@@ -20,15 +20,27 @@
 //! (10 s) lists the table again, and once no translated flow is left the table goes.
 //! Deleting it, like `--cleanup`, is harmless at any time: at worst the flows it kept end.
 //!
-//! Written by hand because ctnetlink has no "is conntrack on" query; [`translated`] and the
-//! scripts are pure, the rest runs `nft` and lists conntrack over netlink.
+//! The other way, a netfilter mode taking over from ebpf mode, the flows the programs
+//! translated live in the BPF conntrack maps, which go with the programs. Before removing
+//! them, the new mode's cleanup of ebpf mode's state writes each live TCP and UDP flow
+//! into netfilter's table, translated as the programs translated it ([`seed_netfilter`]:
+//! client -> frontend DNATed to the same backend, masqueraded to the same address and
+//! port), so the next packet meets a binding instead of the rules' choice of a backend.
+//!
+//! Written by hand because ctnetlink has no "is conntrack on" query; [`translated`],
+//! [`flow_of`] and the scripts are pure, the rest runs `nft`, reads the pinned maps and
+//! talks ctnetlink.
 
 use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
 
+use aya::maps::{HashMap as AyaHash, Map, MapData};
+use proxy_common::{CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, Ct4Key, Ct6Key, CtValue, proto};
 use tracing::{info, warn};
 
 use crate::model::IpFamily;
-use crate::proxier::conntrack::{ConntrackTable, Entry};
+use crate::proxier::conntrack::{ConntrackTable, Entry, NatFlow, NetlinkConntrack, Tuple};
 use crate::proxier::netfilter::exec::run_program;
 
 /// The handover table's name, in the `ip` and `ip6` families.
@@ -209,6 +221,103 @@ pub fn remove_tables(nft: &mut dyn Nft) -> (usize, Vec<String>) {
     (removed, errors)
 }
 
+/// The netfilter entry of a live flow the programs translated (a forward entry of the
+/// BPF conntrack map: `proto` and `dir` from its key), with `now` in the map's clock
+/// (CLOCK_MONOTONIC_COARSE seconds); `None` for reply entries, closing or expired flows and
+/// protocols netfilter cannot be handed (SCTP).
+pub fn flow_of(
+    family: IpFamily,
+    protocol: u8,
+    dir: u8,
+    value: &CtValue,
+    now: u32,
+) -> Option<NatFlow> {
+    if dir != CT_DIR_FORWARD
+        || (protocol != proto::TCP && protocol != proto::UDP)
+        || value.flags & CT_F_CLOSING != 0
+        || value.expires <= now
+    {
+        return None;
+    }
+    let ip = |bytes: &[u8; 16]| match family {
+        IpFamily::V4 => IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3])),
+        IpFamily::V6 => IpAddr::V6(Ipv6Addr::from(*bytes)),
+    };
+    let at = |bytes: &[u8; 16], port: u16| SocketAddr::new(ip(bytes), u16::from_be(port));
+    let (client, frontend) = (
+        at(&value.client_addr, value.client_port),
+        at(&value.frontend_addr, value.frontend_port),
+    );
+    Some(NatFlow {
+        family,
+        orig: Tuple {
+            src: client.ip(),
+            dst: frontend.ip(),
+            protocol,
+            src_port: client.port(),
+            dst_port: frontend.port(),
+        },
+        dnat_to: at(&value.backend_addr, value.backend_port),
+        snat_to: (value.flags & CT_F_SNAT != 0).then(|| at(&value.snat_addr, value.snat_port)),
+        timeout: value.expires - now,
+    })
+}
+
+fn open_ct<K: aya::Pod>(path: &Path) -> Result<AyaHash<MapData, K, CtValue>, String> {
+    let data = MapData::from_pin(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    AyaHash::try_from(Map::LruHashMap(data)).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The live flows of the pinned conntrack maps under `maps_dir` (both families); a map that
+/// is not there has none.
+fn live_flows(maps_dir: &Path, now: u32) -> (Vec<NatFlow>, Vec<String>) {
+    let mut flows = Vec::new();
+    let mut errors = Vec::new();
+    let ct4 = maps_dir.join(proxy_common::maps::CT4);
+    if ct4.exists() {
+        match open_ct::<Ct4Key>(&ct4) {
+            Ok(map) => flows.extend(map.iter().filter_map(|entry| {
+                let (key, value) = entry.ok()?;
+                flow_of(IpFamily::V4, key.proto, key.dir, &value, now)
+            })),
+            Err(e) => errors.push(e),
+        }
+    }
+    let ct6 = maps_dir.join(proxy_common::maps::CT6);
+    if ct6.exists() {
+        match open_ct::<Ct6Key>(&ct6) {
+            Ok(map) => flows.extend(map.iter().filter_map(|entry| {
+                let (key, value) = entry.ok()?;
+                flow_of(IpFamily::V6, key.proto, key.dir, &value, now)
+            })),
+            Err(e) => errors.push(e),
+        }
+    }
+    (flows, errors)
+}
+
+/// Hands the live flows of the BPF conntrack maps under `maps_dir` to netfilter (see the
+/// module doc); returns how many were created, and what went wrong.
+pub fn seed_netfilter(maps_dir: &Path, now: u32) -> (usize, Vec<String>) {
+    let (flows, mut errors) = live_flows(maps_dir, now);
+    if flows.is_empty() {
+        return (0, errors);
+    }
+    match NetlinkConntrack::new().create_translated(&flows) {
+        Ok(created) => {
+            info!(
+                flows = flows.len(),
+                created, "handed the ebpf dataplane's live flows to netfilter conntrack"
+            );
+            (created, errors)
+        }
+        Err(e) => {
+            errors.push(format!("handing flows to netfilter conntrack: {e}"));
+            (0, errors)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::IpAddr;
@@ -237,6 +346,69 @@ mod tests {
             },
             zone: 0,
         }
+    }
+
+    fn ct_value(snat: bool, expires: u32, flags: u8) -> CtValue {
+        let v4 = |a: [u8; 4]| {
+            let mut bytes = [0u8; 16];
+            bytes[..4].copy_from_slice(&a);
+            bytes
+        };
+        CtValue {
+            client_addr: v4([203, 0, 113, 1]),
+            frontend_addr: v4([192, 168, 0, 11]),
+            backend_addr: v4([10, 2, 0, 10]),
+            snat_addr: v4([192, 168, 0, 11]),
+            client_port: 40000u16.to_be(),
+            frontend_port: 30081u16.to_be(),
+            backend_port: 9001u16.to_be(),
+            snat_port: 40001u16.to_be(),
+            flags: flags | if snat { CT_F_SNAT } else { 0 },
+            expires,
+            ..CtValue::default()
+        }
+    }
+
+    #[test]
+    fn a_live_forward_entry_becomes_a_dnat_and_masquerade_flow() {
+        let flow = flow_of(
+            IpFamily::V4,
+            proto::TCP,
+            CT_DIR_FORWARD,
+            &ct_value(true, 1100, 0),
+            1000,
+        )
+        .expect("a live TCP flow");
+        assert_eq!(flow.orig.src, "203.0.113.1".parse::<IpAddr>().unwrap());
+        assert_eq!((flow.orig.src_port, flow.orig.dst_port), (40000, 30081));
+        assert_eq!(flow.orig.dst, "192.168.0.11".parse::<IpAddr>().unwrap());
+        assert_eq!(flow.dnat_to, "10.2.0.10:9001".parse().unwrap());
+        assert_eq!(flow.snat_to, Some("192.168.0.11:40001".parse().unwrap()));
+        assert_eq!(flow.timeout, 100);
+        let unmasqueraded = flow_of(
+            IpFamily::V4,
+            proto::UDP,
+            CT_DIR_FORWARD,
+            &ct_value(false, 1100, 0),
+            1000,
+        );
+        assert_eq!(unmasqueraded.map(|f| f.snat_to), Some(None));
+    }
+
+    #[test]
+    fn reply_entries_dead_flows_and_sctp_are_not_handed_over() {
+        let live = ct_value(true, 1100, 0);
+        assert!(
+            flow_of(IpFamily::V4, proto::TCP, 1, &live, 1000).is_none(),
+            "reply entry"
+        );
+        assert!(flow_of(IpFamily::V4, proto::SCTP, CT_DIR_FORWARD, &live, 1000).is_none());
+        assert!(
+            flow_of(IpFamily::V4, proto::TCP, CT_DIR_FORWARD, &live, 1100).is_none(),
+            "expired"
+        );
+        let closing = ct_value(true, 1100, CT_F_CLOSING);
+        assert!(flow_of(IpFamily::V4, proto::TCP, CT_DIR_FORWARD, &closing, 1000).is_none());
     }
 
     #[test]

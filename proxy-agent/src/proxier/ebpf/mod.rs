@@ -140,7 +140,7 @@ fn id_space(loaded: maps::Result<usize>, configured: u32) -> u32 {
 }
 
 /// Seconds of CLOCK_MONOTONIC_COARSE, the clock of `bpf_ktime_get_coarse_ns`.
-fn monotonic_coarse_secs() -> u32 {
+pub(super) fn monotonic_coarse_secs() -> u32 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
         .map(|t| t.tv_sec() as u32)
         .unwrap_or(0)

@@ -126,6 +126,19 @@ fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
     let root: &Path = &layout.bpffs_root;
     let pinned = root.exists();
     let mut report = CleanupReport::default();
+    if pinned
+        && matches!(
+            scope,
+            CleanupScope::LeftBeside(ProxyMode::Iptables | ProxyMode::Nftables)
+        )
+    {
+        // Before the maps go: their live flows become netfilter's (see [`handover`]).
+        let (_, errors) = super::handover::seed_netfilter(
+            &loader::maps_dir(root),
+            super::monotonic_coarse_secs(),
+        );
+        report.errors.extend(errors);
+    }
     if pinned || scope == CleanupScope::Everything {
         match pins::unpin_all(root) {
             Ok(n) => report.removed += n,
