@@ -293,14 +293,7 @@ impl TestNode {
             runner_exe,
             keep,
         )?;
-        let now = SystemTime::now();
-        agent
-            .wait_synced(Change {
-                started: now,
-                at: now,
-                initial: true,
-            })
-            .await?;
+        agent.wait_first_sync().await?;
         Ok(agent)
     }
 

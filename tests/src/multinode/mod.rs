@@ -11,6 +11,7 @@
 
 pub mod load;
 pub mod net;
+pub mod scenario;
 
 use std::{
     io::{BufRead, BufReader},
@@ -76,13 +77,14 @@ pub struct Cluster {
 
 impl Cluster {
     /// Builds the network with pods at `(node, host)` (see [`net::pod_address`]), starts
-    /// the API server with the Node objects and `objects` (a YAML list), and a session
-    /// echo server in every pod on `ports` (TCP and UDP). Needs a tokio runtime.
+    /// the API server with the Node objects and `objects` (a YAML list), and in every pod
+    /// the `listeners` (`kind/proto/:port`, e.g. `echo/tcp/:9000`, `session/tcp/:9001`: the
+    /// pod's address goes before the colon). Needs a tokio runtime.
     pub fn build(
         setup: AgentSetup,
         pods: &[(usize, u8)],
         lb_ips: &[std::net::Ipv4Addr],
-        ports: &[u16],
+        listeners: &[&str],
         objects: &str,
     ) -> Result<Self> {
         let net = ClusterNet::build(pods, lb_ips)?;
@@ -94,11 +96,9 @@ impl Cluster {
         source.apply_state(&values)?;
         let mut servers = ReadyProcesses::new(&net.run_dir);
         for pod in &net.pods {
-            let listeners: Vec<String> = ports
+            let listeners: Vec<String> = listeners
                 .iter()
-                .flat_map(|port| {
-                    ["tcp", "udp"].map(|proto| format!("session/{proto}/{}:{port}", pod.address))
-                })
+                .map(|l| l.replacen("/:", &format!("/{}:", pod.address), 1))
                 .collect();
             let place = net.place_of(pod.address);
             let args: Vec<String> = std::iter::once("echo".to_string())
@@ -173,14 +173,7 @@ impl Cluster {
             ready_timeout: self.setup.ready_timeout,
             keep: false,
         })?;
-        let now = SystemTime::now();
-        agent
-            .wait_synced(Change {
-                started: now,
-                at: now,
-                initial: true,
-            })
-            .await?;
+        agent.wait_first_sync().await?;
         agent.check_running_mode(mode).await?;
         self.agents[index] = Some(agent);
         Ok(())

@@ -231,6 +231,17 @@ impl Agent {
             .and_then(|child| child.try_wait().ok().flatten())
     }
 
+    /// Waits for the agent's first sync after its start (see [`Agent::wait_synced`]).
+    pub async fn wait_first_sync(&mut self) -> Result<()> {
+        let now = SystemTime::now();
+        self.wait_synced(Change {
+            started: now,
+            at: now,
+            initial: true,
+        })
+        .await
+    }
+
     /// Waits until the agent has applied `change`: by its sync metrics, or failing
     /// those, by /healthz (see [`readiness`](super::readiness)).
     pub async fn wait_synced(&mut self, change: Change) -> Result<()> {

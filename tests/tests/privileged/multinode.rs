@@ -3,14 +3,15 @@
 //! that cross nodes are checked from both ends — the client must see the address it
 //! dialled, the backend the source the mode promises.
 //!
-//! - `cross_node_*`: NodePort on node A to a pod on node B (eTP=Cluster: SNAT to A,
+//! - `cross_node_*`: tests/multinode/c1-cross-node.yaml, a cluster scenario file: NodePort
+//!   on node A to a pod on node B (eTP=Cluster: SNAT to A,
 //!   reply back through A), UDP too; eTP=Local on nodes without a local endpoint (DROP
 //!   there, health-check node port 503) and on the node with one (the client's address
 //!   kept, 200); external traffic to LB IPs entering through each node; pod on A (and on
 //!   C) to a ClusterIP served on B (the backend sees the pod); hairpin through another
-//!   node (a pod reaching itself through node A's NodePort). In ebpf, in iptables, and
-//!   with node A in ebpf, B in iptables and C in nftables; `MULTINODE_ALL_MIXES=1` adds
-//!   the two other rotations of the three modes over the three nodes.
+//!   node (a pod reaching itself through node A's NodePort). In ebpf, in iptables, and in
+//!   the three rotations of ebpf, iptables and nftables over the three nodes (each mode in
+//!   each role).
 //! - `rolling_upgrade_*`: every node's agent replaced in turn under load (new connections,
 //!   long-lived TCP connections and a UDP flow through a ClusterIP and a NodePort across
 //!   nodes): nothing fails, breaks or is lost.
@@ -19,13 +20,14 @@
 //! - `maglev_*`: a Maglev service (by annotation) reached at its LB IP: the same 5-tuple
 //!   entering through each node reaches the same backend, and removing one of five
 //!   backends moves about a fifth of a set of new flows (those it served, and few others).
-//! - `mode_switch_*` (`MULTINODE_MIGRATIONS=1`): node A switched between iptables (or
-//!   nftables) and ebpf and back under the same load, starting from either; each prints
-//!   its numbers.
+//! - `mode_switch_*`: node A switched between iptables (or nftables) and ebpf and back
+//!   under the same load, starting from either: nothing fails, breaks or is lost (the
+//!   handover of proxy-agent/src/proxier/ebpf/handover.rs, both ways). Each migration
+//!   prints its numbers.
 
 use std::{
     net::Ipv4Addr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -33,11 +35,12 @@ use tests::{
     multinode::{
         AgentSetup, Cluster, at,
         load::LoadReport,
-        net::{EXTERNAL_CLIENT, node_address, node_name, pinned_client, pod_address},
+        net::{EXTERNAL_CLIENT, node_address, node_name, pod_address},
+        scenario::{self, ClusterScenario},
     },
     node_harness::{TestNode, time_scale},
     require_root,
-    scenario::{Mode, outcome::Outcome},
+    scenario::Mode,
 };
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
@@ -78,14 +81,18 @@ fn endpoint_yaml(p: (usize, u8)) -> String {
     )
 }
 
-/// The two services and their EndpointSlices; `web` is served by `web_backends`.
-fn objects(web_backends: &[(usize, u8)]) -> String {
-    let web = web_backends
-        .iter()
+/// The endpoints of these pods, as the items of a YAML flow list.
+fn endpoints_yaml(pods: &[(usize, u8)]) -> String {
+    pods.iter()
         .copied()
         .map(endpoint_yaml)
         .collect::<Vec<_>>()
-        .join(", ");
+        .join(", ")
+}
+
+/// The two services and their EndpointSlices; `web` is served by `web_backends`.
+fn objects(web_backends: &[(usize, u8)]) -> String {
+    let web = endpoints_yaml(web_backends);
     format!(
         r#"- apiVersion: v1
   kind: Service
@@ -156,7 +163,7 @@ async fn cluster(modes: [Mode; 3], web_backends: &[(usize, u8)]) -> Cluster {
         setup(),
         &pods,
         &[WEB_LB, LOCAL_LB],
-        &[9000, 9001],
+        &["echo/tcp/:9000", "echo/udp/:9000", "session/tcp/:9001"],
         &objects(web_backends),
     )
     .expect("the cluster builds");
@@ -167,195 +174,29 @@ async fn cluster(modes: [Mode; 3], web_backends: &[(usize, u8)]) -> Cluster {
     cluster
 }
 
-/// What a flow must do.
-#[derive(Debug, Clone, Copy)]
-enum Expect {
-    /// Answered by `backend:port`, which saw `source`.
-    Reach {
-        backend: Ipv4Addr,
-        port: u16,
-        source: Ipv4Addr,
-    },
-    /// Dropped: no answer, no refusal.
-    Drop,
-}
-
-/// Probes one flow and says what was wrong with it, if anything.
-fn check(
-    cluster: &Cluster,
-    what: &str,
-    from: Ipv4Addr,
-    to: (Ipv4Addr, u16),
-    proto: &str,
-    expect: Expect,
-) -> Option<String> {
-    let to = at(to.0, to.1);
-    let attempt = match cluster.probe(from, to, proto) {
-        Ok(attempt) => attempt,
-        Err(err) => return Some(format!("{what}: probe failed: {err}")),
-    };
-    let seen = attempt.describe();
-    eprintln!(
-        "{what}: {proto} {from} -> {to}: {seen}, client's peer {:?}",
-        attempt.peer
-    );
-    match expect {
-        Expect::Reach {
-            backend,
-            port,
-            source,
-        } => {
-            let mut wrong = Vec::new();
-            if attempt.backend != Some(at(backend, port)) {
-                wrong.push(format!(
-                    "answered by {:?}, not {backend}:{port}",
-                    attempt.backend
-                ));
-            }
-            if attempt.seen_source != Some(source.into()) {
-                wrong.push(format!(
-                    "the backend saw {:?}, not {source}",
-                    attempt.seen_source
-                ));
-            }
-            // The reply path, seen from the client: its socket talked to what it dialled.
-            if attempt.peer != Some(to) {
-                wrong.push(format!(
-                    "the client's peer was {:?}, not {to}",
-                    attempt.peer
-                ));
-            }
-            (!wrong.is_empty()).then(|| {
-                format!(
-                    "{what} ({proto} {from} -> {to}): {} [{seen}]",
-                    wrong.join("; ")
-                )
-            })
-        }
-        Expect::Drop => (attempt.outcome != Outcome::Timeout)
-            .then(|| format!("{what} ({proto} {from} -> {to}): expected a drop, got {seen}")),
-    }
-}
-
-/// Every cross-node flow of the module doc; returns what went wrong.
-fn cross_node_failures(cluster: &Cluster) -> Vec<String> {
-    let (a, b, c) = (node_address(A), node_address(B), node_address(C));
-    let web = pod(WEB_BACKEND);
-    let local = pod(LOCAL_BACKEND);
-    let reach = |backend, source| Expect::Reach {
-        backend,
-        port: 9000,
-        source,
-    };
-    let mut failures = Vec::new();
-    let flow =
-        |what: &str, from, to, proto: &str, expect| check(cluster, what, from, to, proto, expect);
-    // East-west: a pod on A (and on C) to a ClusterIP served on B; no NAT of the source.
-    for client in [pod(CLIENT_A), pod(CLIENT_C)] {
-        for proto in ["tcp", "udp"] {
-            failures.extend(flow(
-                "pod to ClusterIP on another node",
-                client,
-                (WEB_VIP, 80),
-                proto,
-                reach(web, client),
-            ));
-        }
-    }
-    // NodePort of A and of C to the pod on B: SNAT to the entry node, reply through it.
-    for (node, address) in [(A, a), (C, c)] {
-        for proto in ["tcp", "udp"] {
-            failures.extend(flow(
-                &format!("NodePort of node {node} to a pod on another node"),
-                EXTERNAL_CLIENT,
-                (address, WEB_NODE_PORT),
-                proto,
-                reach(web, address),
-            ));
-        }
-    }
-    // NodePort of B, which has the endpoint: eTP=Cluster still masquerades outside
-    // traffic.
-    failures.extend(flow(
-        "NodePort of the endpoint's node",
-        EXTERNAL_CLIENT,
-        (b, WEB_NODE_PORT),
-        "tcp",
-        reach(web, b),
-    ));
-    // eTP=Local: dropped where no endpoint is local, the client kept where one is.
-    for address in [a, c] {
-        failures.extend(flow(
-            "eTP=Local NodePort without a local endpoint",
-            EXTERNAL_CLIENT,
-            (address, LOCAL_NODE_PORT),
-            "tcp",
-            Expect::Drop,
-        ));
-    }
-    failures.extend(flow(
-        "eTP=Local NodePort with a local endpoint",
-        EXTERNAL_CLIENT,
-        (b, LOCAL_NODE_PORT),
-        "tcp",
-        reach(local, EXTERNAL_CLIENT),
-    ));
-    // LB IPs entering through each node (the router pinned per client address).
-    for (node, address) in [(A, a), (B, b), (C, c)] {
-        let client = pinned_client(node);
-        failures.extend(flow(
-            &format!("eTP=Cluster LB IP through node {node}"),
-            client,
-            (WEB_LB, 80),
-            "tcp",
-            reach(web, address),
-        ));
-        let local_expect = if node == B {
-            reach(local, client)
-        } else {
-            Expect::Drop
-        };
-        failures.extend(flow(
-            &format!("eTP=Local LB IP through node {node}"),
-            client,
-            (LOCAL_LB, 80),
-            "tcp",
-            local_expect,
-        ));
-    }
-    // The router's own ECMP choice: some node, and the backend.
-    let attempt = cluster.probe(EXTERNAL_CLIENT, at(WEB_LB, 80), "tcp");
-    match attempt {
-        Ok(attempt) if attempt.backend == Some(at(web, 9000)) => {}
-        other => failures.push(format!("LB IP through the ECMP route: {other:?}")),
-    }
-    // Hairpin through another node: the backend reaches itself through A's NodePort.
-    failures.extend(flow(
-        "hairpin through another node",
-        web,
-        (a, WEB_NODE_PORT),
-        "tcp",
-        reach(web, a),
-    ));
-    // Health checks as a load balancer sees them.
-    for (node, address, status) in [(A, a, 503), (B, b, 200), (C, c, 503)] {
-        let url = format!("http://{address}:{LOCAL_HEALTH_PORT}/healthz");
-        let got = cluster.external_get(&url);
-        if got != Some(status) {
-            failures.push(format!(
-                "health-check node port of node {node}: {got:?}, expected {status}"
-            ));
-        }
-    }
-    failures
-}
-
+/// Replays tests/multinode/c1-cross-node.yaml with node `i` in `modes[i]`.
 async fn cross_node(modes: [Mode; 3]) {
-    let cluster = cluster(modes, &[WEB_BACKEND]).await;
-    let failures = cross_node_failures(&cluster);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("multinode/c1-cross-node.yaml");
+    let scenario = ClusterScenario::load(&path).expect("the scenario loads");
+    let listeners = scenario.listeners();
+    let listeners: Vec<&str> = listeners.iter().map(String::as_str).collect();
+    let mut cluster = Cluster::build(
+        setup(),
+        &scenario.pods().expect("every pod has its node"),
+        &scenario.lb_ips,
+        &listeners,
+        &scenario.objects_yaml().expect("objects"),
+    )
+    .expect("the cluster builds");
+    cluster
+        .start_agents(modes)
+        .await
+        .expect("every agent starts in its mode");
+    let failures = scenario::failures(&cluster, &scenario).expect("the flows run");
     assert!(
         failures.is_empty(),
-        "modes {modes:?}: {} flows wrong:\n{}",
+        "{} in modes {modes:?}: {} flows wrong:\n{}",
+        scenario.name,
         failures.len(),
         failures.join("\n")
     );
@@ -379,17 +220,27 @@ async fn cross_node_mixed_ebpf_iptables_nftables() {
     cross_node([Mode::Ebpf, Mode::Iptables, Mode::Nftables]).await;
 }
 
-/// The other two rotations of the three modes over the three nodes (each mode in each
-/// role), behind `MULTINODE_ALL_MIXES=1`.
+/// The other two rotations of the three modes over the three nodes: with the one above,
+/// each mode holds each role (entry node, endpoint node, third node).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cross_node_other_mixes() {
+async fn cross_node_mixed_iptables_nftables_ebpf() {
     require_root!();
-    if std::env::var_os("MULTINODE_ALL_MIXES").is_none() {
-        eprintln!("SKIP: set MULTINODE_ALL_MIXES=1 for the two other rotations of the modes");
-        return;
-    }
     cross_node([Mode::Iptables, Mode::Nftables, Mode::Ebpf]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_node_mixed_nftables_ebpf_iptables() {
+    require_root!();
     cross_node([Mode::Nftables, Mode::Ebpf, Mode::Iptables]).await;
+}
+
+/// ipvs where the kernel has it (the qemu guest of `cargo xtask vm`): node A in ipvs, B in
+/// ebpf, C in nftables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_node_mixed_ipvs_ebpf_nftables() {
+    require_root!();
+    tests::require_ipvs!();
+    cross_node([Mode::Ipvs, Mode::Ebpf, Mode::Nftables]).await;
 }
 
 /// The load of a migration: from a pod on A through the ClusterIP, and from outside
@@ -447,6 +298,25 @@ fn finish_loads(
         .collect()
 }
 
+/// The sources the backends saw, from the reports (`backend saw source` lines), per load:
+/// the pod itself through the ClusterIP (no NAT of the source), node A's address through
+/// its NodePort (eTP=Cluster masquerades). The client's side (its socket's peer is what it
+/// dialled) is checked by the load itself, at every connection.
+fn assert_sources(migration: &str, reports: &[(&str, LoadReport)]) {
+    let expected = [pod(CLIENT_A), node_address(A)];
+    for ((name, report), source) in reports.iter().zip(expected) {
+        let wrong: Vec<&String> = report
+            .seen
+            .iter()
+            .filter(|line| !line.ends_with(&format!(" saw {source}")))
+            .collect();
+        assert!(
+            !report.seen.is_empty() && wrong.is_empty(),
+            "{migration}: {name}: every backend must see {source}: {:?}",
+            report.seen
+        );
+    }
+}
 fn assert_clean(migration: &str, reports: &[(&str, LoadReport)]) {
     for (name, report) in reports {
         eprintln!("{migration}: {name}: {}", report.summary());
@@ -480,6 +350,7 @@ async fn rolling_upgrade_ebpf_drops_nothing() {
     }
     let reports = finish_loads(loads);
     assert_clean("rolling upgrade (ebpf)", &reports);
+    assert_sources("rolling upgrade (ebpf)", &reports);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -523,10 +394,6 @@ async fn drained_node_gets_no_traffic_after_one_sync() {
 
 /// Node A switched from `first` to `second` and back under load (opened in `first`).
 async fn mode_switch(first: Mode, second: Mode) {
-    if std::env::var_os("MULTINODE_MIGRATIONS").is_none() {
-        eprintln!("SKIP: set MULTINODE_MIGRATIONS=1 for the mode-switch migrations");
-        return;
-    }
     let mut cluster = cluster(
         [first, Mode::Ebpf, Mode::Ebpf],
         &[WEB_BACKEND, WEB_BACKEND_C],
@@ -584,12 +451,7 @@ const MAGLEV_BACKENDS: [(usize, u8); 5] = [(A, 20), (A, 21), (B, 20), (B, 21), (
 
 /// An eTP=Cluster LoadBalancer service using Maglev, served by `backends` (UDP 80 to 9000).
 fn maglev_objects(backends: &[(usize, u8)]) -> String {
-    let endpoints = backends
-        .iter()
-        .copied()
-        .map(endpoint_yaml)
-        .collect::<Vec<_>>()
-        .join(", ");
+    let endpoints = endpoints_yaml(backends);
     format!(
         r#"- apiVersion: v1
   kind: Service
@@ -657,7 +519,7 @@ async fn maglev_same_backend_through_every_node_and_little_movement() {
         setup(),
         &MAGLEV_BACKENDS,
         &[MAGLEV_LB],
-        &[9000],
+        &["echo/udp/:9000"],
         &maglev_objects(&MAGLEV_BACKENDS),
     )
     .expect("the cluster builds");

@@ -311,7 +311,7 @@ impl NetlinkConntrack {
 }
 
 impl NetlinkConntrack {
-    /// Creates each flow (see [`create_request`]); returns how many were created. One the
+    /// Creates each flow (see `create_request`); returns how many were created. One the
     /// table already has is left as it is.
     pub fn create_translated(&mut self, flows: &[NatFlow]) -> Result<usize> {
         if flows.is_empty() {
