@@ -23,7 +23,8 @@
 //! The other way, a netfilter mode taking over from ebpf mode, the flows the programs
 //! translated live in the BPF conntrack maps, which go with the programs. Before removing
 //! them, the new mode's cleanup of ebpf mode's state writes each live TCP and UDP flow
-//! into netfilter's table, translated as the programs translated it ([`seed_netfilter`]:
+//! into netfilter's table, translated as the programs translated it
+//! ([`HeldConntrack::seed_netfilter`]:
 //! client -> frontend DNATed to the same backend, masqueraded to the same address and
 //! port), so the next packet meets a binding instead of the rules' choice of a backend.
 //!
@@ -41,7 +42,6 @@ use tracing::{info, warn};
 
 use crate::model::IpFamily;
 use crate::proxier::conntrack::{ConntrackTable, Entry, NatFlow, NetlinkConntrack, Tuple};
-use crate::proxier::netfilter::exec::run_program;
 
 /// The handover table's name, in the `ip` and `ip6` families.
 pub const TABLE: &str = "kube-proxy-ebpf-handover";
@@ -101,18 +101,14 @@ pub struct NftCommand;
 
 impl Nft for NftCommand {
     fn run(&mut self, script: &str) -> Result<(), String> {
-        run_program("nft", &["-f", "-"], Some(script))
+        crate::proxier::nftables::nft(&["-f", "-"], Some(script))
             .map(drop)
             .map_err(|e| e.to_string())
     }
 
     fn table_exists(&mut self, family: IpFamily) -> bool {
-        run_program(
-            "nft",
-            &["list", "table", family_keyword(family), TABLE],
-            None,
-        )
-        .is_ok()
+        crate::proxier::nftables::nft(&["list", "table", family_keyword(family), TABLE], None)
+            .is_ok()
     }
 }
 
@@ -268,52 +264,68 @@ fn open_ct<K: aya::Pod>(path: &Path) -> Result<AyaHash<MapData, K, CtValue>, Str
     AyaHash::try_from(Map::LruHashMap(data)).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The live flows of the pinned conntrack maps under `maps_dir` (both families); a map that
-/// is not there has none.
-fn live_flows(maps_dir: &Path, now: u32) -> (Vec<NatFlow>, Vec<String>) {
-    let mut flows = Vec::new();
-    let mut errors = Vec::new();
-    let ct4 = maps_dir.join(proxy_common::maps::CT4);
-    if ct4.exists() {
-        match open_ct::<Ct4Key>(&ct4) {
-            Ok(map) => flows.extend(map.iter().filter_map(|entry| {
-                let (key, value) = entry.ok()?;
-                flow_of(IpFamily::V4, key.proto, key.dir, &value, now)
-            })),
-            Err(e) => errors.push(e),
-        }
-    }
-    let ct6 = maps_dir.join(proxy_common::maps::CT6);
-    if ct6.exists() {
-        match open_ct::<Ct6Key>(&ct6) {
-            Ok(map) => flows.extend(map.iter().filter_map(|entry| {
-                let (key, value) = entry.ok()?;
-                flow_of(IpFamily::V6, key.proto, key.dir, &value, now)
-            })),
-            Err(e) => errors.push(e),
-        }
-    }
-    (flows, errors)
+/// The BPF conntrack maps of both families, held open: a held map outlives its pin, so the
+/// flows the programs add while they are being removed can still be read afterwards.
+pub struct HeldConntrack {
+    ct4: Option<AyaHash<MapData, Ct4Key, CtValue>>,
+    ct6: Option<AyaHash<MapData, Ct6Key, CtValue>>,
+    errors: Vec<String>,
 }
 
-/// Hands the live flows of the BPF conntrack maps under `maps_dir` to netfilter (see the
-/// module doc); returns how many were created, and what went wrong.
-pub fn seed_netfilter(maps_dir: &Path, now: u32) -> (usize, Vec<String>) {
-    let (flows, mut errors) = live_flows(maps_dir, now);
-    if flows.is_empty() {
-        return (0, errors);
+impl HeldConntrack {
+    /// Opens the pinned maps under `maps_dir`; a map that is not there has no flows.
+    pub fn open(maps_dir: &Path) -> Self {
+        let mut errors = Vec::new();
+        let open = |name: &str| {
+            let path = maps_dir.join(name);
+            path.exists().then(|| path)
+        };
+        let ct4 = open(proxy_common::maps::CT4)
+            .and_then(|path| open_ct::<Ct4Key>(&path).map_err(|e| errors.push(e)).ok());
+        let ct6 = open(proxy_common::maps::CT6)
+            .and_then(|path| open_ct::<Ct6Key>(&path).map_err(|e| errors.push(e)).ok());
+        Self { ct4, ct6, errors }
     }
-    match NetlinkConntrack::new().create_translated(&flows) {
-        Ok(created) => {
-            info!(
-                flows = flows.len(),
-                created, "handed the ebpf dataplane's live flows to netfilter conntrack"
-            );
-            (created, errors)
+
+    fn live_flows(&self, now: u32) -> Vec<NatFlow> {
+        let mut flows = Vec::new();
+        if let Some(map) = &self.ct4 {
+            flows.extend(map.iter().filter_map(|entry| {
+                let (key, value) = entry.ok()?;
+                flow_of(IpFamily::V4, key.proto, key.dir, &value, now)
+            }));
         }
-        Err(e) => {
-            errors.push(format!("handing flows to netfilter conntrack: {e}"));
-            (0, errors)
+        if let Some(map) = &self.ct6 {
+            flows.extend(map.iter().filter_map(|entry| {
+                let (key, value) = entry.ok()?;
+                flow_of(IpFamily::V6, key.proto, key.dir, &value, now)
+            }));
+        }
+        flows
+    }
+
+    /// Hands the live flows to netfilter (see the module doc): once before the programs
+    /// go, and once after, for the connections that started meanwhile (the ones handed
+    /// over already exist there and are left alone). Returns how many were created, and
+    /// what went wrong (opening the maps included, reported by the first call).
+    pub fn seed_netfilter(&mut self, now: u32) -> (usize, Vec<String>) {
+        let mut errors = std::mem::take(&mut self.errors);
+        let flows = self.live_flows(now);
+        if flows.is_empty() {
+            return (0, errors);
+        }
+        match NetlinkConntrack::new().create_translated(&flows) {
+            Ok(created) => {
+                info!(
+                    flows = flows.len(),
+                    created, "handed the ebpf dataplane's live flows to netfilter conntrack"
+                );
+                (created, errors)
+            }
+            Err(e) => {
+                errors.push(format!("handing flows to netfilter conntrack: {e}"));
+                (0, errors)
+            }
         }
     }
 }

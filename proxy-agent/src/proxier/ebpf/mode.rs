@@ -126,17 +126,16 @@ fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
     let root: &Path = &layout.bpffs_root;
     let pinned = root.exists();
     let mut report = CleanupReport::default();
-    if pinned
+    // A netfilter mode taking over gets the live flows (see [`handover`]): before the
+    // programs go, and again after, for the connections that started meanwhile.
+    let mut handed_over = (pinned
         && matches!(
             scope,
             CleanupScope::LeftBeside(ProxyMode::Iptables | ProxyMode::Nftables)
-        )
-    {
-        // Before the maps go: their live flows become netfilter's (see [`handover`]).
-        let (_, errors) = super::handover::seed_netfilter(
-            &loader::maps_dir(root),
-            super::monotonic_coarse_secs(),
-        );
+        ))
+    .then(|| super::handover::HeldConntrack::open(&loader::maps_dir(root)));
+    if let Some(held) = handed_over.as_mut() {
+        let (_, errors) = held.seed_netfilter(super::monotonic_coarse_secs());
         report.errors.extend(errors);
     }
     if pinned || scope == CleanupScope::Everything {
@@ -151,6 +150,10 @@ fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
     let sweep = attached::remove_all();
     report.removed += sweep.removed;
     report.errors.extend(sweep.errors);
+    if let Some(mut held) = handed_over {
+        let (_, errors) = held.seed_netfilter(super::monotonic_coarse_secs());
+        report.errors.extend(errors);
+    }
     let (tables, errors) = super::handover::remove_tables(&mut super::handover::NftCommand);
     report.removed += tables;
     report.errors.extend(errors);
