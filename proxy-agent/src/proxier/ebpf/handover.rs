@@ -278,7 +278,7 @@ impl HeldConntrack {
         let mut errors = Vec::new();
         let open = |name: &str| {
             let path = maps_dir.join(name);
-            path.exists().then(|| path)
+            path.exists().then_some(path)
         };
         let ct4 = open(proxy_common::maps::CT4)
             .and_then(|path| open_ct::<Ct4Key>(&path).map_err(|e| errors.push(e)).ok());
