@@ -42,16 +42,10 @@ use tracing::{info, warn};
 
 use crate::model::IpFamily;
 use crate::proxier::conntrack::{ConntrackTable, Entry, NatFlow, NetlinkConntrack, Tuple};
+use crate::proxier::nftables::family_keyword;
 
 /// The handover table's name, in the `ip` and `ip6` families.
 pub const TABLE: &str = "kube-proxy-ebpf-handover";
-
-fn family_keyword(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
-    }
-}
 
 /// Whether netfilter translated this flow: its answers do not come from where the client
 /// sent it, or do not go back to where it came from.

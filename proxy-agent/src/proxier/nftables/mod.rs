@@ -114,4 +114,4 @@ pub use ruleset::{
     base, port_rules,
 };
 pub use state::{STALE_CHAIN_DELAY, TransactionStats, Written};
-pub use transport::{NftCommand, NftTransport, nft};
+pub use transport::{NftCommand, NftTransport, family_keyword, nft};
