@@ -91,7 +91,7 @@ pub struct ClientReport {
 }
 
 /// One connection; returns how long connect() took.
-fn one_connection(target: &SockAddr, io_timeout: Duration, byte: u8) -> io::Result<Duration> {
+pub(crate) fn one_connection(target: &SockAddr, io_timeout: Duration, byte: u8) -> io::Result<Duration> {
     let domain = if target.is_ipv6() {
         Domain::IPV6
     } else {

@@ -290,6 +290,17 @@ impl BenchNet {
         Ok(())
     }
 
+    /// More addresses on the server pod's interface (more backends in the one pod).
+    pub fn add_server_addresses(&self, addresses: &[Ipv4Addr]) -> Result<()> {
+        for ip in addresses.iter().filter(|ip| **ip != SERVER_IP) {
+            ip_in(
+                &self.server_ns,
+                &["addr", "add", &format!("{ip}/24"), "dev", "eth0"],
+            )?;
+        }
+        Ok(())
+    }
+
     pub fn node_place(&self) -> Place {
         Place {
             netns: self.node_ns.clone(),

@@ -17,7 +17,9 @@ use clap::{Args, Subcommand};
 use crate::{load::pin_to_cpu, report::run_reported};
 
 use super::{
-    DataplaneOptions, DpMode, run_dataplane,
+    DataplaneOptions, DpMode,
+    abba::{AbbaOptions, AbbaReport, run_routes, run_stream_pair},
+    run_dataplane,
     stream::{run_stream_client, serve_stream},
 };
 
@@ -28,18 +30,27 @@ pub struct DataplaneArgs {
     /// The agent binary (default: proxy-agent beside this binary).
     #[arg(long)]
     agent: Option<PathBuf>,
-    /// 1 rep of 0.5 s per metric, N = 1 and 1,000, six modes: proves the suite works.
+    /// 1 rep of 0.2 s per route, six modes at N = 1 and ebpf at 1,000: proves the suite
+    /// works.
     #[arg(long)]
     quick: bool,
+    /// Reps of every mode (default: 5 for ebpf and direct-ct, 3 for the others).
     #[arg(long)]
     reps: Option<u32>,
-    /// Seconds per metric (connection rate; ping-pong; stream).
+    /// Connection-rate seconds per route and rep, every mode (default: 3 for ebpf and
+    /// direct-ct, 2 for the others).
     #[arg(long)]
     seconds: Option<f64>,
-    /// Service counts, comma-separated (default 1,1000,10000,50000; quick: 1,1000).
+    /// Request/response and stream seconds per route and rep (default 0.5).
+    #[arg(long)]
+    stream_seconds: Option<f64>,
+    /// Client threads (default 4).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Service counts, comma-separated (default 1,1000,10000,50000,100000; quick: 1,1000).
     #[arg(long, value_delimiter = ',')]
     services: Vec<u32>,
-    /// Modes besides direct, comma-separated (ebpf, iptables, nftables, kube-proxy-iptables,
+    /// Modes, comma-separated (ebpf, direct-ct, iptables, nftables, kube-proxy-iptables,
     /// kube-proxy-iptables@random, kube-proxy-nft).
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
@@ -55,6 +66,29 @@ pub struct DataplaneArgs {
 /// What runs inside the namespaces.
 #[derive(Debug, Subcommand)]
 enum Helper {
+    /// Two routes in ABBA slices: connection rate on several threads, then ping-pong and
+    /// streams; prints a JSON report.
+    #[command(hide = true)]
+    AbbaClient {
+        /// Repeatable (one per route): the route's addresses, comma-separated, used in turn.
+        #[arg(long = "route", required = true)]
+        routes: Vec<String>,
+        /// Repeatable (one per route): the route's established-connection target.
+        #[arg(long = "stream-target")]
+        stream_targets: Vec<SocketAddr>,
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 0.5)]
+        stream_seconds: f64,
+        #[arg(long, default_value_t = 100)]
+        slice_ms: u64,
+        #[arg(long, default_value_t = 300)]
+        warmup_ms: u64,
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        #[arg(long)]
+        cpu: Option<usize>,
+    },
     /// Answer ping-pong and stream connections one at a time (prints READY).
     #[command(hide = true)]
     ServeStream {
@@ -79,6 +113,55 @@ enum Helper {
 
 pub fn main(args: DataplaneArgs) -> anyhow::Result<ExitCode> {
     match args.helper {
+        Some(Helper::AbbaClient {
+            routes,
+            stream_targets,
+            seconds,
+            stream_seconds,
+            slice_ms,
+            warmup_ms,
+            threads,
+            cpu,
+        }) => {
+            // Pinned before the threads start: they inherit it.
+            if let Some(cpu) = cpu {
+                pin_to_cpu(cpu)?;
+            }
+            let routes = routes
+                .iter()
+                .map(|r| {
+                    r.split(',')
+                        .map(|a| {
+                            a.parse::<SocketAddr>()
+                                .with_context(|| format!("route {r}"))
+                        })
+                        .collect::<anyhow::Result<Vec<_>>>()
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let warmup = Duration::from_millis(warmup_ms);
+            let slice = Duration::from_millis(slice_ms);
+            let io_timeout = Duration::from_secs(2);
+            let opts = AbbaOptions {
+                routes,
+                duration: Duration::try_from_secs_f64(seconds).context("--seconds")?,
+                slice,
+                warmup,
+                threads,
+                io_timeout,
+                max_errors: 1000,
+            };
+            let conn = run_routes(&opts);
+            let stream = if stream_targets.is_empty() {
+                Vec::new()
+            } else {
+                let duration =
+                    Duration::try_from_secs_f64(stream_seconds).context("--stream-seconds")?;
+                run_stream_pair(&stream_targets, warmup, duration, slice, io_timeout)
+                    .context("the established-connection part")?
+            };
+            println!("{}", serde_json::to_string(&AbbaReport { conn, stream })?);
+            Ok(ExitCode::SUCCESS)
+        }
         Some(Helper::ServeStream { listen, cpu }) => {
             if let Some(cpu) = cpu {
                 pin_to_cpu(cpu)?;
@@ -124,10 +207,19 @@ fn bench(args: DataplaneArgs) -> anyhow::Result<ExitCode> {
         DataplaneOptions::full(agent, here)
     };
     if let Some(reps) = args.reps {
-        opts.reps = reps;
+        opts.focus_plan.reps = reps;
+        opts.other_plan.reps = reps;
     }
     if let Some(seconds) = args.seconds {
-        opts.duration = Duration::try_from_secs_f64(seconds).context("--seconds")?;
+        let duration = Duration::try_from_secs_f64(seconds).context("--seconds")?;
+        opts.focus_plan.duration = duration;
+        opts.other_plan.duration = duration;
+    }
+    if let Some(seconds) = args.stream_seconds {
+        opts.stream_duration = Duration::try_from_secs_f64(seconds).context("--stream-seconds")?;
+    }
+    if let Some(threads) = args.threads {
+        opts.threads = threads.max(1);
     }
     if !args.services.is_empty() {
         opts.service_counts = args.services;

@@ -42,8 +42,14 @@ pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DpMode {
-    /// The client connects straight to the backend, nothing loaded: the baseline.
+    /// The client connects straight to the backends: the route every mode is paired with
+    /// (in the mode's own namespaces, see [`abba`](super::abba)).
     Direct,
+    /// Nothing for the services, but conntrack and NAT hooks on in the node namespace
+    /// (an nftables table whose rules match none of the benchmark's traffic), as on a node
+    /// where kube-proxy or a CNI plugin has registered them: both routes go straight to the
+    /// backends, so its ratio is the method's noise floor (A against A).
+    DirectCt,
     /// Our agent in ebpf mode.
     Ebpf,
     /// Our agent in iptables mode, with `iptables*` naming the legacy commands.
@@ -59,8 +65,9 @@ pub enum DpMode {
 }
 
 impl DpMode {
-    pub const ALL: [DpMode; 7] = [
+    pub const ALL: [DpMode; 8] = [
         DpMode::Direct,
+        DpMode::DirectCt,
         DpMode::Ebpf,
         DpMode::Iptables,
         DpMode::Nftables,
@@ -72,6 +79,7 @@ impl DpMode {
     pub fn name(self) -> &'static str {
         match self {
             DpMode::Direct => "direct",
+            DpMode::DirectCt => "direct-ct",
             DpMode::Ebpf => "ebpf",
             DpMode::Iptables => "iptables",
             DpMode::Nftables => "nftables",
@@ -86,8 +94,18 @@ impl DpMode {
     }
 }
 
+/// Backends of the measured service: the server pod's addresses (each with its servers).
+pub const MEASURED_BACKENDS: u8 = 4;
+
+/// The measured service's backends' addresses: [`SERVER_IP`] and the next ones.
+pub fn backend_ips() -> Vec<Ipv4Addr> {
+    (0..MEASURED_BACKENDS)
+        .map(|i| Ipv4Addr::from(u32::from(SERVER_IP) + u32::from(i)))
+        .collect()
+}
+
 /// The measured service's two ports (connection rate; established connection), both to
-/// the one real backend.
+/// the [`MEASURED_BACKENDS`] real backends.
 pub fn measured() -> [ShapedService; 2] {
     let port = |name: &str, port: u16, target: u16| ShapedService {
         namespace: "bench".into(),
@@ -95,7 +113,10 @@ pub fn measured() -> [ShapedService; 2] {
         port_name: name.into(),
         cluster_ip: SERVICE_IP,
         port,
-        endpoints: vec![SocketAddrV4::new(SERVER_IP, target)],
+        endpoints: backend_ips()
+            .into_iter()
+            .map(|ip| SocketAddrV4::new(ip, target))
+            .collect(),
     };
     [
         port("conn", SERVICE_PORT, BACKEND_PORT),
@@ -166,6 +187,8 @@ pub fn manifests(services: &[ShapedService]) -> String {
             .iter()
             .flat_map(|s| s.endpoints.iter().map(|e| *e.ip()))
             .collect();
+        // Each port lists the same backends: one endpoint per address.
+        addresses.sort_unstable();
         addresses.dedup();
         let endpoints: Vec<String> = addresses
             .iter()
@@ -296,6 +319,17 @@ pub fn run_with_input(
     }
     Ok(stdout)
 }
+
+/// The ruleset of `direct-ct`: NAT hooks at prerouting, output and postrouting and a
+/// forward filter with a conntrack match, so that conntrack tracks every flow through the
+/// node, and rules that match nothing the benchmark sends (a documentation address).
+pub const DIRECT_CT_RULESET: &str = "table ip bench-ct {
+  chain bench_pre { type nat hook prerouting priority dstnat; ip daddr 192.0.2.1 tcp dport 9 dnat to 192.0.2.2; }
+  chain bench_out { type nat hook output priority -100; ip daddr 192.0.2.1 tcp dport 9 dnat to 192.0.2.2; }
+  chain bench_post { type nat hook postrouting priority srcnat; ip saddr 192.0.2.1 masquerade; }
+  chain bench_forward { type filter hook forward priority filter; ct state invalid drop; }
+}
+";
 
 /// How many services the agent's iptables mode has in `KUBE-SERVICES` of the node.
 pub fn kube_services_rules(node: &Place, path: &OsString, limit: Duration) -> Result<usize> {

@@ -1,21 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The dataplane benchmark's samples, CSV rows and table (pure).
 //!
-//! CSV (`bench` = `dataplane`): per (mode, N, rep) the metrics of [`Metric`], plus
-//! `errors`, `setup_time` (s to load the N services) and, for the iptables-shaped
-//! placements, `position` (the measured service's index in `KUBE-SERVICES`). Every mode's
-//! rep is paired with a `direct` run made right before or after it (ABBA) in clean
-//! namespaces; its `ratio_to_baseline` is its value over that paired direct value. The
-//! `direct` rows (the baseline, empty ratio) give per (N, rep) the median of the direct
-//! runs paired with the modes at that N. Then per (mode, N) a `median` row: the median
-//! value over the reps, and the median of the per-rep ratios.
+//! CSV (`bench` = `dataplane`): per (mode, N, rep) the metrics of [`Metric`] through the
+//! mode's route, their `ratio_to_baseline` the value over the direct route's in the same
+//! client run (ABBA slices, same namespaces), and the direct route's values as
+//! `direct_<metric>` (no ratio); `errors`, `setup_time` (s to load the N services), `steal`
+//! (% of the client's and server's CPUs' time stolen by the hypervisor during the rep),
+//! `load` (the 1-minute load average at its end), `rejected` (1: too much steal or load,
+//! left out of the summaries) and, for the iptables-shaped placements, `position` (the
+//! measured service's index in `KUBE-SERVICES`). Then per (mode, N) and metric over the
+//! accepted reps: a `median` row (median value, median per-rep ratio) and `min` and `max`
+//! rows (the smallest and largest value and per-rep ratio: the spread).
 
 use std::fmt::Write as _;
 
 use crate::{
     load::ClientReport,
     results::{Environment, csv_field, csv_num},
-    stats::median,
+    stats::{median, min_max},
 };
 
 use super::{modes::DpMode, stream::StreamReport};
@@ -35,9 +37,15 @@ pub struct Sample {
     pub setup_seconds: f64,
     pub conn: ClientReport,
     pub stream: StreamReport,
-    /// The `direct` runs paired with these (same rep, right before or after).
+    /// The direct route in the same client run (same namespaces, alternating slices).
     pub direct_conn: ClientReport,
     pub direct_stream: StreamReport,
+    /// CPU steal on the client's and server's CPUs during the rep (percent).
+    pub steal_percent: Option<f64>,
+    /// The 1-minute load average at the rep's end.
+    pub load: Option<f64>,
+    /// Too much steal or load: left out of medians and spreads.
+    pub rejected: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,63 +128,51 @@ pub struct DataplaneResults {
     pub samples: Vec<Sample>,
 }
 
+/// The summary of one (mode, N, metric) over the accepted reps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Median, smallest and largest per-rep ratio.
+    pub ratio: Option<(f64, f64, f64)>,
+    pub reps: usize,
+}
+
 impl DataplaneResults {
-    /// (mode, N) pairs by N, then mode; `direct` (whose values are the paired runs of the
-    /// modes at that N) first.
+    /// (mode, N) pairs by N, then mode.
     fn groups(&self) -> Vec<(DpMode, u32)> {
         let mut groups: Vec<(DpMode, u32)> = Vec::new();
         for s in &self.samples {
-            for key in [(DpMode::Direct, s.services), (s.mode, s.services)] {
-                if !groups.contains(&key) {
-                    groups.push(key);
-                }
+            if !groups.contains(&(s.mode, s.services)) {
+                groups.push((s.mode, s.services));
             }
         }
         groups.sort_by_key(|(m, n)| (*n, *m));
         groups
     }
 
-    fn reps(&self, n: u32) -> Vec<u32> {
-        let mut reps: Vec<u32> = self
-            .samples
-            .iter()
-            .filter(|s| s.services == n)
-            .map(|s| s.rep)
-            .collect();
-        reps.sort_unstable();
-        reps.dedup();
-        reps
-    }
-
-    /// `direct`'s value at (N, rep): the median of the direct runs paired with the modes.
-    pub fn direct_value(&self, n: u32, rep: u32, metric: Metric) -> Option<f64> {
-        let values: Vec<f64> = self
-            .samples
-            .iter()
-            .filter(|s| s.services == n && s.rep == rep)
-            .map(|s| metric.direct(s))
-            .collect();
-        median(&values)
-    }
-
-    /// Median value and median paired ratio of `metric` over the reps of (mode, N).
-    pub fn median_of(&self, mode: DpMode, n: u32, metric: Metric) -> (f64, Option<f64>) {
-        if mode == DpMode::Direct {
-            let values: Vec<f64> = self
-                .reps(n)
-                .into_iter()
-                .filter_map(|rep| self.direct_value(n, rep, metric))
-                .collect();
-            return (median(&values).unwrap_or(0.0), None);
-        }
+    /// `metric` over the accepted reps of (mode, N).
+    pub fn summary(&self, mode: DpMode, n: u32, metric: Metric) -> Option<Summary> {
         let of: Vec<&Sample> = self
             .samples
             .iter()
-            .filter(|s| s.mode == mode && s.services == n)
+            .filter(|s| s.mode == mode && s.services == n && !s.rejected)
             .collect();
         let values: Vec<f64> = of.iter().map(|s| metric.value(s)).collect();
         let ratios: Vec<f64> = of.iter().filter_map(|s| metric.ratio(s)).collect();
-        (median(&values).unwrap_or(0.0), median(&ratios))
+        let (min, max) = min_max(&values)?;
+        let ratio = match (median(&ratios), min_max(&ratios)) {
+            (Some(m), Some((lo, hi))) => Some((m, lo, hi)),
+            _ => None,
+        };
+        Some(Summary {
+            median: median(&values)?,
+            min,
+            max,
+            ratio,
+            reps: of.len(),
+        })
     }
 
     pub fn csv_rows(&self) -> Vec<String> {
@@ -193,36 +189,32 @@ impl DataplaneResults {
             format!("{head}{},{tail}", ratio.map(csv_num).unwrap_or_default())
         };
         let mut rows = Vec::new();
-        let mut counts: Vec<u32> = self.samples.iter().map(|s| s.services).collect();
-        counts.sort_unstable();
-        counts.dedup();
-        for n in counts {
-            for rep in self.reps(n) {
-                for metric in Metric::ALL {
-                    if let Some(value) = self.direct_value(n, rep, metric) {
-                        let head = row(
-                            DpMode::Direct,
-                            n,
-                            &rep.to_string(),
-                            metric.name(),
-                            value,
-                            metric.unit(),
-                        );
-                        rows.push(finish(head, None));
-                    }
-                }
-            }
-        }
         for s in &self.samples {
             let (mode, n, rep) = (s.mode, s.services, s.rep.to_string());
             for metric in Metric::ALL {
                 let head = row(mode, n, &rep, metric.name(), metric.value(s), metric.unit());
                 rows.push(finish(head, metric.ratio(s)));
             }
-            let errors = s.conn.errors as f64;
+            for metric in Metric::ALL {
+                let name = format!("direct_{}", metric.name());
+                let head = row(mode, n, &rep, &name, metric.direct(s), metric.unit());
+                rows.push(finish(head, None));
+            }
+            let errors = (s.conn.errors + s.direct_conn.errors) as f64;
             rows.push(finish(row(mode, n, &rep, "errors", errors, "count"), None));
             let setup = row(mode, n, &rep, "setup_time", s.setup_seconds, "s");
             rows.push(finish(setup, None));
+            if let Some(steal) = s.steal_percent {
+                rows.push(finish(row(mode, n, &rep, "steal", steal, "%"), None));
+            }
+            if let Some(load) = s.load {
+                rows.push(finish(row(mode, n, &rep, "load", load, "loadavg"), None));
+            }
+            let rejected = f64::from(u8::from(s.rejected));
+            rows.push(finish(
+                row(mode, n, &rep, "rejected", rejected, "bool"),
+                None,
+            ));
             if let Some(position) = s.position {
                 let head = row(mode, n, &rep, "position", position as f64, "index");
                 rows.push(finish(head, None));
@@ -230,22 +222,36 @@ impl DataplaneResults {
         }
         for (mode, n) in self.groups() {
             for metric in Metric::ALL {
-                let (value, ratio) = self.median_of(mode, n, metric);
-                let head = row(mode, n, "median", metric.name(), value, metric.unit());
-                rows.push(finish(head, ratio));
+                let Some(sum) = self.summary(mode, n, metric) else {
+                    continue;
+                };
+                let (name, unit) = (metric.name(), metric.unit());
+                let ratio = |pick: fn((f64, f64, f64)) -> f64| sum.ratio.map(pick);
+                let median_row = row(mode, n, "median", name, sum.median, unit);
+                rows.push(finish(median_row, ratio(|r| r.0)));
+                rows.push(finish(
+                    row(mode, n, "min", name, sum.min, unit),
+                    ratio(|r| r.1),
+                ));
+                rows.push(finish(
+                    row(mode, n, "max", name, sum.max, unit),
+                    ratio(|r| r.2),
+                ));
             }
         }
         rows
     }
 
-    /// The medians, one line per (N, mode), ratios to direct in brackets.
+    /// The medians, one line per (N, mode), in brackets the median per-rep ratio to the
+    /// direct route and its range over the reps.
     pub fn table(&self) -> String {
         let mut out = String::new();
         let cpu = |c: Option<usize>| c.map_or("unpinned".to_string(), |c| format!("CPU {c}"));
-        let reps = self.samples.iter().map(|s| s.rep + 1).max().unwrap_or(0);
+        let rejected = self.samples.iter().filter(|s| s.rejected).count();
         let _ = writeln!(
             out,
-            "dataplane benchmark: {} on {}; client {}, server {}; {reps} reps; medians (x direct)",
+            "dataplane benchmark: {} on {}; client {}, server {}; medians over accepted reps \
+             (median per-rep ratio to the same run's direct route, [min–max]); {rejected} reps rejected",
             self.env.kernel,
             self.env.cpu,
             cpu(self.client_cpu),
@@ -253,26 +259,29 @@ impl DataplaneResults {
         );
         let _ = writeln!(
             out,
-            "{:>6} {:<27} {:>16} {:>16} {:>14} {:>14} {:>16}",
-            "N", "mode", "conn/s", "connect p99 us", "rr p50 us", "rr p99 us", "MB/s"
+            "{:>6} {:<27} {:>4} {:>30} {:>30} {:>26}",
+            "N", "mode", "reps", "conn/s", "connect p99 us", "rr p50 us"
         );
         for (mode, n) in self.groups() {
-            let cell = |metric: Metric| {
-                let (value, ratio) = self.median_of(mode, n, metric);
-                match ratio {
-                    Some(r) => format!("{value:.1} ({r:.2})"),
-                    None => format!("{value:.1}"),
-                }
+            let cell = |metric: Metric| match self.summary(mode, n, metric) {
+                Some(Summary {
+                    median,
+                    ratio: Some((r, lo, hi)),
+                    ..
+                }) => format!("{median:.1} ({r:.3} [{lo:.3}–{hi:.3}])"),
+                Some(sum) => format!("{:.1}", sum.median),
+                None => "–".into(),
             };
+            let reps = self
+                .summary(mode, n, Metric::ConnRate)
+                .map_or(0, |s| s.reps);
             let _ = writeln!(
                 out,
-                "{n:>6} {:<27} {:>16} {:>16} {:>14} {:>14} {:>16}",
+                "{n:>6} {:<27} {reps:>4} {:>30} {:>30} {:>26}",
                 mode.name(),
                 cell(Metric::ConnRate),
                 cell(Metric::ConnectP99),
                 cell(Metric::RrP50),
-                cell(Metric::RrP99),
-                cell(Metric::Throughput)
             );
         }
         let _ = writeln!(out, "took {:.0} s", self.seconds);

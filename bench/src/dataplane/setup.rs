@@ -68,6 +68,10 @@ pub(super) fn load(
     let limit = opts.setup_timeout;
     match mode {
         DpMode::Direct => Ok((None, None)),
+        DpMode::DirectCt => {
+            modes::run_with_input(&node, "nft", &["-f", "-"], modes::DIRECT_CT_RULESET, limit)?;
+            Ok((None, None))
+        }
         DpMode::KubeProxyIptables | DpMode::KubeProxyIptablesRandom => {
             let position =
                 (mode == DpMode::KubeProxyIptablesRandom).then(|| modes::random_position(n - 1));

@@ -5,8 +5,8 @@
 //! server reads to the end and answers with the byte count (so the client times what
 //! arrived, not what it queued in its socket buffer).
 //!
-//! Both sides are single-threaded (one connection at a time) and can be pinned, like the
-//! connection-rate load ([`load`](crate::load)).
+//! The client is single-threaded; the server answers each connection on a thread of its
+//! own. Both can be pinned, like the connection-rate load ([`load`](crate::load)).
 
 use std::{
     io::{self, Read, Write},
@@ -47,6 +47,36 @@ fn connect(target: SocketAddr, io_timeout: Duration) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
+/// A connection in ping-pong mode: one byte out, the same byte back.
+pub struct PingPong {
+    stream: TcpStream,
+    value: u8,
+}
+
+impl PingPong {
+    /// One round trip.
+    pub fn round_trip(&mut self) -> io::Result<()> {
+        self.value = self.value.wrapping_add(1);
+        self.stream.write_all(&[self.value])?;
+        let mut byte = [0u8; 1];
+        self.stream.read_exact(&mut byte)?;
+        if byte[0] != self.value {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("reply {} to {}", byte[0], self.value),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Opens a connection to `target` and asks for ping-pong.
+pub fn open_ping_pong(target: SocketAddr, io_timeout: Duration) -> io::Result<PingPong> {
+    let mut stream = connect(target, io_timeout)?;
+    stream.write_all(&[PING])?;
+    Ok(PingPong { stream, value: 0 })
+}
+
 /// Ping-pong on one connection: `warmup` untimed, then `duration` of timed round trips.
 /// Returns the sorted round-trip times in nanoseconds.
 pub fn ping_pong(
@@ -55,33 +85,17 @@ pub fn ping_pong(
     duration: Duration,
     io_timeout: Duration,
 ) -> io::Result<Vec<u32>> {
-    let mut stream = connect(target, io_timeout)?;
-    stream.write_all(&[PING])?;
-    let mut byte = [0u8; 1];
-    let mut one = |stream: &mut TcpStream, value: u8| -> io::Result<()> {
-        stream.write_all(&[value])?;
-        stream.read_exact(&mut byte)?;
-        if byte[0] != value {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("reply {} to {value}", byte[0]),
-            ));
-        }
-        Ok(())
-    };
+    let mut conn = open_ping_pong(target, io_timeout)?;
     let end = Instant::now() + warmup;
-    let mut value = 0u8;
     while Instant::now() < end {
-        value = value.wrapping_add(1);
-        one(&mut stream, value)?;
+        conn.round_trip()?;
     }
     // Room for a long run up front: no reallocation inside the timed loop.
     let mut times = Vec::with_capacity(1 << 20);
     let end = Instant::now() + duration;
     while Instant::now() < end {
-        value = value.wrapping_add(1);
         let started = Instant::now();
-        one(&mut stream, value)?;
+        conn.round_trip()?;
         times.push(u32::try_from(started.elapsed().as_nanos()).unwrap_or(u32::MAX));
     }
     times.sort_unstable();
@@ -169,8 +183,10 @@ fn answer(stream: &mut TcpStream) -> io::Result<()> {
     }
 }
 
-/// Answers connections one at a time until the listener fails. A connection's own
-/// failure (the peer reset it, a timeout) ends only that connection.
+/// Answers connections until the listener fails, each on a thread of its own: a client
+/// alternating between two routes holds two ping-pong connections open at once, and both
+/// may reach this backend. A connection's own failure (the peer reset it, a timeout) ends
+/// only that connection.
 pub fn serve_stream(listener: &TcpListener, io_timeout: Duration) -> io::Result<()> {
     loop {
         let (mut stream, _) = match listener.accept() {
@@ -181,7 +197,7 @@ pub fn serve_stream(listener: &TcpListener, io_timeout: Duration) -> io::Result<
         let _ = stream.set_read_timeout(Some(io_timeout));
         let _ = stream.set_write_timeout(Some(io_timeout));
         let _ = stream.set_nodelay(true);
-        let _ = answer(&mut stream);
+        std::thread::spawn(move || answer(&mut stream));
     }
 }
 

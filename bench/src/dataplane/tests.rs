@@ -3,7 +3,9 @@
 
 use std::net::SocketAddr;
 
-use super::{modes::*, *};
+use std::time::Duration;
+
+use super::{modes::*, results::Metric, *};
 use crate::{load::summarize, results::Environment, shaped::iptables::svc_chain};
 
 #[test]
@@ -45,11 +47,10 @@ fn nftables_mode_is_ours_and_uncapped() {
     let opts = DataplaneOptions::full("agent".into(), "loadgen".into());
     assert!(opts.modes.contains(&DpMode::Nftables));
     assert_eq!(opts.max_services(DpMode::Nftables), None);
-    assert!(
-        DataplaneOptions::quick("agent".into(), "loadgen".into())
-            .modes
-            .contains(&DpMode::Nftables)
-    );
+    let quick = DataplaneOptions::quick("agent".into(), "loadgen".into());
+    assert!(quick.modes.contains(&DpMode::Nftables));
+    assert_eq!(quick.max_services(DpMode::Nftables), Some(1));
+    assert_eq!(quick.max_services(DpMode::Ebpf), None);
     // Its own load, not grouped with another mode's.
     assert_eq!(
         mode_groups(&[DpMode::Nftables, DpMode::KubeProxyNft]),
@@ -100,7 +101,9 @@ fn manifests_group_the_ports_of_a_service() {
     assert!(text.contains(
         "ports: [{name: \"conn\", port: 80, targetPort: 8080, protocol: TCP}, {name: \"stream\", port: 81, targetPort: 8081, protocol: TCP}]"
     ));
-    assert!(text.contains("endpoints: [{addresses: [10.244.1.2], conditions: {ready: true}}]\n"));
+    assert!(text.contains(
+        "endpoints: [{addresses: [10.244.1.2], conditions: {ready: true}}, {addresses: [10.244.1.3], conditions: {ready: true}}, {addresses: [10.244.1.4], conditions: {ready: true}}, {addresses: [10.244.1.5], conditions: {ready: true}}]\n"
+    ));
     let filler = text.split("---").nth(2).unwrap();
     assert_eq!(filler.matches("addresses:").count(), 4, "{filler}");
     // Parses as YAML documents.
@@ -138,11 +141,17 @@ fn sample(mode: DpMode, n: u32, rep: u32, rate: f64, direct: f64) -> Sample {
         stream: stream(target, rate / 10.0),
         direct_conn: conn(direct),
         direct_stream: stream(target, direct / 10.0),
+        steal_percent: Some(0.5),
+        load: Some(1.5),
+        rejected: false,
     }
 }
 
 #[test]
-fn rows_pair_each_mode_with_its_direct_run() {
+fn rows_pair_each_mode_with_its_direct_route_and_leave_rejected_reps_out() {
+    let mut noisy = sample(DpMode::Ebpf, 10, 2, 10.0, 100.0);
+    noisy.rejected = true;
+    noisy.steal_percent = Some(30.0);
     let results = DataplaneResults {
         run_ids: vec![],
         env: Environment {
@@ -156,6 +165,7 @@ fn rows_pair_each_mode_with_its_direct_run() {
         samples: vec![
             sample(DpMode::Ebpf, 10, 0, 90.0, 100.0),
             sample(DpMode::Ebpf, 10, 1, 100.0, 200.0),
+            noisy,
             sample(DpMode::KubeProxyIptables, 10, 0, 50.0, 120.0),
         ],
     };
@@ -166,30 +176,49 @@ fn rows_pair_each_mode_with_its_direct_run() {
             .unwrap_or_else(|| panic!("no {prefix} in {rows:#?}"))
             .clone()
     };
-    // Direct at (N, rep): the median of the paired runs (100 and 120 in rep 0).
-    assert_eq!(
-        find("dataplane,direct,10,0,conn_rate,"),
-        "dataplane,direct,10,0,conn_rate,110.0000,conn/s,,k,c,r"
-    );
-    assert!(find("dataplane,direct,10,1,conn_rate,").contains(",200.0000,conn/s,,"));
     assert!(find("dataplane,ebpf,10,0,conn_rate,").contains(",conn/s,0.9000,"));
+    assert_eq!(
+        find("dataplane,ebpf,10,0,direct_conn_rate,"),
+        "dataplane,ebpf,10,0,direct_conn_rate,100.0000,conn/s,,k,c,r"
+    );
     assert!(find("dataplane,ebpf,10,1,throughput,").contains(",MB/s,0.5000,"));
-    // The median of the per-rep ratios (0.9, 0.5).
+    // The median, smallest and largest per-rep ratio of the accepted reps (0.9, 0.5; the
+    // rejected rep's 0.1 left out).
     assert!(find("dataplane,ebpf,10,median,conn_rate,").contains(",conn/s,0.7000,"));
-    assert!(find("dataplane,direct,10,median,conn_rate,").contains(",155.0000,conn/s,,"));
+    assert!(find("dataplane,ebpf,10,min,conn_rate,").contains(",conn/s,0.5000,"));
+    assert!(find("dataplane,ebpf,10,max,conn_rate,").contains(",conn/s,0.9000,"));
+    assert!(find("dataplane,ebpf,10,2,rejected,").contains(",1.0000,bool,,"));
+    assert!(find("dataplane,ebpf,10,2,steal,").contains(",30.0000,%,,"));
+    assert!(find("dataplane,ebpf,10,0,rejected,").contains(",0.0000,bool,,"));
     assert!(find("dataplane,kube-proxy-iptables,10,0,position,").contains(",9.0000,index,,"));
     assert!(find("dataplane,ebpf,10,0,setup_time,").contains(",0.5000,s,,"));
     assert!(rows.iter().all(|r| r.split(',').count() == 11), "{rows:?}");
-    assert!(
-        !rows
-            .iter()
-            .any(|r| r.starts_with("dataplane,direct,10,0,setup_time"))
-    );
+    assert!(!rows.iter().any(|r| r.starts_with("dataplane,direct,")));
+    let summary = results.summary(DpMode::Ebpf, 10, Metric::ConnRate).unwrap();
+    assert_eq!(summary.reps, 2);
     let table = results.table();
     assert!(
-        table.contains("ebpf") && table.contains("(0.70)"),
+        table.contains("ebpf") && table.contains("(0.700 [0.500–0.900])"),
         "{table}"
     );
+}
+
+#[test]
+fn every_mode_is_paired_with_the_backends_own_addresses() {
+    let [service, direct] = routes(DpMode::Ebpf);
+    assert_eq!(direct.0.len(), usize::from(MEASURED_BACKENDS));
+    assert_eq!(service.0, [SocketAddr::from((SERVICE_IP, SERVICE_PORT))]);
+    assert_ne!(service.1, direct.1);
+    // direct-ct has no service: A against A.
+    let [a, b] = routes(DpMode::DirectCt);
+    assert_eq!(a, b);
+    let full = DataplaneOptions::full("agent".into(), "loadgen".into());
+    assert_eq!(full.plan(DpMode::Ebpf).reps, 5);
+    assert!(full.plan(DpMode::Ebpf).duration >= Duration::from_secs(3));
+    assert_eq!(full.max_services(DpMode::Ebpf), None);
+    assert!(full.service_counts.contains(&100_000));
+    assert_eq!(full.max_services(DpMode::DirectCt), Some(1));
+    assert!(DIRECT_CT_RULESET.contains("hook prerouting"));
 }
 
 /// The quick slice, as the test suite runs it: every mode measured at both Ns, nothing
@@ -204,7 +233,8 @@ fn quick_bench_measures_every_mode_and_cleans_up() {
     let mut opts = DataplaneOptions::quick(agent, loadgen);
     opts.verbose = false;
     let results = run_dataplane(&opts).expect("quick bench");
-    assert_eq!(results.samples.len(), 2 * opts.modes.len());
+    // Every mode at N = 1, ebpf at 1,000 too.
+    assert_eq!(results.samples.len(), opts.modes.len() + 1);
     for s in &results.samples {
         assert!(s.conn.connections > 0 && s.conn.errors == 0, "{s:?}");
         assert!(
@@ -214,14 +244,23 @@ fn quick_bench_measures_every_mode_and_cleans_up() {
         assert!(s.stream.round_trips > 0 && s.stream.bytes > 0, "{s:?}");
     }
     let rows = results.csv_rows();
-    assert!(
-        rows.iter()
-            .any(|r| r.starts_with("dataplane,direct,1000,0,conn_rate,"))
-    );
-    assert!(rows.len() > results.samples.len() * 8);
-    // The direct namespaces and one set per (mode, N) (the quick slice has no pair of
-    // placements sharing one).
-    assert_eq!(results.run_ids.len(), 1 + results.samples.len());
+    for prefix in [
+        "dataplane,ebpf,1000,0,conn_rate,",
+        "dataplane,ebpf,1000,0,direct_conn_rate,",
+        "dataplane,direct-ct,1,0,conn_rate,",
+        "dataplane,kube-proxy-nft,1,0,rejected,",
+        "dataplane,ebpf,1,median,conn_rate,",
+        "dataplane,ebpf,1,min,conn_rate,",
+    ] {
+        assert!(
+            rows.iter().any(|r| r.starts_with(prefix)),
+            "no {prefix} row"
+        );
+    }
+    assert!(rows.len() > results.samples.len() * 14);
+    // One set of namespaces per (mode, N) (the quick slice has no pair of placements
+    // sharing one).
+    assert_eq!(results.run_ids.len(), results.samples.len());
     for id in &results.run_ids {
         assert_eq!(net::owner_pid(id), Some(std::process::id()));
         let left = net::leftovers(id).unwrap();
