@@ -15,8 +15,10 @@
 //! measured, and the socket programs do not act on it.
 
 use std::{
+    fs,
     io::{self, Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -46,6 +48,10 @@ pub struct ClientOptions {
     pub max_errors: u64,
     /// Read and write timeout of each connection.
     pub io_timeout: Duration,
+    /// Per target (empty: none): the cgroup v2 directory this process moves into before
+    /// each of the target's slices, so that its sockets are created there (the socket
+    /// programs attached to a cgroup act on the sockets created in it).
+    pub cgroups: Vec<Option<PathBuf>>,
 }
 
 impl ClientOptions {
@@ -58,6 +64,7 @@ impl ClientOptions {
             max_connections: 20_000_000,
             max_errors: 1000,
             io_timeout: Duration::from_secs(2),
+            cgroups: Vec::new(),
         }
     }
 }
@@ -91,7 +98,11 @@ pub struct ClientReport {
 }
 
 /// One connection; returns how long connect() took.
-pub(crate) fn one_connection(target: &SockAddr, io_timeout: Duration, byte: u8) -> io::Result<Duration> {
+pub(crate) fn one_connection(
+    target: &SockAddr,
+    io_timeout: Duration,
+    byte: u8,
+) -> io::Result<Duration> {
     let domain = if target.is_ipv6() {
         Domain::IPV6
     } else {
@@ -148,6 +159,22 @@ impl Tally {
     }
 }
 
+/// Moves this process into the cgroup of target `which`, when it has one and the process
+/// is elsewhere (`current`: where it was moved last).
+fn enter_cgroup(opts: &ClientOptions, which: usize, current: &mut Option<usize>) -> io::Result<()> {
+    let Some(Some(dir)) = opts.cgroups.get(which) else {
+        return Ok(());
+    };
+    let same = current
+        .and_then(|c| opts.cgroups.get(c).cloned().flatten())
+        .is_some_and(|c| &c == dir);
+    if !same {
+        fs::write(dir.join("cgroup.procs"), std::process::id().to_string())?;
+    }
+    *current = Some(which);
+    Ok(())
+}
+
 /// Runs the client: a warm-up, then slices alternating between the targets until each
 /// has had its measured time. One report per target, in the order given.
 pub fn run_client(opts: &ClientOptions) -> Vec<ClientReport> {
@@ -157,9 +184,13 @@ pub fn run_client(opts: &ClientOptions) -> Vec<ClientReport> {
         return Vec::new();
     }
     let mut byte = 0u8;
+    let mut cgroup = None;
 
     let per_target = opts.warmup / u32::try_from(n).unwrap_or(u32::MAX);
-    for target in &targets {
+    for (which, target) in targets.iter().enumerate() {
+        if enter_cgroup(opts, which, &mut cgroup).is_err() {
+            continue;
+        }
         let end = Instant::now() + per_target;
         let mut errors = 0;
         while Instant::now() < end && errors < opts.max_errors {
@@ -181,7 +212,11 @@ pub fn run_client(opts: &ClientOptions) -> Vec<ClientReport> {
         let open = remaining > Duration::ZERO
             && (tally.latencies_ns.len() as u64) < opts.max_connections
             && tally.errors < opts.max_errors;
-        if open {
+        if open && let Err(err) = enter_cgroup(opts, which, &mut cgroup) {
+            // Measured elsewhere the slice would count for the wrong target.
+            tally.note_error(err);
+            tally.measured += slice;
+        } else if open {
             let started = Instant::now();
             let end = started + remaining.min(slice);
             while Instant::now() < end

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use super::{
     results::{Environment, csv_field, csv_num},
-    stats::median,
+    stats::{median, min_max},
 };
 
 /// One CSV row without the environment columns.
@@ -57,7 +57,9 @@ pub fn with_medians(rows: Vec<Row>) -> Vec<Row> {
     for (mode, n, metric) in keys {
         let same: Vec<&Row> = rows
             .iter()
-            .filter(|r| r.mode == mode && r.n == n && r.metric == metric && r.rep != "median")
+            .filter(|r| {
+                r.mode == mode && r.n == n && r.metric == metric && r.rep.parse::<u32>().is_ok()
+            })
             .collect();
         let Some(first) = same.first() else { continue };
         if same.len() < 2 {
@@ -71,6 +73,45 @@ pub fn with_medians(rows: Vec<Row>) -> Vec<Row> {
             ratio: median(&ratios),
             ..(*first).clone()
         });
+    }
+    out
+}
+
+/// Adds, for every (mode, N, metric) of `modes` measured in numbered reps, `min` and
+/// `max` rows: the smallest and largest value and per-rep ratio (the spread).
+pub fn with_spread(rows: Vec<Row>, modes: &[&str]) -> Vec<Row> {
+    let mut keys: Vec<(String, u64, String)> = Vec::new();
+    for row in rows.iter().filter(|r| modes.contains(&r.mode.as_str())) {
+        let key = (row.mode.clone(), row.n, row.metric.clone());
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    let mut out = rows.clone();
+    for (mode, n, metric) in keys {
+        let same: Vec<&Row> = rows
+            .iter()
+            .filter(|r| {
+                r.mode == mode && r.n == n && r.metric == metric && r.rep.parse::<u32>().is_ok()
+            })
+            .collect();
+        let Some(first) = same.first() else { continue };
+        let values: Vec<f64> = same.iter().map(|r| r.value).collect();
+        let ratios: Vec<f64> = same.iter().filter_map(|r| r.ratio).collect();
+        let (Some((lo, hi)), ratio) = (min_max(&values), min_max(&ratios)) else {
+            continue;
+        };
+        for (rep, value, r) in [
+            ("min", lo, ratio.map(|r| r.0)),
+            ("max", hi, ratio.map(|r| r.1)),
+        ] {
+            out.push(Row {
+                rep: rep.into(),
+                value,
+                ratio: r,
+                ..(*first).clone()
+            });
+        }
     }
     out
 }

@@ -108,6 +108,10 @@ enum Command {
         /// Pin to this CPU.
         #[arg(long)]
         cpu: Option<usize>,
+        /// Repeatable, one per target in order ("-": stay): the cgroup v2 directory to
+        /// move into before each of the target's slices.
+        #[arg(long = "target-cgroup")]
+        target_cgroups: Vec<String>,
     },
     /// The ClusterIP benchmark (root): namespaces, the agent in ebpf mode, the client
     /// through a ClusterIP and straight to the backend, with 1 and 10,000 services.
@@ -371,6 +375,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             max_connections,
             warmup_ms,
             cpu,
+            target_cgroups,
         } => {
             if let Some(cpu) = cpu {
                 pin_to_cpu(cpu)?;
@@ -384,6 +389,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 opts.max_connections = max;
             }
             opts.warmup = Duration::from_millis(warmup_ms);
+            opts.cgroups = target_cgroups
+                .iter()
+                .map(|c| (c != "-").then(|| PathBuf::from(c)))
+                .collect();
             let reports = run_client(&opts);
             println!("{}", serde_json::to_string(&reports)?);
             Ok(ExitCode::SUCCESS)

@@ -1,19 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The `bpf` benchmark, two parts:
+//! The `bpf` benchmark:
 //!
-//! - program cost: the ebpf-mode agent in the benchmark namespaces (as `clusterip`), the
-//!   client connecting through the ClusterIP for a few seconds with N services in the
-//!   maps; the kernel's run-time statistics of each of the run's programs, read before and
-//!   after, give calls and nanoseconds per call ([`progs`]);
+//! - connect() cost, the reported figure: the ebpf-mode agent in the benchmark namespaces
+//!   (as `clusterip`) with N services in the maps, one client alternating in 100 ms slices
+//!   between connect() through the socket programs and connect() from a cgroup without
+//!   them ([`connect`]);
+//! - per-packet cost of `tc_pod_ingress` with `BPF_PROG_TEST_RUN`, the conntrack map empty
+//!   and holding 1,000,000 flows, and what the run-time statistics add per call, measured
+//!   the same way ([`testrun`]);
+//! - program cost by run-time statistics (a secondary view): the client connecting through
+//!   the ClusterIP for a few seconds; the kernel's statistics of each of the run's
+//!   programs, read before and after, give calls and nanoseconds per call ([`progs`]), and
+//!   the same less the statistics' own measured overhead (`_net`);
 //! - map updates: the time per element to fill (and overwrite) a service map of N entries
 //!   one update at a time against batched updates ([`mapupdate`]);
 //! - Maglev tables: the time to build a table over N backends against writing it into
 //!   the map ([`maglev`]).
 
 mod batch;
+pub mod connect;
 pub mod maglev;
 pub mod mapupdate;
 pub mod progs;
+pub mod testrun;
 
 use std::{
     net::SocketAddr,
@@ -33,7 +42,7 @@ use super::{
     manifests::{self, SERVICE_IP, SERVICE_PORT},
     net::{self, BenchNet},
     results::Environment,
-    rows::{Row, with_medians},
+    rows::{Row, with_medians, with_spread},
     signals,
 };
 
@@ -50,6 +59,14 @@ pub struct BpfOptions {
     pub reps: u32,
     /// How long the client runs per rep.
     pub client_duration: Duration,
+    /// Reps of the connect() comparison, and its measured time per route and rep.
+    pub connect_reps: u32,
+    pub connect_duration: Duration,
+    /// Conntrack flows in the map for the test-run part (empty: skip it), its reps and
+    /// the kernel's repetitions per measurement.
+    pub ct_entries: Vec<u32>,
+    pub test_run_reps: u32,
+    pub test_run_repeat: u32,
     /// Map sizes for the map-update part (empty: skip it).
     pub map_entries: Vec<u32>,
     pub map_reps: u32,
@@ -62,15 +79,22 @@ pub struct BpfOptions {
 }
 
 impl BpfOptions {
-    /// 1 and 50,000 services, 3 reps of 3 s; maps of 1k to 1M entries, 3 reps, 4096 per
-    /// batch; Maglev tables of 16381 and 65521 entries over 1,000 backends, 3 reps.
+    /// 1 and 100,000 services: connect() 5 reps of 3 s per route, statistics 3 reps of
+    /// 3 s; test runs with 0 and 1,000,000 conntrack flows, 5 reps of 200,000 runs; maps of
+    /// 1k to 1M entries, 3 reps, 4096 per batch; Maglev tables of 16381 and 65521 entries
+    /// over 1,000 backends, 3 reps.
     pub fn full(agent_binary: PathBuf, loadgen_binary: PathBuf) -> Self {
         BpfOptions {
             agent_binary,
             loadgen_binary,
-            service_counts: vec![1, 50_000],
+            service_counts: vec![1, 100_000],
             reps: 3,
             client_duration: Duration::from_secs(3),
+            connect_reps: 5,
+            connect_duration: Duration::from_secs(3),
+            ct_entries: vec![0, 1_000_000],
+            test_run_reps: 5,
+            test_run_repeat: 200_000,
             map_entries: vec![1_000, 10_000, 100_000, 1_000_000],
             map_reps: 3,
             batch_size: 4096,
@@ -88,6 +112,11 @@ impl BpfOptions {
             service_counts: vec![1, 1_000],
             reps: 1,
             client_duration: Duration::from_secs(1),
+            connect_reps: 1,
+            connect_duration: Duration::from_millis(500),
+            ct_entries: vec![0, 10_000],
+            test_run_reps: 1,
+            test_run_repeat: 10_000,
             map_entries: vec![1_000],
             map_reps: 1,
             maglev_sizes: vec![16_381],
@@ -124,8 +153,17 @@ fn sized(needed: u64, default: u32) -> u32 {
 /// each: the maps sized to hold them (a frontend takes a slot-0 entry, a slot per backend
 /// and its address's wildcard entry; a backend and a reverse-NAT entry each).
 pub fn agent_fragment(services: u32, endpoints: u32) -> Map<String, Value> {
+    agent_fragment_with_ct(services, endpoints, 0)
+}
+
+/// [`agent_fragment`], with a conntrack map of at least `ct_flows` entries (an LRU map
+/// is allocated whole: no room is added beyond the power of two).
+pub fn agent_fragment_with_ct(services: u32, endpoints: u32, ct_flows: u32) -> Map<String, Value> {
     let defaults = proxy_agent::config::MapSizes::default();
     let (s, e) = (u64::from(services), u64::from(endpoints));
+    let conntrack = u32::try_from(u64::from(ct_flows).next_power_of_two())
+        .unwrap_or(proxy_agent::config::MAX_MAP_ENTRIES)
+        .max(defaults.conntrack);
     let mut fragment = config_fragment();
     fragment.insert(
         "ebpf".into(),
@@ -133,6 +171,7 @@ pub fn agent_fragment(services: u32, endpoints: u32) -> Map<String, Value> {
             "services": sized(s * (2 + e), defaults.services),
             "backends": sized(s * e, defaults.backends),
             "revNat": sized(s, defaults.rev_nat),
+            "conntrack": conntrack,
         }}),
     );
     fragment
@@ -180,7 +219,14 @@ pub fn run_bpf(opts: &BpfOptions) -> Result<BpfResults> {
             }
         }
     }
-    results.rows = with_medians(std::mem::take(&mut results.rows));
+    results.rows = with_spread(
+        with_medians(std::mem::take(&mut results.rows)),
+        &[
+            connect::MODE_ATTACHED,
+            testrun::MODE_TEST_RUN,
+            testrun::MODE_TEST_RUN_STATS,
+        ],
+    );
     Ok(results)
 }
 
@@ -205,6 +251,7 @@ fn program_costs(opts: &BpfOptions, results: &mut BpfResults) -> Result<()> {
     let bpffs = net::bpffs_root(&id);
     let largest = counts.last().copied().unwrap_or(1);
     let started = SystemTime::now();
+    let ct_flows = opts.ct_entries.iter().copied().max().unwrap_or(0);
     // Declared after the namespaces, so it stops (and unpins) before they go.
     let mut agent = BenchAgent::start_with(
         &opts.agent_binary,
@@ -212,7 +259,7 @@ fn program_costs(opts: &BpfOptions, results: &mut BpfResults) -> Result<()> {
         &bench_net.run_dir,
         &manifests_dir,
         &bpffs,
-        &agent_fragment(largest, 1),
+        &agent_fragment_with_ct(largest, 1, ct_flows),
     )?;
     agent.wait_synced(
         Change {
@@ -223,54 +270,160 @@ fn program_costs(opts: &BpfOptions, results: &mut BpfResults) -> Result<()> {
         opts.sync_timeout,
     )?;
     let ids = progs::run_program_ids(&bpffs)?;
-    let stats = progs::StatsGuard::enable()?;
-    results.stats_by = Some(stats.how);
-    opts.progress(&format!(
-        "run-time stats on ({}) for programs {ids:?}",
-        stats.how
-    ));
+    let bare = connect::BareCgroup::create(&id)?;
+    let watched: Vec<usize> = client_cpu.into_iter().chain(server_cpu).collect();
+    let mut connect_reps = Vec::new();
+    let mut stats_rows = Vec::new();
     for services in counts {
         load_services(opts, &mut agent, &manifests_dir, &bpffs, services)?;
-        for rep in 0..opts.reps {
-            let before = progs::snapshot(&ids)?;
-            let report = run_client(opts, &bench_net, client_cpu)?;
-            let after = progs::snapshot(&ids)?;
-            let deltas = progs::delta(&before, &after);
-            for (name, d) in &deltas {
-                let row = |metric: String, value: f64, unit: &'static str| Row {
-                    bench: BENCH,
-                    mode: "ebpf".into(),
-                    n: u64::from(services),
-                    rep: rep.to_string(),
-                    metric,
-                    value,
-                    unit,
-                    ratio: None,
-                };
-                results
-                    .rows
-                    .push(row(format!("{name}_calls"), d.run_cnt as f64, "calls"));
-                if d.run_cnt > 0 {
-                    let ns = d.run_time_ns as f64 / d.run_cnt as f64;
-                    opts.progress(&format!(
-                        "N={services} rep {rep} {name:<20} {:>9} calls {ns:>8.1} ns/call",
-                        d.run_cnt
-                    ));
-                    results
-                        .rows
-                        .push(row(format!("{name}_ns_per_call"), ns, "ns"));
-                }
-            }
+        for rep in 0..opts.connect_reps {
+            signals::check()?;
+            let r = connect::measure(
+                &bench_net,
+                &opts.loadgen_binary,
+                &bare.path,
+                (client_cpu, &watched),
+                opts.connect_duration,
+                (services, rep),
+            )?;
             opts.progress(&format!(
-                "N={services} rep {rep}: client {} connections ({:.0}/s)",
-                report.connections, report.rate
+                "N={services} rep {rep} connect() p50/p99: attached {:.1}/{:.1} us, detached {:.1}/{:.1} us (p99 {:.3}x)",
+                r.attached.connect_p50_us,
+                r.attached.connect_p99_us,
+                r.detached.connect_p50_us,
+                r.detached.connect_p99_us,
+                r.attached.connect_p99_us / r.detached.connect_p99_us.max(f64::MIN_POSITIVE),
             ));
+            connect_reps.push(r);
         }
+        let stats = progs::StatsGuard::enable()?;
+        results.stats_by = Some(stats.how);
+        for rep in 0..opts.reps {
+            stats_rows.extend(stats_rep(
+                opts, &bench_net, client_cpu, &ids, services, rep,
+            )?);
+        }
+        drop(stats);
     }
-    drop(stats);
+    results.rows.extend(connect::rows(&connect_reps));
+    let test_run_rows = if opts.ct_entries.is_empty() {
+        Vec::new()
+    } else {
+        test_runs(opts, &id, &bpffs, &ids)?
+    };
+    // The statistics' own cost per call, from the test runs with the map empty.
+    let overheads: Vec<f64> = test_run_rows
+        .iter()
+        .filter(|r| r.metric == testrun::METRIC_STATS_OVERHEAD && r.n == 0)
+        .map(|r| r.value)
+        .collect();
+    let overhead = crate::stats::median(&overheads);
+    results.rows.extend(test_run_rows);
+    if let Some(overhead) = overhead {
+        let net: Vec<Row> = stats_rows
+            .iter()
+            .filter(|r| r.metric.ends_with("_ns_per_call"))
+            .map(|r| Row {
+                metric: format!("{}_net", r.metric),
+                value: r.value - overhead,
+                ..r.clone()
+            })
+            .collect();
+        stats_rows.extend(net);
+    }
+    results.rows.extend(stats_rows);
+    drop(bare);
     drop(agent);
     bench_net.cleanup();
     Ok(())
+}
+
+/// One statistics rep: calls and ns per call of each program over a client run.
+fn stats_rep(
+    opts: &BpfOptions,
+    bench_net: &BenchNet,
+    client_cpu: Option<usize>,
+    ids: &[u32],
+    services: u32,
+    rep: u32,
+) -> Result<Vec<Row>> {
+    let before = progs::snapshot(ids)?;
+    let report = run_client(opts, bench_net, client_cpu)?;
+    let after = progs::snapshot(ids)?;
+    let mut rows = Vec::new();
+    for (name, d) in &progs::delta(&before, &after) {
+        let row = |metric: String, value: f64, unit: &'static str| Row {
+            bench: BENCH,
+            mode: "ebpf".into(),
+            n: u64::from(services),
+            rep: rep.to_string(),
+            metric,
+            value,
+            unit,
+            ratio: None,
+        };
+        rows.push(row(format!("{name}_calls"), d.run_cnt as f64, "calls"));
+        if d.run_cnt > 0 {
+            let ns = d.run_time_ns as f64 / d.run_cnt as f64;
+            opts.progress(&format!(
+                "N={services} rep {rep} {name:<20} {:>9} calls {ns:>8.1} ns/call (stats on)",
+                d.run_cnt
+            ));
+            rows.push(row(format!("{name}_ns_per_call"), ns, "ns"));
+        }
+    }
+    opts.progress(&format!(
+        "N={services} rep {rep}: client {} connections ({:.0}/s)",
+        report.connections, report.rate
+    ));
+    Ok(rows)
+}
+
+/// The test-run part: `tc_pod_ingress` of the run's agent at each conntrack fill.
+fn test_runs(opts: &BpfOptions, id: &str, bpffs: &Path, ids: &[u32]) -> Result<Vec<Row>> {
+    if testrun::stats_forced_on() {
+        opts.progress(
+            "kernel.bpf_stats_enabled is 1: the test runs' \"off\" include the statistics",
+        );
+    }
+    let names = progs::snapshot(ids)?;
+    let prog_id = names
+        .iter()
+        .find(|(_, (name, _))| name == testrun::PROGRAM)
+        .map(|(id, _)| *id)
+        .ok_or_else(|| Error::Setup(format!("the agent attached no {}", testrun::PROGRAM)))?;
+    let pinned = testrun::PinnedProgram::pin(
+        prog_id,
+        &net::bpffs_root(&format!("{id}-progs")),
+        testrun::PROGRAM,
+    )?;
+    let maps = proxy_agent::proxier::ebpf::maps_dir(bpffs);
+    let mut rows = Vec::new();
+    for &flows in &opts.ct_entries {
+        let written = if flows > 0 {
+            testrun::fill_conntrack(&maps, flows)?
+        } else {
+            0
+        };
+        let measured = testrun::measure(
+            &pinned.program,
+            u64::from(flows),
+            opts.test_run_reps,
+            opts.test_run_repeat,
+        );
+        if flows > 0 {
+            testrun::clear_conntrack(&maps, flows)?;
+        }
+        let measured = measured?;
+        for r in &measured {
+            opts.progress(&format!(
+                "{flows} conntrack flows ({written} written) rep {} {:<15} {:<28} {:>7.1} ns",
+                r.rep, r.mode, r.metric, r.value
+            ));
+        }
+        rows.extend(measured);
+    }
+    Ok(rows)
 }
 
 fn run_client(opts: &BpfOptions, bench_net: &BenchNet, cpu: Option<usize>) -> Result<ClientReport> {

@@ -45,6 +45,24 @@ fn quick_bpf_bench_measures_programs_and_maps_and_cleans_up() {
         assert!(ns.value > 0.0 && ns.value < 1e6, "{ns:?}");
         assert_eq!(ns.unit, "ns");
     }
+    for n in [1, 1_000] {
+        let att = find(connect::MODE_ATTACHED, n, "connect_p99");
+        let det = find(connect::MODE_DETACHED, n, "connect_p99");
+        assert!(att.value > 0.0 && det.value > 0.0, "{att:?} {det:?}");
+        assert!((att.ratio.expect("attached / detached") - att.value / det.value).abs() < 1e-9);
+    }
+    assert!(find(connect::MODE_ATTACHED, 1_000, connect::METRIC_P99_VS_1).value > 0.0);
+    for flows in [0, 10_000] {
+        let off = find(testrun::MODE_TEST_RUN, flows, testrun::METRIC_NS);
+        // A program run costs more than nothing and far less than a millisecond.
+        assert!(off.value > 0.0 && off.value < 1e6, "{off:?}");
+        find(
+            testrun::MODE_TEST_RUN_STATS,
+            flows,
+            testrun::METRIC_STATS_OVERHEAD,
+        );
+    }
+    find("ebpf", 1, "sock_connect4_ns_per_call_net");
     for metric in [mapupdate::METRIC_INSERT, mapupdate::METRIC_OVERWRITE] {
         let single = find(mapupdate::MODE_SINGLE, 1_000, metric);
         let batch = find(mapupdate::MODE_BATCH, 1_000, metric);
@@ -57,6 +75,7 @@ fn quick_bpf_bench_measures_programs_and_maps_and_cleans_up() {
     let csv = crate::rows::csv_rows(&results.rows, &results.env);
     assert!(csv.iter().all(|l| l.starts_with("bpf,")));
     let id = results.run_id.expect("the program part ran");
+    // The bare cgroup (`<id>-bare`) and the test-run pins (`<id>-progs`) included.
     let left = net::leftovers(&id).unwrap();
     assert!(left.is_empty(), "left behind: {left:?}");
     assert_eq!(
