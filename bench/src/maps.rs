@@ -69,7 +69,41 @@ pub fn frontends_in(bpffs_root: &Path) -> Result<usize> {
     count_frontends(&String::from_utf8_lossy(&output.stdout))
 }
 
-/// Polls the pinned service map until it holds exactly `expected` frontends.
+/// How long a count of programmed services may stay the same, short of what was asked,
+/// before a wait gives up: the agent syncs 100,000 services in seconds, so a count that
+/// stopped moving means it will not get there (e.g. a map or id space it reports full).
+pub const STALL: Duration = Duration::from_secs(30);
+
+/// Whether a polled count has stopped moving short of its goal.
+#[derive(Debug)]
+pub struct Stall {
+    last: Option<usize>,
+    since: Instant,
+    limit: Duration,
+}
+
+impl Stall {
+    pub fn new(limit: Duration) -> Self {
+        Stall {
+            last: None,
+            since: Instant::now(),
+            limit,
+        }
+    }
+
+    /// Notes `seen`; true once it has been the same, and not `expected`, for the limit.
+    pub fn stalled(&mut self, seen: usize, expected: usize) -> bool {
+        if self.last != Some(seen) {
+            self.last = Some(seen);
+            self.since = Instant::now();
+            return false;
+        }
+        seen != expected && self.since.elapsed() >= self.limit
+    }
+}
+
+/// Polls the pinned service map until it holds exactly `expected` frontends; fails at
+/// `timeout`, or earlier once the count stopped moving for [`STALL`].
 pub fn wait_frontends(
     agent: &BenchAgent,
     bpffs: &Path,
@@ -77,18 +111,25 @@ pub fn wait_frontends(
     timeout: Duration,
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
+    let mut stall = Stall::new(STALL);
     loop {
         signals::check()?;
         let seen = frontends_in(bpffs);
+        let stalled = matches!(&seen, Ok(n) if stall.stalled(*n, expected as usize));
         match &seen {
             Ok(n) if *n == expected as usize => return Ok(()),
-            _ if Instant::now() >= deadline => {
+            _ if Instant::now() >= deadline || stalled => {
                 let seen = match seen {
                     Ok(n) => n.to_string(),
                     Err(err) => err.to_string(),
                 };
+                let how = if stalled {
+                    format!("stopped moving for {STALL:?}")
+                } else {
+                    format!("after {timeout:?}")
+                };
                 return Err(agent.failure(format!(
-                    "the service map holds {seen} frontends, not {expected}, after {timeout:?}"
+                    "the service map holds {seen} frontends, not {expected}: {how}"
                 )));
             }
             _ => thread::sleep(Duration::from_millis(250)),
@@ -99,6 +140,19 @@ pub fn wait_frontends(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_count_stalls_only_short_of_its_goal_and_after_the_limit() {
+        let mut stall = Stall::new(Duration::ZERO);
+        assert!(!stall.stalled(5, 10), "a first reading is progress");
+        assert!(stall.stalled(5, 10));
+        assert!(!stall.stalled(6, 10));
+        assert!(!stall.stalled(10, 10));
+        assert!(!stall.stalled(10, 10), "at the goal it never stalls");
+        let mut patient = Stall::new(Duration::from_secs(60));
+        patient.stalled(5, 10);
+        assert!(!patient.stalled(5, 10));
+    }
 
     #[test]
     fn counts_slot_zero_entries_with_a_port_and_backends() {

@@ -212,10 +212,21 @@ enum Command {
         /// Seconds of client load per rep.
         #[arg(long)]
         seconds: Option<f64>,
-        /// Service counts, comma-separated (default 1,50000); empty list: `--services 0`
+        /// Service counts, comma-separated (default 1,100000); empty list: `--services 0`
         /// skips the program part.
         #[arg(long, value_delimiter = ',')]
         services: Vec<u32>,
+        /// Reps of the connect() comparison, socket programs attached against detached
+        /// (default 5).
+        #[arg(long)]
+        connect_reps: Option<u32>,
+        /// Seconds per route and rep of the connect() comparison (default 3).
+        #[arg(long)]
+        connect_seconds: Option<f64>,
+        /// Conntrack flows of the test runs, comma-separated (default 0,1000000; `none`
+        /// skips them).
+        #[arg(long, value_delimiter = ',')]
+        ct_flows: Vec<String>,
         /// Map entries, comma-separated (default 1000,10000,100000,1000000; 0 skips).
         #[arg(long, value_delimiter = ',')]
         entries: Vec<u32>,
@@ -537,6 +548,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             reps,
             seconds,
             services,
+            connect_reps,
+            connect_seconds,
+            ct_flows,
             entries,
             batch,
             maglev_backends,
@@ -550,6 +564,20 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             } else {
                 BpfOptions::full(agent, here)
             };
+            if let Some(reps) = connect_reps {
+                opts.connect_reps = reps;
+            }
+            if let Some(seconds) = connect_seconds {
+                opts.connect_duration =
+                    Duration::try_from_secs_f64(seconds).context("--connect-seconds")?;
+            }
+            if !ct_flows.is_empty() {
+                opts.ct_entries = ct_flows
+                    .iter()
+                    .filter(|f| f.as_str() != "none")
+                    .map(|f| f.parse::<u32>().with_context(|| format!("--ct-flows {f}")))
+                    .collect::<anyhow::Result<_>>()?;
+            }
             if let Some(reps) = reps {
                 opts.reps = reps;
                 opts.map_reps = reps;

@@ -10,7 +10,10 @@ fn map_sizes_hold_the_services_with_room() {
     let sizes = &fragment["ebpf"]["mapSizes"];
     assert_eq!(sizes["services"], 524_288);
     assert_eq!(sizes["backends"], 262_144);
-    assert_eq!(sizes["revNat"], 65_536);
+    assert_eq!(sizes["revNat"], 131_072);
+    let sizes = &agent_fragment_with_ct(100_000, 1, 1_000_000)["ebpf"]["mapSizes"];
+    assert_eq!(sizes["revNat"], 262_144);
+    assert_eq!(sizes["conntrack"], 1_048_576);
     // The benchmark's other settings stay.
     assert!(fragment.contains_key("iptables"));
 }

@@ -282,6 +282,7 @@ pub fn run_dataplane(opts: &DataplaneOptions) -> Result<DataplaneResults> {
     let started = Instant::now();
     let mut samples = Vec::new();
     let mut run_ids = Vec::new();
+    let mut failures = Vec::new();
     for (index, n) in counts.iter().copied().enumerate() {
         for group in mode_groups(&mode_order(&opts.modes, index as u32)) {
             let group: Vec<DpMode> = group
@@ -299,7 +300,18 @@ pub fn run_dataplane(opts: &DataplaneOptions) -> Result<DataplaneResults> {
             }
             let id = net::new_run_id();
             run_ids.push(id.clone());
-            samples.extend(measure_modes(opts, cpus, &id, &group, n)?);
+            match measure_modes(opts, cpus, &id, &group, n) {
+                Ok(measured) => samples.extend(measured),
+                // A mode that cannot hold N services (or fails there) leaves a gap in the
+                // tables, not the whole run: the others' rows still count.
+                Err(err @ (Error::Setup(_) | Error::Agent(_))) => {
+                    let names: Vec<&str> = group.iter().map(|m| m.name()).collect();
+                    let line = format!("N={n} {}: not measured: {err}", names.join(", "));
+                    opts.progress(&line);
+                    failures.push(line);
+                }
+                Err(err) => return Err(err),
+            }
         }
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -311,6 +323,7 @@ pub fn run_dataplane(opts: &DataplaneOptions) -> Result<DataplaneResults> {
         server_cpu: cpus.1,
         seconds,
         samples,
+        failures,
     })
 }
 

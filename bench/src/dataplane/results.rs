@@ -126,6 +126,8 @@ pub struct DataplaneResults {
     /// Wall time of the whole run.
     pub seconds: f64,
     pub samples: Vec<Sample>,
+    /// The (mode, N) that could not be measured, and why (first line of the error).
+    pub failures: Vec<String>,
 }
 
 /// The summary of one (mode, N, metric) over the accepted reps.
@@ -283,6 +285,10 @@ impl DataplaneResults {
                 cell(Metric::ConnectP99),
                 cell(Metric::RrP50),
             );
+        }
+        for failure in &self.failures {
+            let first = failure.lines().next().unwrap_or_default();
+            let _ = writeln!(out, "{first}");
         }
         let _ = writeln!(out, "took {:.0} s", self.seconds);
         out

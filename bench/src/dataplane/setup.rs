@@ -11,7 +11,7 @@ use ::tests::scenario::{Mode, netns::Place, readiness::Change};
 use crate::{
     agent::BenchAgent,
     error::{Error, Result},
-    maps::frontends_in,
+    maps::{STALL, Stall, frontends_in},
     net::{self, BenchNet},
     shaped::{iptables_full, iptables_partial, nft_full_in_transactions},
     signals,
@@ -138,6 +138,7 @@ fn start_agent(
     // The service ports the dataplane must hold: the fillers' and the measured two.
     let expected = n as usize + 1;
     let deadline = Instant::now() + opts.setup_timeout;
+    let mut stall = Stall::new(STALL);
     loop {
         signals::check()?;
         let node = Place {
@@ -154,9 +155,15 @@ fn start_agent(
         if seen == expected {
             return Ok(agent);
         }
-        if Instant::now() >= deadline {
+        let stalled = stall.stalled(seen, expected);
+        if Instant::now() >= deadline || stalled {
+            let how = if stalled {
+                "stopped moving"
+            } else {
+                "timed out"
+            };
             return Err(agent.failure(format!(
-                "the dataplane holds {seen} service ports, not {expected}"
+                "the dataplane holds {seen} service ports, not {expected} ({how})"
             )));
         }
         thread::sleep(Duration::from_millis(250));

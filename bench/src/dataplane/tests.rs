@@ -162,6 +162,7 @@ fn rows_pair_each_mode_with_its_direct_route_and_leave_rejected_reps_out() {
         client_cpu: Some(0),
         server_cpu: Some(1),
         seconds: 1.0,
+        failures: vec!["N=100000 ebpf: not measured: full\nlog".into()],
         samples: vec![
             sample(DpMode::Ebpf, 10, 0, 90.0, 100.0),
             sample(DpMode::Ebpf, 10, 1, 100.0, 200.0),
@@ -201,6 +202,10 @@ fn rows_pair_each_mode_with_its_direct_route_and_leave_rejected_reps_out() {
         table.contains("ebpf") && table.contains("(0.700 [0.500–0.900])"),
         "{table}"
     );
+    assert!(
+        table.contains("N=100000 ebpf: not measured: full\ntook"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -233,6 +238,7 @@ fn quick_bench_measures_every_mode_and_cleans_up() {
     let mut opts = DataplaneOptions::quick(agent, loadgen);
     opts.verbose = false;
     let results = run_dataplane(&opts).expect("quick bench");
+    assert!(results.failures.is_empty(), "{:?}", results.failures);
     // Every mode at N = 1, ebpf at 1,000 too.
     assert_eq!(results.samples.len(), opts.modes.len() + 1);
     for s in &results.samples {
