@@ -91,37 +91,42 @@ pub fn ratio_spread(rows: &[Row], mode: &str, n: u32, metric: &str) -> Option<(f
 /// The Ns the dataplane connection-rate target covers.
 pub const CONN_RATE_NS: [u32; 5] = [1, 1_000, 10_000, 50_000, 100_000];
 
+/// One N of the connection-rate target: the median per-rep ratio and the per-rep spread.
+struct AtN {
+    n: u32,
+    ratio: Option<f64>,
+    spread: Option<(f64, f64)>,
+}
+
 /// "ebpf ClusterIP connection rate ≥ 0.95× direct at every N up to 100k": judged on the
 /// worst N's median per-rep ratio; the measured text gives that N, the per-rep spread
 /// there and the lowest per-rep ratio of any N (the lower bound).
 fn conn_rate_target(dp: &[Row]) -> Target {
     let what = "ebpf ClusterIP connection rate / direct route (same client run, ABBA) at every N up to 100,000";
     let limit = "≥ 0.95 at every N";
-    let per_n: Vec<(u32, Option<f64>, Option<(f64, f64)>)> = CONN_RATE_NS
+    let per_n: Vec<AtN> = CONN_RATE_NS
         .iter()
-        .map(|n| {
-            (
-                *n,
-                ratio(dp, "ebpf", *n, "conn_rate"),
-                ratio_spread(dp, "ebpf", *n, "conn_rate"),
-            )
+        .map(|n| AtN {
+            n: *n,
+            ratio: ratio(dp, "ebpf", *n, "conn_rate"),
+            spread: ratio_spread(dp, "ebpf", *n, "conn_rate"),
         })
         .collect();
     let missing: Vec<String> = per_n
         .iter()
-        .filter(|(_, r, _)| r.is_none())
-        .map(|(n, _, _)| n.to_string())
+        .filter(|at| at.ratio.is_none())
+        .map(|at| at.n.to_string())
         .collect();
     let worst = per_n
         .iter()
-        .filter_map(|(n, r, s)| r.map(|r| (*n, r, *s)))
+        .filter_map(|at| at.ratio.map(|r| (at.n, r, at.spread)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
     let Some((worst_n, worst_ratio, worst_spread)) = worst else {
         return at_least(what, limit, None, 0.95);
     };
     let lower = per_n
         .iter()
-        .filter_map(|(_, _, s)| s.map(|s| s.0))
+        .filter_map(|at| at.spread.map(|s| s.0))
         .reduce(f64::min);
     let mut target = at_least(what, limit, Some(worst_ratio), 0.95);
     let spread = worst_spread.map_or(String::new(), |(lo, hi)| {
