@@ -178,6 +178,18 @@ pub fn agent_fragment_with_ct(services: u32, endpoints: u32, ct_flows: u32) -> M
     fragment
 }
 
+/// The uplink of the program part's node.
+const UPLINK: &str = "up0";
+
+/// `fragment` with the agent's tc and XDP (generic) programs on [`UPLINK`].
+fn with_uplink(mut fragment: Map<String, Value>) -> Map<String, Value> {
+    if let Some(Value::Object(ebpf)) = fragment.get_mut("ebpf") {
+        ebpf.insert("devices".into(), json!([UPLINK]));
+        ebpf.insert("xdpMode".into(), json!("generic"));
+    }
+    fragment
+}
+
 /// Runs both parts. Needs root.
 pub fn run_bpf(opts: &BpfOptions) -> Result<BpfResults> {
     if !nix::unistd::Uid::effective().is_root() {
@@ -247,6 +259,17 @@ fn program_costs(opts: &BpfOptions, results: &mut BpfResults) -> Result<()> {
     let mut bench_net = BenchNet::build(&id)?;
     let manifests_dir = bench_net.measured_manifests()?;
     bench_net.start_backend(&opts.loadgen_binary, server_cpu)?;
+    // An uplink for the north-south programs (tc and generic XDP), which the test runs
+    // measure; no traffic goes through it. (A veth pair: this kernel has no dummy device.)
+    let uplink = format!("{}/24", testrun::UPLINK_IP);
+    for args in [
+        vec!["link", "add", UPLINK, "type", "veth", "peer", "name", "up1"],
+        vec!["addr", "add", uplink.as_str(), "dev", UPLINK],
+        vec!["link", "set", "up1", "up"],
+        vec!["link", "set", UPLINK, "up"],
+    ] {
+        ::tests::scenario::netns::ip_in(&bench_net.node_ns, &args)?;
+    }
 
     opts.progress("starting the agent (ebpf mode)");
     let bpffs = net::bpffs_root(&id);
@@ -260,7 +283,7 @@ fn program_costs(opts: &BpfOptions, results: &mut BpfResults) -> Result<()> {
         &bench_net.run_dir,
         &manifests_dir,
         &bpffs,
-        &agent_fragment_with_ct(largest, 1, ct_flows),
+        &with_uplink(agent_fragment_with_ct(largest, 1, ct_flows)),
     )?;
     agent.wait_synced(
         Change {
@@ -389,7 +412,7 @@ fn stats_rep(
     Ok(rows)
 }
 
-/// The test-run part: `tc_pod_ingress` of the run's agent at each conntrack fill.
+/// The test-run part: the tc and XDP programs of the run's agent at each conntrack fill.
 fn test_runs(opts: &BpfOptions, id: &str, bpffs: &Path, ids: &[u32]) -> Result<Vec<Row>> {
     if testrun::stats_forced_on() {
         opts.progress(
@@ -397,16 +420,19 @@ fn test_runs(opts: &BpfOptions, id: &str, bpffs: &Path, ids: &[u32]) -> Result<V
         );
     }
     let names = progs::snapshot(ids)?;
-    let prog_id = names
-        .iter()
-        .find(|(_, (name, _))| name == testrun::PROGRAM)
-        .map(|(id, _)| *id)
-        .ok_or_else(|| Error::Setup(format!("the agent attached no {}", testrun::PROGRAM)))?;
-    let pinned = testrun::PinnedProgram::pin(
-        prog_id,
-        &net::bpffs_root(&format!("{id}-progs")),
-        testrun::PROGRAM,
-    )?;
+    let pins = testrun::PinDir::create(&net::bpffs_root(&format!("{id}-progs")))?;
+    let mut programs = Vec::new();
+    for (name, xdp, frame, verdict) in testrun::measured_programs() {
+        match names.iter().find(|(_, (n, _))| n == name) {
+            Some((prog_id, _)) => {
+                programs.push((name, pins.open(*prog_id, name, xdp)?, frame, verdict));
+            }
+            None if name == testrun::PROGRAM => {
+                return Err(Error::Setup(format!("the agent attached no {name}")));
+            }
+            None => opts.progress(&format!("{name} is not attached: not measured")),
+        }
+    }
     let maps = proxy_agent::proxier::ebpf::maps_dir(bpffs);
     let mut rows = Vec::new();
     for &flows in &opts.ct_entries {
@@ -415,24 +441,32 @@ fn test_runs(opts: &BpfOptions, id: &str, bpffs: &Path, ids: &[u32]) -> Result<V
         } else {
             0
         };
-        let measured = testrun::measure(
-            &pinned.program,
-            u64::from(flows),
-            opts.test_run_reps,
-            opts.test_run_repeat,
-        );
+        let measured: Result<Vec<Row>> = programs
+            .iter()
+            .map(|(name, prog, frame, verdict)| {
+                testrun::measure(
+                    (name, prog),
+                    (frame, *verdict),
+                    u64::from(flows),
+                    (opts.test_run_reps, opts.test_run_repeat),
+                )
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(|all| all.concat());
         if flows > 0 {
             testrun::clear_conntrack(&maps, flows)?;
         }
         let measured = measured?;
         for r in &measured {
             opts.progress(&format!(
-                "{flows} conntrack flows ({written} written) rep {} {:<15} {:<28} {:>7.1} ns",
+                "{flows} conntrack flows ({written} written) rep {} {:<15} {:<32} {:>7.1} ns",
                 r.rep, r.mode, r.metric, r.value
             ));
         }
         rows.extend(measured);
     }
+    drop(programs);
+    drop(pins);
     Ok(rows)
 }
 

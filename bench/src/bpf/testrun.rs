@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Per-packet cost of the agent's tc program on the pod devices (`tc_pod_ingress`, which
-//! runs on every packet a pod sends) with `BPF_PROG_TEST_RUN`: the live program of the
-//! run's agent (pinned by id beside the run's pins), run by the kernel `repeat` times on
-//! one frame, with the kernel's own average time per run. The frame is a TCP segment of an
-//! established pod-to-pod flow no program translated: the program parses it, looks its
-//! tuple up in the conntrack map (a miss) and lets it pass, unchanged, so every repetition
-//! takes the same path. Measured with the conntrack map empty and holding 1,000,000
-//! flows (written into the agent's pinned map, then removed again).
+//! Per-packet cost of the agent's tc and XDP programs with `BPF_PROG_TEST_RUN`: the live
+//! programs of the run's agent (pinned by id beside the run's pins), each run by the
+//! kernel `repeat` times on one frame, with the kernel's own average time per run.
+//! `tc_pod_ingress` (on every packet a pod sends) gets a TCP segment of an established
+//! pod-to-pod flow no program translated: it parses it, looks its tuple up in the
+//! conntrack map (a miss) and lets it pass. `tc_uplink_ingress` and `xdp_uplink` (on a
+//! veth uplink the benchmark gives the node) get a TCP segment from an outside client to
+//! an address of no service: reply and forward conntrack lookups (misses), the frontend
+//! lookup (a miss), pass. The frames pass unchanged, so every repetition takes the same
+//! path. Measured with the conntrack map empty and holding 1,000,000 flows (written into
+//! the agent's pinned map, then removed again).
 //!
 //! The same runs with the kernel's run-time statistics switched on, alternating off and
 //! on (ABBA), give what the statistics add to every call (two clock reads and the
@@ -21,8 +24,9 @@ use std::{
 
 use aya::{
     maps::{Map, MapData},
-    programs::{SchedClassifier, TestRun, TestRunOptions},
+    programs::{SchedClassifier, TestRun, TestRunOptions, TestRunResult, Xdp},
 };
+use aya_obj::programs::XdpAttachType;
 use proxy_common::{Ct4Key, CtValue};
 
 use crate::{
@@ -38,46 +42,78 @@ pub const PROGRAM: &str = "tc_pod_ingress";
 pub const MODE_TEST_RUN: &str = "test-run";
 pub const MODE_TEST_RUN_STATS: &str = "test-run+stats";
 pub const METRIC_NS: &str = "tc_pod_ingress_ns_per_packet";
+/// Measured on `tc_pod_ingress`: the reference subtracted from the statistics' figures.
 pub const METRIC_STATS_OVERHEAD: &str = "stats_overhead_ns_per_call";
 /// The conntrack map of IPv4 flows, as the agent pins it.
 const CT_MAP: &str = "CT4_V1";
+/// The uplink's address, and the outside client the uplink frame comes from.
+pub const UPLINK_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 2);
+const OUTSIDE_CLIENT: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
+const TC_ACT_OK: u32 = 0;
+const XDP_PASS: u32 = 2;
 
-/// A program of the run's agent pinned by id under a directory of the benchmark's own;
-/// the directory is removed on drop.
-pub struct PinnedProgram {
-    dir: PathBuf,
-    pub program: SchedClassifier,
+/// The programs measured: name, whether it is XDP, its frame, the verdict that frame gets.
+pub fn measured_programs() -> [(&'static str, bool, Vec<u8>, u32); 3] {
+    let uplink = tcp_ack_frame((OUTSIDE_CLIENT, 40_000), (UPLINK_IP, 9_000));
+    [
+        (PROGRAM, false, measured_frame(), TC_ACT_OK),
+        ("tc_uplink_ingress", false, uplink.clone(), TC_ACT_OK),
+        ("xdp_uplink", true, uplink, XDP_PASS),
+    ]
 }
 
-impl PinnedProgram {
-    /// Pins program `id` at `<dir>/<name>` (`bpftool prog pin`) and opens it.
-    pub fn pin(id: u32, dir: &Path, name: &str) -> Result<Self> {
+/// A pinned program of the run's agent, opened.
+pub enum Prog {
+    Tc(SchedClassifier),
+    Xdp(Xdp),
+}
+
+impl Prog {
+    fn test_run(&self, opts: TestRunOptions<'_>) -> std::result::Result<TestRunResult, String> {
+        match self {
+            Prog::Tc(p) => p.test_run(opts).map_err(|e| e.to_string()),
+            Prog::Xdp(p) => p.test_run(opts).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// A directory of the benchmark's own pins; removed (with the pins) on drop.
+pub struct PinDir {
+    dir: PathBuf,
+}
+
+impl PinDir {
+    pub fn create(dir: &Path) -> Result<Self> {
         fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
-        let path = dir.join(name);
+        Ok(PinDir {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Pins program `id` as `name` (`bpftool prog pin`) and opens it.
+    pub fn open(&self, id: u32, name: &str, xdp: bool) -> Result<Prog> {
+        let path = self.dir.join(name);
         let out = Command::new("bpftool")
             .args(["prog", "pin", "id", &id.to_string()])
             .arg(&path)
             .output()
             .map_err(Error::io("running bpftool prog pin"))?;
-        let guard = PinnedProgram {
-            dir: dir.to_path_buf(),
-            program: match out.status.success() {
-                true => SchedClassifier::from_pin(&path)
-                    .map_err(|e| Error::Setup(format!("opening {}: {e}", path.display())))?,
-                false => {
-                    let _ = fs::remove_dir_all(dir);
-                    return Err(Error::Setup(format!(
-                        "bpftool prog pin id {id}: {}",
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    )));
-                }
-            },
+        if !out.status.success() {
+            return Err(Error::Setup(format!(
+                "bpftool prog pin id {id}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let opened = if xdp {
+            Xdp::from_pin(&path, XdpAttachType::Interface).map(Prog::Xdp)
+        } else {
+            SchedClassifier::from_pin(&path).map(Prog::Tc)
         };
-        Ok(guard)
+        opened.map_err(|e| Error::Setup(format!("opening {}: {e}", path.display())))
     }
 }
 
-impl Drop for PinnedProgram {
+impl Drop for PinDir {
     fn drop(&mut self) {
         if let Err(err) = fs::remove_dir_all(&self.dir) {
             eprintln!("cleanup: removing {}: {err}", self.dir.display());
@@ -122,9 +158,15 @@ pub fn measured_frame() -> Vec<u8> {
     tcp_ack_frame((CLIENT_IP, 40_000), (SERVER_IP, 9_000))
 }
 
-/// The kernel's average nanoseconds per run over `repeat` runs of `program` on `frame`.
-pub fn ns_per_run(program: &SchedClassifier, frame: &[u8], repeat: u32) -> Result<f64> {
-    let mut out = vec![0u8; frame.len() + 64];
+/// The kernel's average nanoseconds per run over `repeat` runs of `program` on `frame`,
+/// which must get `verdict` (the frame passed, as the path measured here must).
+pub fn ns_per_run(
+    (name, program): (&str, &Prog),
+    frame: &[u8],
+    verdict: u32,
+    repeat: u32,
+) -> Result<f64> {
+    let mut out = vec![0u8; frame.len() + 256];
     let result = program
         .test_run(TestRunOptions {
             data_in: Some(frame),
@@ -132,11 +174,10 @@ pub fn ns_per_run(program: &SchedClassifier, frame: &[u8], repeat: u32) -> Resul
             repeat,
             ..TestRunOptions::default()
         })
-        .map_err(|e| Error::Setup(format!("BPF_PROG_TEST_RUN of {PROGRAM}: {e}")))?;
-    // TC_ACT_OK: the frame passed, as the path measured here must.
-    if result.return_value != 0 {
+        .map_err(|e| Error::Setup(format!("BPF_PROG_TEST_RUN of {name}: {e}")))?;
+    if result.return_value != verdict {
         return Err(Error::Setup(format!(
-            "{PROGRAM} returned {} on the measured frame (expected TC_ACT_OK)",
+            "{name} returned {} on the measured frame, not {verdict}",
             result.return_value
         )));
     }
@@ -197,17 +238,19 @@ pub fn clear_conntrack(maps_dir: &Path, count: u32) -> Result<()> {
     Ok(())
 }
 
-/// `reps` reps at one conntrack fill: in each, the program with the statistics off and on
-/// (order alternating, ABBA); rows of both and of their difference.
+/// `reps` reps of one program at one conntrack fill: in each, the program with the
+/// statistics off and on (order alternating, ABBA); rows of both and, for
+/// [`PROGRAM`], of their difference.
 pub fn measure(
-    program: &SchedClassifier,
+    (name, program): (&str, &Prog),
+    (frame, verdict): (&[u8], u32),
     ct_entries: u64,
-    reps: u32,
-    repeat: u32,
+    (reps, repeat): (u32, u32),
 ) -> Result<Vec<Row>> {
-    let frame = measured_frame();
+    let run = || ns_per_run((name, program), frame, verdict, repeat);
+    let metric_ns = format!("{name}_ns_per_packet");
     // Untimed: caches, the branch predictor and the CPU's clock settle.
-    ns_per_run(program, &frame, repeat)?;
+    run()?;
     let mut rows = Vec::new();
     let row = |mode: &str, rep: u32, metric: &str, value: f64, ratio| Row {
         bench: BENCH,
@@ -231,9 +274,9 @@ pub fn measure(
             };
             let ns = if stats_on {
                 let _stats = StatsGuard::enable()?;
-                ns_per_run(program, &frame, repeat)?
+                run()?
             } else {
-                ns_per_run(program, &frame, repeat)?
+                run()?
             };
             if stats_on {
                 on += ns / 2.0;
@@ -241,16 +284,19 @@ pub fn measure(
                 off += ns / 2.0;
             }
         }
-        rows.push(row(MODE_TEST_RUN, rep, METRIC_NS, off, None));
+        rows.push(row(MODE_TEST_RUN, rep, &metric_ns, off, None));
         let ratio = (off > 0.0).then(|| on / off);
-        rows.push(row(MODE_TEST_RUN_STATS, rep, METRIC_NS, on, ratio));
-        rows.push(row(
-            MODE_TEST_RUN_STATS,
-            rep,
-            METRIC_STATS_OVERHEAD,
-            on - off,
-            None,
-        ));
+        rows.push(row(MODE_TEST_RUN_STATS, rep, &metric_ns, on, ratio));
+        if name == PROGRAM {
+            let overhead = on - off;
+            rows.push(row(
+                MODE_TEST_RUN_STATS,
+                rep,
+                METRIC_STATS_OVERHEAD,
+                overhead,
+                None,
+            ));
+        }
     }
     Ok(rows)
 }

@@ -64,6 +64,14 @@ fn quick_bpf_bench_measures_programs_and_maps_and_cleans_up() {
             flows,
             testrun::METRIC_STATS_OVERHEAD,
         );
+        for program in ["tc_uplink_ingress", "xdp_uplink"] {
+            let ns = find(
+                testrun::MODE_TEST_RUN,
+                flows,
+                &format!("{program}_ns_per_packet"),
+            );
+            assert!(ns.value > 0.0 && ns.value < 1e6, "{ns:?}");
+        }
     }
     find("ebpf", 1, "sock_connect4_ns_per_call_net");
     for metric in [mapupdate::METRIC_INSERT, mapupdate::METRIC_OVERWRITE] {

@@ -241,7 +241,7 @@ pub fn render(all: &[SuiteRows]) -> String {
             "bpf" => {
                 let _ = writeln!(
                     out,
-                    "\n### BPF programs and map updates\n\nconnect() cost (the reported figure): one client alternating in 100 ms slices (ABBA) between connect() to the ClusterIP from the cgroup the socket programs are attached to (`attached`) and connect() to the backend from a sibling cgroup without them (`detached`); ratio attached / detached of the same rep, [min–max] over the reps. `connect_p99_vs_1`: per rep, (attached/detached p99 at N) / (the same at 1 service). `tc_pod_ingress_ns_per_packet` (N = conntrack flows in the map): `BPF_PROG_TEST_RUN` of the agent's live program on a pass-through TCP segment, the kernel's time per run; `test-run+stats` the same with the run-time statistics on, `stats_overhead_ns_per_call` the difference. Run-time statistics (kernel BPF stats on for the run only; a secondary view): ns per call as the kernel counts it, and `_net` less the measured statistics overhead. Map updates: the cost per element of one update per call against batched updates (ratio: batch / single). Maglev tables (N = backends): the agent's build of one table against writing it into a BPF array one update per entry, as the agent does (ratio: build / write)."
+                    "\n### BPF programs and map updates\n\nconnect() cost (the reported figure): one client alternating in 100 ms slices (ABBA) between connect() to the ClusterIP from the cgroup the socket programs are attached to (`attached`) and connect() to the backend from a sibling cgroup without them (`detached`); ratio attached / detached of the same rep, [min–max] over the reps. `connect_p99_vs_1`: per rep, (attached/detached p99 at N) / (the same at 1 service). `<program>_ns_per_packet` (N = conntrack flows in the map): `BPF_PROG_TEST_RUN` of the agent's live tc and XDP programs (the uplink ones on a veth uplink given to the node) on a pass-through TCP segment (conntrack and frontend lookups that miss), the kernel's time per run; `test-run+stats` the same with the run-time statistics on, `stats_overhead_ns_per_call` the difference (on tc_pod_ingress). Run-time statistics (kernel BPF stats on for the run only; a secondary view): ns per call as the kernel counts it, and `_net` less the measured statistics overhead. Map updates: the cost per element of one update per call against batched updates (ratio: batch / single). Maglev tables (N = backends): the agent's build of one table against writing it into a BPF array one update per entry, as the agent does (ratio: build / write)."
                 );
                 for (metric, title) in [
                     (
@@ -259,6 +259,14 @@ pub fn render(all: &[SuiteRows]) -> String {
                     (
                         "tc_pod_ingress_ns_per_packet",
                         "tc_pod_ingress per packet, BPF_PROG_TEST_RUN (N = conntrack flows)",
+                    ),
+                    (
+                        "tc_uplink_ingress_ns_per_packet",
+                        "tc_uplink_ingress per packet, BPF_PROG_TEST_RUN (N = conntrack flows)",
+                    ),
+                    (
+                        "xdp_uplink_ns_per_packet",
+                        "xdp_uplink per packet, BPF_PROG_TEST_RUN (N = conntrack flows)",
                     ),
                 ] {
                     spread_table(&mut out, &s.rows, metric, title);
