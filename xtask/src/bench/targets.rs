@@ -181,7 +181,7 @@ pub fn targets(all: &[SuiteRows]) -> Vec<Target> {
         conn_rate_target(dp),
         connect_p99_target(bpf),
         at(
-            "ebpf established request/response p50 / direct (1 service)",
+            "ebpf established request/response p50 / direct route (1 service; tc_pod_ingress sees both routes' packets)",
             "within ±3% (0.97–1.03)",
             rr,
             |v| (0.97..=1.03).contains(&v),
