@@ -60,6 +60,71 @@ pub fn ratio(rows: &[Row], mode: &str, n: u32, metric: &str) -> Option<f64> {
     stat(rows, mode, n, metric).and_then(|s| s.ratio)
 }
 
+/// The per-rep values of a (mode, N, metric), keyed by rep number (the suite's `median`
+/// and `setup` rows left out): what a spread is computed from.
+pub fn rep_values(rows: &[Row], mode: &str, n: u32, metric: &str) -> Vec<(u32, f64)> {
+    per_rep(rows, mode, n, metric, |r| r.value)
+}
+
+/// The per-rep ratios to the baseline of a (mode, N, metric), keyed by rep number.
+pub fn rep_ratios(rows: &[Row], mode: &str, n: u32, metric: &str) -> Vec<(u32, f64)> {
+    per_rep(rows, mode, n, metric, |r| r.ratio)
+}
+
+fn per_rep(
+    rows: &[Row],
+    mode: &str,
+    n: u32,
+    metric: &str,
+    pick: impl Fn(&Row) -> Option<f64>,
+) -> Vec<(u32, f64)> {
+    rows.iter()
+        .filter(|r| r.mode == mode && r.n == n && r.metric == metric)
+        .filter_map(|r| Some((r.rep.parse::<u32>().ok()?, pick(r)?)))
+        .filter(|(_, v)| v.is_finite())
+        .collect()
+}
+
+/// `numerator / denominator` of each rep both measured (same rep number: measured in
+/// the same pass, next to each other in time).
+pub fn paired_ratios(numerator: &[(u32, f64)], denominator: &[(u32, f64)]) -> Vec<f64> {
+    numerator
+        .iter()
+        .filter_map(|(rep, top)| {
+            let (_, bottom) = denominator.iter().find(|(r, _)| r == rep)?;
+            (*bottom > 0.0).then(|| top / bottom)
+        })
+        .collect()
+}
+
+/// The range of per-rep values behind a median.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub min: f64,
+    pub max: f64,
+    pub reps: usize,
+}
+
+pub fn spread(values: impl IntoIterator<Item = f64>) -> Option<Spread> {
+    values
+        .into_iter()
+        .filter(|v| v.is_finite())
+        .fold(None, |acc: Option<Spread>, v| {
+            Some(match acc {
+                None => Spread {
+                    min: v,
+                    max: v,
+                    reps: 1,
+                },
+                Some(s) => Spread {
+                    min: s.min.min(v),
+                    max: s.max.max(v),
+                    reps: s.reps + 1,
+                },
+            })
+        })
+}
+
 /// The rows of `suite` in `all` (none when it did not run).
 pub fn rows_of<'a>(all: &'a [SuiteRows], suite: &str) -> &'a [Row] {
     all.iter()
