@@ -505,7 +505,7 @@ mod tests {
         let probes = find("ebpf failed probes");
         assert_eq!(
             (probes.measured.as_str(), probes.miss.as_str()),
-            ("2.000", "2 failed")
+            ("2", "2 failed")
         );
         let text = render(&all);
         assert!(
