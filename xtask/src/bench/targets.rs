@@ -214,7 +214,7 @@ pub fn targets(all: &[SuiteRows]) -> Vec<Target> {
     for (step, [first, steady_scaling, steady_large]) in CHANGE_STEPS {
         let (first_ms, first_spread) = measured(sync, "ebpf", 50_000, &format!("{step}_wall"));
         out.push(at_most(first, "≤ 5 ms", first_ms, 5.0).with_spread(first_spread));
-        let steady = steady_metric(step);
+        let steady = steady_metric(sync, step);
         let (ratio_50k, ratio_spread) = scaling(sync, &steady, 1_000, 50_000);
         out.push(
             at_most(
@@ -314,13 +314,20 @@ pub fn targets(all: &[SuiteRows]) -> Vec<Target> {
     out
 }
 
-/// The sync suite's steady-state metric of a step (`scale_4_to_40` is `scale` there).
-fn steady_metric(step: &str) -> String {
+/// The sync suite's steady-state metric of a step in `rows` (`scale_4_to_40` is `scale`
+/// there): `<step>_steady_ms`, or `<step>_steady` (the unit is in its own column) when
+/// the rows use that name.
+pub fn steady_metric(rows: &[Row], step: &str) -> String {
     let short = match step {
         "scale_4_to_40" => "scale",
         other => other,
     };
-    format!("{short}_steady_ms")
+    let with_unit = format!("{short}_steady_ms");
+    let bare = format!("{short}_steady");
+    if !rows.iter().any(|r| r.metric == with_unit) && rows.iter().any(|r| r.metric == bare) {
+        return bare;
+    }
+    with_unit
 }
 
 pub fn verdict(holds: Option<bool>) -> &'static str {
