@@ -61,6 +61,13 @@ impl StepKind {
         StepKind::ScaleUp,
     ];
 
+    /// The partial changes, in the order the steps take them.
+    pub const CHANGES: [StepKind; 3] = [
+        StepKind::AddService,
+        StepKind::RemoveEndpoint,
+        StepKind::ScaleUp,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             StepKind::Full => "full_sync",
