@@ -27,6 +27,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::tombstone::{Buried, Tombstone};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ResourceKind {
     Service,
@@ -59,8 +61,9 @@ pub enum ClusterEvent {
 /// Tracks what has been reported for one resource and turns relists into diffs.
 #[derive(Debug)]
 pub struct RelistDiff<K> {
-    /// ns/name -> (resourceVersion, object) last reported.
-    known: HashMap<String, (Option<String>, Arc<K>)>,
+    /// ns/name -> (resourceVersion, identity) last reported: objects are compared by
+    /// resourceVersion, and a deletion needs only the identity (see [`super::tombstone`]).
+    known: HashMap<String, (Option<String>, Tombstone)>,
     /// Objects seen since the current relist started.
     relist: Option<HashMap<String, Arc<K>>>,
 }
@@ -90,7 +93,7 @@ fn object_key<K: Resource>(obj: &K) -> String {
     }
 }
 
-impl<K: Resource + Clone> RelistDiff<K> {
+impl<K: Resource + Clone + Buried> RelistDiff<K> {
     pub fn handle(&mut self, event: watcher::Event<K>) -> Vec<Diffed<K>> {
         match event {
             watcher::Event::Init => {
@@ -118,8 +121,8 @@ impl<K: Resource + Clone> RelistDiff<K> {
                     .cloned()
                     .collect();
                 for key in gone {
-                    if let Some((_, obj)) = self.known.remove(&key) {
-                        out.push(Diffed::Delete(obj));
+                    if let Some((_, tombstone)) = self.known.remove(&key) {
+                        out.push(Diffed::Delete(Arc::new(K::from_tombstone(&tombstone))));
                     }
                 }
                 for obj in buffer.into_values() {
@@ -149,7 +152,7 @@ impl<K: Resource + Clone> RelistDiff<K> {
         {
             return None;
         }
-        self.known.insert(key, (rv, obj.clone()));
+        self.known.insert(key, (rv, obj.tombstone()));
         Some(Diffed::Upsert(obj))
     }
 }
@@ -246,7 +249,7 @@ fn spawn_one<K>(
     tx: mpsc::Sender<ClusterEvent>,
     wrap: fn(Change<K>) -> ClusterEvent,
 ) where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Clone + Buried + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default,
 {
     tokio::spawn(async move {
