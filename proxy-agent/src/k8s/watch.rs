@@ -160,10 +160,10 @@ impl<K: Resource + Clone + Buried> RelistDiff<K> {
 /// The annotation `kubectl apply` keeps the whole applied object in.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// Drops what no part of the agent reads before an object is kept ([`RelistDiff`] holds
-/// every object it reported, for the deletions a relist finds; the event loop holds
-/// Services): the managedFields (often the largest part of an object) and kubectl's copy
-/// of the applied object. Objects are compared by resourceVersion only, so nothing is
+/// Drops what no part of the agent reads before an object goes through the event loop
+/// (nothing keeps whole objects past their event, but a relist holds a whole list at
+/// once): the managedFields (often the largest part of an object) and kubectl's copy of
+/// the applied object. Objects are compared by resourceVersion only, so nothing is
 /// decided on what is dropped. (kube-rs suggests the same before caching objects.)
 fn slim<K: Resource>(obj: &mut K) {
     let meta = obj.meta_mut();
