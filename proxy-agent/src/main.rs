@@ -20,6 +20,7 @@ struct Cli {
 }
 
 fn main() -> std::process::ExitCode {
+    proxy_agent::sys::tune_allocator();
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,

@@ -34,6 +34,38 @@ pub fn current_netns_cookie() -> io::Result<u64> {
     netns_cookie(&socket)
 }
 
+/// Large blocks at and above this size get their own mapping, returned to the kernel
+/// when freed (see [`tune_allocator`]).
+const MMAP_THRESHOLD_BYTES: libc::c_int = 256 * 1024;
+
+/// Sets glibc's allocator up for a long-running process whose memory is mostly one large
+/// model built once and changed a little at a time, with short-lived peaks at full syncs
+/// (a snapshot of every map entry):
+/// - one arena: with glibc's default of one per thread (up to 8 per core), the blocks a
+///   full sync freed on one thread stay in that thread's arena, fragmented, unusable by
+///   the others; at 50,000 services that was 270 MiB of resident memory above the 300
+///   MiB in use. The agent's threads rarely allocate at the same time, so the shared
+///   arena's lock costs nothing measurable.
+/// - a fixed mmap threshold: glibc raises its threshold to the size of every mapped block
+///   freed (up to 32 MiB), after which the snapshots of later full syncs come from the
+///   heap and fragment it too.
+///
+/// An operator's `MALLOC_ARENA_MAX` or `MALLOC_MMAP_THRESHOLD_` wins. Call before any
+/// thread starts.
+pub fn tune_allocator() {
+    let unset = |name: &str| std::env::var_os(name).is_none();
+    // SAFETY: mallopt only changes the allocator's parameters; called before other
+    // threads exist, it races with no allocation.
+    unsafe {
+        if unset("MALLOC_ARENA_MAX") {
+            libc::mallopt(libc::M_ARENA_MAX, 1);
+        }
+        if unset("MALLOC_MMAP_THRESHOLD_") {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
+        }
+    }
+}
+
 /// Hands the heap's free memory back to the kernel (glibc's `malloc_trim`): after a full
 /// sync has dropped a snapshot of every map entry, the agent's resident set returns to
 /// what it holds.

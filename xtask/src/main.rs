@@ -40,7 +40,8 @@ enum Task {
     /// The README's test command: setup when needed, the lint gate, build everything, run
     /// every test.
     Test(test::TestArgs),
-    /// Benchmarks (root): `bench clusterip|nodeport|sync [--quick]`.
+    /// Benchmarks (root): `bench [suite] [--quick]`; `bench --report-only` regenerates
+    /// docs/benchmarks.md from docs/bench/*.csv (no root).
     Bench(bench::BenchArgs),
     /// The README's first command: setup when needed, build, then the agent in ebpf mode on
     /// a sandbox node (network namespaces and a cgroup of its own) with a few pods, requests

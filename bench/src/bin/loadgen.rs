@@ -280,6 +280,10 @@ enum Command {
         /// kube-proxy-iptables, kube-proxy-nft).
         #[arg(long, value_delimiter = ',')]
         sides: Vec<SideKind>,
+        /// Consecutive changes of each kind after the steps, on the ebpf side (default 60;
+        /// quick: 5; 0: none).
+        #[arg(long)]
+        steady_changes: Option<u32>,
         /// Append the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -629,6 +633,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             reps,
             services,
             sides,
+            steady_changes,
             csv,
         } => {
             let mut opts = if quick {
@@ -645,6 +650,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             if !sides.is_empty() {
                 opts.sides = sides;
+            }
+            if let Some(n) = steady_changes {
+                opts.steady_changes = n;
             }
             Ok(run_reported(csv.as_deref(), || run_suite(&opts))?)
         }

@@ -61,6 +61,13 @@ impl StepKind {
         StepKind::ScaleUp,
     ];
 
+    /// The partial changes, in the order the steps take them.
+    pub const CHANGES: [StepKind; 3] = [
+        StepKind::AddService,
+        StepKind::RemoveEndpoint,
+        StepKind::ScaleUp,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             StepKind::Full => "full_sync",
@@ -387,8 +394,8 @@ pub fn shaped_services(world: &SyncWorld) -> Vec<ShapedService> {
         .map(|index| {
             let NamespacedName { namespace, name } = model::service_name(index);
             ShapedService {
-                namespace,
-                name,
+                namespace: namespace.to_string(),
+                name: name.to_string(),
                 port_name: "p".into(),
                 cluster_ip: match model::cluster_ip(index) {
                     std::net::IpAddr::V4(ip) => ip,

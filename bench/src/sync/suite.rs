@@ -12,6 +12,8 @@
 
 use std::{collections::HashSet, fmt::Write as _, time::Duration};
 
+use proxy_agent::model::NamespacedName;
+
 use super::{
     model::SyncWorld,
     sides::{
@@ -24,7 +26,7 @@ use crate::{
     net,
     results::{Environment, csv_num},
     signals,
-    stats::median,
+    stats::{median, percentile},
 };
 
 pub const BENCH: &str = "sync";
@@ -102,13 +104,21 @@ impl SideKind {
         }
     }
 
-    fn build(self, id: &str, rep: u32, services: u32) -> Result<Box<dyn SyncSide>> {
+    /// Whether the side goes on with [`SuiteOptions::steady_changes`] changes of each kind
+    /// after the steps: ebpf only, whose changes take well under a millisecond; the
+    /// netfilter sides' take 10 ms to 5 s each, and their first change is the steady one
+    /// (each rewrites the changed service's chains the same way every time).
+    pub fn takes_steady_changes(self) -> bool {
+        self == SideKind::Ebpf
+    }
+
+    fn build(self, id: &str, rep: u32, services: u32, extra: u32) -> Result<Box<dyn SyncSide>> {
         Ok(match self {
             SideKind::Ebpf => Box::new(EbpfSide::new(
                 id,
                 rep,
-                services,
-                u32::from(SCALED_ENDPOINTS),
+                services + extra,
+                u32::from(SCALED_ENDPOINTS) * (1 + extra),
             )?),
             SideKind::Iptables => Box::new(IptablesSide::new(id, rep, false)?),
             SideKind::IpvsFallback => Box::new(IptablesSide::new(id, rep, true)?),
@@ -144,6 +154,9 @@ pub struct SuiteOptions {
     /// Reps at 50,000 services and more (their full syncs take the longest).
     pub reps_large: u32,
     pub sides: Vec<SideKind>,
+    /// Consecutive changes of each kind measured after the steps, on the sides that take
+    /// them ([`SideKind::takes_steady_changes`]): the steady state of a running agent.
+    pub steady_changes: u32,
     pub verbose: bool,
 }
 
@@ -159,6 +172,7 @@ impl SuiteOptions {
             reps: 3,
             reps_large: 1,
             sides: SideKind::ALL.to_vec(),
+            steady_changes: 60,
             verbose: true,
         }
     }
@@ -169,6 +183,7 @@ impl SuiteOptions {
             service_counts: vec![1_000],
             reps: 1,
             reps_large: 1,
+            steady_changes: 5,
             ..Self::full()
         }
     }
@@ -186,11 +201,41 @@ pub struct SuiteSample {
     pub cost: StepCost,
 }
 
+/// The consecutive changes of one kind on one side after the steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SteadySample {
+    pub side: &'static str,
+    pub services: u32,
+    pub rep: u32,
+    pub step: StepKind,
+    /// Wall time of each change, in order.
+    pub wall_ms: Vec<f64>,
+}
+
+impl SteadySample {
+    pub fn median(&self) -> Option<f64> {
+        median(&self.wall_ms)
+    }
+
+    /// The metric's name in the CSV: `add_service_steady`, `remove_endpoint_steady`,
+    /// `scale_steady`.
+    pub fn metric(&self) -> &'static str {
+        match self.step {
+            StepKind::Full => "full_sync_steady",
+            StepKind::AddService => "add_service_steady",
+            StepKind::RemoveEndpoint => "remove_endpoint_steady",
+            StepKind::ScaleUp => "scale_steady",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SuiteResults {
     pub run_id: String,
     pub env: Environment,
     pub samples: Vec<SuiteSample>,
+    /// Steady-state changes (ebpf), empty when none were asked for.
+    pub steady: Vec<SteadySample>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -224,6 +269,7 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<SuiteResults> {
     counts.sort_unstable();
     counts.dedup();
     let mut samples = Vec::new();
+    let mut steady = Vec::new();
     let none = HashSet::new();
     for &services in &counts {
         let reps = if services >= 50_000 {
@@ -241,9 +287,12 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<SuiteResults> {
                 .copied()
                 .filter(|kind| kind.runs_at(services, rep))
                 .collect();
+            // Room in the ebpf maps for the steady changes: as many new services, and as
+            // many services scaled to 40, as changes of each kind.
+            let extra = opts.steady_changes;
             let mut sides = kinds
                 .iter()
-                .map(|kind| kind.build(&id, rep, services))
+                .map(|kind| kind.build(&id, rep, services, extra))
                 .collect::<Result<Vec<_>>>()?;
             let order = side_order(sides.len(), rep);
             for kind in StepKind::ALL {
@@ -296,6 +345,53 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<SuiteResults> {
                 }
                 progress(opts, &line);
             }
+            let steady_sides: Vec<usize> = (0..sides.len())
+                .filter(|&i| kinds[i].takes_steady_changes())
+                .collect();
+            if !steady_sides.is_empty() {
+                for kind in StepKind::CHANGES {
+                    let mut walls: Vec<Vec<f64>> = vec![Vec::new(); steady_sides.len()];
+                    for k in 0..opts.steady_changes {
+                        signals::check()?;
+                        let changed = steady_change(&mut world, kind, rep, k);
+                        if changed.is_empty() {
+                            return Err(Error::Setup(format!(
+                                "steady {}: the model reports no change",
+                                kind.as_str()
+                            )));
+                        }
+                        let step = Step {
+                            kind,
+                            world: &world,
+                            changed: &changed,
+                        };
+                        for (slot, &i) in steady_sides.iter().enumerate() {
+                            let cost = sides[i].apply(&step)?;
+                            walls[slot].push(ms(cost.cost.wall));
+                        }
+                    }
+                    for (slot, &i) in steady_sides.iter().enumerate() {
+                        let sample = SteadySample {
+                            side: sides[i].name(),
+                            services,
+                            rep,
+                            step: kind,
+                            wall_ms: std::mem::take(&mut walls[slot]),
+                        };
+                        progress(
+                            opts,
+                            &format!(
+                                "N={services} rep {rep} steady {:<15} {} median {:.3} ms over {}",
+                                kind.as_str(),
+                                sample.side,
+                                sample.median().unwrap_or(f64::NAN),
+                                sample.wall_ms.len()
+                            ),
+                        );
+                        steady.push(sample);
+                    }
+                }
+            }
             drop(sides);
         }
     }
@@ -303,7 +399,47 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<SuiteResults> {
         run_id: id,
         env,
         samples,
+        steady,
     })
+}
+
+/// Change `k` of the steady phase of rep `rep`: a new service; one endpoint less on a
+/// service that still has its 4; or a service of 4 scaled to 40. Each touches a service
+/// the steps and the earlier changes did not (see [`SyncWorld::changed_service`]).
+fn steady_change(
+    world: &mut SyncWorld,
+    kind: StepKind,
+    rep: u32,
+    k: u32,
+) -> HashSet<NamespacedName> {
+    // Past the indices the steps use (rep and rep + 1), one apart per rep's change.
+    let pick = |world: &SyncWorld, salt: u32| {
+        let mut n = 2 + rep + salt;
+        let mut index = world.changed_service(n);
+        // Bounded: a service still at its initial size is found within the touched ones
+        // plus one.
+        for _ in 0..=world.service_count {
+            if world.endpoints_of(index) == world.endpoints_per_service {
+                break;
+            }
+            n += 1;
+            index = world.changed_service(n);
+        }
+        index
+    };
+    match kind {
+        StepKind::Full => HashSet::new(),
+        StepKind::AddService => world.add_service().1,
+        StepKind::RemoveEndpoint => {
+            let index = pick(world, 1_000 + k);
+            let before = world.endpoints_of(index);
+            world.set_endpoints(index, before.saturating_sub(1))
+        }
+        StepKind::ScaleUp => {
+            let index = pick(world, 100_000 + k);
+            world.set_endpoints(index, SCALED_ENDPOINTS)
+        }
+    }
 }
 
 fn progress(opts: &SuiteOptions, line: &str) {
@@ -352,6 +488,28 @@ impl SuiteResults {
                     s.services,
                     s.rep,
                     s.step.as_str(),
+                    csv_num(value)
+                ));
+            }
+        }
+        for s in &self.steady {
+            let Some(median) = s.median() else { continue };
+            // The median of the consecutive changes, their 90th percentile and how many
+            // there were: one rep's figure, as the first-change rows are.
+            let mut sorted = s.wall_ms.clone();
+            sorted.sort_by(f64::total_cmp);
+            let p90 = percentile(&sorted, 90.0).unwrap_or(median);
+            for (name, value, unit) in [
+                ("ms", median, "ms"),
+                ("p90_ms", p90, "ms"),
+                ("count", s.wall_ms.len() as f64, "changes"),
+            ] {
+                rows.push(format!(
+                    "{BENCH},{},{},{},{}_{name},{},{unit},,{tail}",
+                    s.side,
+                    s.services,
+                    s.rep,
+                    s.metric(),
                     csv_num(value)
                 ));
             }
@@ -483,6 +641,63 @@ mod tests {
     }
 
     #[test]
+    fn steady_changes_give_their_median_p90_and_count_without_a_ratio() {
+        let results = SuiteResults {
+            run_id: "kpb1n0".into(),
+            env: Environment {
+                kernel: "6.18".into(),
+                cpu: "cpu x2".into(),
+                run: "2026-11-29T00:00:00Z".into(),
+            },
+            samples: Vec::new(),
+            steady: vec![SteadySample {
+                side: "ebpf",
+                services: 50_000,
+                rep: 1,
+                step: StepKind::ScaleUp,
+                // Out of order, as measured.
+                wall_ms: vec![0.5, 0.1, 0.3, 0.2, 0.4, 0.9, 0.6, 0.7, 0.8, 1.0],
+            }],
+        };
+        let rows = results.csv_rows();
+        let value = |metric: &str| {
+            rows.iter()
+                .find(|r| r.starts_with(&format!("sync,ebpf,50000,1,{metric},")))
+                .map(|r| r.split(',').map(str::to_string).collect::<Vec<_>>())
+                .unwrap_or_else(|| panic!("no {metric} in {rows:?}"))
+        };
+        assert_eq!(value("scale_steady_ms")[5], "0.5500");
+        assert_eq!(value("scale_steady_p90_ms")[5], "0.9000");
+        assert_eq!(value("scale_steady_count")[5], "10.0000");
+        assert!(rows.iter().all(|r| r.split(',').nth(7) == Some("")));
+    }
+
+    #[test]
+    fn steady_changes_touch_services_still_at_their_initial_size() {
+        let mut world = SyncWorld::new(200, 4);
+        let mut scaled = HashSet::new();
+        for k in 0..20 {
+            let changed = steady_change(&mut world, StepKind::ScaleUp, 0, k);
+            assert_eq!(changed.len(), 1);
+            assert!(
+                scaled.insert(changed.into_iter().next().unwrap()),
+                "scaled twice"
+            );
+        }
+        for k in 0..20 {
+            let changed = steady_change(&mut world, StepKind::RemoveEndpoint, 0, k);
+            let name = changed.into_iter().next().unwrap();
+            assert!(!scaled.contains(&name), "{name} was scaled before");
+        }
+        let (before, _) = (world.service_count, ());
+        assert_eq!(
+            steady_change(&mut world, StepKind::AddService, 0, 0).len(),
+            1
+        );
+        assert_eq!(world.service_count, before + 1);
+    }
+
+    #[test]
     fn nftables_rows_carry_ratios_against_kube_proxy_nft_only_where_it_ran() {
         let at = |mut s: SuiteSample, services: u32, rep: u32| {
             s.services = services;
@@ -496,6 +711,7 @@ mod tests {
                 cpu: "cpu x2".into(),
                 run: "2026-11-27T00:00:00Z".into(),
             },
+            steady: Vec::new(),
             samples: vec![
                 at(sample(BASELINE, true, 500, StepKind::Full), 10_000, 0),
                 at(
@@ -547,6 +763,7 @@ mod tests {
                 cpu: "cpu x2".into(),
                 run: "2026-11-25T00:00:00Z".into(),
             },
+            steady: Vec::new(),
             samples: vec![
                 sample(BASELINE, true, 200, StepKind::Full),
                 sample("ebpf", false, 50, StepKind::Full),
@@ -611,11 +828,23 @@ mod tests {
             rows.iter()
                 .any(|r| r.starts_with("sync,ebpf,1000,0,add_service_wall,"))
         );
-        // Every row of ours has a ratio against the iptables baseline.
+        // Every step row of ours has a ratio against the iptables baseline.
         assert!(
             rows.iter()
-                .filter(|r| r.starts_with("sync,ebpf,") && !r.contains("_peak_rss,"))
+                .filter(|r| r.starts_with("sync,ebpf,")
+                    && !r.contains("_peak_rss,")
+                    && !r.contains("_steady_"))
                 .all(|r| r.split(',').nth(7).is_some_and(|ratio| !ratio.is_empty()))
+        );
+        // The steady changes: each kind measured as often as asked, on ebpf only.
+        for metric in ["add_service", "remove_endpoint", "scale"] {
+            let count = format!("sync,ebpf,1000,0,{metric}_steady_count,5.0000,changes,,");
+            assert!(rows.iter().any(|r| r.starts_with(&count)), "{count}");
+        }
+        assert!(
+            rows.iter()
+                .filter(|r| r.contains("_steady_"))
+                .all(|r| r.starts_with("sync,ebpf,"))
         );
         let left = net::leftovers(&results.run_id).unwrap();
         assert!(left.is_empty(), "left behind: {left:?}");

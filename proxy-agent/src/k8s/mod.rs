@@ -7,4 +7,5 @@ pub mod events;
 #[cfg(any(test, feature = "test-fixtures"))]
 pub mod fixtures;
 mod rate_limit;
+pub mod tombstone;
 pub mod watch;

@@ -27,6 +27,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::tombstone::{Buried, Tombstone};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ResourceKind {
     Service,
@@ -59,8 +61,9 @@ pub enum ClusterEvent {
 /// Tracks what has been reported for one resource and turns relists into diffs.
 #[derive(Debug)]
 pub struct RelistDiff<K> {
-    /// ns/name -> (resourceVersion, object) last reported.
-    known: HashMap<String, (Option<String>, Arc<K>)>,
+    /// ns/name -> (resourceVersion, identity) last reported: objects are compared by
+    /// resourceVersion, and a deletion needs only the identity (see [`super::tombstone`]).
+    known: HashMap<String, (Option<String>, Tombstone)>,
     /// Objects seen since the current relist started.
     relist: Option<HashMap<String, Arc<K>>>,
 }
@@ -90,7 +93,7 @@ fn object_key<K: Resource>(obj: &K) -> String {
     }
 }
 
-impl<K: Resource + Clone> RelistDiff<K> {
+impl<K: Resource + Clone + Buried> RelistDiff<K> {
     pub fn handle(&mut self, event: watcher::Event<K>) -> Vec<Diffed<K>> {
         match event {
             watcher::Event::Init => {
@@ -118,8 +121,8 @@ impl<K: Resource + Clone> RelistDiff<K> {
                     .cloned()
                     .collect();
                 for key in gone {
-                    if let Some((_, obj)) = self.known.remove(&key) {
-                        out.push(Diffed::Delete(obj));
+                    if let Some((_, tombstone)) = self.known.remove(&key) {
+                        out.push(Diffed::Delete(Arc::new(K::from_tombstone(&tombstone))));
                     }
                 }
                 for obj in buffer.into_values() {
@@ -149,7 +152,7 @@ impl<K: Resource + Clone> RelistDiff<K> {
         {
             return None;
         }
-        self.known.insert(key, (rv, obj.clone()));
+        self.known.insert(key, (rv, obj.tombstone()));
         Some(Diffed::Upsert(obj))
     }
 }
@@ -157,10 +160,10 @@ impl<K: Resource + Clone> RelistDiff<K> {
 /// The annotation `kubectl apply` keeps the whole applied object in.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// Drops what no part of the agent reads before an object is kept ([`RelistDiff`] holds
-/// every object it reported, for the deletions a relist finds; the event loop holds
-/// Services): the managedFields (often the largest part of an object) and kubectl's copy
-/// of the applied object. Objects are compared by resourceVersion only, so nothing is
+/// Drops what no part of the agent reads before an object goes through the event loop
+/// (nothing keeps whole objects past their event, but a relist holds a whole list at
+/// once): the managedFields (often the largest part of an object) and kubectl's copy of
+/// the applied object. Objects are compared by resourceVersion only, so nothing is
 /// decided on what is dropped. (kube-rs suggests the same before caching objects.)
 fn slim<K: Resource>(obj: &mut K) {
     let meta = obj.meta_mut();
@@ -246,7 +249,7 @@ fn spawn_one<K>(
     tx: mpsc::Sender<ClusterEvent>,
     wrap: fn(Change<K>) -> ClusterEvent,
 ) where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Clone + Buried + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default,
 {
     tokio::spawn(async move {

@@ -45,8 +45,9 @@ pub struct ClusterState {
     trackers: Vec<Trackers>,
     /// Kept contiguous so a sync request can borrow them as one slice.
     states: Vec<FamilyState>,
-    /// Previous version of each Service, for the trackers' previous/current pairs.
-    services: HashMap<NamespacedName, Arc<Service>>,
+    /// The Services seen and not deleted. Their previous versions are not kept: what the
+    /// trackers compare a new version with is what the model made of the previous one.
+    services: HashSet<NamespacedName>,
     service_cidrs: HashMap<String, Vec<IpNet>>,
     node_labels: BTreeMap<String, String>,
     node: Option<Arc<Node>>,
@@ -64,7 +65,7 @@ impl ClusterState {
                 })
                 .collect(),
             states: families.iter().map(|f| FamilyState::new(*f)).collect(),
-            services: HashMap::new(),
+            services: HashSet::new(),
             service_cidrs: HashMap::new(),
             node_labels: BTreeMap::new(),
             node: None,
@@ -72,17 +73,32 @@ impl ClusterState {
     }
 
     /// A Service was added or changed (`Some`) or deleted (`None`, with its last version).
-    pub fn service(&mut self, service: &Arc<Service>, deleted: bool) -> bool {
+    pub fn service(&mut self, service: &Service, deleted: bool) -> bool {
         let name = crate::k8s::convert::object_name(&service.metadata);
-        let previous = if deleted {
+        let known = if deleted {
             self.services.remove(&name)
         } else {
-            self.services.insert(name, service.clone())
+            !self.services.insert(name.clone())
         };
-        let current = (!deleted).then_some(service.as_ref());
+        if deleted && !known {
+            // Never seen (or deleted twice): nothing to take away.
+            return false;
+        }
+        let current = (!deleted).then_some(service);
         let mut pending = false;
-        for t in &mut self.trackers {
-            pending |= t.services.update(previous.as_deref(), current);
+        for (t, state) in self.trackers.iter_mut().zip(&self.states) {
+            let previous = || {
+                known.then(|| {
+                    state
+                        .services
+                        .ports_of(&name)
+                        .map(|(port, info)| (port.clone(), info.clone()))
+                        .collect()
+                })
+            };
+            pending |= t
+                .services
+                .update_from_model(name.clone(), current, previous);
         }
         pending
     }

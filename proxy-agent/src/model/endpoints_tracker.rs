@@ -185,12 +185,12 @@ impl EndpointsMap {
         for (service, change) in tracker.cache.checkout_changes() {
             if !result.conntrack_cleanup_required {
                 result.conntrack_cleanup_required = change
-                    .previous
-                    .keys()
+                    .previous_ports
+                    .iter()
                     .chain(change.current.keys())
                     .any(|port_name| port_name.protocol == Protocol::Udp);
             }
-            for port_name in change.previous.keys() {
+            for port_name in &change.previous_ports {
                 self.0.remove(port_name);
             }
             self.0.extend(change.current);

@@ -19,7 +19,9 @@ pub type ServiceEndpoints = HashMap<ServicePortName, Vec<Arc<Endpoint>>>;
 /// How one service's endpoints changed between two checkouts.
 #[derive(Debug, Default)]
 pub struct EndpointsChange {
-    pub previous: ServiceEndpoints,
+    /// The ports the previous checkout had endpoints for (their endpoints are in the
+    /// consumer's map: the cache does not keep a second copy).
+    pub previous_ports: Vec<ServicePortName>,
     pub current: ServiceEndpoints,
 }
 
@@ -28,8 +30,8 @@ struct SliceTracker {
     applied: BTreeMap<String, Arc<SliceInfo>>,
     /// `None` marks a removal.
     pending: BTreeMap<String, Option<Arc<SliceInfo>>>,
-    /// What the last checkout produced from `applied`.
-    endpoints: ServiceEndpoints,
+    /// The ports the last checkout produced endpoints for.
+    ports: Vec<ServicePortName>,
 }
 
 #[derive(Debug)]
@@ -102,11 +104,19 @@ impl EndpointSliceCache {
                 };
             }
             let current = merge_endpoints(&service, &tracker.applied, &self.node_name);
-            let previous = std::mem::replace(&mut tracker.endpoints, current.clone());
+            let mut ports: Vec<ServicePortName> = current.keys().cloned().collect();
+            ports.shrink_to_fit();
+            let previous_ports = std::mem::replace(&mut tracker.ports, ports);
             if tracker.applied.is_empty() {
                 self.trackers.remove(&service);
             }
-            changes.push((service, EndpointsChange { previous, current }));
+            changes.push((
+                service,
+                EndpointsChange {
+                    previous_ports,
+                    current,
+                },
+            ));
         }
         changes
     }

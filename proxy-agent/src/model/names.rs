@@ -3,21 +3,26 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
 /// A namespaced object name ("ns/name"), the key of services and their endpoints.
+///
+/// The parts are shared strings: every layer keys its records by service (the trackers,
+/// the model's ports and endpoints, each proxier's state), so a name is cloned a dozen
+/// times per service, which with owned strings was two allocations each time.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NamespacedName {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 impl NamespacedName {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
         Self {
-            namespace: namespace.into(),
-            name: name.into(),
+            namespace: Arc::from(namespace.as_ref()),
+            name: Arc::from(name.as_ref()),
         }
     }
 }
@@ -117,16 +122,16 @@ impl fmt::Display for IpFamily {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePortName {
     pub service: NamespacedName,
-    /// The port's `name` ("" for a single unnamed port).
-    pub port_name: String,
+    /// The port's `name` ("" for a single unnamed port); shared, as the service's name.
+    pub port_name: Arc<str>,
     pub protocol: Protocol,
 }
 
 impl ServicePortName {
-    pub fn new(service: NamespacedName, port_name: impl Into<String>, protocol: Protocol) -> Self {
+    pub fn new(service: NamespacedName, port_name: impl AsRef<str>, protocol: Protocol) -> Self {
         Self {
             service,
-            port_name: port_name.into(),
+            port_name: Arc::from(port_name.as_ref()),
             protocol,
         }
     }

@@ -56,8 +56,24 @@ impl ServiceChangeTracker {
         let Some(service) = current.or(previous) else {
             return false;
         };
-        self.changes_total += 1;
         let name = convert::object_name(&service.metadata);
+        let family = self.family;
+        self.update_from_model(name, current, || {
+            previous.map(|svc| convert_quietly(svc, family))
+        })
+    }
+
+    /// [`ServiceChangeTracker::update`] for a caller that keeps no previous Service
+    /// object: `previous` yields the ports the model holds for `name` (what the previous
+    /// version was turned into; asked only when no change is pending for the service, so
+    /// the model is then exactly that). `current` is `None` when the service is gone.
+    pub fn update_from_model(
+        &mut self,
+        name: NamespacedName,
+        current: Option<&Service>,
+        previous: impl FnOnce() -> Option<ServicePorts>,
+    ) -> bool {
+        self.changes_total += 1;
         let current_ports = match current {
             None => {
                 self.rejections.clear(ObjectKind::Service, &name);
@@ -74,12 +90,7 @@ impl ServiceChangeTracker {
                 }
             },
         };
-        let family = self.family;
-        self.update_ports(
-            name,
-            || previous.map(|svc| convert_quietly(svc, family)),
-            current_ports,
-        );
+        self.update_ports(name, previous, current_ports);
         !self.items.is_empty()
     }
 
@@ -186,7 +197,9 @@ impl ServicePortMap {
     /// Applies the tracker's pending changes. Costs only the services that changed.
     pub fn apply(&mut self, tracker: &mut ServiceChangeTracker) -> UpdateServiceMapResult {
         let mut result = UpdateServiceMapResult::default();
-        for (service, change) in tracker.items.drain() {
+        // Taken whole: the first sync's pending map has room for every service, and
+        // draining would keep that room for good.
+        for (service, change) in std::mem::take(&mut tracker.items) {
             for (port_name, previous) in &change.previous {
                 let current = change.current.get(port_name);
                 if current.is_none() {

@@ -7,6 +7,9 @@
 //! disappeared become events, exactly as a watch would report them. A file that does not
 //! parse is skipped with a warning and its objects are kept as they were, so a half-written
 //! file never removes services.
+//!
+//! Between reads only a fingerprint of each object's text and its identity are kept
+//! ([`Kept`]), not the object: the consumers keep what they need of it.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -15,19 +18,17 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use k8s_openapi::{
-    api::{
-        core::v1::{Node, Service},
-        discovery::v1::EndpointSlice,
-        networking::v1::ServiceCIDR,
-    },
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::k8s::{
-    convert::objects::{ClusterObject, parse_objects_map},
+    convert::objects::{ClusterObject, parse_objects_fingerprinted},
+    tombstone::{Buried, Tombstone},
     watch::{Change, ClusterEvent, ResourceKind},
 };
 
@@ -35,80 +36,116 @@ use crate::k8s::{
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Identity of an object across reads: kind, namespace, name.
-type ObjectId = (ResourceKind, String, String);
+type ObjectId<'a> = (ResourceKind, &'a str, &'a str);
 
-/// One parsed object, behind the `Arc` that every holder shares: the per-file lists, the
-/// index of the last read, the events sent and the event loop's own state all point at one
-/// copy. (Earlier each of them held its own clone: with 50,000 services that was four
-/// copies of every Service and two of every EndpointSlice, most of the agent's memory.)
+/// One object as read, for the events of this read only: nothing keeps it afterwards
+/// (the consumers convert it and drop it).
 #[derive(Clone, Debug)]
-enum Shared {
+enum Fresh {
     Service(Arc<Service>),
     EndpointSlice(Arc<EndpointSlice>),
     Node(Arc<Node>),
     ServiceCidr(Arc<ServiceCIDR>),
 }
 
-impl From<ClusterObject> for Shared {
+impl From<ClusterObject> for Fresh {
     fn from(o: ClusterObject) -> Self {
         match o {
-            ClusterObject::Service(s) => Shared::Service(Arc::new(s)),
-            ClusterObject::EndpointSlice(s) => Shared::EndpointSlice(Arc::new(s)),
-            ClusterObject::Node(n) => Shared::Node(Arc::new(n)),
-            ClusterObject::ServiceCidr(c) => Shared::ServiceCidr(Arc::new(c)),
+            ClusterObject::Service(s) => Fresh::Service(Arc::new(s)),
+            ClusterObject::EndpointSlice(s) => Fresh::EndpointSlice(Arc::new(s)),
+            ClusterObject::Node(n) => Fresh::Node(Arc::new(n)),
+            ClusterObject::ServiceCidr(c) => Fresh::ServiceCidr(Arc::new(c)),
         }
     }
 }
 
-impl Shared {
+impl Fresh {
     fn kind(&self) -> ResourceKind {
         match self {
-            Shared::Service(_) => ResourceKind::Service,
-            Shared::EndpointSlice(_) => ResourceKind::EndpointSlice,
-            Shared::Node(_) => ResourceKind::Node,
-            Shared::ServiceCidr(_) => ResourceKind::ServiceCidr,
+            Fresh::Service(_) => ResourceKind::Service,
+            Fresh::EndpointSlice(_) => ResourceKind::EndpointSlice,
+            Fresh::Node(_) => ResourceKind::Node,
+            Fresh::ServiceCidr(_) => ResourceKind::ServiceCidr,
         }
     }
 
-    fn meta(&self) -> &ObjectMeta {
+    fn tombstone(&self) -> Tombstone {
         match self {
-            Shared::Service(s) => &s.metadata,
-            Shared::EndpointSlice(s) => &s.metadata,
-            Shared::Node(n) => &n.metadata,
-            Shared::ServiceCidr(c) => &c.metadata,
+            Fresh::Service(s) => s.tombstone(),
+            Fresh::EndpointSlice(s) => s.tombstone(),
+            Fresh::Node(n) => n.tombstone(),
+            Fresh::ServiceCidr(c) => c.tombstone(),
         }
     }
 
-    fn id(&self) -> ObjectId {
-        let m = self.meta();
+    /// The upsert event, sharing the object's `Arc` (no copy).
+    fn upsert(&self) -> ClusterEvent {
+        match self {
+            Fresh::Service(s) => ClusterEvent::Service(Change::Upsert(s.clone())),
+            Fresh::EndpointSlice(s) => ClusterEvent::EndpointSlice(Change::Upsert(s.clone())),
+            Fresh::Node(n) => ClusterEvent::Node(Change::Upsert(n.clone())),
+            Fresh::ServiceCidr(c) => ClusterEvent::ServiceCidr(Change::Upsert(c.clone())),
+        }
+    }
+}
+
+/// What is kept of an object between reads: a fingerprint of its text, to tell whether
+/// the next read changed it, and its identity, to report its deletion. (Keeping the
+/// objects themselves made the directory source hold a copy of every Service and
+/// EndpointSlice, about half the agent's memory at 50,000 services.)
+#[derive(Clone, Debug, PartialEq)]
+struct Kept {
+    fingerprint: u64,
+    tombstone: Tombstone,
+}
+
+/// One object of one read: what is kept, and the object itself while this read's events
+/// are made (`None` afterwards, and for a file that did not parse and kept its previous
+/// objects).
+#[derive(Clone, Debug)]
+struct ReadObject {
+    kind: ResourceKind,
+    kept: Kept,
+    fresh: Option<Fresh>,
+}
+
+impl ReadObject {
+    fn new(object: ClusterObject, fingerprint: u64) -> Self {
+        let fresh = Fresh::from(object);
+        ReadObject {
+            kind: fresh.kind(),
+            kept: Kept {
+                fingerprint,
+                tombstone: fresh.tombstone(),
+            },
+            fresh: Some(fresh),
+        }
+    }
+
+    fn id(&self) -> ObjectId<'_> {
         (
-            self.kind(),
-            m.namespace.clone().unwrap_or_default(),
-            m.name.clone().unwrap_or_default(),
+            self.kind,
+            self.kept.tombstone.namespace(),
+            self.kept.tombstone.name(),
         )
     }
 
-    /// Same content (the same `Arc` when the file was not re-read).
-    fn same_as(&self, other: &Shared) -> bool {
-        fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
-            Arc::ptr_eq(a, b) || **a == **b
-        }
-        match (self, other) {
-            (Shared::Service(a), Shared::Service(b)) => same(a, b),
-            (Shared::EndpointSlice(a), Shared::EndpointSlice(b)) => same(a, b),
-            (Shared::Node(a), Shared::Node(b)) => same(a, b),
-            (Shared::ServiceCidr(a), Shared::ServiceCidr(b)) => same(a, b),
-            _ => false,
+    /// The same object for a later read: its identity and fingerprint only.
+    fn kept_only(&self) -> Self {
+        ReadObject {
+            kind: self.kind,
+            kept: self.kept.clone(),
+            fresh: None,
         }
     }
 }
 
 /// Reads every manifest of `dir` (sorted by file name). Files that fail to parse keep the
-/// objects they had in `previous_by_file`.
+/// objects they had in `previous_by_file` (as kept, without their content).
 fn read_dir(
     dir: &Path,
-    previous_by_file: &HashMap<PathBuf, Vec<Shared>>,
-) -> std::io::Result<HashMap<PathBuf, Vec<Shared>>> {
+    previous_by_file: &HashMap<PathBuf, Vec<ReadObject>>,
+) -> std::io::Result<HashMap<PathBuf, Vec<ReadObject>>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -118,75 +155,81 @@ fn read_dir(
         })
         .collect();
     files.sort();
+    let keep_previous = |file: &PathBuf, out: &mut HashMap<PathBuf, Vec<ReadObject>>| {
+        if let Some(prev) = previous_by_file.get(file) {
+            out.insert(
+                file.clone(),
+                prev.iter().map(ReadObject::kept_only).collect(),
+            );
+        }
+    };
     let mut out = HashMap::new();
     for file in files {
         let text = match std::fs::read_to_string(&file) {
             Ok(t) => t,
             Err(e) => {
                 warn!(file = %file.display(), error = %e, "cannot read manifest; keeping its objects");
-                if let Some(prev) = previous_by_file.get(&file) {
-                    out.insert(file, prev.clone());
-                }
+                keep_previous(&file, &mut out);
                 continue;
             }
         };
-        // Each object goes into its Arc as soon as it is decoded: a Vec<ClusterObject>
-        // (objects inline, ~1.5 KiB each, with doubling slack) is never built.
-        match parse_objects_map(&text, Shared::from) {
+        match parse_objects_fingerprinted(&text, ReadObject::new) {
             Ok(mut objects) => {
                 objects.shrink_to_fit();
                 out.insert(file, objects);
             }
             Err(e) => {
                 warn!(file = %file.display(), error = %e, "invalid manifest; keeping its objects");
-                if let Some(prev) = previous_by_file.get(&file) {
-                    out.insert(file, prev.clone());
-                }
+                keep_previous(&file, &mut out);
             }
         }
     }
     Ok(out)
 }
 
-/// The events that turn `before` into `after`.
+/// The events that turn `before` (the previous read) into `after` (this read).
 fn diff(
-    before: &BTreeMap<ObjectId, Shared>,
-    after: &BTreeMap<ObjectId, Shared>,
+    before: &BTreeMap<ObjectId<'_>, &ReadObject>,
+    after: &BTreeMap<ObjectId<'_>, &ReadObject>,
 ) -> Vec<ClusterEvent> {
     let mut events = Vec::new();
-    for (id, obj) in before {
+    for (id, gone) in before {
         if !after.contains_key(id) {
-            events.push(event(obj, true));
+            events.push(deletion(id.0, &gone.kept.tombstone));
         }
     }
-    for (id, obj) in after {
-        if before.get(id).is_none_or(|b| !b.same_as(obj)) {
-            events.push(event(obj, false));
+    for (id, read) in after {
+        if before
+            .get(id)
+            .is_none_or(|b| b.kept.fingerprint != read.kept.fingerprint)
+            && let Some(fresh) = &read.fresh
+        {
+            events.push(fresh.upsert());
         }
     }
     events
 }
 
-/// The event for `obj`, sharing its `Arc` (no copy).
-fn event(obj: &Shared, deleted: bool) -> ClusterEvent {
-    fn change<T>(v: &Arc<T>, deleted: bool) -> Change<T> {
-        if deleted {
-            Change::Delete(v.clone())
-        } else {
-            Change::Upsert(v.clone())
-        }
+/// The deletion event of an object known only by its tombstone.
+fn deletion(kind: ResourceKind, tombstone: &Tombstone) -> ClusterEvent {
+    fn gone<T: Buried>(tombstone: &Tombstone) -> Change<T> {
+        Change::Delete(Arc::new(T::from_tombstone(tombstone)))
     }
-    match obj {
-        Shared::Service(s) => ClusterEvent::Service(change(s, deleted)),
-        Shared::EndpointSlice(s) => ClusterEvent::EndpointSlice(change(s, deleted)),
-        Shared::Node(n) => ClusterEvent::Node(change(n, deleted)),
-        Shared::ServiceCidr(c) => ClusterEvent::ServiceCidr(change(c, deleted)),
+    match kind {
+        ResourceKind::Service => ClusterEvent::Service(gone(tombstone)),
+        ResourceKind::EndpointSlice => ClusterEvent::EndpointSlice(gone(tombstone)),
+        ResourceKind::Node => ClusterEvent::Node(gone(tombstone)),
+        ResourceKind::ServiceCidr => ClusterEvent::ServiceCidr(gone(tombstone)),
     }
 }
 
 /// Flattens per-file objects; later files win on duplicates (with a warning). Nodes other
 /// than `node_name` are not this agent's business.
-fn index(by_file: &HashMap<PathBuf, Vec<Shared>>, node_name: &str) -> BTreeMap<ObjectId, Shared> {
+fn index<'a>(
+    by_file: &'a HashMap<PathBuf, Vec<ReadObject>>,
+    node_name: &str,
+    warn_twice: bool,
+) -> BTreeMap<ObjectId<'a>, &'a ReadObject> {
     let mut files: Vec<&PathBuf> = by_file.keys().collect();
     files.sort();
     let mut out = BTreeMap::new();
@@ -196,7 +239,7 @@ fn index(by_file: &HashMap<PathBuf, Vec<Shared>>, node_name: &str) -> BTreeMap<O
             if id.0 == ResourceKind::Node && id.2 != node_name {
                 continue;
             }
-            if out.insert(id.clone(), obj.clone()).is_some() {
+            if out.insert(id, obj).is_some() && warn_twice {
                 warn!(object = ?id, file = %file.display(), "object defined twice; the later file wins");
             }
         }
@@ -204,11 +247,20 @@ fn index(by_file: &HashMap<PathBuf, Vec<Shared>>, node_name: &str) -> BTreeMap<O
     out
 }
 
+/// The per-file lists without their content, once this read's events are sent.
+fn forget_content(by_file: &mut HashMap<PathBuf, Vec<ReadObject>>) {
+    for objects in by_file.values_mut() {
+        for object in objects {
+            object.fresh = None;
+        }
+    }
+}
+
 /// Watches `dir` until `tx` closes.
 pub fn spawn(dir: PathBuf, node_name: String, tx: mpsc::Sender<ClusterEvent>) {
     tokio::spawn(async move {
-        let mut by_file: HashMap<PathBuf, Vec<Shared>> = HashMap::new();
-        let mut current: BTreeMap<ObjectId, Shared> = BTreeMap::new();
+        // The previous read, without content: what the next one is compared with.
+        let mut by_file: HashMap<PathBuf, Vec<ReadObject>> = HashMap::new();
         let mut stamp: Option<Vec<(PathBuf, SystemTime, u64)>> = None;
         let mut synced = false;
         loop {
@@ -217,13 +269,15 @@ pub fn spawn(dir: PathBuf, node_name: String, tx: mpsc::Sender<ClusterEvent>) {
                 stamp = Some(now_stamp);
                 match read_dir(&dir, &by_file) {
                     Ok(read) => {
-                        by_file = read;
-                        let next = index(&by_file, &node_name);
-                        let events = diff(&current, &next);
+                        let events = diff(
+                            &index(&by_file, &node_name, false),
+                            &index(&read, &node_name, true),
+                        );
                         if !events.is_empty() {
                             info!(dir = %dir.display(), changes = events.len(), "manifests changed");
                         }
-                        current = next;
+                        by_file = read;
+                        forget_content(&mut by_file);
                         for e in events {
                             if tx.send(e).await.is_err() {
                                 return;
@@ -304,25 +358,41 @@ mod tests {
         std::fs::write(dir.join("nodes.yaml"), format!("{NODE_A}---\n{NODE_B}")).unwrap();
         std::fs::write(dir.join("notes.txt"), "ignored").unwrap();
 
-        let first = read_dir(&dir, &HashMap::new()).unwrap();
-        let idx = index(&first, "node-a");
+        fn index(
+            by_file: &HashMap<PathBuf, Vec<ReadObject>>,
+        ) -> BTreeMap<ObjectId<'_>, &ReadObject> {
+            super::index(by_file, "node-a", true)
+        }
+        let mut first = read_dir(&dir, &HashMap::new()).unwrap();
         assert_eq!(
-            summary(&diff(&BTreeMap::new(), &idx)),
+            summary(&diff(&BTreeMap::new(), &index(&first))),
             vec!["+svc a", "+node node-a"]
         );
+        forget_content(&mut first);
+        let idx = index(&first);
 
         // A broken edit keeps the previous objects: no event.
         std::fs::write(dir.join("svc.yaml"), "kind: [").unwrap();
         let second = read_dir(&dir, &first).unwrap();
-        assert!(diff(&idx, &index(&second, "node-a")).is_empty());
+        assert!(diff(&idx, &index(&second)).is_empty());
 
-        // Removing the file deletes its objects.
+        // The same text read again: no event; a changed object: its upsert.
+        std::fs::write(dir.join("svc.yaml"), SVC).unwrap();
+        let again = read_dir(&dir, &second).unwrap();
+        assert!(diff(&idx, &index(&again)).is_empty());
+        std::fs::write(dir.join("svc.yaml"), SVC.replace("port: 80", "port: 81")).unwrap();
+        let edited = read_dir(&dir, &again).unwrap();
+        assert_eq!(summary(&diff(&idx, &index(&edited))), vec!["+svc a"]);
+
+        // Removing the file deletes its objects: the deletion carries the identity.
         std::fs::remove_file(dir.join("svc.yaml")).unwrap();
         let third = read_dir(&dir, &second).unwrap();
-        assert_eq!(
-            summary(&diff(&idx, &index(&third, "node-a"))),
-            vec!["-svc a"]
-        );
+        let events = diff(&idx, &index(&third));
+        assert_eq!(summary(&events), vec!["-svc a"]);
+        let ClusterEvent::Service(Change::Delete(gone)) = &events[0] else {
+            panic!("{events:?}");
+        };
+        assert_eq!(gone.metadata.namespace.as_deref(), Some("ns"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -2,22 +2,28 @@
 //! `cargo xtask bench [suite] [--quick]`: builds the agent and the load generator (the
 //! bench crate) in release mode (the eBPF object required) and launches the suite as root
 //! (`loadgen bench-<suite>`, or `loadgen bench-report-suites` for the report's suites; the
-//! measuring is all in bench/src), which appends its rows to target/bench/<suite>.csv;
-//! then regenerates docs/benchmarks.md from the CSVs. `--quick` runs a small slice, writes
-//! target/bench/<suite>-quick.csv and leaves the docs alone.
+//! measuring is all in bench/src), which appends its rows to target/bench/<suite>.csv.
+//! A full (not `--quick`) run then publishes its rows as docs/bench/<suite>.csv and
+//! regenerates every generated section of docs/benchmarks.md, and the plots, from
+//! docs/bench/*.csv alone: the committed CSVs are the only source of the page's numbers.
+//! `--quick` runs a small slice, writes target/bench/<suite>-quick.csv and leaves the docs
+//! alone.
 //!
 //! Without a suite, the report's five suites run one after the other — `dataplane`,
-//! `sync`, `latency`, `bpf`, `memory` — and each one's latest run is published as
-//! docs/bench/<suite>.csv, from which the report section of docs/benchmarks.md (targets,
-//! tables) and the plots in docs/bench/ are regenerated (`--report-only` does only that).
-//! Earlier suites with sections of their own: `clusterip` (socket LB), `nodeport`
-//! (external traffic through tc / XDP), `sync-iptables` (the iptables proxier against the
-//! raw restore of the very same text).
+//! `sync`, `latency`, `bpf`, `memory` — and each one's latest run replaces
+//! docs/bench/<suite>.csv. The suites with sections of their own — `clusterip` (socket
+//! LB), `nodeport` (external traffic through tc / XDP), `sync-iptables` (the iptables
+//! proxier against the raw restore of the very same text) — add their latest run to
+//! docs/bench/<suite>.csv, whose earlier runs fill the sections' history tables.
+//! `--report-only` (with or without a suite) only regenerates, from docs/bench.
 
+#[cfg(test)]
+mod doc_numbers;
 mod docs;
 mod docs_nodeport;
 mod docs_sync;
 pub mod plots;
+mod publish;
 mod report;
 mod stats;
 mod targets;
@@ -73,8 +79,11 @@ pub enum Bench {
     /// restore of the very same rules, at 1,000 and 10,000 services x 4 endpoints.
     SyncIptables(SyncArgs),
     /// Connection rate, connect() and request/response latency and throughput at 1 to
-    /// 50,000 services: direct, ebpf, iptables, nftables, kube-proxy-shaped iptables and
-    /// nftables.
+    /// 100,000 services (the slow modes capped lower): ebpf, iptables, nftables,
+    /// kube-proxy-shaped iptables and nftables, and direct-ct (the noise floor). Each rep
+    /// is one client alternating in 100 ms slices (ABBA) between the mode's ClusterIP and
+    /// the direct route to the same backends in the same namespaces; reported as the
+    /// median per-rep ratio with its spread.
     Dataplane(SuiteArgs),
     /// Cold full sync and one-change syncs at 1,000 to 50,000 services x 4: ebpf, iptables,
     /// ipvs-fallback against the raw restore of kube-proxy-shaped iptables rules, nftables
@@ -85,7 +94,10 @@ pub enum Bench {
     /// From a Service's creation in the API server to the first connection through it,
     /// at 100 changes/s with 10,000 services.
     Latency(SuiteArgs),
-    /// ns per call of each eBPF program, and single against batched map updates.
+    /// connect() with the socket programs attached against detached (ABBA in one client,
+    /// at 1 and 100,000 services); ns per packet of the agent's tc and XDP programs by
+    /// BPF_PROG_TEST_RUN (0 and 1,000,000 conntrack flows); run-time statistics' ns per
+    /// call less their own cost; single against batched map updates; Maglev tables.
     Bpf(SuiteArgs),
     /// Agent RSS and BPF map memory at 1,000 to 50,000 services x 4.
     Memory(SuiteArgs),
@@ -229,13 +241,14 @@ fn all_suites(quick: bool, report_only: bool) -> anyhow::Result<()> {
     run_report_suites(&[], quick, &[])
 }
 
-/// Regenerates the report (docs/benchmarks.md's section and the plots in docs/bench) from
-/// docs/bench/*.csv.
+/// Regenerates every generated section of docs/benchmarks.md (the report's and the three
+/// of the suites with sections of their own) and the plots in docs/bench, from
+/// docs/bench/*.csv only; a section whose CSV is missing says the suite has not run.
 fn regenerate_report() -> anyhow::Result<()> {
     let doc = docs_path();
     let dir = report::docs_bench_dir(&doc);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    step("regenerating the report in docs/benchmarks.md and the plots in docs/bench");
+    step("regenerating docs/benchmarks.md and the plots in docs/bench from docs/bench/*.csv");
     let mut all = Vec::new();
     for name in report::SUITES {
         let path = dir.join(format!("{name}.csv"));
@@ -250,12 +263,90 @@ fn regenerate_report() -> anyhow::Result<()> {
         plots::draw(&path, title, &panels)?;
         println!("    wrote {}", path.display());
     }
-    let current = std::fs::read_to_string(&doc).unwrap_or_default();
+    let mut updated = std::fs::read_to_string(&doc).unwrap_or_default();
     let section = report::render(&all);
-    let updated = docs::splice_between(&current, report::BEGIN, report::END, &section);
+    updated = docs::splice_between(&updated, report::BEGIN, report::END, &section);
+    for own in OWN_SECTIONS {
+        let csv = dir.join(format!("{}.csv", own.suite));
+        let section = match std::fs::read_to_string(&csv) {
+            Ok(text) => (own.render)(&docs::parse_csv(&text)?, &csv)
+                .with_context(|| format!("rendering the {} section", own.suite))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => own.not_run(),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", csv.display())),
+        };
+        updated = docs::splice_between(&updated, own.begin, own.end, &section);
+    }
     std::fs::write(&doc, updated).with_context(|| format!("writing {}", doc.display()))?;
     println!("    wrote {}", doc.display());
     Ok(())
+}
+
+type RenderSection = fn(&[docs::Row], &Path) -> anyhow::Result<String>;
+
+/// A suite with a section of its own in docs/benchmarks.md, generated from
+/// docs/bench/<suite>.csv.
+struct OwnSection {
+    suite: &'static str,
+    begin: &'static str,
+    end: &'static str,
+    render: RenderSection,
+}
+
+const OWN_SECTIONS: [OwnSection; 3] = [
+    OwnSection {
+        suite: "clusterip",
+        begin: docs::BEGIN,
+        end: docs::END,
+        render: docs::render_section,
+    },
+    OwnSection {
+        suite: "nodeport",
+        begin: docs_nodeport::BEGIN,
+        end: docs_nodeport::END,
+        render: docs_nodeport::render_section,
+    },
+    OwnSection {
+        suite: "sync-iptables",
+        begin: docs_sync::BEGIN,
+        end: docs_sync::END,
+        render: docs_sync::render_section,
+    },
+];
+
+impl OwnSection {
+    /// The section while no run is published: it says so and states no numbers.
+    fn not_run(&self) -> String {
+        let suite = self.suite;
+        format!(
+            "{}\n<!-- Generated by `cargo xtask bench` from docs/bench/{suite}.csv; edits here are overwritten. -->\n\n\
+             **Not run** (no published rows): docs/bench/{suite}.csv does not exist, so this section\n\
+             states no numbers.\n\
+             `sudo cargo xtask bench {suite}` runs the suite and publishes its rows there.\n{}\n",
+            self.begin, self.end
+        )
+    }
+}
+
+/// Adds the latest run in target/bench/<suite>.csv to docs/bench/<suite>.csv, then
+/// regenerates the page from docs/bench.
+fn publish_and_regenerate(suite: &str) -> anyhow::Result<()> {
+    let raw_path = csv_path(suite, false);
+    let raw = std::fs::read_to_string(&raw_path)
+        .with_context(|| format!("reading {}", raw_path.display()))?;
+    let dir = report::docs_bench_dir(&docs_path());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let published_path = dir.join(format!("{suite}.csv"));
+    let published = match std::fs::read_to_string(&published_path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", published_path.display())),
+    };
+    let text = publish::publish_latest_run(&raw, published.as_deref())
+        .with_context(|| format!("publishing {}", raw_path.display()))?;
+    std::fs::write(&published_path, text)
+        .with_context(|| format!("writing {}", published_path.display()))?;
+    println!("    published {}", published_path.display());
+    regenerate_report()
 }
 
 /// Root, the toolchain, and a release build of the agent (with its eBPF object) and of
@@ -301,8 +392,15 @@ fn clusterip(args: &ClusteripArgs) -> anyhow::Result<()> {
     if args.quick {
         return Ok(());
     }
-    step("regenerating docs/benchmarks.md from the CSV");
-    regenerate_docs(&csv, &docs_path())
+    publish_or_regenerate("clusterip", args.report_only)
+}
+
+/// After a full run: publish it and regenerate; with `--report-only`: regenerate.
+fn publish_or_regenerate(suite: &str, report_only: bool) -> anyhow::Result<()> {
+    if report_only {
+        return regenerate_report();
+    }
+    publish_and_regenerate(suite)
 }
 
 fn nodeport(args: &NodeportArgs) -> anyhow::Result<()> {
@@ -330,14 +428,7 @@ fn nodeport(args: &NodeportArgs) -> anyhow::Result<()> {
     if args.quick {
         return Ok(());
     }
-    step("regenerating docs/benchmarks.md from the CSV");
-    regenerate_section(&csv, &docs_path(), |rows, csv| {
-        Ok((
-            docs_nodeport::render_section(rows, csv)?,
-            docs_nodeport::BEGIN,
-            docs_nodeport::END,
-        ))
-    })
+    publish_or_regenerate("nodeport", args.report_only)
 }
 
 fn sync(args: &SyncArgs) -> anyhow::Result<()> {
@@ -370,14 +461,7 @@ fn sync(args: &SyncArgs) -> anyhow::Result<()> {
     if args.quick {
         return Ok(());
     }
-    step("regenerating docs/benchmarks.md from the CSV");
-    regenerate_section(&csv, &docs_path(), |rows, csv| {
-        Ok((
-            docs_sync::render_section(rows, csv)?,
-            docs_sync::BEGIN,
-            docs_sync::END,
-        ))
-    })
+    publish_or_regenerate("sync-iptables", args.report_only)
 }
 
 fn run_bench(args: &ClusteripArgs, csv: &Path) -> anyhow::Result<()> {
@@ -399,27 +483,28 @@ fn run_bench(args: &ClusteripArgs, csv: &Path) -> anyhow::Result<()> {
     run_loadgen(&mut cmd)
 }
 
-fn regenerate_docs(csv: &Path, doc: &Path) -> anyhow::Result<()> {
-    regenerate_section(csv, doc, |rows, csv| {
-        Ok((docs::render_section(rows, csv)?, docs::BEGIN, docs::END))
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Replaces one generated section of `doc` with what `render` makes of the CSV's rows.
-fn regenerate_section(
-    csv: &Path,
-    doc: &Path,
-    render: impl FnOnce(&[docs::Row], &Path) -> anyhow::Result<(String, &'static str, &'static str)>,
-) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(csv)
-        .with_context(|| format!("reading {} (run the benchmark first)", csv.display()))?;
-    let (section, begin, end) = render(&docs::parse_csv(&text)?, csv)?;
-    let current = std::fs::read_to_string(doc).unwrap_or_default();
-    let updated = docs::splice_between(&current, begin, end, &section);
-    if let Some(dir) = doc.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    #[test]
+    fn a_section_without_its_csv_says_so_and_states_no_numbers() {
+        for own in OWN_SECTIONS {
+            let text = own.not_run();
+            assert!(text.starts_with(own.begin) && text.trim_end().ends_with(own.end));
+            assert!(text.contains(&format!("docs/bench/{}.csv does not exist", own.suite)));
+            assert!(text.contains(&format!("cargo xtask bench {}`", own.suite)));
+            // Splicing it into a page that had numbers there leaves none of them.
+            let page = format!(
+                "# B\n\n{}\nold 41.0 µs\n{}\n\n## After\n",
+                own.begin, own.end
+            );
+            let spliced = docs::splice_between(&page, own.begin, own.end, &text);
+            assert!(!spliced.contains("41.0") && spliced.ends_with("\n## After\n"));
+            assert_eq!(
+                docs::splice_between(&spliced, own.begin, own.end, &text),
+                spliced
+            );
+        }
     }
-    std::fs::write(doc, updated).with_context(|| format!("writing {}", doc.display()))?;
-    println!("    wrote {}", doc.display());
-    Ok(())
 }

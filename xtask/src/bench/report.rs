@@ -13,8 +13,8 @@ use std::{
 use super::{
     docs::Row,
     plots::{Panel, Series},
-    stats::{Stat, SuiteRows, rows_of, stat, value},
-    targets::{num, ratio_spread, targets, verdict},
+    stats::{Stat, SuiteRows, ratio_spread, rows_of, stat, value, value_spread},
+    targets::{SCALE_N, num, scale_rows, spread_text, steady_metric, targets, verdict},
 };
 
 pub const BEGIN: &str = "<!-- BEGIN generated: report -->";
@@ -98,8 +98,8 @@ fn spread_table(out: &mut String, rows: &[Row], metric: &str, title: &str) {
                             value: Some(v),
                             ratio: Some(r),
                         }),
-                        Some((lo, hi)),
-                    ) => format!("{} ({r:.3}× [{lo:.3}–{hi:.3}])", num(v)),
+                        Some(range),
+                    ) => format!("{} ({r:.3}× [{:.3}–{:.3}])", num(v), range.min, range.max),
                     (Some(Stat { value: Some(v), .. }), _) => num(v),
                     _ => "–".into(),
                 }
@@ -111,6 +111,14 @@ fn spread_table(out: &mut String, rows: &[Row], metric: &str, title: &str) {
 
 /// The dataplane section's introduction.
 const DATAPLANE_INTRO: &str = "\n### Dataplane\n\nEach rep is one client process (4 threads, 4 backends) alternating in 100 ms slices (ABBA) between the mode's route (the ClusterIP) and the direct route to the same backends from the same pod through the same node namespace. Medians over the accepted reps (reps with too much CPU steal or load are rejected: see the `rejected`, `steal` and `load` rows); in brackets the median per-rep ratio to the direct route and, in square brackets, its smallest and largest value over the reps. The direct route shares what the node runs for every packet — in ebpf mode the socket programs (no service at a backend's address) and `tc_pod_ingress` on the pod devices, in the netfilter modes conntrack and the NAT chains — so a ratio is the cost of the service translation; `direct-ct` (conntrack and NAT hooks on, nothing matching, both routes direct) shows the method's noise floor and, by its absolute values, what a netfilter node costs every connection. `@random`: the measured service at a random place in the rules, otherwise last.\n\n![connect() latency against N](bench/connect.png)";
+
+/// The dataplane section's note when its rows predate the ABBA client (they hold no
+/// `direct_<metric>` rows).
+const DATAPLANE_BEFORE_ABBA: &str = "The published run predates this method: each mode and `direct` (a mode of its own) ran as separate client runs in each rep, and a ratio is to `direct` of the same rep; its spreads take in every rep.";
+
+/// The bpf section's note when its rows predate the connect() comparison (no `attached`
+/// rows).
+const BPF_BEFORE_CONNECT: &str = "The published run predates the connect() comparison and the test runs: it holds the run-time statistics (without their overhead measured), the map updates and the Maglev tables.";
 
 /// Where a suite's rows come from: its run, or each run with the modes it measured (a
 /// slice of a suite run on its own replaces only its modes' rows in the published CSV).
@@ -158,6 +166,57 @@ const SYNC_STEPS: [(&str, &str); 4] = [
     ("scale_4_to_40", "scale one service 4 → 40 endpoints"),
 ];
 
+/// The steady-state change steps of the sync suite (per rep, the median of at least 50
+/// consecutive changes), by their first change's name.
+const STEADY_STEPS: [(&str, &str); 3] = [
+    (
+        "add_service",
+        "add one service, steady state (median of ≥ 50 consecutive changes)",
+    ),
+    (
+        "remove_endpoint",
+        "remove one endpoint, steady state (median of ≥ 50 consecutive changes)",
+    ),
+    (
+        "scale_4_to_40",
+        "scale one service 4 → 40 endpoints, steady state (median of ≥ 50 consecutive changes)",
+    ),
+];
+
+/// The scale test (100,000 services × 10 endpoints, ebpf): its four measurements, or
+/// that it has not run.
+fn scale_section(out: &mut String, all: &[SuiteRows]) {
+    let rows = scale_rows(all);
+    let _ = writeln!(out, "\n### Scale: 100,000 services × 10 endpoints (ebpf)\n");
+    if rows.is_empty() {
+        let _ = writeln!(
+            out,
+            "Not measured: no published CSV holds rows of bench `scale` (written by the sync and memory suites)."
+        );
+        return;
+    }
+    let _ = writeln!(out, "| measurement | median | spread (per rep) |");
+    let _ = writeln!(out, "|---|---|---|");
+    for (metric, title, unit) in [
+        ("cold_sync_ms", "cold sync", "ms"),
+        (
+            "failed_probes",
+            "failed probes during the cold sync",
+            "count",
+        ),
+        ("agent_rss", "agent RSS after the sync", "MiB"),
+        ("bpf_map_memory", "BPF map memory", "MiB"),
+    ] {
+        let median = value(&rows, "ebpf", SCALE_N, metric);
+        let _ = writeln!(
+            out,
+            "| {title} ({unit}) | {} | {} |",
+            median.map_or_else(|| "not measured".into(), num),
+            spread_text(value_spread(&rows, "ebpf", SCALE_N, metric))
+        );
+    }
+}
+
 /// The generated section of docs/benchmarks.md.
 pub fn render(all: &[SuiteRows]) -> String {
     let mut out = String::new();
@@ -167,23 +226,35 @@ pub fn render(all: &[SuiteRows]) -> String {
         "<!-- generated by `cargo xtask bench` from docs/bench/*.csv; do not edit -->\n"
     );
     let _ = writeln!(out, "### Targets\n");
-    let _ = writeln!(out, "| target | limit | measured | verdict | miss |");
-    let _ = writeln!(out, "|---|---|---|---|---|");
+    let _ = writeln!(
+        out,
+        "Measured: the median over reps (of the paired ratios, for a ratio). Spread: the lowest and highest rep (for a ratio of two sizes, of each rep's own ratio). The verdict judges the median; a rep outside the limit shows in the spread.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| target | limit | measured | spread (per rep) | verdict | miss |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
     for t in targets(all) {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             t.what,
             t.limit,
             t.measured,
+            t.spread,
             verdict(t.holds),
             t.miss
         );
     }
+    scale_section(&mut out, all);
     for s in all {
         match s.suite {
             "dataplane" => {
                 let _ = writeln!(out, "{DATAPLANE_INTRO}");
+                if !s.rows.iter().any(|r| r.metric == "direct_conn_rate") {
+                    let _ = writeln!(out, "\n{DATAPLANE_BEFORE_ABBA}");
+                }
                 for (metric, title) in [
                     ("conn_rate", "Connection rate"),
                     ("connect_p50", "connect() p50"),
@@ -208,6 +279,9 @@ pub fn render(all: &[SuiteRows]) -> String {
                 );
                 for (step, title) in SYNC_STEPS {
                     metric_table(&mut out, &s.rows, &format!("{step}_wall"), title);
+                }
+                for (step, title) in STEADY_STEPS {
+                    metric_table(&mut out, &s.rows, &steady_metric(&s.rows, step), title);
                 }
                 metric_table(
                     &mut out,
@@ -243,6 +317,9 @@ pub fn render(all: &[SuiteRows]) -> String {
                     out,
                     "\n### BPF programs and map updates\n\nconnect() cost (the reported figure): one client alternating in 100 ms slices (ABBA) between connect() to the ClusterIP from the cgroup the socket programs are attached to (`attached`) and connect() to the backend from a sibling cgroup without them (`detached`); ratio attached / detached of the same rep, [min–max] over the reps. `connect_p99_vs_1`: per rep, (attached/detached p99 at N) / (the same at 1 service). `<program>_ns_per_packet` (N = conntrack flows in the map): `BPF_PROG_TEST_RUN` of the agent's live tc and XDP programs (the uplink ones on a veth uplink given to the node) on a pass-through TCP segment (conntrack and frontend lookups that miss), the kernel's time per run; `test-run+stats` the same with the run-time statistics on, `stats_overhead_ns_per_call` the difference (on tc_pod_ingress). Run-time statistics (kernel BPF stats on for the run only; a secondary view): ns per call as the kernel counts it, and `_net` less the measured statistics overhead. Map updates: the cost per element of one update per call against batched updates (ratio: batch / single). Maglev tables (N = backends): the agent's build of one table against writing it into a BPF array one update per entry, as the agent does (ratio: build / write)."
                 );
+                if !s.rows.iter().any(|r| r.mode == "attached") {
+                    let _ = writeln!(out, "\n{BPF_BEFORE_CONNECT}");
+                }
                 for (metric, title) in [
                     (
                         "connect_p99",
@@ -318,6 +395,13 @@ fn series(rows: &[Row], metric: &str) -> Vec<Series> {
                 .iter()
                 .filter_map(|n| value(rows, &mode, *n, metric).map(|v| (f64::from(*n), v)))
                 .collect(),
+            spread: ns
+                .iter()
+                .filter_map(|n| {
+                    let range = value_spread(rows, &mode, *n, metric)?;
+                    Some((f64::from(*n), range.min, range.max))
+                })
+                .collect(),
             label: mode,
         })
         .filter(|s| !s.points.is_empty())
@@ -352,7 +436,7 @@ pub fn plots(all: &[SuiteRows]) -> Vec<(&'static str, &'static str, Vec<Panel>)>
     .iter()
     .map(|(metric, title)| Panel {
         title: (*title).to_string(),
-        y_label: "µs".into(),
+        y_label: "connect() latency (µs)".into(),
         series: series(dp, metric),
     })
     .filter(|p| !p.series.is_empty())
@@ -366,7 +450,10 @@ pub fn plots(all: &[SuiteRows]) -> Vec<(&'static str, &'static str, Vec<Panel>)>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::docs::parse_csv;
+    use crate::bench::{
+        docs::parse_csv,
+        stats::{Spread, rep_values},
+    };
 
     const HEADER: &str = "bench,mode,N,rep,metric,value,unit,ratio_to_baseline,kernel,cpu,run";
 
@@ -391,10 +478,76 @@ mod tests {
     }
 
     #[test]
+    fn spreads_prefer_min_and_max_rows_and_leave_out_rejected_reps() {
+        let reps = [
+            "dataplane,ebpf,1,0,conn_rate,100,conn/s,0.99,k,c,r",
+            "dataplane,ebpf,1,0,rejected,0,bool,,k,c,r",
+            "dataplane,ebpf,1,1,conn_rate,50,conn/s,0.50,k,c,r",
+            "dataplane,ebpf,1,1,rejected,1,bool,,k,c,r",
+            "dataplane,ebpf,1,2,conn_rate,110,conn/s,0.97,k,c,r",
+        ];
+        let summary = [
+            "dataplane,ebpf,1,median,conn_rate,105,conn/s,0.98,k,c,r",
+            "dataplane,ebpf,1,min,conn_rate,100,conn/s,0.97,k,c,r",
+            "dataplane,ebpf,1,max,conn_rate,110,conn/s,0.99,k,c,r",
+        ];
+        let rows = csv(&[&reps[..], &summary[..]].concat());
+        assert_eq!(
+            rep_values(&rows, "ebpf", 1, "conn_rate"),
+            vec![(0, 100.0), (2, 110.0)]
+        );
+        let two = |min, max| Some(Spread { min, max, reps: 2 });
+        assert_eq!(
+            value_spread(&rows, "ebpf", 1, "conn_rate"),
+            two(100.0, 110.0)
+        );
+        assert_eq!(ratio_spread(&rows, "ebpf", 1, "conn_rate"), two(0.97, 0.99));
+        assert_eq!(value(&rows, "ebpf", 1, "conn_rate"), Some(105.0));
+        // Without the summary rows: over the accepted numbered reps.
+        let rows = csv(&reps);
+        assert_eq!(
+            value_spread(&rows, "ebpf", 1, "conn_rate"),
+            two(100.0, 110.0)
+        );
+        assert_eq!(ratio_spread(&rows, "ebpf", 1, "conn_rate"), two(0.97, 0.99));
+        // Only the summary rows: the range without a rep count.
+        let rows = csv(&summary);
+        let range = value_spread(&rows, "ebpf", 1, "conn_rate");
+        assert_eq!(range.map(|r| r.reps), Some(0));
+        assert_eq!(spread_text(range), "100–110");
+        // sock_connect4: the larger N's figure (net of the statistics' cost where the run
+        // measured it) with that N's spread.
+        let all = vec![SuiteRows {
+            suite: "bpf",
+            rows: csv(&[
+                "bpf,ebpf,1,0,sock_connect4_ns_per_call,200,ns,,k,c,r",
+                "bpf,ebpf,1,1,sock_connect4_ns_per_call,210,ns,,k,c,r",
+                "bpf,ebpf,100000,0,sock_connect4_ns_per_call,300,ns,,k,c,r",
+                "bpf,ebpf,100000,0,sock_connect4_ns_per_call_net,120,ns,,k,c,r",
+                "bpf,ebpf,100000,1,sock_connect4_ns_per_call_net,160,ns,,k,c,r",
+            ]),
+        }];
+        let t = targets(&all);
+        let connect4 = t
+            .iter()
+            .find(|t| t.what.starts_with("sock_connect4"))
+            .unwrap();
+        assert_eq!(
+            (
+                connect4.measured.as_str(),
+                connect4.spread.as_str(),
+                connect4.holds
+            ),
+            ("205", "200–210 (2 reps)", Some(false))
+        );
+    }
+
+    #[test]
     fn targets_say_whether_they_hold_and_by_how_much() {
         let mut dp = vec![
             "dataplane,ebpf,1,0,conn_rate,100,conn/s,0.99,k,c,r".to_string(),
             "dataplane,ebpf,1,1,conn_rate,100,conn/s,0.97,k,c,r".to_string(),
+            "dataplane,ebpf,1,0,direct_conn_rate,101,conn/s,,k,c,r".to_string(),
         ];
         for n in [1_000, 10_000, 50_000, 100_000] {
             dp.push(format!(
@@ -423,25 +576,34 @@ mod tests {
             },
             SuiteRows {
                 suite: "memory",
-                rows: csv(&["memory,ebpf,50000,0,agent_rss,250,MiB,,k,c,r"]),
+                rows: csv(&[
+                    "memory,ebpf,50000,0,agent_rss,250,MiB,,k,c,r",
+                    "memory,ebpf,50000,1,agent_rss,140,MiB,,k,c,r",
+                    "memory,ebpf,50000,2,agent_rss,260,MiB,,k,c,r",
+                ]),
             },
         ];
         let t = targets(&all);
         assert_eq!(t[0].holds, Some(false));
         assert_eq!(t[0].miss, "2.1% below");
+        // The per-rep spread at the worst N in the spread column (from the min and max
+        // rows), the lower bound over every N in the measured text.
         assert_eq!(
-            t[0].measured,
-            "0.930 (worst N = 50000, per-rep 0.900–0.960; lower bound 0.900)"
+            (t[0].measured.as_str(), t[0].spread.as_str()),
+            (
+                "0.930 (worst N = 50000; lower bound 0.900)",
+                "0.900–0.960 (2 reps)"
+            )
         );
         assert_eq!(t[1].holds, Some(true));
         assert_eq!(
-            t[1].measured,
-            "1.020 (per-rep 1.010–1.030; lower bound 1.010)"
+            (t[1].measured.as_str(), t[1].spread.as_str()),
+            ("1.020 (lower bound 1.010)", "1.010–1.030 (2 reps)")
         );
         let rss = t.last().unwrap();
         assert_eq!(
-            (rss.holds, rss.miss.as_str()),
-            (Some(false), "2.500× the limit")
+            (rss.holds, rss.miss.as_str(), rss.spread.as_str()),
+            (Some(false), "1.667× the limit", "140–260 (3 reps)")
         );
         let latency = t
             .iter()
@@ -456,6 +618,8 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("1.020 (1.020× [1.010–1.030])"), "{text}");
+        // Rows of the ABBA methods: no note that the run predates them.
+        assert!(!text.contains(DATAPLANE_BEFORE_ABBA) && !text.contains(BPF_BEFORE_CONNECT));
         // A missing N leaves the connection-rate target unjudged.
         let partial = vec![SuiteRows {
             suite: "dataplane",
@@ -467,6 +631,101 @@ mod tests {
             t[0].measured
                 .contains("not measured at N = 1000, 10000, 50000, 100000")
         );
+        // ... unless a measured N already misses.
+        let missing_one = vec![SuiteRows {
+            suite: "dataplane",
+            rows: csv(&[
+                "dataplane,ebpf,1,0,conn_rate,100,conn/s,0.99,k,c,r",
+                "dataplane,ebpf,1000,0,conn_rate,100,conn/s,0.90,k,c,r",
+            ]),
+        }];
+        let t = targets(&missing_one);
+        assert_eq!(
+            (t[0].holds, t[0].miss.as_str()),
+            (Some(false), "5.3% below")
+        );
+        // Rows of a run before the ABBA client (no direct_<metric> rows) say so.
+        assert!(render(&partial).contains(DATAPLANE_BEFORE_ABBA));
+    }
+
+    #[test]
+    fn steady_state_and_scale_targets_judge_medians_and_show_the_per_rep_spread() {
+        let all = vec![
+            SuiteRows {
+                suite: "sync",
+                rows: csv(&[
+                    "sync,ebpf,1000,0,add_service_wall,0.1,ms,,k,c,r",
+                    "sync,ebpf,50000,0,add_service_wall,0.7,ms,,k,c,r",
+                    "sync,ebpf,50000,1,add_service_wall,6.0,ms,,k,c,r",
+                    "sync,ebpf,50000,2,add_service_wall,0.5,ms,,k,c,r",
+                    "sync,ebpf,1000,0,add_service_steady_ms,0.10,ms,,k,c,r",
+                    "sync,ebpf,1000,1,add_service_steady_ms,0.20,ms,,k,c,r",
+                    "sync,ebpf,50000,0,add_service_steady_ms,0.12,ms,,k,c,r",
+                    "sync,ebpf,50000,1,add_service_steady_ms,0.40,ms,,k,c,r",
+                    "sync,ebpf,50000,0,remove_endpoint_steady,1.5,ms,,k,c,r",
+                    "scale,ebpf,100000,0,cold_sync_ms,2500,ms,,k,c,r",
+                    "scale,ebpf,100000,1,cold_sync_ms,3500,ms,,k,c,r",
+                    "scale,ebpf,100000,2,cold_sync_ms,3400,ms,,k,c,r",
+                    "scale,ebpf,100000,0,failed_probes,0,count,,k,c,r",
+                    "scale,ebpf,100000,1,failed_probes,2,count,,k,c,r",
+                ]),
+            },
+            SuiteRows {
+                suite: "memory",
+                rows: csv(&["scale,ebpf,100000,0,agent_rss,120,MiB,,k,c,r"]),
+            },
+        ];
+        let t = targets(&all);
+        let find = |prefix: &str| t.iter().find(|t| t.what.starts_with(prefix)).unwrap();
+        let first = find("ebpf add one service, first change");
+        assert_eq!(
+            (first.measured.as_str(), first.holds, first.spread.as_str()),
+            ("0.700", Some(true), "0.500–6.000 (3 reps)")
+        );
+        // Medians 0.26 ms over 0.15 ms: 1.733; per rep 1.2 and 2.0.
+        let scaling = find("ebpf add one service, steady state: t(50,000)");
+        assert_eq!(
+            (
+                scaling.measured.as_str(),
+                scaling.holds,
+                scaling.spread.as_str()
+            ),
+            ("1.733", Some(false), "1.200–2.000 (2 reps)")
+        );
+        assert_eq!(scaling.miss, "1.156× the limit");
+        assert_eq!(
+            find("ebpf add one service, steady state at").holds,
+            Some(true)
+        );
+        // The suite's name without the unit is read too.
+        let remove = find("ebpf remove one endpoint, steady state at");
+        assert_eq!(
+            (remove.holds, remove.miss.as_str()),
+            (Some(false), "1.500× the limit")
+        );
+        let scale = find("ebpf scale one service 4 → 40 endpoints, steady state at");
+        assert_eq!(scale.holds, None);
+        let cold = find("ebpf cold sync of 100,000");
+        assert_eq!((cold.measured.as_str(), cold.holds), ("3400", Some(false)));
+        let probes = find("ebpf failed probes");
+        assert_eq!(
+            (probes.measured.as_str(), probes.miss.as_str()),
+            ("2", "2 failed")
+        );
+        let text = render(&all);
+        assert!(
+            text.contains("| agent RSS after the sync (MiB) | 120 | 120 (1 rep) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| BPF map memory (MiB) | not measured | – |"),
+            "{text}"
+        );
+        assert!(text.contains(
+            "**add one service, steady state (median of ≥ 50 consecutive changes)** (ms)"
+        ));
+        let none = render(&[]);
+        assert!(none.contains("Not measured: no published CSV holds rows of bench `scale`"));
     }
 
     #[test]

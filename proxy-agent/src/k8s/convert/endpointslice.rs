@@ -56,8 +56,8 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
     let invalid = |reason: String| {
         InvalidObject::new(
             ObjectKind::EndpointSlice,
-            &object.namespace,
-            &object.name,
+            &*object.namespace,
+            &*object.name,
             reason,
         )
     };

@@ -87,26 +87,45 @@ pub fn parse_objects(yaml: &str) -> Result<Vec<ClusterObject>> {
 /// `Vec<ClusterObject>` first (every object inline, ~1.5 KiB, with doubling slack) costs
 /// ~300 MB of peak memory for a 50,000-service manifest.
 pub fn parse_objects_map<T>(yaml: &str, mut f: impl FnMut(ClusterObject) -> T) -> Result<Vec<T>> {
+    parse_objects_fingerprinted(yaml, |object, _| f(object))
+}
+
+/// [`parse_objects_map`], each object passed with a fingerprint of its text as parsed (a
+/// hash of its YAML value): equal fingerprints mean an unchanged object, so a reader can
+/// keep the fingerprint instead of the object to tell what changed at the next read.
+pub fn parse_objects_fingerprinted<T>(
+    yaml: &str,
+    mut f: impl FnMut(ClusterObject, u64) -> T,
+) -> Result<Vec<T>> {
     let mut objects = Vec::new();
     for (document, deserializer) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
         let value = serde_yaml::Value::deserialize(deserializer)
             .map_err(|source| Error::Yaml { document, source })?;
-        collect_objects(value, document, &mut |object| objects.push(f(object)))?;
+        collect_objects(value, document, &mut |object, fingerprint| {
+            objects.push(f(object, fingerprint))
+        })?;
     }
     Ok(objects)
+}
+
+fn fingerprint(value: &serde_yaml::Value) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Like [`parse_objects`], for YAML already parsed (a sequence, a `List`, or one object).
 pub fn objects_from_value(value: serde_yaml::Value) -> Result<Vec<ClusterObject>> {
     let mut objects = Vec::new();
-    collect_objects(value, 0, &mut |object| objects.push(object))?;
+    collect_objects(value, 0, &mut |object, _| objects.push(object))?;
     Ok(objects)
 }
 
 fn collect_objects(
     value: serde_yaml::Value,
     document: usize,
-    push: &mut dyn FnMut(ClusterObject),
+    push: &mut dyn FnMut(ClusterObject, u64),
 ) -> Result<()> {
     let items = match value {
         serde_yaml::Value::Null => return Ok(()),
@@ -122,7 +141,8 @@ fn collect_objects(
         other => vec![other],
     };
     for (index, item) in items.into_iter().enumerate() {
-        push(decode_object(item, document, index)?);
+        let fingerprint = fingerprint(&item);
+        push(decode_object(item, document, index)?, fingerprint);
     }
     Ok(())
 }

@@ -402,7 +402,7 @@ fn ports_of_follows_adds_updates_and_deletes() {
     let names: Vec<String> = f
         .map
         .ports_of(&nsn("ns2", "cluster-ip"))
-        .map(|(name, _)| name.port_name.clone())
+        .map(|(name, _)| name.port_name.to_string())
         .collect();
     assert_eq!(names, vec!["port1", "port2"]);
     assert_eq!(f.map.services().count(), 1);

@@ -220,7 +220,7 @@ fn service_same_port_with_two_protocols_is_two_ports() {
     let mut ports: Vec<(String, u16, Protocol)> = service_ports(&svc, IpFamily::V4)
         .unwrap()
         .into_iter()
-        .map(|(name, port)| (name.port_name, port.port, port.protocol))
+        .map(|(name, port)| (name.port_name.to_string(), port.port, port.protocol))
         .collect();
     ports.sort();
     assert_eq!(
@@ -329,7 +329,7 @@ fn service_unicode_names_are_kept_verbatim() {
     let ports = service_ports(&svc, IpFamily::V4).unwrap();
     assert_eq!(ports.len(), 1);
     assert_eq!(ports[0].0.service, NamespacedName::new("ns-ü", "wéb-☃"));
-    assert_eq!(ports[0].0.port_name, "ℌttp");
+    assert_eq!(&*ports[0].0.port_name, "ℌttp");
     assert_eq!(ports[0].0.to_string(), "ns-ü/wéb-☃:ℌttp");
 }
 
