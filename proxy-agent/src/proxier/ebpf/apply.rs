@@ -13,7 +13,10 @@
 //! maps a previous agent left behind without rewriting identical entries.
 //!
 //! When the maps are full, services are admitted whole or not at all, in a fixed order
-//! (see `admission`): what does not fit is reported and retried at every sync.
+//! (see `admission`): what does not fit is reported and retried at every sync. With
+//! ceilings (see `growth`), admission counts on the room the maps may grow to, and a sync
+//! is planned ([`ApplyState::plan`]) before it is written ([`ApplyState::execute`]), so
+//! that the maps can grow in between, before anything is written.
 //!
 //! Frontends that use Maglev get a table written before the slot 0 that points at it, and
 //! a table in use is never rewritten (see `maglev`).
@@ -38,6 +41,7 @@ use super::{
     budget::{Budget, MapKind, PerMap},
     desired::{BackendAddr, DesiredService, FrontendKey, Scope},
     entries::{BackendEntry, Snapshot, SvcEntryKey},
+    growth::Ceilings,
     ids::{Exhausted, IdAllocator},
     maps::{LbMaps, MapOpError},
 };
@@ -110,6 +114,27 @@ pub struct ApplyState {
     /// traffic policy (kept as they come and go, for the same reason as `counted`).
     no_local: (usize, usize),
     maglev: MaglevState,
+    /// What the maps may grow to (None: they keep their size).
+    ceilings: Option<Ceilings>,
+}
+
+/// A sync planned and not written yet: the operations in their safe order and what the
+/// maps hold at its peak.
+#[derive(Debug)]
+pub struct PlannedSync {
+    ops: Vec<Op>,
+    budget: Budget,
+    refusals: Refusals,
+    dead_frontends: HashSet<u16>,
+    dead_pairs: HashSet<(u16, u32)>,
+}
+
+impl PlannedSync {
+    /// The entries of each budgeted map at the peak of the sync: what they held, plus what
+    /// the admitted services add (deletes come after).
+    pub fn peak(&self) -> &PerMap {
+        self.budget.used()
+    }
 }
 
 fn v6(addr: &IpAddr) -> bool {
@@ -134,7 +159,20 @@ impl ApplyState {
             counted: None,
             no_local: (0, 0),
             maglev: MaglevState::default(),
+            ceilings: None,
         }
+    }
+
+    /// Lets admission count on the maps growing up to `ceilings` (the caller grows them
+    /// between [`ApplyState::plan`] and [`ApplyState::execute`]).
+    pub fn with_ceilings(mut self, ceilings: Ceilings) -> Self {
+        self.ceilings = Some(ceilings);
+        self
+    }
+
+    /// From now on, admission counts on the maps' own capacity (growing failed).
+    pub fn stop_growing(&mut self) {
+        self.ceilings = None;
     }
 
     /// Sets the Maglev settings: the configured algorithm, the entries of a table, and how
@@ -553,6 +591,22 @@ impl ApplyState {
         changed: &HashSet<NamespacedName>,
         full: bool,
     ) -> Result<SyncStats, ApplyError> {
+        let planned = self.plan(maps, families, node, changed, full)?;
+        self.execute(maps, planned)
+    }
+
+    /// The first half of [`ApplyState::sync`]: admits the services and plans the writes,
+    /// writing nothing. The state already counts the plan as done: it must be given to
+    /// [`ApplyState::execute`] (on maps holding the same entries) or
+    /// [`ApplyState::abandon`].
+    pub fn plan(
+        &mut self,
+        maps: &LbMaps,
+        families: &[FamilyState],
+        node: &NodeContext,
+        changed: &HashSet<NamespacedName>,
+        full: bool,
+    ) -> Result<PlannedSync, ApplyError> {
         let actual = if full { Some(maps.snapshot()?) } else { None };
         if let Some(actual) = &actual
             && !self.adopted
@@ -565,7 +619,10 @@ impl ApplyState {
             (None, Some(counted)) => counted,
             (None, None) => self.entries(),
         };
-        let mut budget = Budget::new(capacity, in_maps);
+        let mut budget = match &self.ceilings {
+            Some(ceilings) => Budget::up_to_ceilings(ceilings.room(&capacity), in_maps),
+            None => Budget::new(capacity, in_maps),
+        };
         let mut plan = Plan::default();
         let mut refusals = Refusals::default();
         for candidate in self.candidates(families, node, changed, full, actual.as_ref()) {
@@ -619,6 +676,43 @@ impl ApplyState {
             Some(actual) => self.reconcile(&actual, tables),
             None => diff_ops,
         };
+        Ok(PlannedSync {
+            ops,
+            budget,
+            refusals,
+            dead_frontends,
+            dead_pairs,
+        })
+    }
+
+    /// Gives up a planned sync without writing it. The state counted the plan as written:
+    /// it forgets everything, as a restarted agent starts, and the next sync (which must
+    /// be full) takes back what the maps hold.
+    pub fn abandon(&mut self, planned: PlannedSync) {
+        drop(planned);
+        let id_space = |max: u64| u32::try_from(max).unwrap_or(u32::MAX);
+        let mut fresh = Self::new(
+            id_space(self.backend_ids.max()),
+            id_space(self.rev_nat_ids.max()),
+        );
+        fresh.maglev = self.maglev.fresh();
+        fresh.ceilings = self.ceilings;
+        *self = fresh;
+    }
+
+    /// The second half of [`ApplyState::sync`]: writes a planned sync.
+    pub fn execute(
+        &mut self,
+        maps: &mut LbMaps,
+        planned: PlannedSync,
+    ) -> Result<SyncStats, ApplyError> {
+        let PlannedSync {
+            ops,
+            budget,
+            refusals,
+            dead_frontends,
+            dead_pairs,
+        } = planned;
         let executed = execute(maps, &ops, self.maglev.size);
         // Ids freed by this sync are safe to hand out once their entries are gone (or, if a
         // write failed, at the next sync, which is then full and rewrites what it needs).
@@ -634,7 +728,8 @@ impl ApplyState {
                 counted.sub(kind, family, 1);
             }
         }
-        let map_usage = counted.usage(budget.capacity());
+        // The maps' own capacity (the budget's may be their ceilings).
+        let map_usage = counted.usage(&PerMap::capacities(maps)?);
         self.counted = Some(counted);
         let affinity_removed = clean_affinity(maps, &dead_frontends, &dead_pairs)?;
         Ok(SyncStats {
@@ -647,6 +742,8 @@ impl ApplyState {
             not_programmed_examples: refusals.examples(),
             full_maps: refusals.full_maps(&budget),
             map_usage,
+            // The proxier adds the maps it grew before the writes.
+            map_growth: Vec::new(),
             // The ebpf proxier adds its conntrack cleanup after the maps are written.
             conntrack_reconciles: Vec::new(),
             // The proxier adds the connected UDP socket sweep after the maps are written.

@@ -11,11 +11,15 @@
 //!    meantime (conntrack and affinity of new flows) are copied too;
 //! 4. the staging pin is renamed over the old one, which goes with its last user.
 //!
+//! The same steps grow a map while the agent runs (see `growth`): the sizes then come from
+//! the growth decision instead of the configuration ([`Capacities`]).
+//!
 //! A map whose entries cannot all move (more of them than the new capacity, a layout that
 //! differs, a copy that fails) is kept as it is, with a warning; the apply stage reads the
 //! capacity of the maps as loaded, so it still never overfills one.
 
 use std::{
+    collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
 };
@@ -223,8 +227,24 @@ impl Resizable {
     }
 }
 
-/// Every map `ebpf.mapSizes` sizes, with the shape the programs define it with.
-pub fn resizable(sizes: &MapSizes) -> Vec<Resizable> {
+/// Capacities of single maps (by pinned name) that replace the configuration's: the
+/// sizes maps have grown to.
+pub type Capacities = BTreeMap<&'static str, u32>;
+
+/// Every map `ebpf.mapSizes` sizes, with the shape the programs define it with and the
+/// capacity `capacities` gives it, or else the configured one.
+pub fn resizable(sizes: &MapSizes, capacities: &Capacities) -> Vec<Resizable> {
+    let mut maps = configured(sizes);
+    for map in &mut maps {
+        if let Some(capacity) = capacities.get(map.name) {
+            map.wanted.max_entries = *capacity;
+        }
+    }
+    maps
+}
+
+/// Every map `ebpf.mapSizes` sizes, with the configured capacity.
+fn configured(sizes: &MapSizes) -> Vec<Resizable> {
     use MapType::{Hash, LruHash};
     vec![
         Resizable::hash::<Svc4Key, SvcValue>(names::SVC4, Hash, sizes.services),
@@ -306,6 +326,12 @@ fn pinned_maglev_table_size(maps_dir: &Path) -> Option<u32> {
 /// names with dots).
 pub fn staging_pin(maps_dir: &Path, name: &str) -> PathBuf {
     maps_dir.join(format!("{name}_staging"))
+}
+
+/// The capacity of the map pinned as `name` under `maps_dir` (None: no pin, or not
+/// readable).
+pub fn pinned_capacity(maps_dir: &Path, name: &str) -> Option<u32> {
+    pinned_shape(name, &maps_dir.join(name)).map(|s| s.max_entries)
 }
 
 /// The shape of the map pinned at `path` (None: no pin, or not readable as a map, which
@@ -520,8 +546,20 @@ mod tests {
 
     #[test]
     fn every_configured_map_is_resizable_and_staged_beside_its_pin() {
-        let maps = resizable(&MapSizes::default());
+        let maps = resizable(&MapSizes::default(), &Capacities::new());
         assert_eq!(maps.len(), 13);
+        let grown = resizable(
+            &MapSizes::default(),
+            &Capacities::from([(names::BACKENDS6, 1 << 20)]),
+        );
+        let capacity_of = |name| {
+            grown
+                .iter()
+                .find(|m| m.name == name)
+                .map(|m| m.wanted.max_entries)
+        };
+        assert_eq!(capacity_of(names::BACKENDS6), Some(1 << 20));
+        assert_eq!(capacity_of(names::BACKENDS4), Some(65_536));
         let dir = Path::new("/sys/fs/bpf/x/maps");
         let mut plans = vec![PinPlan::AsIs; maps.len()];
         plans[0] = PinPlan::Resize {
