@@ -419,6 +419,7 @@ async fn maps_grow_under_load_without_a_restart_or_a_failed_connection() {
             .any(|l| l.contains("REV_NAT4_V1") && l.contains("took_ms")),
         "growth logged:\n{log}"
     );
+    eprintln!("{}", logged.join("\n"));
     assert!(!log.contains("BPF maps full"), "nothing refused:\n{log}");
     assert!(!log.contains("cannot grow"), "{log}");
 
@@ -470,4 +471,112 @@ async fn maps_grow_under_load_without_a_restart_or_a_failed_connection() {
         let _ = b.kill();
         let _ = b.wait();
     }
+}
+
+/// Issue 20's scale target, measured in-process (run it in release:
+/// `cargo test --release -p tests --test privileged cold_sync -- --ignored --nocapture`):
+/// a cold start of the ebpf proxier from the default map sizes and limits, then the first
+/// full sync of 100,000 ClusterIP services of 10 endpoints each, in a fresh network
+/// namespace and cgroup. Prints the agent time of each part and what was programmed.
+#[test]
+#[ignore = "a measurement: minutes of setup, run by hand in release"]
+fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
+    use proxy_agent::{
+        config::MapSizeLimits,
+        k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
+        model::{ClusterState, IpFamily},
+        proxier::{
+            NodeContext, Proxier, StaleConntrack, SyncRequest,
+            ebpf::{EbpfProxier, LoadOptions, MapSizes},
+        },
+    };
+    use tests::privileged::{TempBpffs, TempCgroup};
+    require_root!();
+    let services: u32 = std::env::var("KPE_COLD_SERVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let endpoints: u32 = 10;
+    let bpffs = TempBpffs::new("kpe-cold");
+    let cgroup = TempCgroup::new("kpe-cold");
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .try_init();
+
+    let built = Instant::now();
+    let mut cluster = ClusterState::new(&[IpFamily::V4], "node-a");
+    for i in 0..services {
+        let name = format!("svc{i}");
+        let vip = Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 16, 0, 1)) + i);
+        cluster.service(
+            &std::sync::Arc::new(
+                mk_service("ns1", &name)
+                    .cluster_ip(&vip.to_string())
+                    .port("http", 80, "TCP")
+                    .build(),
+            ),
+            false,
+        );
+        let mut slice =
+            mk_endpointslice("ns1", &format!("{name}-1"), &name, "IPv4").port("http", 8080, "TCP");
+        for e in 0..endpoints {
+            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64, 0, 0)) + i * 16 + e);
+            slice = slice.endpoint(mk_endpoint(&ip.to_string()).node("node-b").build());
+        }
+        cluster.endpoint_slice(&slice.build(), false);
+    }
+    let changes = cluster.apply_pending();
+    eprintln!("{services} x {endpoints} built in {:?}", built.elapsed());
+    let node = NodeContext {
+        name: "node-a".into(),
+        host_addresses: vec!["192.168.0.2".parse().unwrap()],
+        ..Default::default()
+    };
+    let stale = StaleConntrack::default();
+    let opts = LoadOptions {
+        bpffs_root: bpffs.path.clone(),
+        cgroup: cgroup.path.clone(),
+        map_sizes: MapSizes::default(),
+        devices: Vec::new(),
+        xdp: proxy_agent::config::XdpMode::Off,
+        maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
+    };
+    // In a namespace of its own: the pod-side program attaches to every device but lo.
+    let (started, synced, stats) = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a netns");
+                let began = Instant::now();
+                let mut proxier = EbpfProxier::start_with_limits(
+                    &opts,
+                    &MapSizeLimits::default(),
+                    Default::default(),
+                    Default::default(),
+                )
+                .expect("the dataplane loads");
+                let started = began.elapsed();
+                let stats = proxier
+                    .sync(&SyncRequest {
+                        families: cluster.families(),
+                        node: &node,
+                        full: true,
+                        changed: &changes.changed,
+                        stale: &stale,
+                    })
+                    .expect("the sync succeeds");
+                (started, began.elapsed(), stats)
+            })
+            .join()
+            .expect("the measuring thread")
+    });
+    eprintln!(
+        "start (load, attach) {started:?}; start + first full sync {synced:?}; \
+         services programmed {}, not programmed {} ({:?}); written {}; grown: {:#?}; usage: {:#?}",
+        stats.services,
+        stats.not_programmed,
+        stats.full_maps,
+        stats.written,
+        stats.map_growth,
+        stats.map_usage
+    );
 }

@@ -519,10 +519,52 @@ fn deleted_entry(op: &Op) -> Option<(MapKind, IpFamily)> {
     }
 }
 
-/// Runs `ops` in order (Maglev tables are built here, of `maglev_size` entries).
+/// How many ops from the start of `ops` `matches` accepts.
+fn run_len(ops: &[Op], matches: impl Fn(&Op) -> bool) -> usize {
+    ops.iter().take_while(|op| matches(op)).count()
+}
+
+/// Runs `ops` in order (Maglev tables are built here, of `maglev_size` entries). Runs of
+/// puts into the same kind of map go in as few system calls as the maps allow (a full
+/// sync writes up to millions), in the same order.
 fn execute(maps: &mut LbMaps, ops: &[Op], maglev_size: u32) -> Result<(usize, usize), MapOpError> {
     let (mut written, mut deleted) = (0, 0);
-    for op in ops {
+    let mut rest = ops;
+    while let Some(first) = rest.first() {
+        let batched = match first {
+            Op::PutSvc(..) => {
+                let n = run_len(rest, |op| matches!(op, Op::PutSvc(..)));
+                maps.put_svcs(rest[..n].iter().filter_map(|op| match op {
+                    Op::PutSvc(k, v) => Some((k, v)),
+                    _ => None,
+                }))?;
+                n
+            }
+            Op::PutBackend(..) => {
+                let n = run_len(rest, |op| matches!(op, Op::PutBackend(..)));
+                maps.put_backends(rest[..n].iter().filter_map(|op| match op {
+                    Op::PutBackend(id, b) => Some((*id, b)),
+                    _ => None,
+                }))?;
+                n
+            }
+            Op::PutRevNat(..) => {
+                let n = run_len(rest, |op| matches!(op, Op::PutRevNat(..)));
+                maps.put_rev_nats(rest[..n].iter().filter_map(|op| match op {
+                    Op::PutRevNat(id, addr, port) => Some((*id, *addr, *port)),
+                    _ => None,
+                }))?;
+                n
+            }
+            _ => 0,
+        };
+        if batched > 0 {
+            written += batched;
+            rest = &rest[batched..];
+            continue;
+        }
+        rest = &rest[1..];
+        let op = first;
         match op {
             Op::PutBackend(id, b) => maps.put_backend(*id, b)?,
             Op::PutRevNat(id, addr, port) => maps.put_rev_nat(*id, *addr, *port)?,

@@ -107,8 +107,13 @@ pub fn copy_entries<K, V>(
     to: &mut dyn KvMap<K, V>,
     only_missing: bool,
 ) -> Result<usize, MapOpError> {
+    let entries = from.entries()?;
+    if !only_missing {
+        to.put_many(&entries)?;
+        return Ok(entries.len());
+    }
     let mut written = 0;
-    for (key, value) in from.entries()? {
+    for (key, value) in entries {
         if only_missing && to.get(&key)?.is_some() {
             continue;
         }
