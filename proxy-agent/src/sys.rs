@@ -45,16 +45,6 @@ pub fn trim_heap() {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_current_namespace_has_a_nonzero_cookie() {
-        let cookie = super::current_netns_cookie().expect("SO_NETNS_COOKIE works on Linux 5.14+");
-        assert_ne!(cookie, 0);
-        assert_eq!(super::current_netns_cookie().ok(), Some(cookie));
-    }
-}
-
 /// `BPF_MAP_UPDATE_BATCH` (Linux 5.6+, hash maps): writes `keys[i] -> values[i]` for every
 /// `i` in one system call, in order (the kernel updates the elements one after the other,
 /// so a program sees them appear in the order of the slices, as with one call each).
@@ -122,4 +112,14 @@ pub fn map_update_batch<K: aya::Pod, V: aya::Pod>(
         return Err((io::Error::last_os_error(), attr.count));
     }
     Ok(attr.count)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_current_namespace_has_a_nonzero_cookie() {
+        let cookie = super::current_netns_cookie().expect("SO_NETNS_COOKIE works on Linux 5.14+");
+        assert_ne!(cookie, 0);
+        assert_eq!(super::current_netns_cookie().ok(), Some(cookie));
+    }
 }

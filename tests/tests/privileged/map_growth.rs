@@ -499,8 +499,10 @@ fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
     let endpoints: u32 = 10;
     let bpffs = TempBpffs::new("kpe-cold");
     let cgroup = TempCgroup::new("kpe-cold");
+    // Debug: the proxier's "ebpf sync phases" line says where the time went.
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::DEBUG)
         .try_init();
 
     let built = Instant::now();

@@ -421,7 +421,14 @@ impl Plan {
         self.fresh_maglev.extend(other.fresh_maglev);
     }
 
-    fn diff_service(&mut self, old: &AppliedService, new: &AppliedService) {
+    /// Plans the writes that turn `old` into `new`; with `entries` false, only the affinity
+    /// entries that must go (a full sync plans its writes from what the maps hold instead,
+    /// see [`ApplyState::reconcile`]).
+    fn diff_service(&mut self, old: &AppliedService, new: &AppliedService, entries: bool) {
+        self.diff_affinity(old, new);
+        if !entries {
+            return;
+        }
         for (k, v) in &new.svc {
             if old.svc.get(k) != Some(v) {
                 self.svc_puts.push((*k, *v));
@@ -438,6 +445,10 @@ impl Plan {
         for r in old.src_ranges.difference(&new.src_ranges) {
             self.range_dels.push(Op::DelSrcRange(r.0, r.1));
         }
+    }
+
+    /// The affinity entries of `old` that could send a client to a backend `new` dropped.
+    fn diff_affinity(&mut self, old: &AppliedService, new: &AppliedService) {
         for (id, old_ids) in &old.affinity {
             let now: HashSet<u32> = new
                 .affinity
@@ -451,6 +462,12 @@ impl Plan {
                 }
             }
         }
+    }
+
+    /// What [`Plan::ordered`] returns besides the operations (a full sync writes from what
+    /// the maps hold, not from this plan's operations).
+    fn into_dead(self) -> (HashSet<u16>, HashSet<(u16, u32)>) {
+        (self.dead_rev_nat, self.dead_affinity)
     }
 
     /// The operations in an order that keeps every lookup consistent.
@@ -712,11 +729,13 @@ impl ApplyState {
         } else {
             TableWrites::new()
         };
-        let (diff_ops, dead_frontends, dead_pairs) = plan.ordered();
         // A full sync compares with what the maps hold instead of what was written.
-        let ops = match actual {
-            Some(actual) => self.reconcile(&actual, tables),
-            None => diff_ops,
+        let (ops, dead_frontends, dead_pairs) = match actual {
+            Some(actual) => {
+                let (dead_frontends, dead_pairs) = plan.into_dead();
+                (self.reconcile(&actual, tables), dead_frontends, dead_pairs)
+            }
+            None => plan.ordered(),
         };
         Ok(PlannedSync {
             ops,
@@ -844,6 +863,11 @@ impl ApplyState {
     /// Everything the maps should hold now.
     pub fn expected(&self) -> Snapshot {
         let mut s = Snapshot::default();
+        // Sized once: a full sync of a big cluster builds millions of entries here.
+        s.svc
+            .reserve(self.services.values().map(|svc| svc.svc.len()).sum());
+        s.backends.reserve(self.backend_entries.len());
+        s.rev_nat.reserve(self.owners.len());
         for svc in self.services.values() {
             s.svc.extend(svc.svc.iter().map(|(k, v)| (*k, *v)));
             s.src_ranges.extend(svc.src_ranges.iter().copied());

@@ -52,11 +52,17 @@ use crate::config::MapSizeLimits;
 #[derive(Debug, thiserror::Error)]
 pub enum GrowError {
     #[error(transparent)]
-    Load(#[from] LoadError),
+    Load(Box<LoadError>),
     #[error(transparent)]
     Map(#[from] maps::MapOpError),
     #[error("resized maps of the start still wait for the programs")]
     ResizePending,
+}
+
+impl From<LoadError> for GrowError {
+    fn from(e: LoadError) -> Self {
+        GrowError::Load(Box::new(e))
+    }
 }
 
 /// The ebpf proxier: the loaded dataplane and the agent's memory of its maps.
@@ -97,7 +103,7 @@ impl EbpfProxier {
     }
 
     /// [`EbpfProxier::start`], with the maps services fill growing up to `limits` (see
-    /// [`growth`]) from the sizes of `opts`; maps a previous agent grew keep their size
+    /// the `growth` module) from the sizes of `opts`; maps a previous agent grew keep their size
     /// within them.
     pub fn start_with_limits(
         opts: &LoadOptions,
@@ -373,6 +379,7 @@ impl Proxier for EbpfProxier {
             // Before the services: a frontend must never be served under the defaults.
             self.sync_node_settings(request.node)?;
         }
+        let began = Instant::now();
         let planned = self
             .state
             .plan(
@@ -386,6 +393,7 @@ impl Proxier for EbpfProxier {
         // Between planning and writing: maps the plan fills past their high-water mark
         // grow first, so that nothing is written twice and nothing is refused for room
         // the maps can still take.
+        let planned_at = began.elapsed();
         let grown = match self.grow_for(planned.peak()) {
             Ok(grown) => grown,
             Err((e, required)) => {
@@ -401,10 +409,12 @@ impl Proxier for EbpfProxier {
                 Vec::new()
             }
         };
+        let grown_at = began.elapsed();
         let mut stats = self
             .state
             .execute(&mut self.loaded.maps, planned)
             .map_err(|e| SyncError::new("ebpf", e))?;
+        let written_at = began.elapsed();
         stats.map_growth = grown;
         if request.full && self.loaded.programs_pending() {
             // A layout upgrade: the new maps hold every service now.
@@ -420,16 +430,30 @@ impl Proxier for EbpfProxier {
             // full sync writes them again.
             warn!(error = %e, "writing the service names table");
         }
+        let named_at = began.elapsed();
         // After the maps: a socket connecting meanwhile already gets a live backend.
         stats.connected_udp = self.connected_udp.after_sync(request);
         // After the maps too: a flow deleted earlier could be recreated from the old ones.
         stats.conntrack_reconciles =
             self.stale_flows
                 .after_sync(&mut self.loaded.ct4, &mut self.loaded.ct6, request);
+        let swept_at = began.elapsed();
         if request.full {
             // A full sync read every map entry into memory and dropped it again.
             crate::sys::trim_heap();
         }
+        // Where a sync's time goes (a cold sync of a big cluster is the one to watch).
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        debug!(
+            full = request.full,
+            plan_ms = ms(planned_at),
+            grow_ms = ms(grown_at - planned_at),
+            write_ms = ms(written_at - grown_at),
+            names_ms = ms(named_at - written_at),
+            sweeps_ms = ms(swept_at - named_at),
+            trim_ms = ms(began.elapsed() - swept_at),
+            "ebpf sync phases"
+        );
         Ok(stats)
     }
 }

@@ -54,7 +54,8 @@ pub struct Shape {
 pub enum PinPlan {
     /// No pin yet, or one of the wanted shape: the loader creates or reuses it.
     AsIs,
-    /// A new map of the wanted size at the staging pin, the entries moved over.
+    /// A new map of the wanted size at the staging pin, the entries moved over (how many:
+    /// counted when shrinking, else once copied).
     Resize { from: u32, entries: usize },
     /// The old map stays as it is, for this reason.
     Keep(String),
@@ -85,6 +86,13 @@ pub fn decide(
             wanted.key_size,
             wanted.value_size
         ));
+    }
+    if wanted.max_entries >= existing.max_entries {
+        // Growing: every entry fits, no need to count them first (a map of millions).
+        return PinPlan::Resize {
+            from: existing.max_entries,
+            entries: 0,
+        };
     }
     match entries() {
         Err(e) => PinPlan::Keep(format!("its entries cannot be read: {e}")),
@@ -194,6 +202,9 @@ type CopyFn = fn(&'static str, &Path, &Path, bool) -> Result<usize, MapOpError>;
 pub struct Resizable {
     pub name: &'static str,
     pub wanted: Shape,
+    /// Whether the programs write entries (the LRU maps: conntrack, affinity, socket
+    /// rev-NAT); only the agent writes the others, so step 3 has nothing to copy there.
+    programs_write: bool,
     count: CountFn,
     copy: CopyFn,
 }
@@ -212,6 +223,7 @@ impl Resizable {
                 value_size: size_of::<V>() as u32,
                 max_entries,
             },
+            programs_write: map_type == MapType::LruHash,
             count: count_hash::<K, V>,
             copy: copy_hash::<K, V>,
         }
@@ -226,6 +238,7 @@ impl Resizable {
                 value_size: size_of::<u8>() as u32,
                 max_entries,
             },
+            programs_write: false,
             count: count_lpm::<D>,
             copy: copy_lpm::<D>,
         }
@@ -414,11 +427,16 @@ pub fn copy_over(maps_dir: &Path, maps: &[Resizable], plans: &mut [PinPlan]) -> 
         }
         let staging = staging_pin(maps_dir, m.name);
         match (m.copy)(m.name, &maps_dir.join(m.name), &staging, false) {
-            Ok(n) => debug!(
-                map = m.name,
-                entries = n,
-                "entries copied into the resized map"
-            ),
+            Ok(n) => {
+                debug!(
+                    map = m.name,
+                    entries = n,
+                    "entries copied into the resized map"
+                );
+                if let PinPlan::Resize { entries, .. } = plan {
+                    *entries = n;
+                }
+            }
             Err(e) => {
                 warn!(map = m.name, error = %e, "cannot copy into the resized map; keeping the old one");
                 *plan = PinPlan::Keep(format!("copying its entries failed: {e}"));
@@ -448,12 +466,18 @@ pub fn complete(maps_dir: &Path, maps: &[Resizable], plans: &[PinPlan]) -> std::
         };
         let path = maps_dir.join(m.name);
         let staging = staging_pin(maps_dir, m.name);
-        let late = match (m.copy)(m.name, &path, &staging, true) {
-            Ok(n) => n,
-            Err(e) => {
-                warn!(map = m.name, error = %e, "entries added during the resize may be lost");
-                0
+        // A second pass reads every entry again (three system calls each): only for maps
+        // the old programs may have added to meanwhile.
+        let late = if m.programs_write {
+            match (m.copy)(m.name, &path, &staging, true) {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!(map = m.name, error = %e, "entries added during the resize may be lost");
+                    0
+                }
             }
+        } else {
+            0
         };
         fs::rename(&staging, &path)?;
         info!(
@@ -491,11 +515,12 @@ mod tests {
             decide(Some(&shape(64)), &wanted, || unreachable!()),
             PinPlan::AsIs
         );
+        // Growing needs no count: every entry fits.
         assert_eq!(
-            decide(Some(&shape(8)), &wanted, || Ok(8)),
+            decide(Some(&shape(8)), &wanted, || unreachable!()),
             PinPlan::Resize {
                 from: 8,
-                entries: 8
+                entries: 0
             }
         );
         // Shrinking works while the entries fit.
@@ -525,7 +550,7 @@ mod tests {
                 op: "iterate",
             })
         };
-        assert!(kept(decide(Some(&shape(8)), &shape(64), unreadable)));
+        assert!(kept(decide(Some(&shape(64)), &shape(8), unreadable)));
     }
 
     #[test]
@@ -586,5 +611,21 @@ mod tests {
         // The LPM key is the prefix length and the data.
         let src = maps.iter().find(|m| m.name == names::SRC_RANGES4).unwrap();
         assert_eq!(src.wanted.key_size as usize, 4 + size_of::<SourceRange4>());
+        // Only the LRU maps get entries from the programs during a resize.
+        let written: Vec<&str> = maps
+            .iter()
+            .filter(|m| m.programs_write)
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(
+            written,
+            [
+                names::SOCK_REV_NAT4,
+                names::SOCK_REV_NAT6,
+                names::AFFINITY,
+                names::CT4,
+                names::CT6
+            ]
+        );
     }
 }
