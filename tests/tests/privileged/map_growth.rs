@@ -451,6 +451,7 @@ async fn maps_grow_under_load_without_a_restart_or_a_failed_connection() {
         ),
     ] {
         let ok = answers(child, rx, what);
+        eprintln!("{what}: {} probes, none failed", ok.len());
         assert!(ok.len() > 20, "{what}: only {} probes", ok.len());
         assert!(
             ok.iter().any(|(t, _)| *t > grown_at),
