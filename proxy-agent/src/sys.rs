@@ -77,6 +77,75 @@ pub fn trim_heap() {
     }
 }
 
+/// `BPF_MAP_UPDATE_BATCH` (Linux 5.6+, hash maps): writes `keys[i] -> values[i]` for every
+/// `i` in one system call, in order (the kernel updates the elements one after the other,
+/// so a program sees them appear in the order of the slices, as with one call each).
+/// Returns how many the kernel wrote: all of them on success; on failure, the error and
+/// how many were written before it. The map's key and value sizes are checked against
+/// `K` and `V` first, so the kernel never reads past the slices.
+pub fn map_update_batch<K: aya::Pod, V: aya::Pod>(
+    map: &aya::maps::MapData,
+    keys: &[K],
+    values: &[V],
+) -> Result<u32, (io::Error, u32)> {
+    use std::os::fd::AsFd;
+    /// The `batch` member of `union bpf_attr` (include/uapi/linux/bpf.h).
+    #[repr(C)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+    let invalid = |what: &str| {
+        (
+            io::Error::new(io::ErrorKind::InvalidInput, what.to_owned()),
+            0,
+        )
+    };
+    let info = map.info().map_err(|e| (io::Error::other(e), 0))?;
+    if info.key_size() as usize != std::mem::size_of::<K>()
+        || info.value_size() as usize != std::mem::size_of::<V>()
+    {
+        return Err(invalid("key or value type does not match the map"));
+    }
+    if keys.len() != values.len() {
+        return Err(invalid("as many keys as values are needed"));
+    }
+    let count = u32::try_from(keys.len()).map_err(|_| invalid("too many elements"))?;
+    let map_fd = u32::try_from(map.fd().as_fd().as_raw_fd()).map_err(|_| invalid("map fd"))?;
+    let mut attr = BatchAttr {
+        in_batch: 0,
+        out_batch: 0,
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count,
+        map_fd,
+        elem_flags: 0,
+        flags: 0,
+    };
+    // SAFETY: `attr` is a valid `bpf_attr.batch` for the call's duration; the kernel reads
+    // `count` keys and values of the map's sizes, checked to be those of `K` and `V`, from
+    // slices holding `count` of each, and writes back only `attr.count`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_UPDATE_BATCH,
+            (&mut attr as *mut BatchAttr).cast::<libc::c_void>(),
+            std::mem::size_of::<BatchAttr>() as libc::c_uint,
+        )
+    };
+    if rc != 0 {
+        return Err((io::Error::last_os_error(), attr.count));
+    }
+    Ok(attr.count)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Services left out of full maps, reported where an operator looks: the map gauges and
 //! `kubeproxy_ebpf_services_not_programmed`, one warning per sync while it lasts, and a
-//! `MapFull` Warning event on the Node (rate-limited by the event sink).
+//! `MapFull` Warning event on the Node (rate-limited by the event sink). Maps that grew
+//! count in `kubeproxy_ebpf_map_growths_total` (the proxier logs each growth).
 
 use tracing::{info, warn};
 
@@ -24,6 +25,12 @@ pub fn report(stats: &SyncStats, short_before: bool, metrics: &Metrics, events: 
             .with_label_values(&[usage.map])
             .set(usage.capacity as f64);
     }
+    for growth in &stats.map_growth {
+        metrics
+            .map_growths_total
+            .with_label_values(&[growth.map])
+            .inc();
+    }
     metrics
         .services_not_programmed
         .set(i64::try_from(stats.not_programmed).unwrap_or(i64::MAX));
@@ -43,7 +50,7 @@ pub fn report(stats: &SyncStats, short_before: bool, metrics: &Metrics, events: 
         full_maps = %maps.join(", "),
         services = %stats.not_programmed_examples.join(", "),
         "BPF maps full: services not programmed (the rest is, and they are retried at every \
-         sync); raise the map sizes and restart the agent"
+         sync); raise the setting named for each map and restart the agent"
     );
     events.emit(NodeEvent::MapFull {
         services: stats.not_programmed,

@@ -86,6 +86,10 @@ const WRONG_TYPE: &[(&str, &str)] = &[
     ("ebpf.mapSizes.affinity", "1.5"),
     ("ebpf.mapSizes.conntrack", "true"),
     ("ebpf.mapSizes.sourceRanges", "{}"),
+    ("ebpf.mapSizeLimits.services", "-1"),
+    ("ebpf.mapSizeLimits.backends", "[1]"),
+    ("ebpf.mapSizeLimits.revNat", "lots"),
+    ("ebpf.mapSizeLimits.sourceRanges", "1.5"),
     ("ebpf.conntrack.tcpTimeout", "[1]"),
     ("ebpf.conntrack.tcpClosingTimeout", "[1]"),
     ("ebpf.conntrack.udpTimeout", "[1]"),
@@ -398,6 +402,31 @@ const OUT_OF_RANGE: &[(&str, &str, Context, Bad)] = &[
         "0",
         &[],
         Bad::Refused("ebpf.mapSizes.sourceRanges"),
+    ),
+    (
+        "ebpf.mapSizeLimits.services",
+        "TOO_BIG",
+        &[],
+        Bad::Refused("ebpf.mapSizeLimits.services"),
+    ),
+    (
+        "ebpf.mapSizeLimits.backends",
+        "0",
+        &[],
+        Bad::Refused("ebpf.mapSizeLimits.backends"),
+    ),
+    (
+        // Below the starting size (the default, 65,536).
+        "ebpf.mapSizeLimits.revNat",
+        "1024",
+        &[],
+        Bad::Refused("ebpf.mapSizeLimits.revNat"),
+    ),
+    (
+        "ebpf.mapSizeLimits.sourceRanges",
+        "16",
+        &[("ebpf.mapSizes.sourceRanges", "64")],
+        Bad::Refused("ebpf.mapSizeLimits.sourceRanges"),
     ),
     (
         "ebpf.conntrack.tcpTimeout",

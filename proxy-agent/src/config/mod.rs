@@ -71,8 +71,8 @@ pub use typed::{LocalMode, NodePortAddress, NodePortAddresses, ProxyMode, SyncPe
 pub use types::{
     API_VERSION, ClientConnectionConfiguration, ConntrackConfiguration, DetectLocalConfiguration,
     EbpfConfiguration, EbpfConntrack, IptablesConfiguration, IpvsConfiguration, KIND,
-    KubeProxyConfiguration, LoggingConfiguration, MapSizes, NftablesConfiguration, VModuleItem,
-    WinkernelConfiguration,
+    KubeProxyConfiguration, LoggingConfiguration, MapSizeLimits, MapSizes, NftablesConfiguration,
+    VModuleItem, WinkernelConfiguration,
 };
 pub use validate::{IPVS_SCHEDULERS, MAX_MAP_ENTRIES, validate};
 

@@ -253,8 +253,13 @@ pub struct EbpfConfiguration {
     /// "off", "generic" or "native".
     #[serde(deserialize_with = "nullable")]
     pub xdp_mode: String,
+    /// Starting capacities of the maps: those that services fill grow by themselves, up
+    /// to `map_size_limits` (see `proxier::ebpf::growth`).
     #[serde(deserialize_with = "nullable")]
     pub map_sizes: MapSizes,
+    /// Ceilings of the maps that grow; unset: as far as the map layout allows.
+    #[serde(deserialize_with = "nullable")]
+    pub map_size_limits: MapSizeLimits,
     /// Lifetimes of the BPF connection tracking of north-south flows.
     #[serde(deserialize_with = "nullable")]
     pub conntrack: EbpfConntrack,
@@ -276,6 +281,7 @@ impl Default for EbpfConfiguration {
             devices: Vec::new(),
             xdp_mode: String::new(),
             map_sizes: MapSizes::default(),
+            map_size_limits: MapSizeLimits::default(),
             conntrack: EbpfConntrack::default(),
             load_balancer_algorithm: String::new(),
             maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
@@ -341,6 +347,20 @@ impl Default for MapSizes {
     }
 }
 
+/// The most entries each map that services fill may grow to (`ebpf.mapSizeLimits`): unset,
+/// as many as the map layout allows (`MAX_MAP_ENTRIES`; 65,536 for the rev_nat maps,
+/// whose keys are 16-bit ids). A map at its ceiling refuses what does not fit, as a map
+/// of fixed size does; setting a ceiling equal to the starting size keeps a map from
+/// growing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MapSizeLimits {
+    pub services: Option<u32>,
+    pub backends: Option<u32>,
+    pub rev_nat: Option<u32>,
+    pub source_ranges: Option<u32>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,5 +412,10 @@ mod tests {
             serde_yaml::from_str("mapSizes:\n  services: 1024\n").unwrap();
         assert_eq!(ebpf.map_sizes.services, 1024);
         assert_eq!(ebpf.map_sizes.backends, 65536);
+        assert_eq!(ebpf.map_size_limits, MapSizeLimits::default());
+        let ebpf: EbpfConfiguration =
+            serde_yaml::from_str("mapSizeLimits:\n  revNat: 4096\n").unwrap();
+        assert_eq!(ebpf.map_size_limits.rev_nat, Some(4096));
+        assert_eq!(ebpf.map_size_limits.services, None);
     }
 }

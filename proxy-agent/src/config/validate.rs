@@ -426,6 +426,36 @@ fn validate_ebpf(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) 
             ));
         }
     }
+    // A ceiling below the starting size would make the map shrink, which growth never does.
+    let limits = ebpf.map_size_limits;
+    for (field, limit, start) in [
+        ("ebpf.mapSizeLimits.services", limits.services, services),
+        ("ebpf.mapSizeLimits.backends", limits.backends, backends),
+        ("ebpf.mapSizeLimits.revNat", limits.rev_nat, rev_nat),
+        (
+            "ebpf.mapSizeLimits.sourceRanges",
+            limits.source_ranges,
+            source_ranges,
+        ),
+    ] {
+        let Some(limit) = limit else { continue };
+        if !(1..=MAX_MAP_ENTRIES).contains(&limit) {
+            errors.push(FieldError::invalid(
+                field,
+                limit,
+                format!("must be within the range [1, {MAX_MAP_ENTRIES}]"),
+            ));
+        } else if limit < start {
+            errors.push(FieldError::invalid(
+                field,
+                limit,
+                format!(
+                    "must be at least the starting size in ebpf.mapSizes ({start}): maps grow, \
+                     they never shrink below it"
+                ),
+            ));
+        }
+    }
 }
 
 /// The Maglev settings: a known algorithm; a prime table size in range (the paper's

@@ -526,6 +526,28 @@ fn ebpf_map_sizes_must_be_positive_and_bounded() {
 }
 
 #[test]
+fn ebpf_map_size_limits_are_optional_bounded_and_at_least_the_starting_size() {
+    assert!(errors_of(|c| c.ebpf.map_size_limits.services = Some(65536)).is_empty());
+    assert!(
+        errors_of(|c| {
+            c.ebpf.map_sizes.backends = 256;
+            c.ebpf.map_size_limits.backends = Some(4096);
+        })
+        .is_empty()
+    );
+    expect_one(
+        |c| c.ebpf.map_size_limits.rev_nat = Some(1024),
+        "ebpf.mapSizeLimits.revNat: Invalid value: 1024: must be at least the starting size in \
+         ebpf.mapSizes (65536): maps grow, they never shrink below it",
+    );
+    expect_one(
+        |c| c.ebpf.map_size_limits.source_ranges = Some(MAX_MAP_ENTRIES + 1),
+        "ebpf.mapSizeLimits.sourceRanges: Invalid value: 16777217: must be within the range \
+         [1, 16777216]",
+    );
+}
+
+#[test]
 fn ebpf_load_balancer_algorithm_must_be_known() {
     assert!(errors_of(|c| c.ebpf.load_balancer_algorithm = "maglev".into()).is_empty());
     assert!(errors_of(|c| c.ebpf.load_balancer_algorithm = String::new()).is_empty());

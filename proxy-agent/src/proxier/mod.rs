@@ -20,8 +20,9 @@ pub use self::ebpf::SocketSweepUnsupported;
 pub use self::{
     registry::{CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools},
     sync::{
-        ConntrackReconcile, FamilyReport, FullMap, MapUsage, NodeContext, Proxier, RestoreFailure,
-        SocketSweep, SyncError, SyncRequest, SyncStats, TableRules, resolve_nodeport_addresses,
+        ConntrackReconcile, FamilyReport, FullMap, MapGrowth, MapUsage, NodeContext, Proxier,
+        RestoreFailure, SocketSweep, SyncError, SyncRequest, SyncStats, TableRules,
+        resolve_nodeport_addresses,
     },
 };
 /// The inputs of a sync, which the model owns.

@@ -112,6 +112,8 @@ pub struct SyncStats {
     pub full_maps: Vec<FullMap>,
     /// Entries and capacity of each map the agent fills (ebpf mode).
     pub map_usage: Vec<MapUsage>,
+    /// Maps grown before this sync's writes (ebpf mode).
+    pub map_growth: Vec<MapGrowth>,
     /// The stale UDP conntrack reconciles this sync ran, per family (none when nothing
     /// called for one).
     pub conntrack_reconciles: Vec<ConntrackReconcile>,
@@ -195,6 +197,18 @@ pub struct FullMap {
     pub capacity: usize,
     /// The configuration field that sets its capacity (e.g. `ebpf.mapSizes.services`).
     pub setting: &'static str,
+}
+
+/// A map replaced by a bigger one holding the same entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapGrowth {
+    /// The map's pinned name (e.g. `SVC4_V1`).
+    pub map: &'static str,
+    /// Capacity (max_entries) before and after.
+    pub from: usize,
+    pub to: usize,
+    /// How long the growth took (every map grown in one step shares it).
+    pub took: Duration,
 }
 
 /// How full one map is.

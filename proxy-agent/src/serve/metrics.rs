@@ -71,6 +71,8 @@ pub struct Metrics {
     pub map_entries: GaugeVec,
     pub map_capacity: GaugeVec,
     pub services_not_programmed: IntGauge,
+    /// Ours: BPF maps replaced by bigger ones as the cluster grew, by map.
+    pub map_growths_total: IntCounterVec,
     pub fallbacks_total: IntCounterVec,
     pub objects_rejected_total: IntCounterVec,
     /// Ours: connected UDP sockets terminated because their backend left the Service,
@@ -327,6 +329,11 @@ impl Metrics {
                 "ebpf_services_not_programmed",
                 "Services left out of the BPF maps because a map is full",
             ),
+            map_growths_total: counter_vec(
+                "ebpf_map_growths_total",
+                "BPF maps replaced by bigger ones holding the same entries, by map",
+                &["map"],
+            ),
             fallbacks_total: counter_vec(
                 "proxy_mode_fallbacks_total",
                 "Proxy mode fallbacks taken at start-up",
@@ -363,6 +370,7 @@ impl Metrics {
         register(r, &m.map_entries);
         register(r, &m.map_capacity);
         register(r, &m.services_not_programmed);
+        register(r, &m.map_growths_total);
         register(r, &m.fallbacks_total);
         register(r, &m.objects_rejected_total);
         register(r, &m.udp_sockets_terminated_total);

@@ -257,3 +257,12 @@ fn full_maps_are_visible() {
     assert!(page.contains("kubeproxy_ebpf_map_entries{map=\"SVC4_V1\"} 8"));
     assert!(page.contains("kubeproxy_ebpf_map_capacity{map=\"SVC4_V1\"} 8"));
 }
+
+#[test]
+fn map_growth_is_counted_by_map() {
+    let m = Metrics::new();
+    m.map_growths_total.with_label_values(&["SVC4_V1"]).inc();
+    let page = m.render();
+    assert!(page.contains("# TYPE kubeproxy_ebpf_map_growths_total counter"));
+    assert!(page.contains("kubeproxy_ebpf_map_growths_total{map=\"SVC4_V1\"} 1"));
+}

@@ -3,7 +3,8 @@
 //! programs what fits and reports the rest, and a restart with a bigger map takes the rest
 //! in without dropping a flow.
 //!
-//! Five services, then six, for a service map of eight entries: the two first by name (a
+//! Five services, then six, for a service map of eight entries that may not grow (its
+//! ceiling, `ebpf.mapSizeLimits`, is its size): the two first by name (a
 //! NodePort one of five entries and a ClusterIP one of three) are programmed and answer,
 //! the others are left out and reported (the metric, a warning in the log, a `MapFull`
 //! Warning event on the Node), and the entries of the programmed ones never change. The
@@ -90,12 +91,15 @@ fn build_node() -> TestNode {
     .unwrap()
 }
 
-fn map_sizes(services: u32, conntrack: u32) -> Map<String, Value> {
+/// Maps of `services` slots; with `fixed`, the service maps do not grow (their ceiling is
+/// their size: see map_growth.rs for maps that grow).
+fn map_sizes(services: u32, conntrack: u32, fixed: bool) -> Map<String, Value> {
+    let mut ebpf = json!({"mapSizes": {"services": services, "conntrack": conntrack}});
+    if fixed {
+        ebpf["mapSizeLimits"] = json!({"services": services});
+    }
     let mut overrides = Map::new();
-    overrides.insert(
-        "ebpf".into(),
-        json!({"mapSizes": {"services": services, "conntrack": conntrack}}),
-    );
+    overrides.insert("ebpf".into(), ebpf);
     overrides
 }
 
@@ -313,7 +317,7 @@ async fn full_maps_program_what_fits_and_a_restart_with_room_takes_the_rest_with
     let mut first = node
         .start_agent(
             Mode::Ebpf,
-            map_sizes(SMALL_SERVICE_MAP, SMALL_CONNTRACK),
+            map_sizes(SMALL_SERVICE_MAP, SMALL_CONNTRACK, true),
             true,
             runner,
         )
@@ -371,7 +375,7 @@ async fn full_maps_program_what_fits_and_a_restart_with_room_takes_the_rest_with
     assert_eq!(events[0]["regarding"]["name"], NODE);
     let note = events[0]["note"].as_str().unwrap_or_default();
     assert!(
-        note.contains("SVC4_V1") && note.contains("ebpf.mapSizes.services"),
+        note.contains("SVC4_V1") && note.contains("ebpf.mapSizeLimits.services"),
         "{note}"
     );
     assert!(note.contains("ns1/svc-c"), "{note}");
@@ -400,7 +404,7 @@ async fn full_maps_program_what_fits_and_a_restart_with_room_takes_the_rest_with
     let second = node
         .start_agent(
             Mode::Ebpf,
-            map_sizes(BIG_SERVICE_MAP, BIG_CONNTRACK),
+            map_sizes(BIG_SERVICE_MAP, BIG_CONNTRACK, false),
             false,
             runner,
         )

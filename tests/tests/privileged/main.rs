@@ -23,6 +23,7 @@ mod iptables_backend;
 mod iptables_proxier;
 mod layout_upgrade;
 mod least_privilege;
+mod map_growth;
 mod metrics_endpoint;
 mod mode_switch_cleanup;
 mod multinode;

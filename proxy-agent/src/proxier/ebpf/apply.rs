@@ -13,7 +13,10 @@
 //! maps a previous agent left behind without rewriting identical entries.
 //!
 //! When the maps are full, services are admitted whole or not at all, in a fixed order
-//! (see `admission`): what does not fit is reported and retried at every sync.
+//! (see `admission`): what does not fit is reported and retried at every sync. With
+//! ceilings (see `growth`), admission counts on the room the maps may grow to, and a sync
+//! is planned ([`ApplyState::plan`]) before it is written ([`ApplyState::execute`]), so
+//! that the maps can grow in between, before anything is written.
 //!
 //! Frontends that use Maglev get a table written before the slot 0 that points at it, and
 //! a table in use is never rewritten (see `maglev`).
@@ -38,6 +41,7 @@ use super::{
     budget::{Budget, MapKind, PerMap},
     desired::{BackendAddr, DesiredService, FrontendKey, Scope},
     entries::{BackendEntry, Snapshot, SvcEntryKey},
+    growth::Ceilings,
     ids::{Exhausted, IdAllocator},
     maps::{LbMaps, MapOpError},
 };
@@ -110,6 +114,27 @@ pub struct ApplyState {
     /// traffic policy (kept as they come and go, for the same reason as `counted`).
     no_local: (usize, usize),
     maglev: MaglevState,
+    /// What the maps may grow to (None: they keep their size).
+    ceilings: Option<Ceilings>,
+}
+
+/// A sync planned and not written yet: the operations in their safe order and what the
+/// maps hold at its peak.
+#[derive(Debug)]
+pub struct PlannedSync {
+    ops: Vec<Op>,
+    budget: Budget,
+    refusals: Refusals,
+    dead_frontends: HashSet<u16>,
+    dead_pairs: HashSet<(u16, u32)>,
+}
+
+impl PlannedSync {
+    /// The entries of each budgeted map at the peak of the sync: what they held, plus what
+    /// the admitted services add (deletes come after).
+    pub fn peak(&self) -> &PerMap {
+        self.budget.used()
+    }
 }
 
 fn v6(addr: &IpAddr) -> bool {
@@ -134,7 +159,20 @@ impl ApplyState {
             counted: None,
             no_local: (0, 0),
             maglev: MaglevState::default(),
+            ceilings: None,
         }
+    }
+
+    /// Lets admission count on the maps growing up to `ceilings` (the caller grows them
+    /// between [`ApplyState::plan`] and [`ApplyState::execute`]).
+    pub fn with_ceilings(mut self, ceilings: Ceilings) -> Self {
+        self.ceilings = Some(ceilings);
+        self
+    }
+
+    /// From now on, admission counts on the maps' own capacity (growing failed).
+    pub fn stop_growing(&mut self) {
+        self.ceilings = None;
     }
 
     /// Sets the Maglev settings: the configured algorithm, the entries of a table, and how
@@ -383,7 +421,14 @@ impl Plan {
         self.fresh_maglev.extend(other.fresh_maglev);
     }
 
-    fn diff_service(&mut self, old: &AppliedService, new: &AppliedService) {
+    /// Plans the writes that turn `old` into `new`; with `entries` false, only the affinity
+    /// entries that must go (a full sync plans its writes from what the maps hold instead,
+    /// see [`ApplyState::reconcile`]).
+    fn diff_service(&mut self, old: &AppliedService, new: &AppliedService, entries: bool) {
+        self.diff_affinity(old, new);
+        if !entries {
+            return;
+        }
         for (k, v) in &new.svc {
             if old.svc.get(k) != Some(v) {
                 self.svc_puts.push((*k, *v));
@@ -400,6 +445,10 @@ impl Plan {
         for r in old.src_ranges.difference(&new.src_ranges) {
             self.range_dels.push(Op::DelSrcRange(r.0, r.1));
         }
+    }
+
+    /// The affinity entries of `old` that could send a client to a backend `new` dropped.
+    fn diff_affinity(&mut self, old: &AppliedService, new: &AppliedService) {
         for (id, old_ids) in &old.affinity {
             let now: HashSet<u32> = new
                 .affinity
@@ -413,6 +462,12 @@ impl Plan {
                 }
             }
         }
+    }
+
+    /// What [`Plan::ordered`] returns besides the operations (a full sync writes from what
+    /// the maps hold, not from this plan's operations).
+    fn into_dead(self) -> (HashSet<u16>, HashSet<(u16, u32)>) {
+        (self.dead_rev_nat, self.dead_affinity)
     }
 
     /// The operations in an order that keeps every lookup consistent.
@@ -481,10 +536,52 @@ fn deleted_entry(op: &Op) -> Option<(MapKind, IpFamily)> {
     }
 }
 
-/// Runs `ops` in order (Maglev tables are built here, of `maglev_size` entries).
+/// How many ops from the start of `ops` `matches` accepts.
+fn run_len(ops: &[Op], matches: impl Fn(&Op) -> bool) -> usize {
+    ops.iter().take_while(|op| matches(op)).count()
+}
+
+/// Runs `ops` in order (Maglev tables are built here, of `maglev_size` entries). Runs of
+/// puts into the same kind of map go in as few system calls as the maps allow (a full
+/// sync writes up to millions), in the same order.
 fn execute(maps: &mut LbMaps, ops: &[Op], maglev_size: u32) -> Result<(usize, usize), MapOpError> {
     let (mut written, mut deleted) = (0, 0);
-    for op in ops {
+    let mut rest = ops;
+    while let Some(first) = rest.first() {
+        let batched = match first {
+            Op::PutSvc(..) => {
+                let n = run_len(rest, |op| matches!(op, Op::PutSvc(..)));
+                maps.put_svcs(rest[..n].iter().filter_map(|op| match op {
+                    Op::PutSvc(k, v) => Some((k, v)),
+                    _ => None,
+                }))?;
+                n
+            }
+            Op::PutBackend(..) => {
+                let n = run_len(rest, |op| matches!(op, Op::PutBackend(..)));
+                maps.put_backends(rest[..n].iter().filter_map(|op| match op {
+                    Op::PutBackend(id, b) => Some((*id, b)),
+                    _ => None,
+                }))?;
+                n
+            }
+            Op::PutRevNat(..) => {
+                let n = run_len(rest, |op| matches!(op, Op::PutRevNat(..)));
+                maps.put_rev_nats(rest[..n].iter().filter_map(|op| match op {
+                    Op::PutRevNat(id, addr, port) => Some((*id, *addr, *port)),
+                    _ => None,
+                }))?;
+                n
+            }
+            _ => 0,
+        };
+        if batched > 0 {
+            written += batched;
+            rest = &rest[batched..];
+            continue;
+        }
+        rest = &rest[1..];
+        let op = first;
         match op {
             Op::PutBackend(id, b) => maps.put_backend(*id, b)?,
             Op::PutRevNat(id, addr, port) => maps.put_rev_nat(*id, *addr, *port)?,
@@ -553,6 +650,22 @@ impl ApplyState {
         changed: &HashSet<NamespacedName>,
         full: bool,
     ) -> Result<SyncStats, ApplyError> {
+        let planned = self.plan(maps, families, node, changed, full)?;
+        self.execute(maps, planned)
+    }
+
+    /// The first half of [`ApplyState::sync`]: admits the services and plans the writes,
+    /// writing nothing. The state already counts the plan as done: it must be given to
+    /// [`ApplyState::execute`] (on maps holding the same entries) or
+    /// [`ApplyState::abandon`].
+    pub fn plan(
+        &mut self,
+        maps: &LbMaps,
+        families: &[FamilyState],
+        node: &NodeContext,
+        changed: &HashSet<NamespacedName>,
+        full: bool,
+    ) -> Result<PlannedSync, ApplyError> {
         let actual = if full { Some(maps.snapshot()?) } else { None };
         if let Some(actual) = &actual
             && !self.adopted
@@ -565,7 +678,10 @@ impl ApplyState {
             (None, Some(counted)) => counted,
             (None, None) => self.entries(),
         };
-        let mut budget = Budget::new(capacity, in_maps);
+        let mut budget = match &self.ceilings {
+            Some(ceilings) => Budget::up_to_ceilings(ceilings.room(&capacity), in_maps),
+            None => Budget::new(capacity, in_maps),
+        };
         let mut plan = Plan::default();
         let mut refusals = Refusals::default();
         for candidate in self.candidates(families, node, changed, full, actual.as_ref()) {
@@ -613,12 +729,51 @@ impl ApplyState {
         } else {
             TableWrites::new()
         };
-        let (diff_ops, dead_frontends, dead_pairs) = plan.ordered();
         // A full sync compares with what the maps hold instead of what was written.
-        let ops = match actual {
-            Some(actual) => self.reconcile(&actual, tables),
-            None => diff_ops,
+        let (ops, dead_frontends, dead_pairs) = match actual {
+            Some(actual) => {
+                let (dead_frontends, dead_pairs) = plan.into_dead();
+                (self.reconcile(&actual, tables), dead_frontends, dead_pairs)
+            }
+            None => plan.ordered(),
         };
+        Ok(PlannedSync {
+            ops,
+            budget,
+            refusals,
+            dead_frontends,
+            dead_pairs,
+        })
+    }
+
+    /// Gives up a planned sync without writing it. The state counted the plan as written:
+    /// it forgets everything, as a restarted agent starts, and the next sync (which must
+    /// be full) takes back what the maps hold.
+    pub fn abandon(&mut self, planned: PlannedSync) {
+        drop(planned);
+        let id_space = |max: u64| u32::try_from(max).unwrap_or(u32::MAX);
+        let mut fresh = Self::new(
+            id_space(self.backend_ids.max()),
+            id_space(self.rev_nat_ids.max()),
+        );
+        fresh.maglev = self.maglev.fresh();
+        fresh.ceilings = self.ceilings;
+        *self = fresh;
+    }
+
+    /// The second half of [`ApplyState::sync`]: writes a planned sync.
+    pub fn execute(
+        &mut self,
+        maps: &mut LbMaps,
+        planned: PlannedSync,
+    ) -> Result<SyncStats, ApplyError> {
+        let PlannedSync {
+            ops,
+            budget,
+            refusals,
+            dead_frontends,
+            dead_pairs,
+        } = planned;
         let executed = execute(maps, &ops, self.maglev.size);
         // Ids freed by this sync are safe to hand out once their entries are gone (or, if a
         // write failed, at the next sync, which is then full and rewrites what it needs).
@@ -634,7 +789,8 @@ impl ApplyState {
                 counted.sub(kind, family, 1);
             }
         }
-        let map_usage = counted.usage(budget.capacity());
+        // The maps' own capacity (the budget's may be their ceilings).
+        let map_usage = counted.usage(&PerMap::capacities(maps)?);
         self.counted = Some(counted);
         let affinity_removed = clean_affinity(maps, &dead_frontends, &dead_pairs)?;
         Ok(SyncStats {
@@ -647,6 +803,8 @@ impl ApplyState {
             not_programmed_examples: refusals.examples(),
             full_maps: refusals.full_maps(&budget),
             map_usage,
+            // The proxier adds the maps it grew before the writes.
+            map_growth: Vec::new(),
             // The ebpf proxier adds its conntrack cleanup after the maps are written.
             conntrack_reconciles: Vec::new(),
             // The proxier adds the connected UDP socket sweep after the maps are written.
@@ -705,6 +863,11 @@ impl ApplyState {
     /// Everything the maps should hold now.
     pub fn expected(&self) -> Snapshot {
         let mut s = Snapshot::default();
+        // Sized once: a full sync of a big cluster builds millions of entries here.
+        s.svc
+            .reserve(self.services.values().map(|svc| svc.svc.len()).sum());
+        s.backends.reserve(self.backend_entries.len());
+        s.rev_nat.reserve(self.owners.len());
         for svc in self.services.values() {
             s.svc.extend(svc.svc.iter().map(|(k, v)| (*k, *v)));
             s.src_ranges.extend(svc.src_ranges.iter().copied());

@@ -8,10 +8,13 @@ use proxy_common::{SCOPE_EXTERNAL, svc_flags};
 use super::{
     apply::ApplyState,
     apply_tests::Harness,
+    budget::MapKind,
     entries::Snapshot,
+    growth::Ceilings,
     maps::{LbMaps, Op as LoggedOp},
 };
 use crate::{
+    config::MapSizeLimits,
     k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
     model::{ClusterState, IpFamily},
     proxier::FullMap,
@@ -269,5 +272,155 @@ fn running_out_of_backend_ids_refuses_the_service_and_names_the_backends_map() {
     );
     assert_eq!(stats.not_programmed_examples, vec!["ns1/svc-a"]);
     assert_eq!(stats.full_maps[0].map, "BACKENDS4_V1");
+    assert_consistent(&h.maps.snapshot().unwrap());
+}
+
+/// In-memory maps of `capacity` entries each holding what `snapshot` holds (a growth: the
+/// resize copies every entry into the new maps).
+fn grown(snapshot: &Snapshot, capacity: usize) -> LbMaps {
+    let (mut maps, _) = LbMaps::in_memory(capacity);
+    for (key, value) in &snapshot.svc {
+        maps.put_svc(key, value).unwrap();
+    }
+    for ((_, id), entry) in &snapshot.backends {
+        maps.put_backend(*id, entry).unwrap();
+    }
+    for ((_, id), (addr, port)) in &snapshot.rev_nat {
+        maps.put_rev_nat(*id, *addr, *port).unwrap();
+    }
+    maps
+}
+
+fn growing(services: usize, ceiling: u32) -> Harness {
+    let maps = LbMaps::in_memory_with(|name| if name == "SVC4_V1" { services } else { 1024 });
+    let ceilings = Ceilings::from_config(&MapSizeLimits {
+        services: Some(ceiling),
+        ..Default::default()
+    });
+    Harness::with_maps(maps, ApplyState::new(1024, 1024).with_ceilings(ceilings))
+}
+
+#[test]
+fn maps_grown_between_plan_and_writes_take_every_service_and_keep_the_ids() {
+    let mut h = growing(6, 1024);
+    let names = ["svc-a", "svc-b", "svc-c", "svc-d", "svc-e"];
+    for (i, name) in names.iter().enumerate() {
+        add_service(&mut h, name, 10 + i as u8, &[&format!("10.0.1.{}", i + 1)]);
+    }
+    let changes = h.cluster.apply_pending();
+    let planned = h
+        .apply
+        .plan(
+            &h.maps,
+            h.cluster.families(),
+            &h.node,
+            &changes.changed,
+            true,
+        )
+        .unwrap();
+    // Admission counted on the ceiling: every service is in the plan, 15 entries at the
+    // peak for a map of 6, which must grow before anything is written.
+    assert_eq!(planned.peak().get(MapKind::Services, IpFamily::V4), 15);
+    assert!(
+        h.maps.snapshot().unwrap().svc.is_empty(),
+        "nothing written yet"
+    );
+    h.maps = grown(&h.maps.snapshot().unwrap(), 32);
+    let stats = h.apply.execute(&mut h.maps, planned).unwrap();
+    assert_eq!(stats.not_programmed, 0);
+    let usage = stats.map_usage.iter().find(|u| u.map == "SVC4_V1").unwrap();
+    assert_eq!(
+        (usage.entries, usage.capacity),
+        (15, 32),
+        "the maps' own capacity"
+    );
+    let before = h.maps.snapshot().unwrap();
+    assert_consistent(&before);
+
+    // A second growth with entries in the maps: they move over, ids and all, and the
+    // partial sync after it writes only the new service.
+    add_service(&mut h, "svc-f", 20, &["10.0.1.6"]);
+    let changes = h.cluster.apply_pending();
+    let planned = h
+        .apply
+        .plan(
+            &h.maps,
+            h.cluster.families(),
+            &h.node,
+            &changes.changed,
+            false,
+        )
+        .unwrap();
+    assert_eq!(planned.peak().get(MapKind::Services, IpFamily::V4), 18);
+    h.maps = grown(&h.maps.snapshot().unwrap(), 64);
+    let stats = h.apply.execute(&mut h.maps, planned).unwrap();
+    assert_eq!(stats.written, 5, "backend, rev_nat, three slots: {stats:?}");
+    let after = h.maps.snapshot().unwrap();
+    for (key, value) in &before.svc {
+        assert_eq!(after.svc.get(key), Some(value));
+    }
+    assert_eq!(after.svc.len(), 18);
+    assert_consistent(&after);
+    // And a full sync finds nothing to repair.
+    let (ops, _) = h.sync_with_stats(true);
+    assert!(ops.is_empty(), "{ops:#?}");
+}
+
+#[test]
+fn at_the_ceiling_services_are_refused_naming_the_limit() {
+    let mut h = growing(6, 9);
+    for (i, name) in ["svc-a", "svc-b", "svc-c", "svc-d"].iter().enumerate() {
+        add_service(&mut h, name, 10 + i as u8, &[&format!("10.0.1.{}", i + 1)]);
+    }
+    let changes = h.cluster.apply_pending();
+    let planned = h
+        .apply
+        .plan(
+            &h.maps,
+            h.cluster.families(),
+            &h.node,
+            &changes.changed,
+            true,
+        )
+        .unwrap();
+    assert_eq!(planned.peak().get(MapKind::Services, IpFamily::V4), 9);
+    h.maps = grown(&h.maps.snapshot().unwrap(), 9);
+    let stats = h.apply.execute(&mut h.maps, planned).unwrap();
+    assert_eq!(stats.not_programmed_examples, vec!["ns1/svc-d"]);
+    assert_eq!(
+        stats.full_maps,
+        vec![FullMap {
+            map: "SVC4_V1",
+            capacity: 9,
+            setting: "ebpf.mapSizeLimits.services"
+        }]
+    );
+    assert_consistent(&h.maps.snapshot().unwrap());
+}
+
+#[test]
+fn an_abandoned_plan_leaves_the_maps_untouched_and_the_next_full_sync_repairs() {
+    let mut h = growing(6, 1024);
+    add_service(&mut h, "svc-a", 10, &["10.0.1.1"]);
+    add_service(&mut h, "svc-b", 11, &["10.0.1.2"]);
+    add_service(&mut h, "svc-c", 12, &["10.0.1.3"]);
+    let changes = h.cluster.apply_pending();
+    let planned = h
+        .apply
+        .plan(
+            &h.maps,
+            h.cluster.families(),
+            &h.node,
+            &changes.changed,
+            true,
+        )
+        .unwrap();
+    // The growth failed: nothing is written, and the maps keep their size from now on.
+    h.apply.abandon(planned);
+    h.apply.stop_growing();
+    assert!(h.maps.snapshot().unwrap().svc.is_empty());
+    let (_, stats) = h.sync_with_stats(true);
+    assert_eq!(stats.not_programmed_examples, vec!["ns1/svc-c"]);
+    assert_eq!(stats.full_maps[0].setting, "ebpf.mapSizes.services");
     assert_consistent(&h.maps.snapshot().unwrap());
 }

@@ -62,6 +62,16 @@ impl MapKind {
             MapKind::SourceRanges => "ebpf.mapSizes.sourceRanges",
         }
     }
+
+    /// The configuration field that caps this kind of map when it grows.
+    pub fn limit_setting(self) -> &'static str {
+        match self {
+            MapKind::Services => "ebpf.mapSizeLimits.services",
+            MapKind::Backends => "ebpf.mapSizeLimits.backends",
+            MapKind::RevNat => "ebpf.mapSizeLimits.revNat",
+            MapKind::SourceRanges => "ebpf.mapSizeLimits.sourceRanges",
+        }
+    }
 }
 
 const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
@@ -164,6 +174,8 @@ pub struct Demand {
 #[derive(Debug)]
 pub struct Budget {
     capacity: PerMap,
+    /// Whether `capacity` is the maps' ceilings (they grow) rather than their size.
+    ceilings: bool,
     used: PerMap,
     backends: HashSet<(IpFamily, u32)>,
     rev_nat: HashSet<(IpFamily, u16)>,
@@ -174,9 +186,19 @@ impl Budget {
     pub fn new(capacity: PerMap, used: PerMap) -> Self {
         Self {
             capacity,
+            ceilings: false,
             used,
             backends: HashSet::new(),
             rev_nat: HashSet::new(),
+        }
+    }
+
+    /// A budget whose `room` is what the maps may grow to (see `growth`): what does not
+    /// fit is reported with the setting of the ceiling.
+    pub fn up_to_ceilings(room: PerMap, used: PerMap) -> Self {
+        Self {
+            ceilings: true,
+            ..Self::new(room, used)
         }
     }
 
@@ -221,6 +243,7 @@ impl Budget {
         Ok(())
     }
 
+    #[cfg(test)]
     pub fn capacity(&self) -> &PerMap {
         &self.capacity
     }
@@ -236,7 +259,11 @@ impl Budget {
         FullMap {
             map: kind.map_name(family),
             capacity: self.capacity.get(kind, family),
-            setting: kind.setting(),
+            setting: if self.ceilings {
+                kind.limit_setting()
+            } else {
+                kind.setting()
+            },
         }
     }
 }
@@ -317,5 +344,10 @@ mod tests {
             }
         );
         assert_eq!(b.capacity().usage(b.capacity()).len(), 8);
+        let b = Budget::up_to_ceilings(capacity(8, 2), PerMap::default());
+        assert_eq!(
+            b.full_map(MapKind::RevNat, IpFamily::V4).setting,
+            "ebpf.mapSizeLimits.revNat"
+        );
     }
 }

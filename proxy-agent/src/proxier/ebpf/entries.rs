@@ -115,6 +115,113 @@ impl LbMaps {
         }
     }
 
+    /// Writes service entries in order, each family's runs in as few system calls as the
+    /// map allows.
+    pub fn put_svcs<'a>(
+        &mut self,
+        entries: impl IntoIterator<Item = (&'a SvcEntryKey, &'a SvcValue)>,
+    ) -> Result<()> {
+        let (mut run4, mut run6) = (Vec::new(), Vec::new());
+        for (k, v) in entries {
+            match k.frontend.addr {
+                IpAddr::V4(a) => {
+                    // A change of family ends the other family's run (the order stays).
+                    if !run6.is_empty() {
+                        self.svc6.put_many(&std::mem::take(&mut run6))?;
+                    }
+                    run4.push((svc4_key(k, a), *v));
+                }
+                IpAddr::V6(a) => {
+                    if !run4.is_empty() {
+                        self.svc4.put_many(&std::mem::take(&mut run4))?;
+                    }
+                    run6.push((svc6_key(k, a), *v));
+                }
+            }
+        }
+        self.svc4.put_many(&run4)?;
+        self.svc6.put_many(&run6)
+    }
+
+    /// Writes backend entries in order, in as few system calls as the maps allow.
+    pub fn put_backends<'a>(
+        &mut self,
+        entries: impl IntoIterator<Item = (u32, &'a BackendEntry)>,
+    ) -> Result<()> {
+        let (mut run4, mut run6) = (Vec::new(), Vec::new());
+        for (id, b) in entries {
+            let port = b.addr.port.to_be();
+            match b.addr.addr {
+                IpAddr::V4(a) => {
+                    if !run6.is_empty() {
+                        self.backends6.put_many(&std::mem::take(&mut run6))?;
+                    }
+                    run4.push((
+                        id,
+                        Backend4Value {
+                            addr: v4_raw(a),
+                            port,
+                            proto: b.addr.proto,
+                            flags: backend_flags(b),
+                        },
+                    ));
+                }
+                IpAddr::V6(a) => {
+                    if !run4.is_empty() {
+                        self.backends4.put_many(&std::mem::take(&mut run4))?;
+                    }
+                    run6.push((
+                        id,
+                        Backend6Value {
+                            addr: a.octets(),
+                            port,
+                            proto: b.addr.proto,
+                            flags: backend_flags(b),
+                        },
+                    ));
+                }
+            }
+        }
+        self.backends4.put_many(&run4)?;
+        self.backends6.put_many(&run6)
+    }
+
+    /// Writes reverse-NAT entries in order, in as few system calls as the maps allow.
+    pub fn put_rev_nats(
+        &mut self,
+        entries: impl IntoIterator<Item = (u16, IpAddr, u16)>,
+    ) -> Result<()> {
+        let (mut run4, mut run6) = (Vec::new(), Vec::new());
+        for (id, addr, port) in entries {
+            match addr {
+                IpAddr::V4(a) => {
+                    if !run6.is_empty() {
+                        self.rev_nat6.put_many(&std::mem::take(&mut run6))?;
+                    }
+                    let value = RevNat4Value {
+                        addr: v4_raw(a),
+                        port: port.to_be(),
+                        _pad: 0,
+                    };
+                    run4.push((id, value));
+                }
+                IpAddr::V6(a) => {
+                    if !run4.is_empty() {
+                        self.rev_nat4.put_many(&std::mem::take(&mut run4))?;
+                    }
+                    let value = RevNat6Value {
+                        addr: a.octets(),
+                        port: port.to_be(),
+                        _pad: 0,
+                    };
+                    run6.push((id, value));
+                }
+            }
+        }
+        self.rev_nat4.put_many(&run4)?;
+        self.rev_nat6.put_many(&run6)
+    }
+
     pub fn del_svc(&mut self, k: &SvcEntryKey) -> Result<()> {
         match k.frontend.addr {
             IpAddr::V4(a) => self.svc4.delete(&svc4_key(k, a)),

@@ -106,6 +106,11 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
         self.free.append(&mut self.released);
     }
 
+    /// The largest id handed out.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
     pub fn get(&self, key: &K) -> Option<u64> {
         self.by_key.get(key).map(|(id, _)| *id)
     }

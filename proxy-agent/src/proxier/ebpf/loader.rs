@@ -215,6 +215,18 @@ fn create_dir(path: &Path) -> Result<()> {
 /// Loads the embedded object, pins (or reuses) the maps and attaches every program (or,
 /// on a layout upgrade, leaves that to [`Loaded::attach_pending`] after the first full sync).
 pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
+    load_and_attach_sized(opts, &resize::Capacities::new(), false)
+}
+
+/// [`load_and_attach`] with the maps in `capacities` at those sizes (moved into new maps
+/// when their pins have others: how maps grow, see `growth`); with `defer`, the programs
+/// wait for [`Loaded::attach_pending`] even when no layout upgrade asks for it (a growth
+/// during the first full sync of one).
+pub(super) fn load_and_attach_sized(
+    opts: &LoadOptions,
+    capacities: &resize::Capacities,
+    defer: bool,
+) -> Result<Loaded> {
     if let Some(reason) = crate::ebpf_object::unavailable_reason() {
         return Err(LoadError::Unavailable(reason));
     }
@@ -232,8 +244,8 @@ pub fn load_and_attach(opts: &LoadOptions) -> Result<Loaded> {
         .count();
     // An earlier layout's programs keep serving until this layout's maps are filled
     // (asked before loading, which pins this layout's maps).
-    let defer = upgrade::deferred_attach(&maps_dir, &links_dir);
-    let resizable = resize::resizable(&opts.map_sizes);
+    let defer = defer || upgrade::deferred_attach(&maps_dir, &links_dir);
+    let resizable = resize::resizable(&opts.map_sizes, capacities);
     let mut plans = resize::plan(&maps_dir, &resizable);
     let maglev_entries = resize::maglev_entries(&opts.map_sizes, opts.maglev_table_size);
     resize::replace_other_maglev_layout(&maps_dir, maglev_entries, opts.maglev_table_size);
@@ -315,6 +327,17 @@ impl Loaded {
     /// Whether the programs wait for the maps to be filled (a layout upgrade).
     pub fn programs_pending(&self) -> bool {
         self.pending.is_some()
+    }
+
+    /// Whether maps loaded at staging pins wait for the programs to be attached before
+    /// they take their pins (a resize at start during a layout upgrade): no other resize
+    /// may start before.
+    pub fn resize_pending(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| {
+            p.plans
+                .iter()
+                .any(|plan| matches!(plan, PinPlan::Resize { .. }))
+        })
     }
 
     /// Attaches every program (replacing the links of an earlier agent), completes the

@@ -40,6 +40,11 @@ pub trait KvMap<K, V>: Send {
     fn capacity(&self) -> Result<usize>;
     fn get(&self, key: &K) -> Result<Option<V>>;
     fn put(&mut self, key: &K, value: &V) -> Result<()>;
+    /// Writes every entry, in order, as `put` one after the other would (maps that can
+    /// write them in fewer system calls do).
+    fn put_many(&mut self, entries: &[(K, V)]) -> Result<()> {
+        entries.iter().try_for_each(|(k, v)| self.put(k, v))
+    }
     /// Deleting a missing key is not an error.
     fn delete(&mut self, key: &K) -> Result<()>;
     fn entries(&self) -> Result<Vec<(K, V)>>;
@@ -77,13 +82,27 @@ fn kernel_capacity(name: &'static str, map: &MapData) -> Result<usize> {
 pub struct KernelHash<K: aya::Pod, V: aya::Pod> {
     name: &'static str,
     map: AyaHash<MapData, K, V>,
+    /// Whether the kernel refused a batched update (before 5.6): one call per entry then.
+    no_batch: bool,
 }
 
 impl<K: aya::Pod, V: aya::Pod> KernelHash<K, V> {
     pub fn new(name: &'static str, map: AyaHash<MapData, K, V>) -> Self {
-        Self { name, map }
+        Self {
+            name,
+            map,
+            no_batch: false,
+        }
     }
 }
+
+/// The kernel's own "operation not supported" (not in libc: it never reaches userspace
+/// but from bpf(), for a map type without batched operations).
+const ENOTSUPP: i32 = 524;
+
+/// Entries per batched update: large enough that the system call costs nothing per entry,
+/// small enough that the copies of keys and values stay small.
+const BATCH: usize = 8192;
 
 impl<K: aya::Pod + Send, V: aya::Pod + Send> KvMap<K, V> for KernelHash<K, V> {
     fn name(&self) -> &'static str {
@@ -103,6 +122,36 @@ impl<K: aya::Pod + Send, V: aya::Pod + Send> KvMap<K, V> for KernelHash<K, V> {
         self.map
             .insert(key, value, 0)
             .map_err(|e| kernel_err(self.name, "update", e))
+    }
+    fn put_many(&mut self, entries: &[(K, V)]) -> Result<()> {
+        let mut rest = entries;
+        while !rest.is_empty() && !self.no_batch {
+            let (chunk, after) = rest.split_at(rest.len().min(BATCH));
+            let keys: Vec<K> = chunk.iter().map(|(k, _)| *k).collect();
+            let values: Vec<V> = chunk.iter().map(|(_, v)| *v).collect();
+            match crate::sys::map_update_batch(self.map.map(), &keys, &values) {
+                Ok(_) => rest = after,
+                // No batched updates in this kernel (or for this map): what is left goes
+                // one entry at a time, from the first the kernel did not write.
+                Err((e, written))
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL | ENOTSUPP | libc::EOPNOTSUPP)
+                    ) =>
+                {
+                    self.no_batch = true;
+                    rest = &rest[(written as usize).min(chunk.len())..];
+                }
+                Err((io_error, _)) => {
+                    let source = MapError::SyscallError(aya::sys::SyscallError {
+                        call: "bpf_map_update_batch",
+                        io_error,
+                    });
+                    return Err(kernel_err(self.name, "update", source));
+                }
+            }
+        }
+        rest.iter().try_for_each(|(k, v)| self.put(k, v))
     }
     fn delete(&mut self, key: &K) -> Result<()> {
         match self.map.remove(key) {

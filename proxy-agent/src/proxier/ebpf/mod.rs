@@ -11,6 +11,7 @@ mod attached;
 mod budget;
 mod desired;
 mod entries;
+mod growth;
 pub(super) mod handover;
 mod ids;
 mod inspect;
@@ -38,10 +39,31 @@ pub use self::{
     pins::{MapSizes, links_dir, maps_dir, unpin_all},
     sockets::Unsupported as SocketSweepUnsupported,
 };
+use std::time::Instant;
+
 use proxy_common::LbConfig;
 use tracing::{debug, info, warn};
 
-use super::{Proxier, SyncError, SyncRequest, SyncStats};
+use self::{budget::PerMap, growth::Ceilings};
+use super::{MapGrowth, Proxier, SyncError, SyncRequest, SyncStats};
+use crate::config::MapSizeLimits;
+
+/// Why the maps could not grow.
+#[derive(Debug, thiserror::Error)]
+pub enum GrowError {
+    #[error(transparent)]
+    Load(Box<LoadError>),
+    #[error(transparent)]
+    Map(#[from] maps::MapOpError),
+    #[error("resized maps of the start still wait for the programs")]
+    ResizePending,
+}
+
+impl From<LoadError> for GrowError {
+    fn from(e: LoadError) -> Self {
+        GrowError::Load(Box::new(e))
+    }
+}
 
 /// The ebpf proxier: the loaded dataplane and the agent's memory of its maps.
 pub struct EbpfProxier {
@@ -60,18 +82,56 @@ pub struct EbpfProxier {
     stale_flows: stale_ct::StaleBpfFlows,
     /// The flows a previous netfilter mode translated (see [`handover`]).
     handover: handover::NetfilterHandover,
+    /// How the dataplane was loaded: growing loads it again with bigger maps.
+    opts: LoadOptions,
+    /// What the maps may grow to (see [`growth`]); None once growing failed.
+    ceilings: Option<Ceilings>,
 }
 
 impl EbpfProxier {
     /// Loads and attaches the programs (reusing pinned maps and replacing pinned links of a
     /// previous agent) and writes the runtime configuration. `algorithm` is how flows from
-    /// outside pick backends where a service does not say (its annotation).
+    /// outside pick backends where a service does not say (its annotation). The maps keep
+    /// the sizes of `opts` (callers that size them for a known load: the benchmarks, the
+    /// tests); the agent lets them grow ([`EbpfProxier::start_with_limits`]).
     pub fn start(
         opts: &LoadOptions,
         config: LbConfig,
         algorithm: crate::model::LoadBalancerAlgorithm,
     ) -> Result<Self, LoadError> {
-        let mut loaded = loader::load_and_attach(opts)?;
+        Self::start_sized(opts, None, config, algorithm)
+    }
+
+    /// [`EbpfProxier::start`], with the maps services fill growing up to `limits` (see
+    /// the `growth` module) from the sizes of `opts`; maps a previous agent grew keep their size
+    /// within them.
+    pub fn start_with_limits(
+        opts: &LoadOptions,
+        limits: &MapSizeLimits,
+        config: LbConfig,
+        algorithm: crate::model::LoadBalancerAlgorithm,
+    ) -> Result<Self, LoadError> {
+        Self::start_sized(opts, Some(Ceilings::from_config(limits)), config, algorithm)
+    }
+
+    fn start_sized(
+        opts: &LoadOptions,
+        ceilings: Option<Ceilings>,
+        config: LbConfig,
+        algorithm: crate::model::LoadBalancerAlgorithm,
+    ) -> Result<Self, LoadError> {
+        let maps_dir = loader::maps_dir(&opts.bpffs_root);
+        let mut capacities = resize::Capacities::new();
+        for kind in budget::MapKind::ALL {
+            let start = growth::start_size(&opts.map_sizes, kind);
+            let ceiling = ceilings.map_or(start, |c| c.of(kind));
+            for family in [crate::model::IpFamily::V4, crate::model::IpFamily::V6] {
+                let name = kind.map_name(family);
+                let pinned = resize::pinned_capacity(&maps_dir, name);
+                capacities.insert(name, growth::load_size(pinned, start, ceiling));
+            }
+        }
+        let mut loaded = loader::load_and_attach_sized(opts, &capacities, false)?;
         loaded.write_config(config)?;
         info!(
             bpffs_root = %opts.bpffs_root.display(),
@@ -81,23 +141,25 @@ impl EbpfProxier {
             "ebpf dataplane ready"
         );
         // Both families' ids share the table.
-        let names_capacity = 2 * opts.map_sizes.rev_nat.min(u32::from(u16::MAX));
-        let names = match names::open_or_create(&loader::maps_dir(&opts.bpffs_root), names_capacity)
-        {
-            Ok(table) => Some(table),
-            Err(e) => {
-                warn!(error = %e, "service names table unavailable: inspect will show ids only");
-                None
-            }
-        };
+        let names = open_names(&maps_dir, &loaded.maps);
         // Before the first sync, so before the previous mode's rules go (see [`handover`]).
         let mut handover = handover::NetfilterHandover::new(
             Box::new(crate::proxier::conntrack::NetlinkConntrack::new()),
             Box::new(handover::NftCommand),
         );
         handover.begin(&[crate::model::IpFamily::V4, crate::model::IpFamily::V6]);
-        let max_backends = id_space(loaded.maps.backends4.capacity(), opts.map_sizes.backends);
-        let max_rev_nat = id_space(loaded.maps.rev_nat4.capacity(), opts.map_sizes.rev_nat);
+        // Ids are keys of hash maps, not indexes: they may go up to what the maps can grow
+        // to, and admission keeps the entries within the maps' capacity.
+        let id_ceiling =
+            |kind| ceilings.map_or(growth::start_size(&opts.map_sizes, kind), |c| c.of(kind));
+        let max_backends = id_space(
+            loaded.maps.backends4.capacity(),
+            id_ceiling(budget::MapKind::Backends),
+        );
+        let max_rev_nat = id_space(
+            loaded.maps.rev_nat4.capacity(),
+            id_ceiling(budget::MapKind::RevNat),
+        );
         // As many tables as the map holds (it is sized for the configured number).
         let maglev_tables = loaded
             .maps
@@ -109,11 +171,14 @@ impl EbpfProxier {
             })
             .unwrap_or(0)
             .min(opts.map_sizes.maglev_tables);
-        let state = ApplyState::new(max_backends, max_rev_nat).with_maglev(
+        let mut state = ApplyState::new(max_backends, max_rev_nat).with_maglev(
             algorithm,
             opts.maglev_table_size,
             maglev_tables,
         );
+        if let Some(ceilings) = ceilings {
+            state = state.with_ceilings(ceilings);
+        }
         Ok(Self {
             loaded,
             state,
@@ -125,7 +190,25 @@ impl EbpfProxier {
             )),
             stale_flows: stale_ct::StaleBpfFlows::default(),
             handover,
+            opts: opts.clone(),
+            ceilings,
         })
+    }
+}
+
+/// Opens the service names table with room for the ids of both families (it grows with
+/// the rev_nat maps).
+fn open_names(maps_dir: &std::path::Path, maps: &maps::LbMaps) -> Option<names::NamesTable> {
+    let rev_nat = maps.rev_nat4.capacity().unwrap_or(0) + maps.rev_nat6.capacity().unwrap_or(0);
+    let capacity = u32::try_from(rev_nat)
+        .unwrap_or(u32::MAX)
+        .clamp(1, 2 * u32::from(u16::MAX));
+    match names::open_or_create(maps_dir, capacity) {
+        Ok(table) => Some(table),
+        Err(e) => {
+            warn!(error = %e, "service names table unavailable: inspect will show ids only");
+            None
+        }
     }
 }
 
@@ -197,6 +280,76 @@ impl EbpfProxier {
     }
 }
 
+impl EbpfProxier {
+    /// Grows the maps a sync filling them to `peak` needs bigger (see [`growth`]).
+    /// On failure, also says whether the sync cannot be written without the growth.
+    fn grow_for(&mut self, peak: &PerMap) -> Result<Vec<MapGrowth>, (GrowError, bool)> {
+        let Some(ceilings) = &self.ceilings else {
+            return Ok(Vec::new());
+        };
+        let capacity = PerMap::capacities(&self.loaded.maps).map_err(|e| (e.into(), true))?;
+        let steps = growth::plan(&capacity, peak, ceilings);
+        if steps.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.grow(&capacity, &steps)
+            .map_err(|e| (e, growth::required(&steps, peak)))
+    }
+
+    /// Replaces the maps `steps` name by bigger ones holding the same entries, under the
+    /// running programs: the dataplane is loaded again with the new sizes, which moves the
+    /// entries and swaps the programs as a restart with bigger `ebpf.mapSizes` would (see
+    /// [`resize`]); the other maps are reused as they are.
+    fn grow(
+        &mut self,
+        capacity: &PerMap,
+        steps: &[growth::Step],
+    ) -> Result<Vec<MapGrowth>, GrowError> {
+        if self.loaded.resize_pending() {
+            return Err(GrowError::ResizePending);
+        }
+        let began = Instant::now();
+        let mut capacities = resize::Capacities::new();
+        for kind in budget::MapKind::ALL {
+            for family in [crate::model::IpFamily::V4, crate::model::IpFamily::V6] {
+                let size = u32::try_from(capacity.get(kind, family)).unwrap_or(u32::MAX);
+                capacities.insert(kind.map_name(family), size);
+            }
+        }
+        for step in steps {
+            capacities.insert(step.map(), step.to);
+        }
+        // During a layout upgrade the new programs still wait for the first full sync.
+        let defer = self.loaded.programs_pending();
+        let loaded = loader::load_and_attach_sized(&self.opts, &capacities, defer)?;
+        // The programs run against the new maps now (their links were replaced); the old
+        // object's programs and maps go with its handles.
+        self.loaded = loaded;
+        let took = began.elapsed();
+        if steps.iter().any(|s| s.kind == budget::MapKind::RevNat) {
+            self.names = open_names(&loader::maps_dir(&self.opts.bpffs_root), &self.loaded.maps);
+        }
+        Ok(steps
+            .iter()
+            .map(|step| {
+                info!(
+                    map = step.map(),
+                    from = step.from,
+                    to = step.to,
+                    took_ms = took.as_millis() as u64,
+                    "BPF map grown under the running programs"
+                );
+                MapGrowth {
+                    map: step.map(),
+                    from: step.from as usize,
+                    to: step.to as usize,
+                    took,
+                }
+            })
+            .collect())
+    }
+}
+
 impl Proxier for EbpfProxier {
     fn mode(&self) -> &'static str {
         "ebpf"
@@ -226,16 +379,43 @@ impl Proxier for EbpfProxier {
             // Before the services: a frontend must never be served under the defaults.
             self.sync_node_settings(request.node)?;
         }
-        let mut stats = self
+        let began = Instant::now();
+        let planned = self
             .state
-            .sync(
-                &mut self.loaded.maps,
+            .plan(
+                &self.loaded.maps,
                 request.families,
                 request.node,
                 request.changed,
                 request.full,
             )
             .map_err(|e| SyncError::new("ebpf", e))?;
+        // Between planning and writing: maps the plan fills past their high-water mark
+        // grow first, so that nothing is written twice and nothing is refused for room
+        // the maps can still take.
+        let planned_at = began.elapsed();
+        let grown = match self.grow_for(planned.peak()) {
+            Ok(grown) => grown,
+            Err((e, required)) => {
+                warn!(error = %e, "BPF maps cannot grow: they keep their size from now on (services that do not fit are refused and reported); restart the agent to try again");
+                self.ceilings = None;
+                self.state.stop_growing();
+                if required {
+                    // The plan counted on room the maps do not have: the next sync, full,
+                    // plans within their capacity.
+                    self.state.abandon(planned);
+                    return Err(SyncError::new("ebpf", e));
+                }
+                Vec::new()
+            }
+        };
+        let grown_at = began.elapsed();
+        let mut stats = self
+            .state
+            .execute(&mut self.loaded.maps, planned)
+            .map_err(|e| SyncError::new("ebpf", e))?;
+        let written_at = began.elapsed();
+        stats.map_growth = grown;
         if request.full && self.loaded.programs_pending() {
             // A layout upgrade: the new maps hold every service now.
             self.loaded
@@ -250,16 +430,30 @@ impl Proxier for EbpfProxier {
             // full sync writes them again.
             warn!(error = %e, "writing the service names table");
         }
+        let named_at = began.elapsed();
         // After the maps: a socket connecting meanwhile already gets a live backend.
         stats.connected_udp = self.connected_udp.after_sync(request);
         // After the maps too: a flow deleted earlier could be recreated from the old ones.
         stats.conntrack_reconciles =
             self.stale_flows
                 .after_sync(&mut self.loaded.ct4, &mut self.loaded.ct6, request);
+        let swept_at = began.elapsed();
         if request.full {
             // A full sync read every map entry into memory and dropped it again.
             crate::sys::trim_heap();
         }
+        // Where a sync's time goes (a cold sync of a big cluster is the one to watch).
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        debug!(
+            full = request.full,
+            plan_ms = ms(planned_at),
+            grow_ms = ms(grown_at - planned_at),
+            write_ms = ms(written_at - grown_at),
+            names_ms = ms(named_at - written_at),
+            sweeps_ms = ms(swept_at - named_at),
+            trim_ms = ms(began.elapsed() - swept_at),
+            "ebpf sync phases"
+        );
         Ok(stats)
     }
 }

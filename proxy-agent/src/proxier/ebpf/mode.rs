@@ -84,8 +84,9 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
         .load_balancer_algorithm()
         .map_err(|e| e.to_string())?;
     let cookie = crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
-    let proxier = EbpfProxier::start(
+    let proxier = EbpfProxier::start_with_limits(
         &opts,
+        &config.ebpf.map_size_limits,
         lb_config(cookie, settings.node, &config.ebpf.conntrack),
         algorithm,
     )

@@ -11,11 +11,15 @@
 //!    meantime (conntrack and affinity of new flows) are copied too;
 //! 4. the staging pin is renamed over the old one, which goes with its last user.
 //!
+//! The same steps grow a map while the agent runs (see `growth`): the sizes then come from
+//! the growth decision instead of the configuration ([`Capacities`]).
+//!
 //! A map whose entries cannot all move (more of them than the new capacity, a layout that
 //! differs, a copy that fails) is kept as it is, with a warning; the apply stage reads the
 //! capacity of the maps as loaded, so it still never overfills one.
 
 use std::{
+    collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
 };
@@ -50,7 +54,8 @@ pub struct Shape {
 pub enum PinPlan {
     /// No pin yet, or one of the wanted shape: the loader creates or reuses it.
     AsIs,
-    /// A new map of the wanted size at the staging pin, the entries moved over.
+    /// A new map of the wanted size at the staging pin, the entries moved over (how many:
+    /// counted when shrinking, else once copied).
     Resize { from: u32, entries: usize },
     /// The old map stays as it is, for this reason.
     Keep(String),
@@ -82,6 +87,13 @@ pub fn decide(
             wanted.value_size
         ));
     }
+    if wanted.max_entries >= existing.max_entries {
+        // Growing: every entry fits, no need to count them first (a map of millions).
+        return PinPlan::Resize {
+            from: existing.max_entries,
+            entries: 0,
+        };
+    }
     match entries() {
         Err(e) => PinPlan::Keep(format!("its entries cannot be read: {e}")),
         Ok(n) if n > wanted.max_entries as usize => PinPlan::Keep(format!(
@@ -103,8 +115,13 @@ pub fn copy_entries<K, V>(
     to: &mut dyn KvMap<K, V>,
     only_missing: bool,
 ) -> Result<usize, MapOpError> {
+    let entries = from.entries()?;
+    if !only_missing {
+        to.put_many(&entries)?;
+        return Ok(entries.len());
+    }
     let mut written = 0;
-    for (key, value) in from.entries()? {
+    for (key, value) in entries {
         if only_missing && to.get(&key)?.is_some() {
             continue;
         }
@@ -185,6 +202,9 @@ type CopyFn = fn(&'static str, &Path, &Path, bool) -> Result<usize, MapOpError>;
 pub struct Resizable {
     pub name: &'static str,
     pub wanted: Shape,
+    /// Whether the programs write entries (the LRU maps: conntrack, affinity, socket
+    /// rev-NAT); only the agent writes the others, so step 3 has nothing to copy there.
+    programs_write: bool,
     count: CountFn,
     copy: CopyFn,
 }
@@ -203,6 +223,7 @@ impl Resizable {
                 value_size: size_of::<V>() as u32,
                 max_entries,
             },
+            programs_write: map_type == MapType::LruHash,
             count: count_hash::<K, V>,
             copy: copy_hash::<K, V>,
         }
@@ -217,14 +238,31 @@ impl Resizable {
                 value_size: size_of::<u8>() as u32,
                 max_entries,
             },
+            programs_write: false,
             count: count_lpm::<D>,
             copy: copy_lpm::<D>,
         }
     }
 }
 
-/// Every map `ebpf.mapSizes` sizes, with the shape the programs define it with.
-pub fn resizable(sizes: &MapSizes) -> Vec<Resizable> {
+/// Capacities of single maps (by pinned name) that replace the configuration's: the
+/// sizes maps have grown to.
+pub type Capacities = BTreeMap<&'static str, u32>;
+
+/// Every map `ebpf.mapSizes` sizes, with the shape the programs define it with and the
+/// capacity `capacities` gives it, or else the configured one.
+pub fn resizable(sizes: &MapSizes, capacities: &Capacities) -> Vec<Resizable> {
+    let mut maps = configured(sizes);
+    for map in &mut maps {
+        if let Some(capacity) = capacities.get(map.name) {
+            map.wanted.max_entries = *capacity;
+        }
+    }
+    maps
+}
+
+/// Every map `ebpf.mapSizes` sizes, with the configured capacity.
+fn configured(sizes: &MapSizes) -> Vec<Resizable> {
     use MapType::{Hash, LruHash};
     vec![
         Resizable::hash::<Svc4Key, SvcValue>(names::SVC4, Hash, sizes.services),
@@ -308,6 +346,12 @@ pub fn staging_pin(maps_dir: &Path, name: &str) -> PathBuf {
     maps_dir.join(format!("{name}_staging"))
 }
 
+/// The capacity of the map pinned as `name` under `maps_dir` (None: no pin, or not
+/// readable).
+pub fn pinned_capacity(maps_dir: &Path, name: &str) -> Option<u32> {
+    pinned_shape(name, &maps_dir.join(name)).map(|s| s.max_entries)
+}
+
 /// The shape of the map pinned at `path` (None: no pin, or not readable as a map, which
 /// the loader then reports).
 fn pinned_shape(name: &str, path: &Path) -> Option<Shape> {
@@ -383,11 +427,16 @@ pub fn copy_over(maps_dir: &Path, maps: &[Resizable], plans: &mut [PinPlan]) -> 
         }
         let staging = staging_pin(maps_dir, m.name);
         match (m.copy)(m.name, &maps_dir.join(m.name), &staging, false) {
-            Ok(n) => debug!(
-                map = m.name,
-                entries = n,
-                "entries copied into the resized map"
-            ),
+            Ok(n) => {
+                debug!(
+                    map = m.name,
+                    entries = n,
+                    "entries copied into the resized map"
+                );
+                if let PinPlan::Resize { entries, .. } = plan {
+                    *entries = n;
+                }
+            }
             Err(e) => {
                 warn!(map = m.name, error = %e, "cannot copy into the resized map; keeping the old one");
                 *plan = PinPlan::Keep(format!("copying its entries failed: {e}"));
@@ -417,12 +466,18 @@ pub fn complete(maps_dir: &Path, maps: &[Resizable], plans: &[PinPlan]) -> std::
         };
         let path = maps_dir.join(m.name);
         let staging = staging_pin(maps_dir, m.name);
-        let late = match (m.copy)(m.name, &path, &staging, true) {
-            Ok(n) => n,
-            Err(e) => {
-                warn!(map = m.name, error = %e, "entries added during the resize may be lost");
-                0
+        // A second pass reads every entry again (three system calls each): only for maps
+        // the old programs may have added to meanwhile.
+        let late = if m.programs_write {
+            match (m.copy)(m.name, &path, &staging, true) {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!(map = m.name, error = %e, "entries added during the resize may be lost");
+                    0
+                }
             }
+        } else {
+            0
         };
         fs::rename(&staging, &path)?;
         info!(
@@ -460,11 +515,12 @@ mod tests {
             decide(Some(&shape(64)), &wanted, || unreachable!()),
             PinPlan::AsIs
         );
+        // Growing needs no count: every entry fits.
         assert_eq!(
-            decide(Some(&shape(8)), &wanted, || Ok(8)),
+            decide(Some(&shape(8)), &wanted, || unreachable!()),
             PinPlan::Resize {
                 from: 8,
-                entries: 8
+                entries: 0
             }
         );
         // Shrinking works while the entries fit.
@@ -494,7 +550,7 @@ mod tests {
                 op: "iterate",
             })
         };
-        assert!(kept(decide(Some(&shape(8)), &shape(64), unreadable)));
+        assert!(kept(decide(Some(&shape(64)), &shape(8), unreadable)));
     }
 
     #[test]
@@ -520,8 +576,20 @@ mod tests {
 
     #[test]
     fn every_configured_map_is_resizable_and_staged_beside_its_pin() {
-        let maps = resizable(&MapSizes::default());
+        let maps = resizable(&MapSizes::default(), &Capacities::new());
         assert_eq!(maps.len(), 13);
+        let grown = resizable(
+            &MapSizes::default(),
+            &Capacities::from([(names::BACKENDS6, 1 << 20)]),
+        );
+        let capacity_of = |name| {
+            grown
+                .iter()
+                .find(|m| m.name == name)
+                .map(|m| m.wanted.max_entries)
+        };
+        assert_eq!(capacity_of(names::BACKENDS6), Some(1 << 20));
+        assert_eq!(capacity_of(names::BACKENDS4), Some(65_536));
         let dir = Path::new("/sys/fs/bpf/x/maps");
         let mut plans = vec![PinPlan::AsIs; maps.len()];
         plans[0] = PinPlan::Resize {
@@ -543,5 +611,21 @@ mod tests {
         // The LPM key is the prefix length and the data.
         let src = maps.iter().find(|m| m.name == names::SRC_RANGES4).unwrap();
         assert_eq!(src.wanted.key_size as usize, 4 + size_of::<SourceRange4>());
+        // Only the LRU maps get entries from the programs during a resize.
+        let written: Vec<&str> = maps
+            .iter()
+            .filter(|m| m.programs_write)
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(
+            written,
+            [
+                names::SOCK_REV_NAT4,
+                names::SOCK_REV_NAT6,
+                names::AFFINITY,
+                names::CT4,
+                names::CT6
+            ]
+        );
     }
 }

@@ -180,7 +180,8 @@ impl ApplyState {
                 self.backend_entries
                     .extend(trial.backend_entries.iter().map(|(a, e)| (*a, *e)));
                 plan.absorb(trial);
-                plan.diff_service(&old, &new);
+                // A full sync (`actual`) plans its writes from what the maps hold.
+                plan.diff_service(&old, &new, actual.is_none());
                 self.release(family, &service, &old, plan);
                 if !new.svc.is_empty() {
                     self.put_service((family, service), new);

@@ -83,6 +83,16 @@ impl MaglevState {
         }
     }
 
+    /// The same settings with no table in use (every table is written again).
+    pub fn fresh(&self) -> Self {
+        Self {
+            default: self.default,
+            size: self.size,
+            ids: IdAllocator::new("maglev table", self.ids.max()),
+            rewrite: true,
+        }
+    }
+
     /// Whether a frontend whose service asks for `chosen` uses Maglev.
     pub fn applies(&self, chosen: Option<LoadBalancerAlgorithm>) -> bool {
         chosen.unwrap_or(self.default) == LoadBalancerAlgorithm::Maglev
