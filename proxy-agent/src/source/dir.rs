@@ -9,7 +9,7 @@
 //! file never removes services.
 //!
 //! Between reads only a fingerprint of each object's text and its identity are kept
-//! ([`Kept`]), not the object: the consumers keep what they need of it.
+//! (`Kept`), not the object: the consumers keep what they need of it.
 
 use std::{
     collections::{BTreeMap, HashMap},
