@@ -60,7 +60,7 @@ const UNITS: [&str; 19] = [
 /// Numbers in the hand-written text that are not measurements, each with the words
 /// around it that identify it (matched within its line's neighbourhood) and why it is
 /// allowed. Limits written with ≤ ≥ < > need no entry.
-const ALLOWED: [(&str, &str, &str); 12] = [
+const ALLOWED: [(&str, &str, &str); 11] = [
     // Configuration of the suites: durations, rates and sizes chosen, not measured.
     (
         "60 s",
@@ -77,11 +77,6 @@ const ALLOWED: [(&str, &str, &str); 12] = [
         "30 s",
         "stops moving for 30 s",
         "how long the suites wait on a service count the agent cannot hold",
-    ),
-    (
-        "0.8 s",
-        "for 0.8 s per metric",
-        "the dataplane suite's duration per metric",
     ),
     (
         "100 ms",
