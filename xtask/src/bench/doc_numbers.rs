@@ -16,7 +16,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::docs::{Row, parse_csv};
+use super::{
+    docs::{Row, parse_csv},
+    stats::median,
+};
 
 /// A number with its unit, as written in the text.
 #[derive(Debug, Clone, PartialEq)]
@@ -387,16 +390,6 @@ impl Measured {
             }
             _ => false,
         }
-    }
-}
-
-fn median(values: &mut [f64]) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
-        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
     }
 }
 

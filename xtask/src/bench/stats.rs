@@ -11,7 +11,8 @@ pub struct SuiteRows {
     pub rows: Vec<Row>,
 }
 
-fn median(values: &mut [f64]) -> Option<f64> {
+/// The median of `values` (sorted in place; the mean of the middle two for an even count).
+pub fn median(values: &mut [f64]) -> Option<f64> {
     values.sort_by(f64::total_cmp);
     let n = values.len();
     match n {
