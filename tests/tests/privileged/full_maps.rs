@@ -22,6 +22,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use crate::clients::STREAM_CLIENT;
 use proxy_common::{Ct4Key, CtValue};
 use serde_json::{Map, Value, json};
 use tests::{
@@ -102,24 +103,6 @@ fn map_sizes(services: u32, conntrack: u32, fixed: bool) -> Map<String, Value> {
     overrides.insert("ebpf".into(), ebpf);
     overrides
 }
-
-/// One long-lived connection: a line every 100 ms until killed; prints each answer or
-/// the error.
-const STREAM_CLIENT: &str = r#"
-import socket, sys, time
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
-f = s.makefile("rwb", buffering=0)
-n = 0
-while True:
-    n += 1
-    try:
-        f.write(b"%d\n" % n)
-        print("ok %.3f %s" % (time.time(), f.readline().decode().strip()), flush=True)
-    except Exception as e:
-        print("ERR %s" % e, flush=True)
-        break
-    time.sleep(0.1)
-"#;
 
 /// New connections in a loop, one every 50 ms until killed: prints each backend that
 /// answered, or the error.

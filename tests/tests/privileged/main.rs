@@ -11,6 +11,7 @@
 mod agent_restart;
 mod api_outage;
 mod bpf_test_run;
+mod clients;
 mod drift_repair;
 mod ebpf_cleanup;
 mod ebpf_connected_udp;

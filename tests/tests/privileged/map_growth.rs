@@ -23,6 +23,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use crate::clients::STREAM_CLIENT;
 use serde_json::{Map, Value, json};
 use tests::{
     node_harness::{TestNode, node_yaml, scenario_header},
@@ -91,24 +92,6 @@ while True:
     time.sleep(0.02)
 "#;
 
-/// One long-lived connection: a line every 100 ms until killed; prints each answer or
-/// the error.
-const STREAM_CLIENT: &str = r#"
-import socket, sys, time
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
-f = s.makefile("rwb", buffering=0)
-n = 0
-while True:
-    n += 1
-    try:
-        f.write(b"%d\n" % n)
-        print("ok %.3f %s" % (time.time(), f.readline().decode().strip()), flush=True)
-    except Exception as e:
-        print("ERR %s" % e, flush=True)
-        break
-    time.sleep(0.1)
-"#;
-
 /// One connection to each address of `argv[1:]` (port 80): prints the failures.
 const EVERY_SERVICE: &str = r#"
 import socket, sys
@@ -128,12 +111,18 @@ fn added_vip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(172, 31, (i / 250) as u8, (i % 250 + 1) as u8)
 }
 
-/// The probed NodePort service, backed by the four pods on port 9000.
-fn probe_service() -> String {
-    let endpoints: Vec<String> = BACKENDS
+/// The four pods as the endpoints of a slice (YAML flow items).
+fn endpoints_yaml() -> String {
+    BACKENDS
         .iter()
         .map(|b| format!("{{addresses: [{b}], nodeName: {NODE}, conditions: {{ready: true}}}}"))
-        .collect();
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The probed NodePort service, backed by the four pods on port 9000.
+fn probe_service() -> String {
+    let endpoints = endpoints_yaml();
     format!(
         r#"- apiVersion: v1
   kind: Service
@@ -150,7 +139,7 @@ fn probe_service() -> String {
   endpoints: [{}]
   ports: [{{name: p, port: 9000, protocol: TCP}}]
 "#,
-        endpoints.join(", ")
+        endpoints
     )
 }
 
@@ -159,10 +148,7 @@ fn probe_service() -> String {
 fn added_service(i: usize) -> String {
     let vip = added_vip(i);
     let port = FIRST_PORT + i as u16;
-    let endpoints: Vec<String> = BACKENDS
-        .iter()
-        .map(|b| format!("{{addresses: [{b}], nodeName: {NODE}, conditions: {{ready: true}}}}"))
-        .collect();
+    let endpoints = endpoints_yaml();
     format!(
         r#"- apiVersion: v1
   kind: Service
@@ -178,7 +164,7 @@ fn added_service(i: usize) -> String {
   endpoints: [{}]
   ports: [{{name: p, port: {port}, protocol: TCP}}]
 "#,
-        endpoints.join(", ")
+        endpoints
     )
 }
 
