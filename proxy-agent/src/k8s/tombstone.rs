@@ -74,18 +74,25 @@ pub trait Buried: Sized {
     fn from_tombstone(tombstone: &Tombstone) -> Self;
 }
 
-impl Buried for Service {
-    fn tombstone(&self) -> Tombstone {
-        Tombstone::of(&self.metadata)
-    }
+/// Objects whose deletion needs only their namespace and name.
+macro_rules! buried_by_name {
+    ($($kind:ty),*) => {$(
+        impl Buried for $kind {
+            fn tombstone(&self) -> Tombstone {
+                Tombstone::of(&self.metadata)
+            }
 
-    fn from_tombstone(tombstone: &Tombstone) -> Self {
-        Service {
-            metadata: tombstone.meta(),
-            ..Service::default()
+            fn from_tombstone(tombstone: &Tombstone) -> Self {
+                Self {
+                    metadata: tombstone.meta(),
+                    ..Self::default()
+                }
+            }
         }
-    }
+    )*};
 }
+
+buried_by_name!(Service, Node, ServiceCIDR);
 
 impl Buried for EndpointSlice {
     fn tombstone(&self) -> Tombstone {
@@ -110,32 +117,6 @@ impl Buried for EndpointSlice {
                 .unwrap_or_default()
                 .to_owned(),
             ..EndpointSlice::default()
-        }
-    }
-}
-
-impl Buried for Node {
-    fn tombstone(&self) -> Tombstone {
-        Tombstone::of(&self.metadata)
-    }
-
-    fn from_tombstone(tombstone: &Tombstone) -> Self {
-        Node {
-            metadata: tombstone.meta(),
-            ..Node::default()
-        }
-    }
-}
-
-impl Buried for ServiceCIDR {
-    fn tombstone(&self) -> Tombstone {
-        Tombstone::of(&self.metadata)
-    }
-
-    fn from_tombstone(tombstone: &Tombstone) -> Self {
-        ServiceCIDR {
-            metadata: tombstone.meta(),
-            ..ServiceCIDR::default()
         }
     }
 }
