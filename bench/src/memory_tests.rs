@@ -10,11 +10,11 @@ fn reads_rss_and_peak_from_proc_status() {
 
 #[test]
 fn reads_a_maps_memlock() {
-    let json = r#"{"id": 12, "type": "hash", "name": "SVC4_V1", "flags": 0, "bytes_key": 12,
+    let json = r#"{"id": 12, "type": "hash", "name": "SVC4_V2", "flags": 0, "bytes_key": 12,
                    "bytes_value": 12, "max_entries": 65536, "bytes_memlock": 5767168}"#;
     assert_eq!(
         parse_map_show(json).unwrap(),
-        ("SVC4_V1".to_string(), 5_767_168)
+        ("SVC4_V2".to_string(), 5_767_168)
     );
     assert!(parse_map_show(r#"{"id": 1}"#).is_err());
 }

@@ -12,12 +12,12 @@ pub const AFFINITY_CLIENT_V6: u8 = 6;
 pub struct AffinityKey {
     /// Netns cookie (first 8 bytes, native order), or the client address.
     pub client: [u8; 16],
-    pub rev_nat_id: u16,
+    pub rev_nat_id: u32,
     /// One of the `AFFINITY_CLIENT_*` kinds.
     pub kind: u8,
-    pub _pad: u8,
+    pub _pad: [u8; 3],
 }
-const _: () = assert!(core::mem::size_of::<AffinityKey>() == 20);
+const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

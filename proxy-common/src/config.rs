@@ -2,14 +2,13 @@
 //! Small keys for LPM tries and address sets, and the runtime configuration slot.
 
 /// loadBalancerSourceRanges trie data (the LPM key is `(prefix_len, SourceRange4)`): the
-/// prefix length counts the 32 bits of id and padding too, so one trie serves every LB
+/// prefix length counts the 32 bits of the id too, so one trie serves every LB
 /// frontend and a lookup matches the frontend first, then the address bits.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SourceRange4 {
     /// Network byte order, so that the trie compares it most significant byte first.
-    pub rev_nat_id: u16,
-    pub _pad: u16,
+    pub rev_nat_id: u32,
     pub addr: u32,
 }
 const _: () = assert!(core::mem::size_of::<SourceRange4>() == 8);
@@ -17,13 +16,13 @@ const _: () = assert!(core::mem::size_of::<SourceRange4>() == 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SourceRange6 {
-    pub rev_nat_id: u16,
-    pub _pad: u16,
+    /// Network byte order.
+    pub rev_nat_id: u32,
     pub addr: [u8; 16],
 }
 const _: () = assert!(core::mem::size_of::<SourceRange6>() == 20);
 
-/// Bits of the source-range trie data before the address: the id and the padding.
+/// Bits of the source-range trie data before the address: the id.
 pub const SOURCE_RANGE_PREFIX_BITS: u32 = 32;
 
 #[repr(C)]

@@ -54,15 +54,40 @@ pub struct CtValue {
     pub snat_port: u16,
     pub client_port: u16,
     pub backend_id: u32,
-    pub rev_nat_id: u16,
+    /// Low 16 bits of the frontend's reverse-NAT id (see [`CtValue::rev_nat_id`]).
+    pub rev_nat_lo: u16,
     pub flags: u8,
-    pub _pad: u8,
+    /// Bits 16..24 of the reverse-NAT id. Layout 1 had a 16-bit id and a zero padding byte
+    /// here, so entries written by an earlier agent read as the same id and this map keeps
+    /// its name across the widening: north-south flows survive that upgrade.
+    pub rev_nat_hi: u8,
     /// Expiry, seconds of `bpf_ktime_get_coarse_ns`.
     pub expires: u32,
     /// Interface the reply must leave through (ifindex of the client side), 0 if unknown.
     pub ifindex: u32,
 }
 const _: () = assert!(core::mem::size_of::<CtValue>() == 88);
+// Where layout 1 had its 16-bit id, its flags and its zero padding byte.
+const _: () = assert!(core::mem::offset_of!(CtValue, rev_nat_lo) == 76);
+const _: () = assert!(core::mem::offset_of!(CtValue, flags) == 78);
+const _: () = assert!(core::mem::offset_of!(CtValue, rev_nat_hi) == 79);
+
+impl CtValue {
+    /// The frontend's reverse-NAT id (24 bits: [`crate::MAX_REV_NAT_ID`]). Only the agent's
+    /// inspection reads it; the programs rewrite replies from the addresses above.
+    #[inline(always)]
+    pub fn rev_nat_id(&self) -> u32 {
+        u32::from(self.rev_nat_lo) | (u32::from(self.rev_nat_hi) << 16)
+    }
+
+    /// Stores `id`; bits above [`crate::MAX_REV_NAT_ID`] are dropped (the agent never hands
+    /// out such ids).
+    #[inline(always)]
+    pub fn set_rev_nat_id(&mut self, id: u32) {
+        self.rev_nat_lo = id as u16;
+        self.rev_nat_hi = (id >> 16) as u8;
+    }
+}
 
 /// A fragmented datagram, as its fragments arrive at one hook: later fragments carry no
 /// L4 header, so the ports its first fragment carried are kept under this key.
@@ -98,3 +123,27 @@ pub struct FragPorts {
     pub dport: u16,
 }
 const _: () = assert!(core::mem::size_of::<FragPorts>() == 4);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_of_layout_1_reads_as_the_same_id_and_wide_ids_round_trip() {
+        // Layout 1 wrote its 16-bit id where `rev_nat_lo` is (the offsets are asserted
+        // above) and zero where `rev_nat_hi` is.
+        let mut v = CtValue {
+            rev_nat_lo: 40_000,
+            flags: CT_F_SNAT,
+            rev_nat_hi: 0,
+            ..CtValue::default()
+        };
+        assert_eq!(v.rev_nat_id(), 40_000);
+        assert_eq!(v.flags, CT_F_SNAT);
+        for id in [1, 65_535, 65_536, 100_000, crate::MAX_REV_NAT_ID] {
+            v.set_rev_nat_id(id);
+            assert_eq!(v.rev_nat_id(), id);
+            assert_eq!(v.flags, CT_F_SNAT, "the flags are untouched");
+        }
+    }
+}

@@ -53,6 +53,7 @@ impl_pod!(
     Svc4Key,
     Svc6Key,
     SvcValue,
+    SvcValueV1,
     Backend4Value,
     Backend6Value,
     RevNat4Value,

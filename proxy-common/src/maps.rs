@@ -1,25 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Map names and default sizes. The `_V1` suffix is the layout version: aya reuses an
 //! existing pin without checking its layout, so a layout change must change the name.
+//! Layout 2 widened reverse-NAT ids from 16 to 32 bits (the maps keyed by them or holding
+//! them in a slot with no spare bytes). `CT*` and `SOCK_FRONTEND` kept layout 1: their ids
+//! grew into padding that earlier agents wrote as zero.
 
 /// Frontends: (address, port, protocol, scope, slot) -> slot 0 = service, slot n = backend n.
-pub const SVC4: &str = "SVC4_V1";
-pub const SVC6: &str = "SVC6_V1";
+pub const SVC4: &str = "SVC4_V2";
+pub const SVC6: &str = "SVC6_V2";
 /// Backend id -> address and port.
 pub const BACKENDS4: &str = "BACKENDS4_V1";
 pub const BACKENDS6: &str = "BACKENDS6_V1";
 /// rev_nat_id -> the service frontend, used to undo a translation.
-pub const REV_NAT4: &str = "REV_NAT4_V1";
-pub const REV_NAT6: &str = "REV_NAT6_V1";
+pub const REV_NAT4: &str = "REV_NAT4_V2";
+pub const REV_NAT6: &str = "REV_NAT6_V2";
 /// Socket-local storage of connected sockets' translations (connect()).
 pub const SOCK_FRONTEND: &str = "SOCK_FRONTEND_V1";
 /// (socket cookie, backend) -> frontend of UDP sockets, LRU: unconnected ones per datagram
 /// (sendmsg()), connected ones at connect() (the agent finds those whose backend went away
 /// by it).
-pub const SOCK_REV_NAT4: &str = "SOCK_REV_NAT4_V1";
-pub const SOCK_REV_NAT6: &str = "SOCK_REV_NAT6_V1";
+pub const SOCK_REV_NAT4: &str = "SOCK_REV_NAT4_V2";
+pub const SOCK_REV_NAT6: &str = "SOCK_REV_NAT6_V2";
 /// (client, rev_nat_id) -> backend id and last use, for sessionAffinity ClientIP (LRU).
-pub const AFFINITY: &str = "AFFINITY_V1";
+pub const AFFINITY: &str = "AFFINITY_V2";
 /// Service CIDRs (LPM): packets to an address inside them that is no frontend are dropped.
 pub const SVC_CIDRS4: &str = "SVC_CIDRS4_V1";
 pub const SVC_CIDRS6: &str = "SVC_CIDRS6_V1";
@@ -32,8 +35,8 @@ pub const LOCAL_CIDRS6: &str = "LOCAL_CIDRS6_V1";
 pub const NODEPORT_ADDRS4: &str = "NODEPORT_ADDRS4_V1";
 pub const NODEPORT_ADDRS6: &str = "NODEPORT_ADDRS6_V1";
 /// Per-LB-frontend loadBalancerSourceRanges (LPM keyed by rev_nat_id + source prefix).
-pub const SRC_RANGES4: &str = "SRC_RANGES4_V1";
-pub const SRC_RANGES6: &str = "SRC_RANGES6_V1";
+pub const SRC_RANGES4: &str = "SRC_RANGES4_V2";
+pub const SRC_RANGES6: &str = "SRC_RANGES6_V2";
 /// Connection tracking of translated north-south flows (LRU, 5-tuple).
 pub const CT4: &str = "CT4_V1";
 pub const CT6: &str = "CT6_V1";

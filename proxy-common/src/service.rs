@@ -82,21 +82,43 @@ pub struct Svc6Key {
 }
 const _: () = assert!(core::mem::size_of::<Svc6Key>() == 24);
 
-/// Value of both slot 0 (the frontend) and slots 1..=count (one backend each).
+/// Value of both slot 0 (the frontend) and slots 1..=count (one backend each). Layout 2:
+/// the reverse-NAT id is 32 bits wide (layout 1 had 16, which capped a node at 65,535
+/// frontends).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SvcValue {
     /// Slot n: the backend id. Slot 0: the affinity timeout in seconds (when AFFINITY).
     pub backend_id: u32,
+    /// The frontend's reverse-NAT id (same in every slot of the frontend), at most
+    /// [`crate::MAX_REV_NAT_ID`].
+    pub rev_nat_id: u32,
     /// Slot 0: number of backend slots. Slot n: 0.
     pub count: u16,
-    /// The frontend's reverse-NAT id (same in every slot of the frontend).
-    pub rev_nat_id: u16,
     /// Slot 0: [`svc_flags`].
     pub flags: u16,
     /// Slot 0 with [`svc_flags::MAGLEV`]: the index of the frontend's table in
-    /// [`crate::maps::MAGLEV`]. 0 otherwise (it was padding before Maglev; older agents
-    /// write 0 and no flag, so the layout version did not change).
+    /// [`crate::maps::MAGLEV`]. 0 otherwise.
+    pub maglev_table: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<SvcValue>() == 16);
+
+/// [`SvcValue`] of layout 1 (`SVC4_V1`, `SVC6_V1`), read once when an agent of layout 2
+/// takes over from one of layout 1, to keep the frontends' reverse-NAT ids (conntrack
+/// entries and connected sockets hold them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SvcValueV1 {
+    pub backend_id: u32,
+    pub count: u16,
+    pub rev_nat_id: u16,
+    pub flags: u16,
     pub maglev_table: u16,
 }
-const _: () = assert!(core::mem::size_of::<SvcValue>() == 12);
+const _: () = assert!(core::mem::size_of::<SvcValueV1>() == 12);
+
+/// The largest reverse-NAT id: ids are 32 bits in the maps keyed by them, but connection
+/// tracking keeps them in 24 bits (see [`crate::CtValue::rev_nat_id`]), which is far more
+/// frontends than any map is sized for.
+pub const MAX_REV_NAT_ID: u32 = 0x00ff_ffff;

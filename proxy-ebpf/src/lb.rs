@@ -26,12 +26,12 @@ pub trait Family {
     fn backend(id: u32) -> Option<Self::Backend>;
     fn backend_target(backend: &Self::Backend) -> (Self::Addr, u16);
     /// The frontend a rev_nat_id stands for.
-    fn rev_nat(id: u16) -> Option<(Self::Addr, u16)>;
+    fn rev_nat(id: u32) -> Option<(Self::Addr, u16)>;
     fn is_nodeport_addr(addr: Self::Addr) -> bool;
     fn in_service_cidr(addr: Self::Addr) -> bool;
     /// Whether the local-traffic detector's CIDRs hold `addr` (a pod source).
     fn in_local_cidr(addr: Self::Addr) -> bool;
-    fn source_allowed(rev_nat_id: u16, src: Self::Addr) -> bool;
+    fn source_allowed(rev_nat_id: u32, src: Self::Addr) -> bool;
     fn zero() -> Self::Addr;
     /// The address in 16 bytes (IPv4 in the first four), as map values that serve both
     /// families hold it.
@@ -71,7 +71,7 @@ impl Family for V4 {
     #[inline(always)]
     fn svc(key: &Svc4Key) -> Option<SvcValue> {
         // SAFETY: the value is copied out before any other map operation.
-        unsafe { SVC4_V1.get(key).copied() }
+        unsafe { SVC4_V2.get(key).copied() }
     }
     #[inline(always)]
     fn backend(id: u32) -> Option<Backend4Value> {
@@ -83,9 +83,9 @@ impl Family for V4 {
         (b.addr, b.port)
     }
     #[inline(always)]
-    fn rev_nat(id: u16) -> Option<(u32, u16)> {
+    fn rev_nat(id: u32) -> Option<(u32, u16)> {
         // SAFETY: the value is copied out before any other map operation.
-        unsafe { REV_NAT4_V1.get(id).map(|v: &RevNat4Value| (v.addr, v.port)) }
+        unsafe { REV_NAT4_V2.get(id).map(|v: &RevNat4Value| (v.addr, v.port)) }
     }
     #[inline(always)]
     fn is_nodeport_addr(addr: u32) -> bool {
@@ -105,13 +105,12 @@ impl Family for V4 {
             .is_some()
     }
     #[inline(always)]
-    fn source_allowed(rev_nat_id: u16, src: u32) -> bool {
+    fn source_allowed(rev_nat_id: u32, src: u32) -> bool {
         let data = SourceRange4 {
             rev_nat_id: rev_nat_id.to_be(),
-            _pad: 0,
             addr: src,
         };
-        SRC_RANGES4_V1
+        SRC_RANGES4_V2
             .get(&LpmKey::new(SOURCE_RANGE_PREFIX_BITS + 32, data))
             .is_some()
     }
@@ -172,7 +171,7 @@ impl Family for V6 {
     #[inline(always)]
     fn svc(key: &Svc6Key) -> Option<SvcValue> {
         // SAFETY: the value is copied out before any other map operation.
-        unsafe { SVC6_V1.get(key).copied() }
+        unsafe { SVC6_V2.get(key).copied() }
     }
     #[inline(always)]
     fn backend(id: u32) -> Option<Backend6Value> {
@@ -184,9 +183,9 @@ impl Family for V6 {
         (b.addr, b.port)
     }
     #[inline(always)]
-    fn rev_nat(id: u16) -> Option<([u8; 16], u16)> {
+    fn rev_nat(id: u32) -> Option<([u8; 16], u16)> {
         // SAFETY: the value is copied out before any other map operation.
-        unsafe { REV_NAT6_V1.get(id).map(|v: &RevNat6Value| (v.addr, v.port)) }
+        unsafe { REV_NAT6_V2.get(id).map(|v: &RevNat6Value| (v.addr, v.port)) }
     }
     #[inline(always)]
     fn is_nodeport_addr(addr: [u8; 16]) -> bool {
@@ -202,13 +201,12 @@ impl Family for V6 {
         LOCAL_CIDRS6_V1.get(&LpmKey::new(128, addr)).is_some()
     }
     #[inline(always)]
-    fn source_allowed(rev_nat_id: u16, src: [u8; 16]) -> bool {
+    fn source_allowed(rev_nat_id: u32, src: [u8; 16]) -> bool {
         let data = SourceRange6 {
             rev_nat_id: rev_nat_id.to_be(),
-            _pad: 0,
             addr: src,
         };
-        SRC_RANGES6_V1
+        SRC_RANGES6_V2
             .get(&LpmKey::new(SOURCE_RANGE_PREFIX_BITS + 128, data))
             .is_some()
     }
@@ -437,12 +435,12 @@ pub fn select_backend<F: Family>(
         }
         akey.rev_nat_id = svc.rev_nat_id;
         // SAFETY: the value is copied out before any other map operation.
-        if let Some(prev) = unsafe { AFFINITY_V1.get(akey).copied() } {
+        if let Some(prev) = unsafe { AFFINITY_V2.get(akey).copied() } {
             // slot 0's backend_id holds the affinity timeout in seconds.
             if now.wrapping_sub(prev.last_used) <= svc.backend_id
                 && let Some(backend) = F::backend(prev.backend_id)
             {
-                let _ = AFFINITY_V1.insert(
+                let _ = AFFINITY_V2.insert(
                     akey,
                     AffinityValue {
                         backend_id: prev.backend_id,
@@ -472,7 +470,7 @@ pub fn select_backend<F: Family>(
         }
     };
     if affinity {
-        let _ = AFFINITY_V1.insert(
+        let _ = AFFINITY_V2.insert(
             akey,
             AffinityValue {
                 backend_id,

@@ -17,9 +17,9 @@ use proxy_common::{
 };
 
 #[btf_map]
-pub static SVC4_V1: HashMap<Svc4Key, SvcValue, DEFAULT_SVC_ENTRIES> = HashMap::new();
+pub static SVC4_V2: HashMap<Svc4Key, SvcValue, DEFAULT_SVC_ENTRIES> = HashMap::new();
 #[btf_map]
-pub static SVC6_V1: HashMap<Svc6Key, SvcValue, DEFAULT_SVC_ENTRIES> = HashMap::new();
+pub static SVC6_V2: HashMap<Svc6Key, SvcValue, DEFAULT_SVC_ENTRIES> = HashMap::new();
 
 #[btf_map]
 pub static BACKENDS4_V1: HashMap<u32, Backend4Value, DEFAULT_BACKEND_ENTRIES> = HashMap::new();
@@ -27,18 +27,18 @@ pub static BACKENDS4_V1: HashMap<u32, Backend4Value, DEFAULT_BACKEND_ENTRIES> = 
 pub static BACKENDS6_V1: HashMap<u32, Backend6Value, DEFAULT_BACKEND_ENTRIES> = HashMap::new();
 
 #[btf_map]
-pub static REV_NAT4_V1: HashMap<u16, RevNat4Value, DEFAULT_REV_NAT_ENTRIES> = HashMap::new();
+pub static REV_NAT4_V2: HashMap<u32, RevNat4Value, DEFAULT_REV_NAT_ENTRIES> = HashMap::new();
 #[btf_map]
-pub static REV_NAT6_V1: HashMap<u16, RevNat6Value, DEFAULT_REV_NAT_ENTRIES> = HashMap::new();
+pub static REV_NAT6_V2: HashMap<u32, RevNat6Value, DEFAULT_REV_NAT_ENTRIES> = HashMap::new();
 
 #[btf_map]
-pub static SOCK_REV_NAT4_V1: LruHashMap<
+pub static SOCK_REV_NAT4_V2: LruHashMap<
     SockRevNat4Key,
     SockRevNat4Value,
     DEFAULT_SOCK_REV_NAT_ENTRIES,
 > = LruHashMap::new();
 #[btf_map]
-pub static SOCK_REV_NAT6_V1: LruHashMap<
+pub static SOCK_REV_NAT6_V2: LruHashMap<
     SockRevNat6Key,
     SockRevNat6Value,
     DEFAULT_SOCK_REV_NAT_ENTRIES,
@@ -48,7 +48,7 @@ pub static SOCK_REV_NAT6_V1: LruHashMap<
 pub static SOCK_FRONTEND_V1: SkStorage<SockFrontend> = SkStorage::new();
 
 #[btf_map]
-pub static AFFINITY_V1: LruHashMap<AffinityKey, AffinityValue, DEFAULT_AFFINITY_ENTRIES> =
+pub static AFFINITY_V2: LruHashMap<AffinityKey, AffinityValue, DEFAULT_AFFINITY_ENTRIES> =
     LruHashMap::new();
 
 #[btf_map]
@@ -70,9 +70,9 @@ pub static NODEPORT_ADDRS6_V1: HashMap<NodeAddr6Key, u8, DEFAULT_NODE_ADDR_ENTRI
     HashMap::new();
 
 #[btf_map]
-pub static SRC_RANGES4_V1: LpmTrie<SourceRange4, u8, DEFAULT_SRC_RANGE_ENTRIES> = LpmTrie::new();
+pub static SRC_RANGES4_V2: LpmTrie<SourceRange4, u8, DEFAULT_SRC_RANGE_ENTRIES> = LpmTrie::new();
 #[btf_map]
-pub static SRC_RANGES6_V1: LpmTrie<SourceRange6, u8, DEFAULT_SRC_RANGE_ENTRIES> = LpmTrie::new();
+pub static SRC_RANGES6_V2: LpmTrie<SourceRange6, u8, DEFAULT_SRC_RANGE_ENTRIES> = LpmTrie::new();
 
 #[btf_map]
 pub static CT4_V1: LruHashMap<Ct4Key, CtValue, DEFAULT_CT_ENTRIES> = LruHashMap::new();

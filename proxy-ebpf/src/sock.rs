@@ -40,7 +40,7 @@ use crate::{
         Client, ClientSide, Family, Frontend, MaglevHash, V4, V6, lookup_frontend, masquerade_flow,
         pods_are_local, select_backend,
     },
-    maps::{LB_CONFIG_V1, SOCK_FRONTEND_V1, SOCK_REV_NAT4_V1, SOCK_REV_NAT6_V1},
+    maps::{LB_CONFIG_V1, SOCK_FRONTEND_V1, SOCK_REV_NAT4_V2, SOCK_REV_NAT6_V2},
 };
 
 const ECONNREFUSED: i32 = 111;
@@ -54,9 +54,9 @@ pub trait SockFamily: Family {
     fn bound_src(sa: *mut bpf_sock_addr) -> Self::Addr;
     /// The source address given to sendmsg() (IP_PKTINFO), if any.
     fn msg_src(sa: *mut bpf_sock_addr) -> Self::Addr;
-    fn save_rev(cookie: u64, backend: (Self::Addr, u16), frontend: (Self::Addr, u16), id: u16);
+    fn save_rev(cookie: u64, backend: (Self::Addr, u16), frontend: (Self::Addr, u16), id: u32);
     /// The frontend a socket's reverse entry names for this backend.
-    fn load_rev(cookie: u64, backend: (Self::Addr, u16)) -> Option<(Self::Addr, u16, u16)>;
+    fn load_rev(cookie: u64, backend: (Self::Addr, u16)) -> Option<(Self::Addr, u16, u32)>;
     fn forget_rev(cookie: u64, backend: (Self::Addr, u16));
 }
 
@@ -88,7 +88,7 @@ impl SockFamily for V4 {
         unsafe { (*sa).msg_src_ip4 }
     }
     #[inline(always)]
-    fn save_rev(cookie: u64, backend: (u32, u16), frontend: (u32, u16), id: u16) {
+    fn save_rev(cookie: u64, backend: (u32, u16), frontend: (u32, u16), id: u32) {
         let key = SockRevNat4Key {
             cookie,
             addr: backend.0,
@@ -98,16 +98,17 @@ impl SockFamily for V4 {
         let value = SockRevNat4Value {
             addr: frontend.0,
             port: frontend.1,
+            _pad: 0,
             rev_nat_id: id,
         };
         // An identical entry (a UDP socket sending again) is left alone: no write per datagram.
         // SAFETY: only compared at once, never kept.
-        if unsafe { SOCK_REV_NAT4_V1.get(key) } != Some(&value) {
-            let _ = SOCK_REV_NAT4_V1.insert(key, value, 0);
+        if unsafe { SOCK_REV_NAT4_V2.get(key) } != Some(&value) {
+            let _ = SOCK_REV_NAT4_V2.insert(key, value, 0);
         }
     }
     #[inline(always)]
-    fn load_rev(cookie: u64, backend: (u32, u16)) -> Option<(u32, u16, u16)> {
+    fn load_rev(cookie: u64, backend: (u32, u16)) -> Option<(u32, u16, u32)> {
         let key = SockRevNat4Key {
             cookie,
             addr: backend.0,
@@ -116,7 +117,7 @@ impl SockFamily for V4 {
         };
         // SAFETY: the value is copied out before any other map operation.
         unsafe {
-            SOCK_REV_NAT4_V1
+            SOCK_REV_NAT4_V2
                 .get(key)
                 .map(|v| (v.addr, v.port, v.rev_nat_id))
         }
@@ -129,7 +130,7 @@ impl SockFamily for V4 {
             port: backend.1,
             _pad: 0,
         };
-        let _ = SOCK_REV_NAT4_V1.remove(key);
+        let _ = SOCK_REV_NAT4_V2.remove(key);
     }
 }
 
@@ -206,7 +207,7 @@ impl SockFamily for V6 {
         }
     }
     #[inline(always)]
-    fn save_rev(cookie: u64, backend: ([u8; 16], u16), frontend: ([u8; 16], u16), id: u16) {
+    fn save_rev(cookie: u64, backend: ([u8; 16], u16), frontend: ([u8; 16], u16), id: u32) {
         let key = SockRevNat6Key {
             cookie,
             addr: backend.0,
@@ -216,15 +217,16 @@ impl SockFamily for V6 {
         let value = SockRevNat6Value {
             addr: frontend.0,
             port: frontend.1,
+            _pad: 0,
             rev_nat_id: id,
         };
         // SAFETY: only compared at once, never kept.
-        if unsafe { SOCK_REV_NAT6_V1.get(key) } != Some(&value) {
-            let _ = SOCK_REV_NAT6_V1.insert(key, value, 0);
+        if unsafe { SOCK_REV_NAT6_V2.get(key) } != Some(&value) {
+            let _ = SOCK_REV_NAT6_V2.insert(key, value, 0);
         }
     }
     #[inline(always)]
-    fn load_rev(cookie: u64, backend: ([u8; 16], u16)) -> Option<([u8; 16], u16, u16)> {
+    fn load_rev(cookie: u64, backend: ([u8; 16], u16)) -> Option<([u8; 16], u16, u32)> {
         let key = SockRevNat6Key {
             cookie,
             addr: backend.0,
@@ -233,7 +235,7 @@ impl SockFamily for V6 {
         };
         // SAFETY: the value is copied out before any other map operation.
         unsafe {
-            SOCK_REV_NAT6_V1
+            SOCK_REV_NAT6_V2
                 .get(key)
                 .map(|v| (v.addr, v.port, v.rev_nat_id))
         }
@@ -246,7 +248,7 @@ impl SockFamily for V6 {
             port: backend.1,
             _pad: [0; 6],
         };
-        let _ = SOCK_REV_NAT6_V1.remove(key);
+        let _ = SOCK_REV_NAT6_V2.remove(key);
     }
 }
 
@@ -367,7 +369,6 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
                     frontend_port: port,
                     backend_port: target.1,
                     rev_nat_id: svc.rev_nat_id,
-                    _pad: 0,
                 };
             }
         }

@@ -334,7 +334,7 @@ impl TestNode {
 }
 
 impl TestNode {
-    /// The path of one of the ebpf mode's pinned maps (e.g. `SVC4_V1`).
+    /// The path of one of the ebpf mode's pinned maps (e.g. `SVC4_V2`).
     pub fn pinned_map(&self, map: &str) -> PathBuf {
         self.bpffs_root().join("maps").join(map)
     }

@@ -35,9 +35,10 @@ pub fn entry(i: u32) -> (Svc4Key, SvcValue) {
     let value = SvcValue {
         backend_id: i,
         count: 1,
-        rev_nat_id: (i & 0xffff) as u16,
+        rev_nat_id: i & proxy_common::MAX_REV_NAT_ID,
         flags: 0,
         maglev_table: 0,
+        _pad: 0,
     };
     (key, value)
 }

@@ -347,7 +347,7 @@ mod tests {
             services: 7,
             examples: vec!["ns1/svc-c".into(), "ns1/svc-d".into()],
             maps: vec![FullMap {
-                map: "SVC4_V1",
+                map: "SVC4_V2",
                 capacity: 8,
                 setting: "ebpf.mapSizes.services",
             }],
@@ -357,7 +357,7 @@ mod tests {
         assert!(e.related().is_none());
         assert_eq!(
             e.note(),
-            "7 services not programmed, BPF maps full: SVC4_V1 (capacity 8, \
+            "7 services not programmed, BPF maps full: SVC4_V2 (capacity 8, \
              ebpf.mapSizes.services); not programmed: ns1/svc-c, ns1/svc-d and 5 more. Raise \
              the capacities and restart the agent"
         );

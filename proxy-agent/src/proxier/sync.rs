@@ -192,7 +192,7 @@ impl SocketSweep {
 /// A map that could not take every service.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FullMap {
-    /// The map's pinned name (e.g. `SVC4_V1`).
+    /// The map's pinned name (e.g. `SVC4_V2`).
     pub map: &'static str,
     pub capacity: usize,
     /// The configuration field that sets its capacity (e.g. `ebpf.mapSizes.services`).
@@ -202,7 +202,7 @@ pub struct FullMap {
 /// A map replaced by a bigger one holding the same entries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MapGrowth {
-    /// The map's pinned name (e.g. `SVC4_V1`).
+    /// The map's pinned name (e.g. `SVC4_V2`).
     pub map: &'static str,
     /// Capacity (max_entries) before and after.
     pub from: usize,

@@ -249,20 +249,20 @@ fn connected_udp_sweeps_are_counted_by_result() {
 fn full_maps_are_visible() {
     let m = Metrics::new();
     m.services_not_programmed.set(3);
-    m.map_entries.with_label_values(&["SVC4_V1"]).set(8.0);
-    m.map_capacity.with_label_values(&["SVC4_V1"]).set(8.0);
+    m.map_entries.with_label_values(&["SVC4_V2"]).set(8.0);
+    m.map_capacity.with_label_values(&["SVC4_V2"]).set(8.0);
     let page = m.render();
     assert!(page.contains("# TYPE kubeproxy_ebpf_services_not_programmed gauge"));
     assert!(page.contains("kubeproxy_ebpf_services_not_programmed 3"));
-    assert!(page.contains("kubeproxy_ebpf_map_entries{map=\"SVC4_V1\"} 8"));
-    assert!(page.contains("kubeproxy_ebpf_map_capacity{map=\"SVC4_V1\"} 8"));
+    assert!(page.contains("kubeproxy_ebpf_map_entries{map=\"SVC4_V2\"} 8"));
+    assert!(page.contains("kubeproxy_ebpf_map_capacity{map=\"SVC4_V2\"} 8"));
 }
 
 #[test]
 fn map_growth_is_counted_by_map() {
     let m = Metrics::new();
-    m.map_growths_total.with_label_values(&["SVC4_V1"]).inc();
+    m.map_growths_total.with_label_values(&["SVC4_V2"]).inc();
     let page = m.render();
     assert!(page.contains("# TYPE kubeproxy_ebpf_map_growths_total counter"));
-    assert!(page.contains("kubeproxy_ebpf_map_growths_total{map=\"SVC4_V1\"} 1"));
+    assert!(page.contains("kubeproxy_ebpf_map_growths_total{map=\"SVC4_V2\"} 1"));
 }

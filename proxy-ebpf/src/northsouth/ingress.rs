@@ -202,9 +202,8 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
     v.client_port = p.sport;
     v.snat_port = 0;
     v.backend_id = backend_id;
-    v.rev_nat_id = svc.rev_nat_id;
+    v.set_rev_nat_id(svc.rev_nat_id);
     v.flags = 0;
-    v._pad = 0;
     v.expires = ct::now() + ct::lifetime(cfg, p.proto, false);
     v.ifindex = 0;
     let masq = F::masq(cfg);

@@ -23,7 +23,7 @@ use tests::{
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 
 fn frontends(node: &TestNode) -> BTreeSet<String> {
-    node.map_entries("SVC4_V1")
+    node.map_entries("SVC4_V2")
         .unwrap()
         .iter()
         .map(MapEntry::formatted)
@@ -33,7 +33,7 @@ fn frontends(node: &TestNode) -> BTreeSet<String> {
 /// Whether the services map has a frontend on `vip`.
 fn has_frontend(node: &TestNode, vip: [u8; 4]) -> bool {
     let addr = u64::from(u32::from_ne_bytes(vip));
-    node.map_entries("SVC4_V1")
+    node.map_entries("SVC4_V2")
         .unwrap()
         .iter()
         .any(|e| e.key["addr"] == addr)

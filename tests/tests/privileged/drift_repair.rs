@@ -128,11 +128,11 @@ async fn ebpf_map_entries_deleted_or_altered_are_repaired() {
         .start_agent(Mode::Ebpf, fast_periodic_sync(), false, Path::new(RUNNER))
         .await
         .unwrap();
-    let svc_map = node.pinned_map("SVC4_V1").display().to_string();
+    let svc_map = node.pinned_map("SVC4_V2").display().to_string();
     let backend_map = node.pinned_map("BACKENDS4_V1").display().to_string();
-    let services = node.map_entries("SVC4_V1").unwrap();
+    let services = node.map_entries("SVC4_V2").unwrap();
     let before = (
-        formatted(&node, "SVC4_V1"),
+        formatted(&node, "SVC4_V2"),
         formatted(&node, "BACKENDS4_V1"),
     );
     assert!(before.1.len() >= 2, "{before:#?}");
@@ -163,7 +163,7 @@ async fn ebpf_map_entries_deleted_or_altered_are_repaired() {
     let garbage = vec!["ff".to_string(); raw_value_len(&node, &svc_map)];
     map_op("update", &svc_map, &second_slot0, Some(&garbage));
     let broken = (
-        formatted(&node, "SVC4_V1"),
+        formatted(&node, "SVC4_V2"),
         formatted(&node, "BACKENDS4_V1"),
     );
     assert_ne!(broken.0, before.0);
@@ -171,7 +171,7 @@ async fn ebpf_map_entries_deleted_or_altered_are_repaired() {
 
     let took = wait_for(&before, || {
         (
-            formatted(&node, "SVC4_V1"),
+            formatted(&node, "SVC4_V2"),
             formatted(&node, "BACKENDS4_V1"),
         )
     });

@@ -444,8 +444,8 @@ async fn the_sidecar_lists_and_destroys_what_it_is_asked_to() {
     );
     // The agent's side: the pinned maps say it was translated, and from where.
     let mut lookups = PinnedRevNat {
-        v4: node.pinned_map("SOCK_REV_NAT4_V1"),
-        v6: node.pinned_map("SOCK_REV_NAT6_V1"),
+        v4: node.pinned_map("SOCK_REV_NAT4_V2"),
+        v6: node.pinned_map("SOCK_REV_NAT6_V2"),
     };
     let translated = lookups.translated(&ours).unwrap();
     assert_eq!(

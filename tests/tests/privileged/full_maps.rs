@@ -224,7 +224,7 @@ fn wait_not_programmed(node: &TestNode, want: u64) {
 /// The ClusterIPs with a frontend in SVC4 (keys hold addresses in network byte order,
 /// which BTF prints as native integers; the NodePort frontend's address is 0.0.0.0).
 fn programmed_vips(node: &TestNode) -> BTreeSet<Ipv4Addr> {
-    node.map_entries("SVC4_V1")
+    node.map_entries("SVC4_V2")
         .unwrap()
         .iter()
         .filter_map(|e| e.key["addr"].as_u64())
@@ -243,7 +243,7 @@ fn vips(services: &[(&str, &str, &str)]) -> BTreeSet<Ipv4Addr> {
 
 /// The programmed entries of the maps the services fill, `key => value`.
 fn lb_entries(node: &TestNode) -> BTreeSet<String> {
-    ["SVC4_V1", "BACKENDS4_V1", "REV_NAT4_V1"]
+    ["SVC4_V2", "BACKENDS4_V1", "REV_NAT4_V2"]
         .iter()
         .flat_map(|map| {
             node.map_entries(map)
@@ -308,7 +308,7 @@ async fn full_maps_program_what_fits_and_a_restart_with_room_takes_the_rest_with
         .unwrap();
     wait_not_programmed(&node, 3);
     assert_eq!(programmed_vips(&node), vips(&SERVICES[..2]));
-    assert!(node.map_entries("SVC4_V1").unwrap().len() <= SMALL_SERVICE_MAP as usize);
+    assert!(node.map_entries("SVC4_V2").unwrap().len() <= SMALL_SERVICE_MAP as usize);
     assert_eq!(
         one_shot(&node.topology, SERVICES[1].1),
         format!("{}:9000", SERVICES[1].2)
@@ -343,7 +343,7 @@ async fn full_maps_program_what_fits_and_a_restart_with_room_takes_the_rest_with
         .unwrap_or_else(|| panic!("no full-map warning in the log:\n{log}"));
     assert!(
         tests::scenario::agent::klog_severity(warning) == Some('W')
-            && warning.contains("SVC4_V1")
+            && warning.contains("SVC4_V2")
             && warning.contains("ns1/svc-c"),
         "{warning}"
     );
@@ -358,7 +358,7 @@ async fn full_maps_program_what_fits_and_a_restart_with_room_takes_the_rest_with
     assert_eq!(events[0]["regarding"]["name"], NODE);
     let note = events[0]["note"].as_str().unwrap_or_default();
     assert!(
-        note.contains("SVC4_V1") && note.contains("ebpf.mapSizeLimits.services"),
+        note.contains("SVC4_V2") && note.contains("ebpf.mapSizeLimits.services"),
         "{note}"
     );
     assert!(note.contains("ns1/svc-c"), "{note}");
@@ -395,10 +395,10 @@ async fn full_maps_program_what_fits_and_a_restart_with_room_takes_the_rest_with
         .unwrap();
     wait_not_programmed(&node, 0);
     assert_eq!(programmed_vips(&node), vips(&SERVICES));
-    assert_eq!(max_entries(&node, "SVC4_V1"), u64::from(BIG_SERVICE_MAP));
+    assert_eq!(max_entries(&node, "SVC4_V2"), u64::from(BIG_SERVICE_MAP));
     assert_eq!(max_entries(&node, "CT4_V1"), u64::from(BIG_CONNTRACK));
     let log = std::fs::read_to_string(&second.log).unwrap();
-    for map in ["SVC4_V1", "CT4_V1"] {
+    for map in ["SVC4_V2", "CT4_V1"] {
         assert!(
             log.lines()
                 .any(|l| l.contains("map resized") && l.contains(map)),

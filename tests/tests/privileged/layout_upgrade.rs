@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 //! An upgrade to a new map layout version leaves no window where services don't resolve.
 //!
-//! Map names carry their layout version (`SVC4_V1`). An agent of a newer layout finds none of
+//! Map names carry their layout version (`SVC4_V2`). An agent of a newer layout finds none of
 //! its maps pinned while the previous agent's programs still run: it must fill its new maps
 //! before its programs replace the running ones. The test plays the older agent's part by
-//! renaming every pin of a killed agent to version 0 (the programs it left attached keep
-//! using those maps), then starts the agent and connects to the service all along: every
-//! connection must be answered, the maps of version 0 must be gone afterwards and the
-//! version 1 maps must hold the service.
+//! renaming every pin of a killed agent to the version before its own (the programs it left
+//! attached keep using those maps), then starts the agent and connects to the service all
+//! along: every connection must be answered, the renamed maps must be gone afterwards and
+//! the current layout's maps must hold the service.
 
 use std::{
     fs,
@@ -73,22 +73,32 @@ fn connect(node: &TestNode, count: u32) -> Vec<Attempt> {
         .collect()
 }
 
+/// The layout version in a map's name (`SVC4_V2` -> 2).
+fn layout_version(name: &str) -> u32 {
+    name.rsplit_once("_V").unwrap().1.parse().unwrap()
+}
+
 fn answered_by_backend(a: &Attempt) -> bool {
     a.backend
         .is_some_and(|b| b.to_string() == format!("{BACKEND}:9000"))
 }
 
-/// Renames every pin of layout version 1 to version 0: what a node upgraded from an
-/// agent of the previous layout holds.
+/// Renames every pin of layout version n ≥ 1 to version n - 1: what a node upgraded from
+/// an agent of the previous layout holds (each map base has one version pinned, so the
+/// renames never collide).
 fn pretend_previous_layout(maps_dir: &Path) -> Vec<String> {
     let mut renamed = Vec::new();
     for entry in fs::read_dir(maps_dir).unwrap().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(base) = name.strip_suffix("_V1") {
-            let old = format!("{base}_V0");
-            fs::rename(entry.path(), maps_dir.join(&old)).unwrap();
-            renamed.push(old);
-        }
+        let Some((base, version)) = name.rsplit_once("_V") else {
+            continue;
+        };
+        let Some(version) = version.parse::<u32>().ok().filter(|v| *v >= 1) else {
+            continue;
+        };
+        let old = format!("{base}_V{}", version - 1);
+        fs::rename(entry.path(), maps_dir.join(&old)).unwrap();
+        renamed.push(old);
     }
     renamed.sort();
     renamed
@@ -111,7 +121,12 @@ async fn a_new_map_layout_takes_over_without_a_window() {
     assert!(connect(&node, 1).iter().all(answered_by_backend));
     previous.kill();
     let old_pins = pretend_previous_layout(&maps_dir);
-    assert!(old_pins.contains(&"SVC4_V0".to_string()), "{old_pins:?}");
+    let svc4_before = format!(
+        "{}_V{}",
+        "SVC4",
+        layout_version(proxy_common::maps::SVC4) - 1
+    );
+    assert!(old_pins.contains(&svc4_before), "{old_pins:?}");
     assert!(
         connect(&node, 3).iter().all(answered_by_backend),
         "the previous programs serve from the renamed maps"
@@ -169,11 +184,14 @@ async fn a_new_map_layout_takes_over_without_a_window() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert!(
-        left.iter().all(|n| !n.ends_with("_V0")),
+        left.iter().all(|n| !old_pins.contains(n)),
         "the previous layout's maps are removed: {left:?}"
     );
     assert!(
-        !node.map_entries("SVC4_V1").unwrap().is_empty(),
+        !node
+            .map_entries(proxy_common::maps::SVC4)
+            .unwrap()
+            .is_empty(),
         "the new layout's service map holds the service"
     );
     assert!(connect(&node, 3).iter().all(answered_by_backend));

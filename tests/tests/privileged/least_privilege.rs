@@ -58,7 +58,7 @@ async fn pins_are_writable_by_root_only() {
     let mut pins = Vec::new();
     walk(&node.bpffs_root(), &mut pins);
     assert!(
-        pins.iter().any(|(p, _)| p.ends_with("maps/SVC4_V1")),
+        pins.iter().any(|(p, _)| p.ends_with("maps/SVC4_V2")),
         "the maps are pinned: {pins:#?}"
     );
     assert!(

@@ -266,7 +266,7 @@ fn max_entries(node: &TestNode, map: &str) -> u64 {
 /// The ClusterIPs with a frontend in SVC4 (keys hold addresses in network byte order,
 /// which BTF prints as native integers).
 fn programmed_vips(node: &TestNode) -> BTreeSet<Ipv4Addr> {
-    node.map_entries("SVC4_V1")
+    node.map_entries("SVC4_V2")
         .unwrap()
         .iter()
         .filter_map(|e| e.key["addr"].as_u64())
@@ -335,10 +335,10 @@ async fn maps_grow_under_load_without_a_restart_or_a_failed_connection() {
         .unwrap();
     wait_all_programmed(&node);
     let page = metrics(&node);
-    for map in ["SVC4_V1", "BACKENDS4_V1", "REV_NAT4_V1"] {
+    for map in ["SVC4_V2", "BACKENDS4_V1", "REV_NAT4_V2"] {
         assert_eq!(growths(&page, map), 0.0, "{map} fits at first");
     }
-    assert_eq!(max_entries(&node, "REV_NAT4_V1"), u64::from(START_REV_NAT));
+    assert_eq!(max_entries(&node, "REV_NAT4_V2"), u64::from(START_REV_NAT));
 
     // The load: a pod's ClusterIP connections, an outside client's NodePort connections,
     // and one long-lived NodePort connection.
@@ -383,9 +383,9 @@ async fn maps_grow_under_load_without_a_restart_or_a_failed_connection() {
     // Each map grew at least twice, counted and logged, and the pins hold the new maps.
     let page = metrics(&node);
     for (map, start) in [
-        ("SVC4_V1", START_SERVICES),
+        ("SVC4_V2", START_SERVICES),
         ("BACKENDS4_V1", START_BACKENDS),
-        ("REV_NAT4_V1", START_REV_NAT),
+        ("REV_NAT4_V2", START_REV_NAT),
     ] {
         assert!(growths(&page, map) >= 2.0, "{map} grew twice:\n{page}");
         assert!(
@@ -402,7 +402,7 @@ async fn maps_grow_under_load_without_a_restart_or_a_failed_connection() {
     assert!(
         logged
             .iter()
-            .any(|l| l.contains("REV_NAT4_V1") && l.contains("took_ms")),
+            .any(|l| l.contains("REV_NAT4_V2") && l.contains("took_ms")),
         "growth logged:\n{log}"
     );
     eprintln!("{}", logged.join("\n"));

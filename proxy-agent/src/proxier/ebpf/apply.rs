@@ -60,14 +60,14 @@ pub enum ApplyError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     PutBackend(u32, BackendEntry),
-    PutRevNat(u16, IpAddr, u16),
-    PutSrcRange(u16, IpNet),
+    PutRevNat(u32, IpAddr, u16),
+    PutSrcRange(u32, IpNet),
     PutSvc(SvcEntryKey, SvcValue),
     PutNodePortAddr(IpAddr),
     PutSvcCidr(IpNet),
     DelSvc(SvcEntryKey),
-    DelSrcRange(u16, IpNet),
-    DelRevNat(bool, u16),
+    DelSrcRange(u32, IpNet),
+    DelRevNat(bool, u32),
     DelBackend(bool, u32),
     DelNodePortAddr(IpAddr),
     DelSvcCidr(IpNet),
@@ -79,13 +79,13 @@ pub enum Op {
 #[derive(Clone, Debug, Default)]
 struct AppliedService {
     svc: HashMap<SvcEntryKey, SvcValue>,
-    src_ranges: HashSet<(u16, IpNet)>,
+    src_ranges: HashSet<(u32, IpNet)>,
     /// One reference on the rev_nat id of each.
     frontends: Vec<FrontendKey>,
     /// One reference on the backend id of each occurrence.
     backends: Vec<BackendAddr>,
     /// (rev_nat_id, backend ids) of frontends with session affinity.
-    affinity: Vec<(u16, Vec<u32>)>,
+    affinity: Vec<(u32, Vec<u32>)>,
     /// One reference on the Maglev table of each frontend that uses one.
     maglev: Vec<BackendSet>,
     no_local_internal: bool,
@@ -125,8 +125,8 @@ pub struct PlannedSync {
     ops: Vec<Op>,
     budget: Budget,
     refusals: Refusals,
-    dead_frontends: HashSet<u16>,
-    dead_pairs: HashSet<(u16, u32)>,
+    dead_frontends: HashSet<u32>,
+    dead_pairs: HashSet<(u32, u32)>,
 }
 
 impl PlannedSync {
@@ -147,7 +147,7 @@ impl ApplyState {
             backend_ids: IdAllocator::new("backend", u64::from(max_backends)),
             rev_nat_ids: IdAllocator::new(
                 "rev_nat",
-                u64::from(max_rev_nat.min(u32::from(u16::MAX))),
+                u64::from(max_rev_nat.min(proxy_common::MAX_REV_NAT_ID)),
             ),
             backend_entries: HashMap::new(),
             owners: HashMap::new(),
@@ -187,6 +187,16 @@ impl ApplyState {
         self
     }
 
+    /// Takes over the reverse-NAT ids an agent of the previous map layout gave its
+    /// frontends (`upgrade::previous_rev_nat_ids`), before the first sync adopts
+    /// what this layout's maps hold: the same frontend keeps its id across the upgrade, so
+    /// conntrack entries and connected sockets, which keep their maps, still name it.
+    pub fn inherit_rev_nat_ids(&mut self, ids: impl IntoIterator<Item = (FrontendKey, u32)>) {
+        for (frontend, id) in ids {
+            self.rev_nat_ids.adopt(frontend, u64::from(id));
+        }
+    }
+
     /// Takes ids over from maps a previous agent left, so that identical entries keep
     /// their ids and need no write.
     fn adopt(&mut self, actual: &Snapshot) {
@@ -196,10 +206,7 @@ impl ApplyState {
             }
         }
         for (key, value) in &actual.svc {
-            if key.slot == 0
-                && key.scope == SCOPE_EXTERNAL
-                && value.flags & svc_flags::WILDCARD == 0
-            {
+            if key.names_frontend(value.flags) {
                 self.rev_nat_ids
                     .adopt(key.frontend, u64::from(value.rev_nat_id));
             }
@@ -237,7 +244,7 @@ impl ApplyState {
                 _ => {}
             }
             let fresh = self.rev_nat_ids.get(&frontend.key).is_none();
-            let rev_nat_id = self.rev_nat_ids.acquire(&frontend.key)? as u16;
+            let rev_nat_id = self.rev_nat_ids.acquire(&frontend.key)? as u32;
             if fresh {
                 ops.rev_nat_puts.push(Op::PutRevNat(
                     rev_nat_id,
@@ -288,6 +295,7 @@ impl ApplyState {
                         rev_nat_id,
                         flags,
                         maglev_table,
+                        _pad: 0,
                     },
                 );
                 if frontend.affinity_timeout.is_some() {
@@ -354,8 +362,8 @@ impl ApplyState {
         for key in &old.frontends {
             if let Some(id) = self.rev_nat_ids.release(key) {
                 ops.rev_nat_dels
-                    .push(Op::DelRevNat(v6(&key.addr), id as u16));
-                ops.dead_rev_nat.insert(id as u16);
+                    .push(Op::DelRevNat(v6(&key.addr), id as u32));
+                ops.dead_rev_nat.insert(id as u32);
                 if self.owners.get(key) == Some(&(family, service.clone())) {
                     self.owners.remove(key);
                 }
@@ -388,13 +396,13 @@ struct Plan {
     backend_dels: Vec<Op>,
     node_dels: Vec<Op>,
     /// rev_nat ids whose affinity entries must go (frontend gone or backends removed).
-    dead_rev_nat: HashSet<u16>,
-    dead_affinity: HashSet<(u16, u32)>,
+    dead_rev_nat: HashSet<u32>,
+    dead_affinity: HashSet<(u32, u32)>,
     /// Backend entries the plan writes, remembered by the state once they are admitted.
     backend_entries: HashMap<BackendAddr, BackendEntry>,
     /// Ids handed out for the first time by this plan (their entries are new).
     fresh_backends: HashSet<u32>,
-    fresh_rev_nat: HashSet<u16>,
+    fresh_rev_nat: HashSet<u32>,
     /// Maglev table ids handed out for the first time by this plan.
     fresh_maglev: HashSet<u64>,
 }
@@ -466,12 +474,12 @@ impl Plan {
 
     /// What [`Plan::ordered`] returns besides the operations (a full sync writes from what
     /// the maps hold, not from this plan's operations).
-    fn into_dead(self) -> (HashSet<u16>, HashSet<(u16, u32)>) {
+    fn into_dead(self) -> (HashSet<u32>, HashSet<(u32, u32)>) {
         (self.dead_rev_nat, self.dead_affinity)
     }
 
     /// The operations in an order that keeps every lookup consistent.
-    fn ordered(mut self) -> (Vec<Op>, HashSet<u16>, HashSet<(u16, u32)>) {
+    fn ordered(mut self) -> (Vec<Op>, HashSet<u32>, HashSet<(u32, u32)>) {
         // Internal scope before external; within a scope, slots 1..n then slot 0.
         self.svc_puts
             .sort_by_key(|(k, _)| (k.frontend, std::cmp::Reverse(k.scope), k.slot == 0, k.slot));
@@ -621,8 +629,8 @@ fn execute(maps: &mut LbMaps, ops: &[Op], maglev_size: u32) -> Result<(usize, us
 /// has (or to a frontend id that is gone and may be reused).
 fn clean_affinity(
     maps: &mut LbMaps,
-    dead_frontends: &HashSet<u16>,
-    dead_pairs: &HashSet<(u16, u32)>,
+    dead_frontends: &HashSet<u32>,
+    dead_pairs: &HashSet<(u32, u32)>,
 ) -> Result<usize, MapOpError> {
     if dead_frontends.is_empty() && dead_pairs.is_empty() {
         return Ok(0);
@@ -718,7 +726,7 @@ impl ApplyState {
             self.backend_entries.remove(&addr);
         }
         for (_, id) in self.rev_nat_ids.drop_unreferenced() {
-            plan.dead_rev_nat.insert(id as u16);
+            plan.dead_rev_nat.insert(id as u32);
         }
         self.maglev.drop_unreferenced();
 
@@ -837,7 +845,7 @@ impl ApplyState {
         &self,
         family: IpFamily,
         service: &NamespacedName,
-    ) -> Vec<(FrontendKey, u16)> {
+    ) -> Vec<(FrontendKey, u32)> {
         let owner = (family, service.clone());
         let Some(applied) = self.services.get(&owner) else {
             return Vec::new();
@@ -846,7 +854,7 @@ impl ApplyState {
             .frontends
             .iter()
             .filter(|k| self.owners.get(*k) == Some(&owner))
-            .filter_map(|k| self.rev_nat_ids.get(k).map(|id| (*k, id as u16)))
+            .filter_map(|k| self.rev_nat_ids.get(k).map(|id| (*k, id as u32)))
             .collect()
     }
 
@@ -880,7 +888,7 @@ impl ApplyState {
         for key in self.owners.keys() {
             if let Some(id) = self.rev_nat_ids.get(key) {
                 s.rev_nat
-                    .insert((v6(&key.addr), id as u16), (key.addr, key.port));
+                    .insert((v6(&key.addr), id as u32), (key.addr, key.port));
             }
         }
         s.nodeport_addrs = self.nodeport_addrs.clone();

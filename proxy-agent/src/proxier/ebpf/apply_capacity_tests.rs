@@ -22,7 +22,7 @@ use crate::{
 
 /// SVC4 holds `services` entries; every other map is roomy.
 fn harness(services: usize, max_backends: u32) -> Harness {
-    let maps = LbMaps::in_memory_with(|name| if name == "SVC4_V1" { services } else { 1024 });
+    let maps = LbMaps::in_memory_with(|name| if name == "SVC4_V2" { services } else { 1024 });
     Harness::with_maps(maps, ApplyState::new(max_backends, 1024))
 }
 
@@ -116,12 +116,12 @@ fn services_that_do_not_fit_are_left_out_whole_and_reported() {
     assert_eq!(
         stats.full_maps,
         vec![FullMap {
-            map: "SVC4_V1",
+            map: "SVC4_V2",
             capacity: 6,
             setting: "ebpf.mapSizes.services"
         }]
     );
-    let svc4 = stats.map_usage.iter().find(|u| u.map == "SVC4_V1").unwrap();
+    let svc4 = stats.map_usage.iter().find(|u| u.map == "SVC4_V2").unwrap();
     assert_eq!((svc4.entries, svc4.capacity), (6, 6));
     // A full sync agrees and writes nothing.
     let (ops, stats) = h.sync_with_stats(true);
@@ -292,7 +292,7 @@ fn grown(snapshot: &Snapshot, capacity: usize) -> LbMaps {
 }
 
 fn growing(services: usize, ceiling: u32) -> Harness {
-    let maps = LbMaps::in_memory_with(|name| if name == "SVC4_V1" { services } else { 1024 });
+    let maps = LbMaps::in_memory_with(|name| if name == "SVC4_V2" { services } else { 1024 });
     let ceilings = Ceilings::from_config(&MapSizeLimits {
         services: Some(ceiling),
         ..Default::default()
@@ -328,7 +328,7 @@ fn maps_grown_between_plan_and_writes_take_every_service_and_keep_the_ids() {
     h.maps = grown(&h.maps.snapshot().unwrap(), 32);
     let stats = h.apply.execute(&mut h.maps, planned).unwrap();
     assert_eq!(stats.not_programmed, 0);
-    let usage = stats.map_usage.iter().find(|u| u.map == "SVC4_V1").unwrap();
+    let usage = stats.map_usage.iter().find(|u| u.map == "SVC4_V2").unwrap();
     assert_eq!(
         (usage.entries, usage.capacity),
         (15, 32),
@@ -390,7 +390,7 @@ fn at_the_ceiling_services_are_refused_naming_the_limit() {
     assert_eq!(
         stats.full_maps,
         vec![FullMap {
-            map: "SVC4_V1",
+            map: "SVC4_V2",
             capacity: 9,
             setting: "ebpf.mapSizeLimits.services"
         }]

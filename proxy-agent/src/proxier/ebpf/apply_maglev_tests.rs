@@ -69,7 +69,7 @@ fn is_table_put(op: &LoggedOp) -> bool {
 }
 
 fn is_slot0_put(op: &LoggedOp) -> bool {
-    matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains("slot: 0"))
+    matches!(op, LoggedOp::Put { map: "SVC4_V2", key } if key.contains("slot: 0"))
 }
 
 impl Harness {

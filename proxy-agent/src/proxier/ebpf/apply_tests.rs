@@ -226,13 +226,13 @@ fn a_cluster_ip_service_is_written_backends_first_slot_zero_last() {
 
     let first_slot0 = pos(
         &ops,
-        |op| matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains("slot: 0") && key.contains("dport: 20480")),
+        |op| matches!(op, LoggedOp::Put { map: "SVC4_V2", key } if key.contains("slot: 0") && key.contains("dport: 20480")),
     );
     let last_backend = last_pos(&ops, is_put("BACKENDS4_V1", ""));
-    let rev_nat = pos(&ops, is_put("REV_NAT4_V1", ""));
+    let rev_nat = pos(&ops, is_put("REV_NAT4_V2", ""));
     let slot1 = pos(
         &ops,
-        |op| matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains("slot: 1")),
+        |op| matches!(op, LoggedOp::Put { map: "SVC4_V2", key } if key.contains("slot: 1")),
     );
     assert!(
         last_backend < slot1 && rev_nat < slot1 && slot1 < first_slot0,
@@ -255,8 +255,8 @@ fn scaling_touches_only_what_changed_in_a_safe_order() {
         "{ops:#?}"
     );
     let backend = pos(&ops, is_put("BACKENDS4_V1", ""));
-    let slot3 = pos(&ops, is_put("SVC4_V1", "slot: 3"));
-    let slot0 = pos(&ops, is_put("SVC4_V1", "slot: 0"));
+    let slot3 = pos(&ops, is_put("SVC4_V2", "slot: 3"));
+    let slot0 = pos(&ops, is_put("SVC4_V2", "slot: 0"));
     assert!(backend < slot3 && slot3 < slot0);
     assert_eq!(
         ops.len(),
@@ -267,7 +267,7 @@ fn scaling_touches_only_what_changed_in_a_safe_order() {
     // Shrink to one: slot 0 first (count 1), then the extra slots and the unused backends.
     h.slice(web(&["10.0.1.3"]));
     let ops = h.sync(false);
-    let slot0 = pos(&ops, is_put("SVC4_V1", "slot: 0"));
+    let slot0 = pos(&ops, is_put("SVC4_V2", "slot: 0"));
     let first_del = pos(&ops, |op| matches!(op, LoggedOp::Delete { .. }));
     let backend_del = pos(&ops, is_del("BACKENDS4_V1", ""));
     assert!(slot0 < first_del && first_del <= backend_del);
@@ -288,10 +288,10 @@ fn a_deleted_service_disappears_slot_zero_first_and_leaves_nothing() {
     let ops = h.sync(false);
     let slot0 = pos(
         &ops,
-        |op| matches!(op, LoggedOp::Delete { map: "SVC4_V1", key } if key.contains("slot: 0") && key.contains("dport: 20480")),
+        |op| matches!(op, LoggedOp::Delete { map: "SVC4_V2", key } if key.contains("slot: 0") && key.contains("dport: 20480")),
     );
-    let slot1 = pos(&ops, is_del("SVC4_V1", "slot: 1"));
-    let rev_nat = pos(&ops, is_del("REV_NAT4_V1", ""));
+    let slot1 = pos(&ops, is_del("SVC4_V2", "slot: 1"));
+    let rev_nat = pos(&ops, is_del("REV_NAT4_V2", ""));
     let backend = pos(&ops, is_del("BACKENDS4_V1", ""));
     assert!(
         slot0 < slot1 && slot1 < rev_nat && rev_nat < backend,
@@ -423,11 +423,11 @@ fn etp_local_gets_two_scopes_internal_written_before_the_external_slot_zero() {
     let lb = u32::from_ne_bytes([1, 2, 3, 4]).to_string();
     let internal0 = pos(
         &ops,
-        |op| matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains(&lb) && key.contains("slot: 0") && key.contains("scope: 1")),
+        |op| matches!(op, LoggedOp::Put { map: "SVC4_V2", key } if key.contains(&lb) && key.contains("slot: 0") && key.contains("scope: 1")),
     );
     let external0 = pos(
         &ops,
-        |op| matches!(op, LoggedOp::Put { map: "SVC4_V1", key } if key.contains(&lb) && key.contains("slot: 0") && key.contains("scope: 0")),
+        |op| matches!(op, LoggedOp::Put { map: "SVC4_V2", key } if key.contains(&lb) && key.contains("slot: 0") && key.contains("scope: 0")),
     );
     assert!(internal0 < external0);
     // The ClusterIP follows the internal policy (Cluster): every endpoint, one scope.
@@ -545,7 +545,7 @@ fn affinity_entries_of_removed_backends_are_deleted() {
             client: [client; 16],
             rev_nat_id: slot0.rev_nat_id,
             kind: 0,
-            _pad: 0,
+            _pad: [0; 3],
         };
         h.maps
             .affinity

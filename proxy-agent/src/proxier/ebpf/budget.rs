@@ -167,7 +167,7 @@ pub struct Demand {
     /// counted once).
     pub backends: BTreeSet<u32>,
     /// rev_nat ids whose entry is not in the map yet.
-    pub rev_nat: BTreeSet<u16>,
+    pub rev_nat: BTreeSet<u32>,
 }
 
 /// The room of one sync.
@@ -178,7 +178,7 @@ pub struct Budget {
     ceilings: bool,
     used: PerMap,
     backends: HashSet<(IpFamily, u32)>,
-    rev_nat: HashSet<(IpFamily, u16)>,
+    rev_nat: HashSet<(IpFamily, u32)>,
 }
 
 impl Budget {
@@ -211,7 +211,7 @@ impl Budget {
             .filter(|id| !self.backends.contains(&(family, **id)))
             .copied()
             .collect();
-        let rev_nat: Vec<u16> = demand
+        let rev_nat: Vec<u32> = demand
             .rev_nat
             .iter()
             .filter(|id| !self.rev_nat.contains(&(family, **id)))
@@ -328,10 +328,10 @@ mod tests {
 
     #[test]
     fn names_and_settings_of_the_maps() {
-        assert_eq!(MapKind::Services.map_name(IpFamily::V4), "SVC4_V1");
+        assert_eq!(MapKind::Services.map_name(IpFamily::V4), "SVC4_V2");
         assert_eq!(
             MapKind::SourceRanges.map_name(IpFamily::V6),
-            "SRC_RANGES6_V1"
+            "SRC_RANGES6_V2"
         );
         assert_eq!(MapKind::RevNat.setting(), "ebpf.mapSizes.revNat");
         let b = Budget::new(capacity(8, 2), PerMap::default());

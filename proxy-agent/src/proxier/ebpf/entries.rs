@@ -28,6 +28,40 @@ pub struct SvcEntryKey {
 }
 
 impl SvcEntryKey {
+    /// The key a kernel IPv4 service-map key stands for.
+    pub fn from_svc4(k: &Svc4Key) -> Self {
+        SvcEntryKey {
+            frontend: FrontendKey {
+                addr: IpAddr::V4(v4_from_raw(k.addr)),
+                port: u16::from_be(k.dport),
+                proto: k.proto,
+            },
+            scope: k.scope,
+            slot: k.slot,
+        }
+    }
+
+    /// The key a kernel IPv6 service-map key stands for.
+    pub fn from_svc6(k: &Svc6Key) -> Self {
+        SvcEntryKey {
+            frontend: FrontendKey {
+                addr: IpAddr::V6(Ipv6Addr::from(k.addr)),
+                port: u16::from_be(k.dport),
+                proto: k.proto,
+            },
+            scope: k.scope,
+            slot: k.slot,
+        }
+    }
+
+    /// Whether this entry holds its frontend's reverse-NAT id for adoption: slot 0 of the
+    /// external scope, and not a ClusterIP wildcard (which has no id).
+    pub fn names_frontend(&self, flags: u16) -> bool {
+        self.slot == 0
+            && self.scope == proxy_common::SCOPE_EXTERNAL
+            && flags & proxy_common::svc_flags::WILDCARD == 0
+    }
+
     /// The ClusterIP wildcard entry of `ip` (any port, any protocol).
     pub fn wildcard(ip: IpAddr) -> Self {
         SvcEntryKey {
@@ -55,8 +89,8 @@ pub struct BackendEntry {
 pub struct Snapshot {
     pub svc: HashMap<SvcEntryKey, SvcValue>,
     pub backends: HashMap<(bool, u32), BackendEntry>,
-    pub rev_nat: HashMap<(bool, u16), (IpAddr, u16)>,
-    pub src_ranges: HashSet<(u16, IpNet)>,
+    pub rev_nat: HashMap<(bool, u32), (IpAddr, u16)>,
+    pub src_ranges: HashSet<(u32, IpNet)>,
     pub nodeport_addrs: HashSet<IpAddr>,
     pub svc_cidrs: HashSet<IpNet>,
 }
@@ -189,7 +223,7 @@ impl LbMaps {
     /// Writes reverse-NAT entries in order, in as few system calls as the maps allow.
     pub fn put_rev_nats(
         &mut self,
-        entries: impl IntoIterator<Item = (u16, IpAddr, u16)>,
+        entries: impl IntoIterator<Item = (u32, IpAddr, u16)>,
     ) -> Result<()> {
         let (mut run4, mut run6) = (Vec::new(), Vec::new());
         for (id, addr, port) in entries {
@@ -261,7 +295,7 @@ impl LbMaps {
         }
     }
 
-    pub fn put_rev_nat(&mut self, id: u16, addr: IpAddr, port: u16) -> Result<()> {
+    pub fn put_rev_nat(&mut self, id: u32, addr: IpAddr, port: u16) -> Result<()> {
         match addr {
             IpAddr::V4(a) => self.rev_nat4.put(
                 &id,
@@ -282,7 +316,7 @@ impl LbMaps {
         }
     }
 
-    pub fn del_rev_nat(&mut self, v6: bool, id: u16) -> Result<()> {
+    pub fn del_rev_nat(&mut self, v6: bool, id: u32) -> Result<()> {
         if v6 {
             self.rev_nat6.delete(&id)
         } else {
@@ -290,14 +324,13 @@ impl LbMaps {
         }
     }
 
-    pub fn put_src_range(&mut self, id: u16, net: &IpNet) -> Result<()> {
+    pub fn put_src_range(&mut self, id: u32, net: &IpNet) -> Result<()> {
         match net {
             IpNet::V4(n) => self.src_ranges4.put(
                 &Prefix {
                     len: prefix_bits(net),
                     data: SourceRange4 {
                         rev_nat_id: id.to_be(),
-                        _pad: 0,
                         addr: v4_raw(n.network()),
                     },
                 },
@@ -308,7 +341,6 @@ impl LbMaps {
                     len: prefix_bits(net),
                     data: SourceRange6 {
                         rev_nat_id: id.to_be(),
-                        _pad: 0,
                         addr: n.network().octets(),
                     },
                 },
@@ -317,13 +349,12 @@ impl LbMaps {
         }
     }
 
-    pub fn del_src_range(&mut self, id: u16, net: &IpNet) -> Result<()> {
+    pub fn del_src_range(&mut self, id: u32, net: &IpNet) -> Result<()> {
         match net {
             IpNet::V4(n) => self.src_ranges4.delete(&Prefix {
                 len: prefix_bits(net),
                 data: SourceRange4 {
                     rev_nat_id: id.to_be(),
-                    _pad: 0,
                     addr: v4_raw(n.network()),
                 },
             }),
@@ -331,7 +362,6 @@ impl LbMaps {
                 len: prefix_bits(net),
                 data: SourceRange6 {
                     rev_nat_id: id.to_be(),
-                    _pad: 0,
                     addr: n.network().octets(),
                 },
             }),
@@ -396,28 +426,10 @@ impl LbMaps {
     pub fn snapshot(&self) -> Result<Snapshot> {
         let mut s = Snapshot::default();
         for (k, v) in self.svc4.entries()? {
-            let key = SvcEntryKey {
-                frontend: FrontendKey {
-                    addr: IpAddr::V4(v4_from_raw(k.addr)),
-                    port: u16::from_be(k.dport),
-                    proto: k.proto,
-                },
-                scope: k.scope,
-                slot: k.slot,
-            };
-            s.svc.insert(key, v);
+            s.svc.insert(SvcEntryKey::from_svc4(&k), v);
         }
         for (k, v) in self.svc6.entries()? {
-            let key = SvcEntryKey {
-                frontend: FrontendKey {
-                    addr: IpAddr::V6(Ipv6Addr::from(k.addr)),
-                    port: u16::from_be(k.dport),
-                    proto: k.proto,
-                },
-                scope: k.scope,
-                slot: k.slot,
-            };
-            s.svc.insert(key, v);
+            s.svc.insert(SvcEntryKey::from_svc6(&k), v);
         }
         for (id, v) in self.backends4.entries()? {
             s.backends.insert(
@@ -463,14 +475,14 @@ impl LbMaps {
             let len = p.len.saturating_sub(SOURCE_RANGE_PREFIX_BITS) as u8;
             if let Ok(net) = ipnet::Ipv4Net::new(v4_from_raw(p.data.addr), len) {
                 s.src_ranges
-                    .insert((u16::from_be(p.data.rev_nat_id), IpNet::V4(net)));
+                    .insert((u32::from_be(p.data.rev_nat_id), IpNet::V4(net)));
             }
         }
         for (p, _) in self.src_ranges6.entries()? {
             let len = p.len.saturating_sub(SOURCE_RANGE_PREFIX_BITS) as u8;
             if let Ok(net) = ipnet::Ipv6Net::new(Ipv6Addr::from(p.data.addr), len) {
                 s.src_ranges
-                    .insert((u16::from_be(p.data.rev_nat_id), IpNet::V6(net)));
+                    .insert((u32::from_be(p.data.rev_nat_id), IpNet::V6(net)));
             }
         }
         for (k, _) in self.nodeport_addrs4.entries()? {

@@ -34,9 +34,10 @@ use crate::{
 /// A map fuller than this (percent of its capacity) at the peak of a sync grows first.
 pub const HIGH_WATER_PERCENT: u64 = 80;
 
-/// The rev_nat maps are keyed by 16-bit ids (0 is never used): no more entries than this
-/// can ever be in them.
-pub const REV_NAT_KEYS: u32 = 1 << 16;
+/// The rev_nat maps hold one entry per id, and ids go up to
+/// [`proxy_common::MAX_REV_NAT_ID`] (0 is never used): no more entries than this can ever be
+/// in them.
+pub const REV_NAT_KEYS: u32 = proxy_common::MAX_REV_NAT_ID + 1;
 
 /// Sizes are rounded up to a multiple of 1/16 of their next power of two (at most 6 %
 /// more), and of at least this.
@@ -201,8 +202,13 @@ mod tests {
         assert_eq!(grown_size(256, 300, 384), Some(384));
         assert_eq!(grown_size(384, 384, 384), None, "at the ceiling");
         assert_eq!(grown_size(512, 600, 384), None, "above it (a larger start)");
-        assert_eq!(grown_size(65_536, 70_000, REV_NAT_KEYS), None);
-        assert_eq!(grown_size(4096, 60_000, REV_NAT_KEYS), Some(REV_NAT_KEYS));
+        assert_eq!(grown_size(1 << 24, 16_000_000, REV_NAT_KEYS), None);
+        assert_eq!(
+            grown_size(1 << 23, 8_000_000, REV_NAT_KEYS),
+            Some(REV_NAT_KEYS)
+        );
+        // 16-bit ids once capped this map at 65,536 entries; 100,000 frontends fit now.
+        assert_eq!(grown_size(65_536, 100_000, REV_NAT_KEYS), Some(131_072));
     }
 
     #[test]
@@ -225,14 +231,14 @@ mod tests {
     fn ceilings_default_to_what_the_layout_allows() {
         let c = Ceilings::from_config(&MapSizeLimits::default());
         assert_eq!(c.of(MapKind::Services), MAX_MAP_ENTRIES);
-        assert_eq!(c.of(MapKind::RevNat), REV_NAT_KEYS);
+        assert_eq!(c.of(MapKind::RevNat), REV_NAT_KEYS.min(MAX_MAP_ENTRIES));
         let c = Ceilings::from_config(&MapSizeLimits {
             backends: Some(4096),
             rev_nat: Some(1 << 20),
             ..Default::default()
         });
         assert_eq!(c.of(MapKind::Backends), 4096);
-        assert_eq!(c.of(MapKind::RevNat), REV_NAT_KEYS);
+        assert_eq!(c.of(MapKind::RevNat), 1 << 20);
         // Room is the ceiling, or the capacity of a map already larger.
         let room = c.room(&per_map(&[(MapKind::Backends, IpFamily::V4, 8192)]));
         assert_eq!(room.get(MapKind::Backends, IpFamily::V4), 8192);
@@ -276,7 +282,7 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(steps[0].map(), "SVC4_V1");
+        assert_eq!(steps[0].map(), "SVC4_V2");
         assert!(required(&steps, &peak), "300 entries do not fit in 256");
         let ahead = per_map(&[(RevNat, V4, 60)]);
         assert!(!required(

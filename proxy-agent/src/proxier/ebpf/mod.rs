@@ -179,6 +179,7 @@ impl EbpfProxier {
         if let Some(ceilings) = ceilings {
             state = state.with_ceilings(ceilings);
         }
+        state.inherit_rev_nat_ids(upgrade::previous_rev_nat_ids(&maps_dir));
         Ok(Self {
             loaded,
             state,
@@ -202,7 +203,7 @@ fn open_names(maps_dir: &std::path::Path, maps: &maps::LbMaps) -> Option<names::
     let rev_nat = maps.rev_nat4.capacity().unwrap_or(0) + maps.rev_nat6.capacity().unwrap_or(0);
     let capacity = u32::try_from(rev_nat)
         .unwrap_or(u32::MAX)
-        .clamp(1, 2 * u32::from(u16::MAX));
+        .clamp(1, 2 * proxy_common::MAX_REV_NAT_ID);
     match names::open_or_create(maps_dir, capacity) {
         Ok(table) => Some(table),
         Err(e) => {

@@ -3,13 +3,14 @@
 //! `proxy-agent inspect` and `proxy-agent trace` can say "ns1/svc1:http" instead of an id.
 //!
 //! The dataplane maps hold only ids. The table is a pinned BPF hash map next to them
-//! (`maps/SVC_NAMES_V1`) rather than a file, because bpffs holds no regular files and because
+//! (`maps/SVC_NAMES_V2`) rather than a file, because bpffs holds no regular files and because
 //! a map shares the other pins' lifetime: it survives agent restarts, is removed by
 //! `--cleanup` with them, and each entry is replaced atomically, so a reader never sees half a
 //! name. The programs never read it. It is written after every sync, from the ids the apply
 //! stage holds; on a partial sync only the changed services' entries are touched.
 //!
-//! Key: `(v6 << 16) | rev_nat_id`. Value: namespace, name and port name, each NUL-padded in a
+//! Key: `(v6 << 31) | rev_nat_id` (layout 2; layout 1 put the family in bit 16, when ids
+//! were 16 bits). Value: namespace, name and port name, each NUL-padded in a
 //! fixed field (Kubernetes caps them at 63, 63 and 15 bytes).
 
 use std::{
@@ -39,13 +40,15 @@ pub const VALUE_LEN: usize = NS_LEN + NAME_LEN + PORT_LEN;
 
 pub type NameValue = [u8; VALUE_LEN];
 
-pub fn key(v6: bool, rev_nat_id: u16) -> u32 {
-    (u32::from(v6) << 16) | u32::from(rev_nat_id)
+/// Ids are at most [`proxy_common::MAX_REV_NAT_ID`] (24 bits), so the family fits in the
+/// top bit.
+pub fn key(v6: bool, rev_nat_id: u32) -> u32 {
+    (u32::from(v6) << 31) | (rev_nat_id & !(1 << 31))
 }
 
 /// `(v6, rev_nat_id)` of a key.
-pub fn split_key(key: u32) -> (bool, u16) {
-    (key >> 16 != 0, (key & 0xffff) as u16)
+pub fn split_key(key: u32) -> (bool, u32) {
+    (key >> 31 != 0, key & !(1 << 31))
 }
 
 fn put_field(out: &mut [u8], text: &str) {
@@ -295,7 +298,7 @@ impl NamesTable {
 }
 
 /// Reads a pinned table: `(v6, rev_nat_id)` -> service port. Absent table: empty.
-pub fn read_pinned(maps_dir: &Path) -> Result<HashMap<(bool, u16), PortRef>, MapOpError> {
+pub fn read_pinned(maps_dir: &Path) -> Result<HashMap<(bool, u32), PortRef>, MapOpError> {
     let path = maps_dir.join(SVC_NAMES);
     if !path.exists() {
         return Ok(HashMap::new());
@@ -336,6 +339,9 @@ mod tests {
         assert_eq!(p.to_string(), "ns1/svc1:http");
         assert_eq!(split_key(key(true, 7)), (true, 7));
         assert_eq!(split_key(key(false, 65535)), (false, 65535));
+        let largest = proxy_common::MAX_REV_NAT_ID;
+        assert_eq!(split_key(key(true, largest)), (true, largest));
+        assert_eq!(split_key(key(false, 70_000)), (false, 70_000));
         let long = PortRef {
             namespace: "n".repeat(70),
             name: String::new(),

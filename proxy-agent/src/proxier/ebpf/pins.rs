@@ -24,7 +24,7 @@ pub fn bpffs_root(configured: &str) -> PathBuf {
 
 /// Pin name of the agent's service-name table (layout version in the suffix, as for the
 /// programs' maps; see `names`).
-pub const SVC_NAMES: &str = "SVC_NAMES_V1";
+pub const SVC_NAMES: &str = "SVC_NAMES_V2";
 
 /// The pinned maps.
 pub fn maps_dir(root: &Path) -> PathBuf {

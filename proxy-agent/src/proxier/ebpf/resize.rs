@@ -269,8 +269,8 @@ fn configured(sizes: &MapSizes) -> Vec<Resizable> {
         Resizable::hash::<Svc6Key, SvcValue>(names::SVC6, Hash, sizes.services),
         Resizable::hash::<u32, Backend4Value>(names::BACKENDS4, Hash, sizes.backends),
         Resizable::hash::<u32, Backend6Value>(names::BACKENDS6, Hash, sizes.backends),
-        Resizable::hash::<u16, RevNat4Value>(names::REV_NAT4, Hash, sizes.rev_nat),
-        Resizable::hash::<u16, RevNat6Value>(names::REV_NAT6, Hash, sizes.rev_nat),
+        Resizable::hash::<u32, RevNat4Value>(names::REV_NAT4, Hash, sizes.rev_nat),
+        Resizable::hash::<u32, RevNat6Value>(names::REV_NAT6, Hash, sizes.rev_nat),
         Resizable::hash::<SockRevNat4Key, SockRevNat4Value>(
             names::SOCK_REV_NAT4,
             LruHash,
@@ -598,11 +598,11 @@ mod tests {
         };
         assert_eq!(
             pin_path(dir, names::SVC4, &maps, &plans),
-            dir.join("SVC4_V1_staging")
+            dir.join("SVC4_V2_staging")
         );
         assert_eq!(
             pin_path(dir, names::SVC6, &maps, &plans),
-            dir.join("SVC6_V1")
+            dir.join("SVC6_V2")
         );
         assert_eq!(
             pin_path(dir, names::LB_CONFIG, &maps, &plans),

@@ -248,7 +248,7 @@ impl ApplyState {
                 .frontends
                 .iter()
                 .filter_map(|key| self.rev_nat_ids.get(key))
-                .map(|id| id as u16)
+                .map(|id| id as u32)
                 .filter(|id| !actual.rev_nat.contains_key(&(is_v6, *id)))
                 .collect(),
         }

@@ -71,7 +71,7 @@ pub struct LiveFrontend {
     pub port: u16,
     pub protocol: &'static str,
     pub kind: FrontendKind,
-    pub rev_nat_id: u16,
+    pub rev_nat_id: u32,
     /// The service port it belongs to (absent if the names table has no entry).
     pub service: Option<PortRef>,
     pub affinity_timeout: Option<u32>,
@@ -116,7 +116,7 @@ pub struct LiveAffinity {
     pub client: String,
     pub client_address: Option<IpAddr>,
     pub netns_cookie: Option<u64>,
-    pub rev_nat_id: u16,
+    pub rev_nat_id: u32,
     pub frontend: Option<String>,
     pub service: Option<PortRef>,
     pub backend_id: u32,
@@ -182,7 +182,7 @@ impl LiveState {
 #[derive(Debug, Default)]
 pub struct RawMaps {
     pub snapshot: Snapshot,
-    pub names: HashMap<(bool, u16), PortRef>,
+    pub names: HashMap<(bool, u32), PortRef>,
     pub affinity: Vec<(AffinityKey, AffinityValue)>,
     pub ct4: Vec<(Ct4Key, CtValue)>,
     pub ct6: Vec<(Ct6Key, CtValue)>,
@@ -315,7 +315,7 @@ pub fn decode(raw: &RawMaps) -> LiveState {
     state.backends.sort_by_key(|b| (b.address.is_ipv6(), b.id));
 
     let frontend_of =
-        |v6: bool, id: u16| snap.rev_nat.get(&(v6, id)).map(|(a, p)| sockaddr(*a, *p));
+        |v6: bool, id: u32| snap.rev_nat.get(&(v6, id)).map(|(a, p)| sockaddr(*a, *p));
     for (k, v) in &raw.affinity {
         let (client, client_address, netns_cookie, v6) = if k.kind == AFFINITY_CLIENT_NETNS {
             let mut b = [0u8; 8];
@@ -364,7 +364,7 @@ pub fn decode(raw: &RawMaps) -> LiveState {
         backend: sockaddr(addr16(&v.backend_addr, v6), u16::from_be(v.backend_port)),
         snat: (v.flags & CT_F_SNAT != 0)
             .then(|| sockaddr(addr16(&v.snat_addr, v6), u16::from_be(v.snat_port))),
-        service: raw.names.get(&(v6, v.rev_nat_id)).cloned(),
+        service: raw.names.get(&(v6, v.rev_nat_id())).cloned(),
         reply_seen: v.flags & CT_F_REPLY_SEEN != 0,
         closing: v.flags & CT_F_CLOSING != 0,
         expires_in: i64::from(v.expires) - i64::from(raw.now),

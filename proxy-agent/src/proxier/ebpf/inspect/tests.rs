@@ -34,6 +34,7 @@ fn raw() -> live::RawMaps {
             rev_nat_id: 7,
             flags: svc_flags::CLUSTER_IP,
             maglev_table: 0,
+            _pad: 0,
         },
     );
     for (slot, id) in [(1, 3), (2, 4)] {
@@ -65,7 +66,7 @@ fn raw() -> live::RawMaps {
         backend_port: 8080u16.to_be(),
         client_port: 40000u16.to_be(),
         snat_port: 40000u16.to_be(),
-        rev_nat_id: 7,
+        rev_nat_lo: 7,
         flags: CT_F_SNAT,
         expires: 1030,
         ..Default::default()

@@ -167,6 +167,7 @@ mod tests {
         let value = SockRevNat4Value {
             addr: u32::from_ne_bytes([172, 30, 0, 41]),
             port: 80u16.to_be(),
+            _pad: 0,
             rev_nat_id: 3,
         };
         assert_eq!(frontend4(&value), "172.30.0.41:80".parse().unwrap());
@@ -176,6 +177,7 @@ mod tests {
         let value = SockRevNat6Value {
             addr: "fd00:30::41".parse::<Ipv6Addr>().unwrap().octets(),
             port: 53u16.to_be(),
+            _pad: 0,
             rev_nat_id: 1,
         };
         assert_eq!(frontend6(&value), "[fd00:30::41]:53".parse().unwrap());
