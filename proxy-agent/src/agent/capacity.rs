@@ -2,7 +2,8 @@
 //! Services left out of full maps, reported where an operator looks: the map gauges and
 //! `kubeproxy_ebpf_services_not_programmed`, one warning per sync while it lasts, and a
 //! `MapFull` Warning event on the Node (rate-limited by the event sink). Maps that grew
-//! count in `kubeproxy_ebpf_map_growths_total` (the proxier logs each growth).
+//! count in `kubeproxy_ebpf_map_growths_total` and make a `MapGrown` Normal event on the
+//! Node (the proxier logs each growth).
 
 use tracing::{info, warn};
 
@@ -30,6 +31,15 @@ pub fn report(stats: &SyncStats, short_before: bool, metrics: &Metrics, events: 
             .map_growths_total
             .with_label_values(&[growth.map])
             .inc();
+    }
+    if !stats.map_growth.is_empty() {
+        events.emit(NodeEvent::MapGrown {
+            maps: stats
+                .map_growth
+                .iter()
+                .map(|g| (g.map, g.from, g.to))
+                .collect(),
+        });
     }
     metrics
         .services_not_programmed

@@ -50,6 +50,12 @@ pub enum NodeEvent {
         /// Each full map, its capacity and the setting that raises it.
         maps: Vec<FullMap>,
     },
+    /// BPF maps replaced by bigger ones under the running programs, so that a sync fits
+    /// (no restart, no lost entry): news, not a problem.
+    MapGrown {
+        /// Each grown map: its name and capacity before and after.
+        maps: Vec<(&'static str, usize, usize)>,
+    },
 }
 
 impl NodeEvent {
@@ -64,6 +70,15 @@ impl NodeEvent {
                 ObjectKind::ServiceCidr => "InvalidServiceCIDR",
             },
             NodeEvent::MapFull { .. } => "MapFull",
+            NodeEvent::MapGrown { .. } => "MapGrown",
+        }
+    }
+
+    /// Normal for news, Warning for what needs an operator.
+    pub fn event_type(&self) -> EventType {
+        match self {
+            NodeEvent::MapGrown { .. } => EventType::Normal,
+            _ => EventType::Warning,
         }
     }
 
@@ -71,7 +86,9 @@ impl NodeEvent {
     pub fn action(&self) -> &'static str {
         match self {
             NodeEvent::ModeFallback { .. } => "StartProxier",
-            NodeEvent::ObjectRejected(_) | NodeEvent::MapFull { .. } => "Sync",
+            NodeEvent::ObjectRejected(_)
+            | NodeEvent::MapFull { .. }
+            | NodeEvent::MapGrown { .. } => "Sync",
         }
     }
 
@@ -109,6 +126,16 @@ impl NodeEvent {
                     examples.join(", ")
                 )
             }
+            NodeEvent::MapGrown { maps } => {
+                let maps: Vec<String> = maps
+                    .iter()
+                    .map(|(map, from, to)| format!("{map} {from} -> {to}"))
+                    .collect();
+                format!(
+                    "BPF maps grown without a restart to fit the services: {}",
+                    maps.join(", ")
+                )
+            }
         };
         truncate(note, NOTE_MAX_BYTES)
     }
@@ -142,6 +169,12 @@ impl NodeEvent {
             }
             // The news is that maps are full, whichever services it hits this time.
             NodeEvent::MapFull { .. } => "map-full".into(),
+            // Each growth is news of its own: the sizes tell them apart.
+            NodeEvent::MapGrown { maps } => {
+                let sizes: Vec<String> =
+                    maps.iter().map(|(m, _, to)| format!("{m}={to}")).collect();
+                format!("map-grown/{}", sizes.join(","))
+            }
         }
     }
 }
@@ -281,7 +314,7 @@ async fn post_events(mut rx: mpsc::Receiver<NodeEvent>, recorder: Recorder, node
             continue;
         }
         let ev = Event {
-            type_: EventType::Warning,
+            type_: event.event_type(),
             reason: event.reason().into(),
             note: Some(event.note()),
             action: event.action().into(),
@@ -353,6 +386,7 @@ mod tests {
             }],
         };
         assert_eq!(e.reason(), "MapFull");
+        assert_eq!(e.event_type(), EventType::Warning);
         assert_eq!(e.action(), "Sync");
         assert!(e.related().is_none());
         assert_eq!(
@@ -361,6 +395,28 @@ mod tests {
              ebpf.mapSizes.services); not programmed: ns1/svc-c, ns1/svc-d and 5 more. Raise \
              the capacities and restart the agent"
         );
+    }
+
+    #[test]
+    fn grown_maps_are_normal_news_each_growth_its_own() {
+        let first = NodeEvent::MapGrown {
+            maps: vec![
+                ("SVC4_V2", 65_536, 131_072),
+                ("REV_NAT4_V2", 65_536, 131_072),
+            ],
+        };
+        assert_eq!(first.reason(), "MapGrown");
+        assert_eq!(first.event_type(), EventType::Normal);
+        assert_eq!(first.action(), "Sync");
+        assert_eq!(
+            first.note(),
+            "BPF maps grown without a restart to fit the services: SVC4_V2 65536 -> 131072, \
+             REV_NAT4_V2 65536 -> 131072"
+        );
+        let second = NodeEvent::MapGrown {
+            maps: vec![("SVC4_V2", 131_072, 262_144)],
+        };
+        assert_ne!(first.key(), second.key(), "the rate limiter keeps both");
     }
 
     #[test]
