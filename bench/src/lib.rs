@@ -56,6 +56,7 @@ pub mod load;
 pub mod manifests;
 pub mod maps;
 pub mod memory;
+pub mod metrics;
 pub mod net;
 pub mod nodeport;
 #[cfg(test)]

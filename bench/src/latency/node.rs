@@ -28,6 +28,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
+    metrics::metric_sum,
     net::BenchNet,
 };
 
@@ -195,21 +196,6 @@ impl Drop for ProberProcess {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// The sum of a counter or histogram `_count` over its label sets.
-pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
-    let mut sum = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let end = line.find(['{', ' ']).unwrap_or(line.len());
-        if &line[..end] != name {
-            continue;
-        }
-        if let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
-            sum = Some(sum.unwrap_or(0.0) + value);
-        }
-    }
-    sum
 }
 
 pub(super) fn sync_counts(node_ns: &str) -> SyncCounts {

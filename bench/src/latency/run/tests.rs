@@ -6,19 +6,8 @@ use std::{
 };
 
 use super::*;
-use crate::latency::node::{agent_fragment, metric_sum};
+use crate::latency::node::agent_fragment;
 use crate::latency::prober::{Command, probe_loop};
-
-#[test]
-fn metric_sum_adds_label_sets() {
-    let text = "# HELP x\n\
-                kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 3\n\
-                kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 2\n\
-                kubeproxy_sync_full_proxy_rules_duration_seconds_sum 0.5\n";
-    let name = "kubeproxy_sync_full_proxy_rules_duration_seconds_count";
-    assert_eq!(metric_sum(text, name), Some(5.0));
-    assert_eq!(metric_sum(text, "missing"), None);
-}
 
 #[test]
 fn fragment_sizes_the_maps_for_fillers_and_changes() {
