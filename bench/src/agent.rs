@@ -7,7 +7,7 @@
 use std::{
     path::{Path, PathBuf},
     thread,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use serde_json::{Map, Value, json};
@@ -174,31 +174,46 @@ impl BenchAgent {
 
     /// Waits until the agent's sync metrics show `change` applied.
     pub fn wait_synced(&mut self, change: Change, timeout: Duration) -> Result<()> {
+        self.wait_metrics(timeout, |body, now| {
+            judge_metrics(parse_sync_times(body), change, now)
+        })
+    }
+
+    /// Polls the agent's metrics until `judge` (given their text and the time they were
+    /// read) accepts them, and returns what it returned; fails when the agent exits, or at
+    /// `timeout` with the judge's last reason.
+    pub fn wait_metrics<T>(
+        &mut self,
+        timeout: Duration,
+        mut judge: impl FnMut(&str, SystemTime) -> Result<T, String>,
+    ) -> Result<T> {
         let deadline = Instant::now() + timeout;
-        let url = format!("http://{METRICS_BIND}/metrics");
         loop {
             signals::check()?;
             if let Some(status) = self.agent.exit_status() {
                 return Err(self.failure(format!("exited ({status})")));
             }
-            let last = match get_in(&self.node_ns, &url, GET_TIMEOUT) {
-                Ok(metrics) if metrics.status == 200 => {
-                    match judge_metrics(
-                        parse_sync_times(&metrics.body),
-                        change,
-                        std::time::SystemTime::now(),
-                    ) {
-                        Ok(()) => return Ok(()),
-                        Err(why) => why,
-                    }
-                }
-                Ok(other) => format!("/metrics answered {}", other.status),
+            let last = match self.metrics() {
+                Ok(body) => match judge(&body, SystemTime::now()) {
+                    Ok(accepted) => return Ok(accepted),
+                    Err(why) => why,
+                },
                 Err(err) => err,
             };
             if Instant::now() >= deadline {
                 return Err(self.failure(format!("not synced after {timeout:?}: {last}")));
             }
             thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The agent's metrics text, read once from inside the node namespace.
+    pub fn metrics(&self) -> Result<String, String> {
+        let url = format!("http://{METRICS_BIND}/metrics");
+        match get_in(&self.node_ns, &url, GET_TIMEOUT) {
+            Ok(metrics) if metrics.status == 200 => Ok(metrics.body),
+            Ok(other) => Err(format!("/metrics answered {}", other.status)),
+            Err(err) => Err(err),
         }
     }
 
