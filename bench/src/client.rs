@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Running one `loadgen` client process in a namespace: bounded in time, killed on a
 //! signal or when late, its JSON report parsed, and the hypervisor's steal on the watched
-//! CPUs recorded while it ran.
+//! CPUs recorded while it ran. And [`LineChild`]: a helper process that runs alongside
+//! a measurement, talking in lines (the probers).
 
 use std::{
-    io::Read as _,
-    path::Path,
-    process::Stdio,
+    fs,
+    io::{BufRead, BufReader, Read as _, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Stdio},
+    sync::mpsc::{self, Receiver},
     thread,
     time::{Duration, Instant},
 };
@@ -136,4 +139,104 @@ pub fn run_json<T: DeserializeOwned>(
         )));
     }
     Ok((serde_json::from_str(stdout.trim())?, steal))
+}
+
+/// A helper process in a namespace that talks in lines: commands on its stdin, reports
+/// on its stdout (read on a thread, so it never blocks on a full pipe), its stderr into a
+/// log file. It is killed on drop.
+#[derive(Debug)]
+pub struct LineChild {
+    name: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    /// Its stdout, a line at a time.
+    pub lines: Receiver<String>,
+    log: PathBuf,
+}
+
+impl LineChild {
+    /// Starts `exe args` in `place` and waits up to `ready_within` for its first line,
+    /// which must be `READY`.
+    pub fn start(
+        name: &str,
+        place: &Place,
+        exe: &Path,
+        args: &[String],
+        log: PathBuf,
+        ready_within: Duration,
+    ) -> Result<Self> {
+        let stderr =
+            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
+        let mut child = place
+            .command(exe, args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .map_err(Error::io(format!("starting the {name}")))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            let Some(stdout) = stdout else { return };
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut started = LineChild {
+            name: name.to_string(),
+            child,
+            stdin,
+            lines,
+            log,
+        };
+        match started.lines.recv_timeout(ready_within) {
+            Ok(line) if line == "READY" => Ok(started),
+            other => {
+                started.kill();
+                Err(Error::Load(format!(
+                    "the {name} did not start ({other:?}): {}",
+                    started.log_text()
+                )))
+            }
+        }
+    }
+
+    pub fn send(&mut self, line: &str) -> Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| Error::Load(format!("the {}'s input is closed", self.name)))?;
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .map_err(Error::io(format!("writing to the {}", self.name)))
+    }
+
+    /// Closes its input: the end of the commands.
+    pub fn close_input(&mut self) {
+        self.stdin = None;
+    }
+
+    /// What it wrote to its stderr so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    pub fn kill(&mut self) {
+        self.stdin = None;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for LineChild {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

@@ -5,11 +5,8 @@
 use std::{
     ffi::OsString,
     fs,
-    io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
-    process::{Child, ChildStdin, Stdio},
-    sync::mpsc::{self, Receiver},
-    thread,
+    sync::mpsc::Receiver,
     time::{Duration, Instant},
 };
 
@@ -27,6 +24,7 @@ use super::{
     results::SyncCounts,
 };
 use crate::{
+    client::LineChild,
     error::{Error, Result},
     metrics::metric_sum,
     net::BenchNet,
@@ -98,16 +96,11 @@ pub(super) fn fail_fast_route(opts: &LatencyOptions, bench_net: &BenchNet) -> Re
 
 /// The prober process and the lines it printed; killed on drop.
 pub(super) struct ProberProcess {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    pub(super) lines: Receiver<String>,
+    process: LineChild,
 }
 
 impl ProberProcess {
     pub(super) fn start(opts: &LatencyOptions, bench_net: &BenchNet) -> Result<Self> {
-        let log = bench_net.run_dir.join("prober.log");
-        let stderr =
-            fs::File::create(&log).map_err(Error::io(format!("creating {}", log.display())))?;
         let args = [
             "bench-latency".to_string(),
             "--prober".into(),
@@ -116,60 +109,33 @@ impl ProberProcess {
             "--probe-budget".into(),
             opts.probe_budget.to_string(),
         ];
-        let mut child = bench_net
-            .client_place()
-            .command(&opts.loadgen_binary, &args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .map_err(Error::io("starting the prober"))?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        let (tx, lines) = mpsc::channel();
-        thread::spawn(move || {
-            let Some(stdout) = stdout else { return };
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut prober = ProberProcess {
-            child,
-            stdin,
-            lines,
-        };
-        match prober.lines.recv_timeout(Duration::from_secs(10)) {
-            Ok(line) if line == "READY" => Ok(prober),
-            other => {
-                prober.kill();
-                Err(Error::Load(format!(
-                    "the prober did not start ({other:?}): {}",
-                    fs::read_to_string(&log).unwrap_or_default().trim()
-                )))
-            }
-        }
+        let process = LineChild::start(
+            "prober",
+            &bench_net.client_place(),
+            &opts.loadgen_binary,
+            &args,
+            bench_net.run_dir.join("prober.log"),
+            Duration::from_secs(10),
+        )?;
+        Ok(ProberProcess { process })
+    }
+
+    /// What it reported so far, a line at a time.
+    pub(super) fn lines(&self) -> &Receiver<String> {
+        &self.process.lines
     }
 
     pub(super) fn send(&mut self, line: &str) -> Result<()> {
-        let stdin = self
-            .stdin
-            .as_mut()
-            .ok_or_else(|| Error::Load("the prober's input is closed".into()))?;
-        writeln!(stdin, "{line}")
-            .and_then(|()| stdin.flush())
-            .map_err(Error::io("writing to the prober"))
+        self.process.send(line)
     }
 
     /// Closes its input and waits for its `end` line.
     pub(super) fn finish(&mut self, timeout: Duration) -> Result<(u64, u64, u64)> {
-        self.stdin = None;
+        self.process.close_input();
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
+            match self.process.lines.recv_timeout(left) {
                 Ok(line) => {
                     if let Some(Report::End {
                         control_attempts,
@@ -183,18 +149,6 @@ impl ProberProcess {
                 Err(_) => return Err(Error::Load("the prober did not finish".into())),
             }
         }
-    }
-
-    fn kill(&mut self) {
-        self.stdin = None;
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for ProberProcess {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

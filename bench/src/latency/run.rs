@@ -255,7 +255,7 @@ fn measure(
                 objects::frontend(objects::new_ip(index))
             ))?;
         }
-        while let Ok(line) = prober.lines.try_recv() {
+        while let Ok(line) = prober.lines().try_recv() {
             match parse_report(&line) {
                 Some(Report::Ok {
                     id,
