@@ -21,6 +21,8 @@ use serde_json::Value;
 
 use ::tests::scenario::{Mode, readiness::Change};
 
+pub mod probe;
+
 use super::{
     agent::BenchAgent,
     bpf::agent_fragment,
