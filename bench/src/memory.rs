@@ -7,6 +7,10 @@
 //! kernel charges for each map, with the maps sized for N). The iptables-mode agent runs
 //! with a PATH whose `iptables*` commands are the legacy ones: the nft backend of
 //! iptables 1.8.9 cannot restore 10,000+ services in reasonable time.
+//!
+//! Then the scale measurement of issue 20 ([`scale`]): 100,000 services × 10 endpoints
+//! added at once to an ebpf agent with the default configuration, while a prober
+//! connects to a service it already had; rows of bench `scale`.
 
 use std::{
     fs,
@@ -22,7 +26,9 @@ use serde_json::Value;
 use ::tests::scenario::{Mode, readiness::Change};
 
 pub mod probe;
+pub mod scale;
 
+use self::scale::{ScaleOptions, measure_scale};
 use super::{
     agent::BenchAgent,
     bpf::agent_fragment,
@@ -59,6 +65,8 @@ impl MemMode {
 #[derive(Debug, Clone)]
 pub struct MemoryOptions {
     pub agent_binary: PathBuf,
+    /// The echo server and the scale run's prober.
+    pub loadgen_binary: PathBuf,
     pub service_counts: Vec<u32>,
     pub modes: Vec<MemMode>,
     /// After the sync, before reading.
@@ -67,26 +75,31 @@ pub struct MemoryOptions {
     /// Per-map rows for this many of the largest maps.
     pub largest_maps: usize,
     pub verbose: bool,
+    /// The scale run, after the measurements above.
+    pub scale: ScaleOptions,
 }
 
 impl MemoryOptions {
-    pub fn full(agent_binary: PathBuf) -> Self {
+    pub fn full(agent_binary: PathBuf, loadgen_binary: PathBuf) -> Self {
         MemoryOptions {
             agent_binary,
+            loadgen_binary,
             service_counts: vec![1_000, 10_000, 50_000],
             modes: vec![MemMode::Ebpf, MemMode::IptablesLegacy],
             settle: Duration::from_secs(1),
             sync_timeout: Duration::from_secs(240),
             largest_maps: 5,
             verbose: true,
+            scale: ScaleOptions::full(),
         }
     }
 
-    pub fn quick(agent_binary: PathBuf) -> Self {
+    pub fn quick(agent_binary: PathBuf, loadgen_binary: PathBuf) -> Self {
         MemoryOptions {
             service_counts: vec![1_000],
             sync_timeout: Duration::from_secs(90),
-            ..Self::full(agent_binary)
+            scale: ScaleOptions::quick(),
+            ..Self::full(agent_binary, loadgen_binary)
         }
     }
 
@@ -99,7 +112,7 @@ impl MemoryOptions {
 
 #[derive(Debug, Clone)]
 pub struct MemoryResults {
-    /// One run id per (mode, N), in order.
+    /// One run id per (mode, N), then one per scale run, in order.
     pub run_ids: Vec<String>,
     pub env: Environment,
     pub rows: Vec<Row>,
@@ -166,6 +179,24 @@ fn pinned_maps(bpffs: &Path) -> Result<Vec<(String, u64)>> {
     Ok(maps)
 }
 
+/// The agent's resident memory (VmRSS) and its peak (VmHWM), in bytes.
+fn agent_memory(agent: &BenchAgent) -> Result<(u64, u64)> {
+    let pid = agent
+        .pid()
+        .ok_or_else(|| Error::Agent("the agent is not running".into()))?;
+    let status_path = format!("/proc/{pid}/status");
+    let status =
+        fs::read_to_string(&status_path).map_err(Error::io(format!("reading {status_path}")))?;
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if !comm.trim().starts_with("proxy-agent") {
+        return Err(Error::Agent(format!(
+            "pid {pid} is {:?}, not the agent",
+            comm.trim()
+        )));
+    }
+    parse_status(&status).ok_or_else(|| Error::Agent(format!("no VmRSS/VmHWM in {status_path}")))
+}
+
 /// A directory whose `iptables`, `ip6tables` and their `-save`/`-restore` are the legacy
 /// commands, for the front of the agent's PATH.
 fn legacy_path_dir(run_dir: &Path) -> Result<PathBuf> {
@@ -198,7 +229,8 @@ pub fn run_memory(opts: &MemoryOptions) -> Result<MemoryResults> {
             "the benchmark needs root (namespaces, eBPF)".into(),
         ));
     }
-    net::check_built(&[&opts.agent_binary])?;
+    opts.scale.check()?;
+    net::check_built(&[&opts.agent_binary, &opts.loadgen_binary])?;
     for line in net::cleanup_stale()? {
         opts.progress(&format!("removed stale {line}"));
     }
@@ -218,6 +250,12 @@ pub fn run_memory(opts: &MemoryOptions) -> Result<MemoryResults> {
             let rows = measure_one(opts, &id, mode, services)?;
             results.rows.extend(rows);
         }
+    }
+    for rep in 0..opts.scale.reps {
+        signals::check()?;
+        let id = net::new_run_id();
+        results.run_ids.push(id.clone());
+        results.rows.extend(measure_scale(opts, &id, rep)?);
     }
     Ok(results)
 }
@@ -271,21 +309,7 @@ fn measure_one(opts: &MemoryOptions, id: &str, mode: MemMode, services: u32) -> 
     }
     thread::sleep(opts.settle);
     signals::check()?;
-    let pid = agent
-        .pid()
-        .ok_or_else(|| Error::Agent("the agent is not running".into()))?;
-    let status_path = format!("/proc/{pid}/status");
-    let status =
-        fs::read_to_string(&status_path).map_err(Error::io(format!("reading {status_path}")))?;
-    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    if !comm.trim().starts_with("proxy-agent") {
-        return Err(Error::Agent(format!(
-            "pid {pid} is {:?}, not the agent",
-            comm.trim()
-        )));
-    }
-    let (rss, hwm) = parse_status(&status)
-        .ok_or_else(|| Error::Agent(format!("no VmRSS/VmHWM in {status_path}")))?;
+    let (rss, hwm) = agent_memory(&agent)?;
     let row = |metric: String, bytes: u64| Row {
         bench: BENCH,
         mode: mode.as_str().into(),

@@ -25,10 +25,10 @@ fn reads_a_maps_memlock() {
 /// PROXY_REQUIRE_EBPF=1 says they must be there.
 #[test]
 fn quick_memory_bench_reads_the_agent_and_its_maps_and_cleans_up() {
-    let Some(crate::quick::Built { agent, .. }) = crate::quick::prerequisites("memory") else {
+    let Some(crate::quick::Built { agent, loadgen }) = crate::quick::prerequisites("memory") else {
         return;
     };
-    let mut opts = MemoryOptions::quick(agent);
+    let mut opts = MemoryOptions::quick(agent, loadgen);
     opts.verbose = false;
     let results = run_memory(&opts).expect("quick memory bench");
 

@@ -12,7 +12,8 @@
 //! sudo loadgen bench-sync --mode iptables [--quick]     # see `cargo xtask bench sync-iptables`
 //! sudo loadgen bench-sync-modes [--quick] [--csv FILE]   # see `cargo xtask bench sync`
 //! sudo loadgen bench-bpf [--quick] [--csv FILE]         # program cost, map updates, Maglev
-//! sudo loadgen bench-memory [--quick] [--csv FILE]      # agent RSS, BPF map memory
+//! sudo loadgen bench-memory [--quick] [--csv FILE]      # agent RSS, BPF map memory, scale
+//!     [--scale-services 100000 --scale-endpoints 10 --scale-reps 1]
 //! sudo loadgen bench-dataplane [--quick] [--csv FILE]  # direct/ebpf/iptables/kube-proxy-*
 //! sudo loadgen bench-latency [--quick] [--mode ebpf --mode iptables-legacy] [--csv FILE]
 //! sudo loadgen bench-report-suites --csv-dir target/bench --publish docs/bench [--quick]
@@ -34,7 +35,7 @@ use bench::{
     bpf::{BpfOptions, run_bpf},
     latency::{self, LatencyMode, LatencyOptions, run_latency},
     load::{ClientOptions, pin_to_cpu, run_client, serve},
-    memory::{MemMode, MemoryOptions, run_memory},
+    memory::{self, MemMode, MemoryOptions, run_memory, scale::ScaleArgs},
     nodeport::{self, Attach, Backend, NodeportOptions, run_nodeport},
     report::run_reported,
     run_clusterip, signals,
@@ -245,12 +246,14 @@ enum Command {
         csv: Option<PathBuf>,
     },
     /// The memory benchmark (root): agent RSS and BPF map memory with N services of 4
-    /// endpoints, ebpf and iptables (legacy) mode.
+    /// endpoints, ebpf and iptables (legacy) mode; then the scale run (ebpf, default
+    /// configuration): 100,000 services x 10 endpoints added at once while a prober
+    /// connects to a service the agent already had.
     BenchMemory {
         /// The agent binary (default: proxy-agent beside this binary).
         #[arg(long)]
         agent: Option<PathBuf>,
-        /// 1,000 services only.
+        /// 1,000 services only, and a scale run of 6,000 x 10.
         #[arg(long)]
         quick: bool,
         /// Service counts, comma-separated (default 1000,10000,50000).
@@ -259,9 +262,16 @@ enum Command {
         /// Leave out the iptables-legacy agent.
         #[arg(long)]
         ebpf_only: bool,
+        #[command(flatten)]
+        scale: ScaleArgs,
         /// Append the results to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
+        /// Internal: be the scale run's prober (in the client pod) of --probe-target.
+        #[arg(long, hide = true, requires = "probe_target")]
+        prober: bool,
+        #[arg(long, hide = true)]
+        probe_target: Option<SocketAddr>,
     },
     /// The sync suite (root): ebpf, iptables, ipvs-fallback and nftables against raw
     /// loads of kube-proxy-shaped rules (iptables-legacy-restore; nft -f for nftables): a
@@ -611,15 +621,23 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             quick,
             services,
             ebpf_only,
+            scale,
             csv,
+            prober,
+            probe_target,
         } => {
+            if let (true, Some(target)) = (prober, probe_target) {
+                memory::probe::run_prober(target).context("probing")?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let here = std::env::current_exe().context("locating this binary")?;
             let agent = agent_path(agent, &here)?;
             let mut opts = if quick {
-                MemoryOptions::quick(agent)
+                MemoryOptions::quick(agent, here)
             } else {
-                MemoryOptions::full(agent)
+                MemoryOptions::full(agent, here)
             };
+            opts.scale = scale.apply(opts.scale)?;
             if !services.is_empty() {
                 opts.service_counts = services;
             }
