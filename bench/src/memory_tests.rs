@@ -19,8 +19,9 @@ fn reads_a_maps_memlock() {
     assert!(parse_map_show(r#"{"id": 1}"#).is_err());
 }
 
-/// The quick slice (1,000 services, both modes): RSS and peak rows for both modes, the
-/// BPF map total and per-map rows in ebpf mode, sane values, nothing left behind. Needs
+/// The quick slice (1,000 services, both modes, then a scale run of 6,000 × 10): RSS and
+/// peak rows for both modes, the BPF map total and per-map rows in ebpf mode, the scale
+/// run's rows (maps grown, no probe failed), sane values, nothing left behind. Needs
 /// root, the eBPF object and the built agent; without them it skips, unless
 /// PROXY_REQUIRE_EBPF=1 says they must be there.
 #[test]
@@ -32,9 +33,10 @@ fn quick_memory_bench_reads_the_agent_and_its_maps_and_cleans_up() {
     opts.verbose = false;
     let results = run_memory(&opts).expect("quick memory bench");
 
+    let (memory_rows, scale_rows): (Vec<&Row>, Vec<&Row>) =
+        results.rows.iter().partition(|r| r.bench == BENCH);
     let value = |mode: &str, metric: &str| {
-        results
-            .rows
+        memory_rows
             .iter()
             .find(|r| r.mode == mode && r.n == 1_000 && r.metric == metric)
             .unwrap_or_else(|| panic!("no {mode} {metric} row in {:#?}", results.rows))
@@ -47,8 +49,7 @@ fn quick_memory_bench_reads_the_agent_and_its_maps_and_cleans_up() {
         assert!(peak >= rss, "{mode} peak {peak} < RSS {rss}");
     }
     let total = value("ebpf", "bpf_map_memory");
-    let per_map: Vec<f64> = results
-        .rows
+    let per_map: Vec<f64> = memory_rows
         .iter()
         .filter(|r| r.metric.starts_with("bpf_map_memory_"))
         .map(|r| r.value)
@@ -63,13 +64,24 @@ fn quick_memory_bench_reads_the_agent_and_its_maps_and_cleans_up() {
         per_map.windows(2).all(|w| w[0] >= w[1]),
         "largest first: {per_map:?}"
     );
-    assert!(
-        results
-            .rows
+    assert!(memory_rows.iter().all(|r| r.unit == "MiB"));
+
+    let scale = |metric: &str| {
+        scale_rows
             .iter()
-            .all(|r| r.unit == "MiB" && r.bench == BENCH)
-    );
-    assert_eq!(results.run_ids.len(), 2);
+            .find(|r| r.bench == scale::BENCH && r.n == 6_000 && r.metric == metric)
+            .unwrap_or_else(|| panic!("no scale {metric} row in {scale_rows:#?}"))
+            .value
+    };
+    assert!(scale("cold_sync_ms") > 0.0);
+    assert!(scale("cold_sync_agent_ms") > 0.0);
+    assert!(scale("probes") > 0.0);
+    assert_eq!(scale("failed_probes"), 0.0);
+    // 6,000 services of 12 service-map slots and 10 backends each outgrow the defaults.
+    assert!(scale("map_growths") >= 1.0);
+    assert!(scale("agent_rss") > 1.0 && scale("bpf_map_memory") > 0.0);
+
+    assert_eq!(results.run_ids.len(), 3);
     for id in &results.run_ids {
         let left = net::leftovers(id).unwrap();
         assert!(left.is_empty(), "left behind: {left:?}");

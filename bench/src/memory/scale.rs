@@ -36,7 +36,7 @@
 //!
 //! A run that does not get there fails with what it saw: how many of the changes the
 //! agent applied, how many frontends the map holds, what the agent left out, the probes,
-//! and the end of the agent's log.
+//! and the end of the agent's log. `SCALE_KEEP_AGENT_LOG=FILE` keeps the whole log.
 
 use std::{
     fs,
@@ -71,6 +71,8 @@ use crate::{
 pub const BENCH: &str = "scale";
 /// The only mode the scale run measures.
 pub const MODE: &str = "ebpf";
+/// A file the agent's log of each scale run is copied to (the last run's stays).
+pub const KEEP_AGENT_LOG: &str = "SCALE_KEEP_AGENT_LOG";
 /// The most endpoints per service the manifests write.
 pub const MAX_ENDPOINTS: u32 = 64;
 
@@ -402,6 +404,7 @@ pub(super) fn measure_scale(opts: &MemoryOptions, id: &str, rep: u32) -> Result<
     let after = match programmed {
         Ok(after) => after,
         Err(err) => {
+            keep_agent_log(&agent);
             return Err(partial_state(
                 err,
                 &agent,
@@ -448,9 +451,20 @@ pub(super) fn measure_scale(opts: &MemoryOptions, id: &str, rep: u32) -> Result<
         map_growths: growths.max(0.0) as u64,
     };
     opts.progress(&run.summary(services, endpoints));
+    keep_agent_log(&agent);
     drop(agent);
     bench_net.cleanup();
     Ok(run.rows(services, rep))
+}
+
+/// Copies the agent's log to `SCALE_KEEP_AGENT_LOG` when it is set (the run directory
+/// goes with the cleanup).
+fn keep_agent_log(agent: &BenchAgent) {
+    if let Some(keep) = std::env::var_os(KEEP_AGENT_LOG)
+        && let Err(err) = fs::copy(&agent.log, &keep)
+    {
+        eprintln!("keeping the agent's log: {err}");
+    }
 }
 
 /// Sleeps until the default minSyncPeriod has passed since the agent's last sync (the
