@@ -13,7 +13,7 @@ use std::{
 use super::{
     docs::Row,
     plots::{Panel, Series},
-    stats::{Stat, SuiteRows, ratio_spread, rows_of, stat, value, value_spread},
+    stats::{Stat, SuiteRows, bench_rows, ratio_spread, rows_of, stat, value, value_spread},
     targets::{SCALE_N, num, scale_rows, spread_text, steady_metric, targets, verdict},
 };
 
@@ -367,6 +367,8 @@ pub fn render(all: &[SuiteRows]) -> String {
             }
             "memory" => {
                 let _ = writeln!(out, "\n### Memory");
+                // The scale run's rows have a section of their own.
+                let rows = bench_rows(&s.rows, "memory");
                 for (metric, title) in [
                     ("agent_rss", "Agent RSS"),
                     ("agent_peak_rss", "Agent peak RSS"),
@@ -375,7 +377,7 @@ pub fn render(all: &[SuiteRows]) -> String {
                         "BPF map memory (bytes_memlock of the pinned maps)",
                     ),
                 ] {
-                    metric_table(&mut out, &s.rows, metric, title);
+                    metric_table(&mut out, &rows, metric, title);
                 }
             }
             _ => {}
@@ -726,6 +728,36 @@ mod tests {
         ));
         let none = render(&[]);
         assert!(none.contains("Not measured: no published CSV holds rows of bench `scale`"));
+    }
+
+    #[test]
+    fn the_memory_section_and_its_target_leave_the_scale_rows_to_the_scale_section() {
+        // A scale run at the memory suite's own N (10 endpoints, not 4).
+        let all = vec![SuiteRows {
+            suite: "memory",
+            rows: csv(&[
+                "memory,ebpf,50000,0,agent_rss,140,MiB,,k,c,r",
+                "scale,ebpf,50000,0,agent_rss,520,MiB,,k,c,r",
+                "scale,ebpf,100000,0,agent_rss,1000,MiB,,k,c,r",
+                "scale,ebpf,100000,0,cold_sync_ms,2900,ms,,k,c,r",
+            ]),
+        }];
+        let rss = targets(&all)
+            .into_iter()
+            .find(|t| t.what.starts_with("agent RSS at 50,000"))
+            .unwrap();
+        assert_eq!((rss.measured.as_str(), rss.holds), ("140", Some(true)));
+        let text = render(&all);
+        let memory = &text[text.find("### Memory").unwrap()..];
+        assert!(memory.contains("| ebpf | 140 |"), "{memory}");
+        assert!(
+            !memory.contains("100000") && !memory.contains("520"),
+            "{memory}"
+        );
+        assert!(
+            text.contains("| agent RSS after the sync (MiB) | 1000 | 1000 (1 rep) |"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -176,6 +176,12 @@ pub fn spread(values: impl IntoIterator<Item = f64>) -> Option<Spread> {
         })
 }
 
+/// The rows of `rows` whose bench column is `bench`: a suite's own measurements without
+/// the rows it writes for another report section (the memory suite's `scale` rows).
+pub fn bench_rows(rows: &[Row], bench: &str) -> Vec<Row> {
+    rows.iter().filter(|r| r.bench == bench).cloned().collect()
+}
+
 /// The rows of `suite` in `all` (none when it did not run).
 pub fn rows_of<'a>(all: &'a [SuiteRows], suite: &str) -> &'a [Row] {
     all.iter()

@@ -6,8 +6,8 @@
 use super::{
     docs::Row,
     stats::{
-        Spread, SuiteRows, paired_ratios, ratio, ratio_spread, rep_ratios, rep_values, rows_of,
-        spread, value, value_spread,
+        Spread, SuiteRows, bench_rows, paired_ratios, ratio, ratio_spread, rep_ratios, rep_values,
+        rows_of, spread, value, value_spread,
     },
 };
 
@@ -262,7 +262,8 @@ pub fn targets(all: &[SuiteRows]) -> Vec<Target> {
     let sync = rows_of(all, "sync");
     let lat = rows_of(all, "latency");
     let bpf = rows_of(all, "bpf");
-    let mem = rows_of(all, "memory");
+    // Its 4-endpoint rows: the scale run's (10 endpoints) may share a service count.
+    let mem = &bench_rows(rows_of(all, "memory"), "memory");
     let scale = scale_rows(all);
     let rr = ratio(dp, "ebpf", 1, "rr_p50");
     let (rr_spread, (connect4, connect4_spread)) =
