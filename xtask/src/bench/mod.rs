@@ -99,7 +99,11 @@ pub enum Bench {
     /// BPF_PROG_TEST_RUN (0 and 1,000,000 conntrack flows); run-time statistics' ns per
     /// call less their own cost; single against batched map updates; Maglev tables.
     Bpf(SuiteArgs),
-    /// Agent RSS and BPF map memory at 1,000 to 50,000 services x 4.
+    /// Agent RSS and BPF map memory at 1,000 to 50,000 services x 4; then the scale run:
+    /// 100,000 services x 10 added at once to an ebpf agent with the default
+    /// configuration while a prober connects to a service it already had (cold sync time,
+    /// failed probes, RSS, map memory; `-- --scale-services N --scale-reps R`, 0 reps
+    /// leaves it out).
     Memory(SuiteArgs),
 }
 

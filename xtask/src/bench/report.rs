@@ -191,7 +191,7 @@ fn scale_section(out: &mut String, all: &[SuiteRows]) {
     if rows.is_empty() {
         let _ = writeln!(
             out,
-            "Not measured: no published CSV holds rows of bench `scale` (written by the sync and memory suites)."
+            "Not measured: no published CSV holds rows of bench `scale` (written by the memory suite's scale run)."
         );
         return;
     }

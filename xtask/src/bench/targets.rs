@@ -244,7 +244,7 @@ fn scaling(rows: &[Row], metric: &str, small: u32, large: u32) -> (Option<f64>, 
 }
 
 /// The scale test's rows (bench `scale`: 100,000 services × 10 endpoints, ebpf), which
-/// the sync and memory suites write next to their own.
+/// the memory suite writes next to its own (its scale run).
 pub fn scale_rows(all: &[SuiteRows]) -> Vec<Row> {
     all.iter()
         .flat_map(|s| s.rows.iter())
