@@ -63,7 +63,7 @@ use crate::{
     latency::prober::monotonic_ns,
     manifests::{self, MAX_FILLER, SERVICE_IP, SERVICE_PORT},
     maps::{frontends_in, wait_frontends},
-    metrics::samples,
+    metrics::{metric_sum, samples},
     net::{self, BenchNet},
     rows::Row,
 };
@@ -200,7 +200,7 @@ impl AgentSample {
                 .map(|(_, v)| v)
                 .fold(0.0, f64::max)
         };
-        let sum = |name: &str| samples(text, name).into_iter().map(|(_, v)| v).sum();
+        let sum = |name: &str| metric_sum(text, name).unwrap_or(0.0);
         AgentSample {
             times: parse_sync_times(text),
             service_changes: sum("kubeproxy_sync_proxy_rules_service_changes_total"),

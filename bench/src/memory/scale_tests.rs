@@ -111,7 +111,9 @@ fn a_sample_reads_the_counters_once_per_sync_whatever_the_families() {
     assert_eq!(sample.not_programmed, 0.0);
     assert_eq!(sample.times.last_sync, Some(1_700_000_010.25));
     assert_eq!(sample.times.last_queued, Some(1_700_000_009.0));
-    assert_eq!(AgentSample::parse(""), AgentSample::default());
+    let empty = AgentSample::parse("");
+    assert_eq!(empty, AgentSample::default());
+    assert_eq!(format!("{:.0}", empty.map_growths), "0", "not -0");
 }
 
 fn at(secs: f64) -> SystemTime {
