@@ -232,7 +232,7 @@ pub fn render(all: &[SuiteRows]) -> String {
     );
     let _ = writeln!(
         out,
-        "| target | limit | measured | spread (per rep) | verdict | miss |"
+        "| target | limit | measured | spread (per rep) | verdict | miss, and why |"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|");
     for t in targets(all) {
@@ -244,7 +244,7 @@ pub fn render(all: &[SuiteRows]) -> String {
             t.measured,
             t.spread,
             verdict(t.holds),
-            t.miss
+            t.miss_and_why()
         );
     }
     scale_section(&mut out, all);
@@ -695,6 +695,13 @@ mod tests {
             ("1.733", Some(false), "1.200–2.000 (2 reps)")
         );
         assert_eq!(scaling.miss, "1.156× the limit");
+        assert!(
+            scaling
+                .miss_and_why()
+                .starts_with("1.156× the limit: one rep at 50,000"),
+            "a miss says why: {}",
+            scaling.miss_and_why()
+        );
         assert_eq!(
             find("ebpf add one service, steady state at").holds,
             Some(true)
