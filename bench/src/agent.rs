@@ -172,6 +172,19 @@ impl BenchAgent {
         })
     }
 
+    /// Waits for the agent's first sync of what its source held when it was started at
+    /// `started`.
+    pub fn wait_initial_sync(&mut self, started: SystemTime, timeout: Duration) -> Result<()> {
+        self.wait_synced(
+            Change {
+                started,
+                at: started,
+                initial: true,
+            },
+            timeout,
+        )
+    }
+
     /// Waits until the agent's sync metrics show `change` applied.
     pub fn wait_synced(&mut self, change: Change, timeout: Duration) -> Result<()> {
         self.wait_metrics(timeout, |body, now| {

@@ -145,14 +145,7 @@ pub fn run_clusterip(opts: &BenchOptions) -> Result<BenchResults> {
         &manifests_dir,
         &bpffs,
     )?;
-    agent.wait_synced(
-        Change {
-            started,
-            at: started,
-            initial: true,
-        },
-        opts.sync_timeout,
-    )?;
+    agent.wait_initial_sync(started, opts.sync_timeout)?;
 
     let runner = Runner {
         opts,

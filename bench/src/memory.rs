@@ -23,7 +23,7 @@ use std::{
 
 use serde_json::Value;
 
-use ::tests::scenario::{Mode, readiness::Change};
+use ::tests::scenario::Mode;
 
 pub mod probe;
 pub mod scale;
@@ -295,14 +295,7 @@ fn measure_one(opts: &MemoryOptions, id: &str, mode: MemMode, services: u32) -> 
         agent_mode,
         env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
     )?;
-    agent.wait_synced(
-        Change {
-            started,
-            at: started,
-            initial: true,
-        },
-        opts.sync_timeout,
-    )?;
+    agent.wait_initial_sync(started, opts.sync_timeout)?;
     let synced = started.elapsed().unwrap_or_default().as_secs_f64();
     if mode == MemMode::Ebpf {
         wait_frontends(&agent, &bpffs, services, opts.sync_timeout)?;

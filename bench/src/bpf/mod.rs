@@ -285,14 +285,7 @@ fn program_costs(opts: &BpfOptions, results: &mut BpfResults) -> Result<()> {
         &bpffs,
         &with_uplink(agent_fragment_with_ct(largest, 1, ct_flows)),
     )?;
-    agent.wait_synced(
-        Change {
-            started,
-            at: started,
-            initial: true,
-        },
-        opts.sync_timeout,
-    )?;
+    agent.wait_initial_sync(started, opts.sync_timeout)?;
     let ids = progs::run_program_ids(&bpffs)?;
     let bare = connect::BareCgroup::create(&id)?;
     let watched: Vec<usize> = client_cpu.into_iter().chain(server_cpu).collect();

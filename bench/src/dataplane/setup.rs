@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use ::tests::scenario::{Mode, netns::Place, readiness::Change};
+use ::tests::scenario::{Mode, netns::Place};
 
 use crate::{
     agent::BenchAgent,
@@ -129,12 +129,7 @@ fn start_agent(
         agent_mode,
         env.clone(),
     )?;
-    let change = Change {
-        started,
-        at: started,
-        initial: true,
-    };
-    agent.wait_synced(change, opts.setup_timeout)?;
+    agent.wait_initial_sync(started, opts.setup_timeout)?;
     // The service ports the dataplane must hold: the fillers' and the measured two.
     let expected = n as usize + 1;
     let deadline = Instant::now() + opts.setup_timeout;

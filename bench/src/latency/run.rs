@@ -17,7 +17,7 @@ use super::{
 };
 use ::tests::{
     apiserver::{ServerConfig, TestApiServer},
-    scenario::{Mode, cluster::AgentConnection, netns::bind_tcp_listener_in, readiness::Change},
+    scenario::{Mode, cluster::AgentConnection, netns::bind_tcp_listener_in},
 };
 
 use crate::{
@@ -136,12 +136,7 @@ pub fn run_latency(opts: &LatencyOptions) -> Result<LatencyResults> {
         &bpffs,
         &spec,
     )?;
-    let change = Change {
-        started,
-        at: started,
-        initial: true,
-    };
-    agent.wait_synced(change, opts.sync_timeout)?;
+    agent.wait_initial_sync(started, opts.sync_timeout)?;
     if opts.mode == LatencyMode::Ebpf {
         let frontends = frontends_in(&bpffs)?;
         if frontends != opts.services as usize {

@@ -355,14 +355,7 @@ pub(super) fn measure_scale(opts: &MemoryOptions, id: &str, rep: u32) -> Result<
         &bpffs,
         &Map::new(),
     )?;
-    agent.wait_synced(
-        Change {
-            started,
-            at: started,
-            initial: true,
-        },
-        timeout,
-    )?;
+    agent.wait_initial_sync(started, timeout)?;
     wait_frontends(&agent, &bpffs, 1, timeout)?;
 
     // Written beside the directory and renamed into it: the agent never sees half.

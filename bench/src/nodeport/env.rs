@@ -29,7 +29,6 @@ use ::tests::scenario::{
     netns::{Place, ip_in, sysctl_in},
     objects::with_node,
     placement::Placement,
-    readiness::Change,
     run::merged_config,
     topology::{ReadyProcesses, Topology, UPLINK},
 };
@@ -297,14 +296,7 @@ impl NodeportEnv {
             &bpffs,
             &fragment,
         )?;
-        agent.wait_synced(
-            Change {
-                started,
-                at: started,
-                initial: true,
-            },
-            timeout,
-        )?;
+        agent.wait_initial_sync(started, timeout)?;
         self.agent = Some(agent);
         self.xdp_attached()
     }
