@@ -3,10 +3,10 @@
 //! its id for as long as something refers to it, a freed id is reused, and ids found in the
 //! pinned maps at start-up are adopted so that a restart changes nothing.
 
-use std::{
-    collections::{HashMap, HashSet},
-    hash::Hash,
-};
+use std::hash::Hash;
+
+// foldhash, not SipHash: see `apply`.
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("no free {kind} id left (all {max} in use)")]
