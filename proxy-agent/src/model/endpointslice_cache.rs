@@ -37,7 +37,8 @@ struct SliceTracker {
 #[derive(Debug)]
 pub struct EndpointSliceCache {
     node_name: String,
-    trackers: HashMap<NamespacedName, SliceTracker>,
+    /// foldhash: looked up for every slice change.
+    trackers: foldhash::HashMap<NamespacedName, SliceTracker>,
     pending_services: HashSet<NamespacedName>,
 }
 
@@ -45,7 +46,7 @@ impl EndpointSliceCache {
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {
             node_name: node_name.into(),
-            trackers: HashMap::new(),
+            trackers: foldhash::HashMap::default(),
             pending_services: HashSet::new(),
         }
     }
@@ -141,7 +142,12 @@ fn merge_endpoints(
     slices: &BTreeMap<String, Arc<SliceInfo>>,
     node_name: &str,
 ) -> ServiceEndpoints {
-    let mut by_port: HashMap<ServicePortName, HashMap<SocketAddr, Arc<Endpoint>>> = HashMap::new();
+    // foldhash: this runs over every endpoint of every changed service (all of them in a
+    // cold sync), where SipHash showed in profiles.
+    let mut by_port: foldhash::HashMap<
+        ServicePortName,
+        foldhash::HashMap<SocketAddr, Arc<Endpoint>>,
+    > = foldhash::HashMap::default();
     for slice in slices.values() {
         for port in &slice.ports {
             let port_name = ServicePortName::new(service.clone(), port.name.clone(), port.protocol);

@@ -29,7 +29,8 @@ struct ServiceChange {
 #[derive(Debug)]
 pub struct ServiceChangeTracker {
     family: IpFamily,
-    items: HashMap<NamespacedName, ServiceChange>,
+    /// foldhash: looked up for every service change.
+    items: foldhash::HashMap<NamespacedName, ServiceChange>,
     rejections: Rejections,
     changes_total: u64,
 }
@@ -38,7 +39,7 @@ impl ServiceChangeTracker {
     pub fn new(family: IpFamily) -> Self {
         Self {
             family,
-            items: HashMap::new(),
+            items: foldhash::HashMap::default(),
             rejections: Rejections::default(),
             changes_total: 0,
         }
@@ -178,7 +179,8 @@ pub struct UpdateServiceMapResult {
 #[derive(Debug, Default)]
 pub struct ServicePortMap {
     ports: HashMap<ServicePortName, Arc<ServicePort>>,
-    by_service: HashMap<NamespacedName, Vec<ServicePortName>>,
+    /// foldhash: looked up for every service of every sync.
+    by_service: foldhash::HashMap<NamespacedName, Vec<ServicePortName>>,
 }
 
 impl Deref for ServicePortMap {
