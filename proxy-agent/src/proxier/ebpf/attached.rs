@@ -19,6 +19,7 @@
 //! created it would need state of our own that outlives the agent.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
@@ -156,6 +157,13 @@ pub fn remove_xdp(socket: &mut TcSocket) -> Result<Sweep, NetlinkError> {
                     debug!(device = %link.name, prog_id, "XDP program detached");
                     sweep.removed += 1;
                 }
+                Err(e)
+                    if e.errno() == Some(nix::errno::Errno::EBUSY)
+                        && released_by_its_link(socket, link.ifindex, *prog_id) =>
+                {
+                    debug!(device = %link.name, prog_id, "XDP program went with its link");
+                    sweep.removed += 1;
+                }
                 Err(e) => sweep.errors.push(format!(
                     "detaching XDP program {prog_id} from {}: {e}{}",
                     link.name,
@@ -169,6 +177,33 @@ pub fn remove_xdp(socket: &mut TcSocket) -> Result<Sweep, NetlinkError> {
         }
     }
     Ok(sweep)
+}
+
+/// How long an XDP program held by a bpf_link may take to go once its last holder is
+/// gone. The kernel frees a link whose pin was just removed (or whose killed agent's fd
+/// just closed) from a work queue, after the unlink returns: until then netlink refuses
+/// the detach with EBUSY. A link still held by a running agent stays past this.
+const LINK_RELEASE_WAIT: Duration = Duration::from_millis(1000);
+const LINK_RELEASE_POLL: Duration = Duration::from_millis(20);
+
+/// Whether `prog_id` leaves `ifindex`'s XDP hook within [`LINK_RELEASE_WAIT`].
+fn released_by_its_link(socket: &mut TcSocket, ifindex: u32, prog_id: u32) -> bool {
+    let deadline = Instant::now() + LINK_RELEASE_WAIT;
+    loop {
+        let still_attached = match socket.links() {
+            Ok(links) => links
+                .iter()
+                .any(|l| l.ifindex == ifindex && l.programs.iter().any(|(id, _)| *id == prog_id)),
+            Err(_) => return false,
+        };
+        if !still_attached {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(LINK_RELEASE_POLL);
+    }
 }
 
 /// Everything of ours outside the pins, on every device: for `--cleanup` and a mode
