@@ -78,6 +78,30 @@ pub enum Op {
     PutMaglevTable(u16, Vec<(BackendAddr, u32)>),
 }
 
+/// The flags of a backend's entry (its address is the allocator's key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BackendFlags {
+    local: bool,
+    terminating: bool,
+}
+
+impl BackendFlags {
+    fn of(entry: &BackendEntry) -> Self {
+        Self {
+            local: entry.local,
+            terminating: entry.terminating,
+        }
+    }
+
+    fn entry(self, addr: BackendAddr) -> BackendEntry {
+        BackendEntry {
+            addr,
+            local: self.local,
+            terminating: self.terminating,
+        }
+    }
+}
+
 /// What has been written for one service of one family, and the ids it holds.
 #[derive(Clone, Debug, Default)]
 struct AppliedService {
@@ -98,9 +122,9 @@ struct AppliedService {
 /// The agent's memory of the maps: ids and per-service entries.
 #[derive(Debug)]
 pub struct ApplyState {
-    backend_ids: IdAllocator<BackendAddr>,
+    /// With the flags of the entry written for each backend (None until one is).
+    backend_ids: IdAllocator<BackendAddr, Option<BackendFlags>>,
     rev_nat_ids: IdAllocator<FrontendKey>,
-    backend_entries: HashMap<BackendAddr, BackendEntry>,
     owners: HashMap<FrontendKey, (IpFamily, NamespacedName)>,
     services: HashMap<(IpFamily, NamespacedName), AppliedService>,
     nodeport_addrs: HashSet<IpAddr>,
@@ -152,7 +176,6 @@ impl ApplyState {
                 "rev_nat",
                 u64::from(max_rev_nat.min(proxy_common::MAX_REV_NAT_ID)),
             ),
-            backend_entries: HashMap::new(),
             owners: HashMap::new(),
             services: HashMap::new(),
             nodeport_addrs: HashSet::new(),
@@ -204,9 +227,8 @@ impl ApplyState {
     /// their ids and need no write.
     fn adopt(&mut self, actual: &Snapshot) {
         for ((_, id), entry) in &actual.backends {
-            if self.backend_ids.adopt(entry.addr, u64::from(*id)) {
-                self.backend_entries.insert(entry.addr, *entry);
-            }
+            self.backend_ids
+                .adopt_with(entry.addr, u64::from(*id), Some(BackendFlags::of(entry)));
         }
         for (key, value) in &actual.svc {
             if key.names_frontend(value.flags) {
@@ -341,11 +363,14 @@ impl ApplyState {
             if fresh {
                 ops.fresh_backends.insert(id);
             }
-            let known = ops
-                .backend_entries
-                .get(&b.addr)
-                .or_else(|| self.backend_entries.get(&b.addr));
-            if known != Some(&entry) {
+            let known = ops.backend_entries.get(&b.addr).copied().or_else(|| {
+                self.backend_ids
+                    .payload(&b.addr)
+                    .copied()
+                    .flatten()
+                    .map(|flags| flags.entry(b.addr))
+            });
+            if known != Some(entry) {
                 ops.backend_entries.insert(b.addr, entry);
                 ops.backend_puts.push(Op::PutBackend(id, entry));
             }
@@ -375,7 +400,6 @@ impl ApplyState {
         self.maglev.release(old);
         for addr in &old.backends {
             if let Some(id) = self.backend_ids.release(addr) {
-                self.backend_entries.remove(addr);
                 ops.backend_dels
                     .push(Op::DelBackend(v6(&addr.addr), id as u32));
             }
@@ -722,11 +746,10 @@ impl ApplyState {
         self.svc_cidrs = cidrs;
 
         // Ids adopted from the maps that no service claimed: their entries go below.
-        for (addr, id) in self.backend_ids.drop_unreferenced() {
+        // The entry written for each goes with its id, so a later service with this
+        // backend does not find it "already written" under an id whose entry is gone.
+        for (_, id) in self.backend_ids.drop_unreferenced() {
             debug!(id, "dropping an adopted backend id nothing uses");
-            // Forgotten with its id, or a later service with this backend would find the
-            // entry "already written" under an id whose entry is gone.
-            self.backend_entries.remove(&addr);
         }
         for (_, id) in self.rev_nat_ids.drop_unreferenced() {
             plan.dead_rev_nat.insert(id as u32);
@@ -877,15 +900,16 @@ impl ApplyState {
         // Sized once: a full sync of a big cluster builds millions of entries here.
         s.svc
             .reserve(self.services.values().map(|svc| svc.svc.len()).sum());
-        s.backends.reserve(self.backend_entries.len());
+        s.backends.reserve(self.backend_ids.len());
         s.rev_nat.reserve(self.owners.len());
         for svc in self.services.values() {
             s.svc.extend(svc.svc.iter().map(|(k, v)| (*k, *v)));
             s.src_ranges.extend(svc.src_ranges.iter().copied());
         }
-        for (addr, entry) in &self.backend_entries {
-            if let Some(id) = self.backend_ids.get(addr) {
-                s.backends.insert((v6(&addr.addr), id as u32), *entry);
+        for (addr, id, flags) in self.backend_ids.iter() {
+            if let Some(flags) = flags {
+                s.backends
+                    .insert((v6(&addr.addr), id as u32), flags.entry(*addr));
             }
         }
         for key in self.owners.keys() {

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Stable small ids for backends (u32) and frontends (rev_nat_id, u16): the same thing keeps
+//! Stable small ids for backends (u32) and frontends (rev_nat_id, 24 bits): the same thing keeps
 //! its id for as long as something refers to it, a freed id is reused, and ids found in the
 //! pinned maps at start-up are adopted so that a restart changes nothing.
 
 use std::hash::Hash;
 
 // foldhash, not SipHash: see `apply`.
-use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use foldhash::{HashMap, HashMapExt};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("no free {kind} id left (all {max} in use)")]
@@ -15,20 +15,31 @@ pub struct Exhausted {
     pub max: u64,
 }
 
+/// What the allocator keeps per key: 12 bytes and the payload, where `(u64, usize)` and a
+/// second map for the payload took 40 bytes and a second entry (at 200,000 backends the
+/// two maps held 25 MB).
+#[derive(Clone, Copy, Debug)]
+struct Slot<P> {
+    id: u32,
+    refs: u32,
+    payload: P,
+}
+
 /// Reference-counted id allocator over `1..=max` (0 is never handed out: it means "none" in
-/// the maps).
+/// the maps). Each key carries a payload `P` besides its id (the entry written for a
+/// backend), which lives and dies with the key's id.
 #[derive(Debug)]
-pub struct IdAllocator<K> {
+pub struct IdAllocator<K, P = ()> {
     kind: &'static str,
     max: u64,
-    by_key: HashMap<K, (u64, usize)>,
-    /// The ids in `by_key` (adopting tells a taken id in constant time: a restart adopts
-    /// every entry of the maps).
-    taken: HashSet<u64>,
-    free: Vec<u64>,
+    by_key: HashMap<K, Slot<P>>,
+    /// The ids in `by_key`, one bit each (adopting tells a taken id in constant time: a
+    /// restart adopts every entry of the maps). Sized to the highest id handed out.
+    taken: Vec<u64>,
+    free: Vec<u32>,
     /// Ids released since the last [`IdAllocator::recycle`]: not handed out again until
     /// then, so that one sync never deletes the entry of an id it also gave away anew.
-    released: Vec<u64>,
+    released: Vec<u32>,
     next: u64,
     /// Keys adopted and not acquired since: [`IdAllocator::drop_unreferenced`] has work
     /// only while some are left (it runs at every sync; a scan of every key would make a
@@ -36,13 +47,14 @@ pub struct IdAllocator<K> {
     unreferenced: usize,
 }
 
-impl<K: Clone + Eq + Hash> IdAllocator<K> {
+impl<K: Clone + Eq + Hash, P: Copy + Default> IdAllocator<K, P> {
     pub fn new(kind: &'static str, max: u64) -> Self {
         Self {
             kind,
-            max,
+            // Ids are u32 in the maps.
+            max: max.min(u64::from(u32::MAX)),
             by_key: HashMap::new(),
-            taken: HashSet::new(),
+            taken: Vec::new(),
             free: Vec::new(),
             released: Vec::new(),
             next: 1,
@@ -50,20 +62,43 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
         }
     }
 
-    /// The id of `key`, taking one reference (allocating on first use).
+    fn is_taken(&self, id: u32) -> bool {
+        self.taken
+            .get(id as usize / 64)
+            .is_some_and(|word| word & (1 << (id % 64)) != 0)
+    }
+
+    fn set_taken(&mut self, id: u32, taken: bool) {
+        let word = id as usize / 64;
+        if word >= self.taken.len() {
+            if !taken {
+                return;
+            }
+            self.taken.resize(word + 1, 0);
+        }
+        if taken {
+            self.taken[word] |= 1 << (id % 64);
+        } else {
+            self.taken[word] &= !(1 << (id % 64));
+        }
+    }
+
+    /// The id of `key`, taking one reference (allocating on first use, with the default
+    /// payload).
     pub fn acquire(&mut self, key: &K) -> Result<u64, Exhausted> {
-        if let Some((id, refs)) = self.by_key.get_mut(key) {
-            if *refs == 0 {
+        if let Some(slot) = self.by_key.get_mut(key) {
+            if slot.refs == 0 {
                 self.unreferenced = self.unreferenced.saturating_sub(1);
             }
-            *refs += 1;
-            return Ok(*id);
+            slot.refs += 1;
+            return Ok(u64::from(slot.id));
         }
         let id = match self.free.pop() {
             Some(id) => id,
             None if self.next <= self.max => {
                 self.next += 1;
-                self.next - 1
+                // `max` is at most u32::MAX.
+                (self.next - 1) as u32
             }
             None => {
                 return Err(Exhausted {
@@ -72,31 +107,38 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
                 });
             }
         };
-        self.by_key.insert(key.clone(), (id, 1));
-        self.taken.insert(id);
-        Ok(id)
+        self.by_key.insert(
+            key.clone(),
+            Slot {
+                id,
+                refs: 1,
+                payload: P::default(),
+            },
+        );
+        self.set_taken(id, true);
+        Ok(u64::from(id))
     }
 
-    /// Drops one reference; returns the id when it became unused. It becomes available
-    /// again at the next [`IdAllocator::recycle`].
+    /// Drops one reference; returns the id when it became unused (its payload goes with
+    /// it). It becomes available again at the next [`IdAllocator::recycle`].
     pub fn release(&mut self, key: &K) -> Option<u64> {
-        let (id, refs) = self.by_key.get_mut(key)?;
-        *refs -= 1;
-        if *refs > 0 {
+        let slot = self.by_key.get_mut(key)?;
+        slot.refs = slot.refs.saturating_sub(1);
+        if slot.refs > 0 {
             return None;
         }
-        let id = *id;
+        let id = slot.id;
         self.by_key.remove(key);
-        self.taken.remove(&id);
+        self.set_taken(id, false);
         self.released.push(id);
-        Some(id)
+        Some(u64::from(id))
     }
 
     /// Makes `id` available again at once: it was handed out and released by a plan that
     /// was thrown away, so no entry of it is written, and none is deleted.
     pub fn forget(&mut self, id: u64) {
-        if let Some(pos) = self.released.iter().position(|r| *r == id) {
-            self.released.swap_remove(pos);
+        if let Some(pos) = self.released.iter().position(|r| u64::from(*r) == id) {
+            let id = self.released.swap_remove(pos);
             self.free.push(id);
         }
     }
@@ -112,25 +154,71 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
     }
 
     pub fn get(&self, key: &K) -> Option<u64> {
-        self.by_key.get(key).map(|(id, _)| *id)
+        self.by_key.get(key).map(|slot| u64::from(slot.id))
     }
 
-    /// Registers an id found in the maps at start-up, with no reference yet; the first
-    /// `acquire` of `key` then returns it. Ids above `max` or already taken are ignored.
-    pub fn adopt(&mut self, key: K, id: u64) -> bool {
-        if id == 0 || id > self.max || self.taken.contains(&id) || self.by_key.contains_key(&key) {
+    /// The payload of `key`, while it has an id.
+    pub fn payload(&self, key: &K) -> Option<&P> {
+        self.by_key.get(key).map(|slot| &slot.payload)
+    }
+
+    /// Sets the payload of `key`; false (and nothing kept) when `key` has no id.
+    pub fn set_payload(&mut self, key: &K, payload: P) -> bool {
+        match self.by_key.get_mut(key) {
+            Some(slot) => {
+                slot.payload = payload;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How many keys have an id.
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// Every key with an id, its id and its payload.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, u64, &P)> {
+        self.by_key
+            .iter()
+            .map(|(key, slot)| (key, u64::from(slot.id), &slot.payload))
+    }
+
+    /// Registers an id found in the maps at start-up, with no reference yet and `payload`;
+    /// the first `acquire` of `key` then returns it. Ids above `max` or already taken are
+    /// ignored.
+    pub fn adopt_with(&mut self, key: K, id: u64, payload: P) -> bool {
+        if id == 0 || id > self.max || self.by_key.contains_key(&key) {
             return false;
         }
-        self.by_key.insert(key, (id, 0));
-        self.taken.insert(id);
+        // `max` is at most u32::MAX.
+        let id = id as u32;
+        if self.is_taken(id) {
+            return false;
+        }
+        self.by_key.insert(
+            key,
+            Slot {
+                id,
+                refs: 0,
+                payload,
+            },
+        );
+        self.set_taken(id, true);
         self.unreferenced += 1;
         self.free.retain(|f| *f != id);
-        if id >= self.next {
+        if u64::from(id) >= self.next {
             // Ids skipped over become free.
-            self.free.extend(self.next..id);
-            self.next = id + 1;
+            self.free.extend(self.next as u32..id);
+            self.next = u64::from(id) + 1;
         }
         true
+    }
+
+    /// [`IdAllocator::adopt_with`] the default payload.
+    pub fn adopt(&mut self, key: K, id: u64) -> bool {
+        self.adopt_with(key, id, P::default())
     }
 
     /// Drops adopted ids that nothing acquired (the service went away while the agent was
@@ -140,18 +228,21 @@ impl<K: Clone + Eq + Hash> IdAllocator<K> {
             return Vec::new();
         }
         self.unreferenced = 0;
-        let stale: Vec<(K, u64)> = self
+        let stale: Vec<(K, u32)> = self
             .by_key
             .iter()
-            .filter(|(_, (_, refs))| *refs == 0)
-            .map(|(k, (id, _))| (k.clone(), *id))
+            .filter(|(_, slot)| slot.refs == 0)
+            .map(|(k, slot)| (k.clone(), slot.id))
             .collect();
         for (key, id) in &stale {
             self.by_key.remove(key);
-            self.taken.remove(id);
+            self.set_taken(*id, false);
             self.released.push(*id);
         }
         stale
+            .into_iter()
+            .map(|(key, id)| (key, u64::from(id)))
+            .collect()
     }
 }
 
@@ -161,7 +252,7 @@ mod tests {
 
     #[test]
     fn same_key_same_id_and_refcounted() {
-        let mut ids = IdAllocator::new("backend", 10);
+        let mut ids: IdAllocator<_> = IdAllocator::new("backend", 10);
         let a = ids.acquire(&"a").unwrap();
         assert_eq!(ids.acquire(&"a").unwrap(), a);
         assert_eq!(ids.release(&"a"), None);
@@ -171,7 +262,7 @@ mod tests {
 
     #[test]
     fn freed_ids_are_reused_only_after_recycling_and_zero_is_never_used() {
-        let mut ids = IdAllocator::new("backend", 10);
+        let mut ids: IdAllocator<_> = IdAllocator::new("backend", 10);
         let a = ids.acquire(&"a").unwrap();
         let b = ids.acquire(&"b").unwrap();
         assert!(a >= 1 && b >= 1 && a != b);
@@ -185,7 +276,7 @@ mod tests {
 
     #[test]
     fn a_forgotten_id_is_free_at_once() {
-        let mut ids = IdAllocator::new("backend", 1);
+        let mut ids: IdAllocator<_> = IdAllocator::new("backend", 1);
         let a = ids.acquire(&"a").unwrap();
         ids.release(&"a");
         assert!(ids.acquire(&"b").is_err());
@@ -195,7 +286,7 @@ mod tests {
 
     #[test]
     fn exhaustion_is_an_error() {
-        let mut ids = IdAllocator::new("rev_nat", 2);
+        let mut ids: IdAllocator<_> = IdAllocator::new("rev_nat", 2);
         ids.acquire(&1).unwrap();
         ids.acquire(&2).unwrap();
         assert_eq!(
@@ -209,7 +300,7 @@ mod tests {
 
     #[test]
     fn adopted_ids_survive_a_restart_and_unused_ones_are_dropped() {
-        let mut ids = IdAllocator::new("backend", 100);
+        let mut ids: IdAllocator<_> = IdAllocator::new("backend", 100);
         assert!(ids.adopt("kept", 7));
         assert!(ids.adopt("gone", 3));
         assert!(!ids.adopt("dup", 7));
@@ -224,5 +315,29 @@ mod tests {
         }
         assert!(!handed.contains(&7));
         assert!(handed.contains(&3));
+    }
+
+    #[test]
+    fn a_payload_lives_and_dies_with_its_id() {
+        let mut ids: IdAllocator<&str, Option<u8>> = IdAllocator::new("backend", 200);
+        assert!(!ids.set_payload(&"a", Some(1)), "no id, no payload");
+        ids.acquire(&"a").unwrap();
+        assert_eq!(ids.payload(&"a"), Some(&None));
+        assert!(ids.set_payload(&"a", Some(1)));
+        ids.acquire(&"a").unwrap();
+        ids.release(&"a");
+        assert_eq!(ids.payload(&"a"), Some(&Some(1)), "one reference is left");
+        ids.release(&"a");
+        assert_eq!(ids.payload(&"a"), None);
+        ids.recycle();
+        ids.acquire(&"a").unwrap();
+        assert_eq!(ids.payload(&"a"), Some(&None), "a new id starts afresh");
+        // Adopted ids far apart (the bitmap of taken ids grows to the highest).
+        assert!(ids.adopt_with("b", 150, Some(2)));
+        assert!(!ids.adopt_with("c", 150, Some(3)), "150 is taken");
+        assert_eq!(ids.payload(&"b"), Some(&Some(2)));
+        let mut seen: Vec<(&str, u64)> = ids.iter().map(|(k, id, _)| (*k, id)).collect();
+        seen.sort();
+        assert_eq!(seen[1], ("b", 150));
     }
 }

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use proxy_common::{SCOPE_EXTERNAL, SCOPE_INTERNAL, SvcValue};
 use tracing::debug;
 
-use super::{AppliedService, ApplyState, Plan, v6};
+use super::{AppliedService, ApplyState, BackendFlags, Plan, v6};
 use crate::{
     model::{FamilyState, IpFamily, NamespacedName},
     proxier::{
@@ -177,8 +177,10 @@ impl ApplyState {
         };
         match verdict {
             Ok(()) => {
-                self.backend_entries
-                    .extend(trial.backend_entries.iter().map(|(a, e)| (*a, *e)));
+                for (addr, entry) in &trial.backend_entries {
+                    self.backend_ids
+                        .set_payload(addr, Some(BackendFlags::of(entry)));
+                }
                 plan.absorb(trial);
                 // A full sync (`actual`) plans its writes from what the maps hold.
                 plan.diff_service(&old, &new, actual.is_none());
@@ -261,8 +263,8 @@ impl ApplyState {
             out.add(MapKind::Services, *family, applied.svc.len());
             out.add(MapKind::SourceRanges, *family, applied.src_ranges.len());
         }
-        for addr in self.backend_entries.keys() {
-            if self.backend_ids.get(addr).is_some() {
+        for (addr, _, written) in self.backend_ids.iter() {
+            if written.is_some() {
                 out.add(MapKind::Backends, family_of(&addr.addr), 1);
             }
         }
