@@ -23,6 +23,7 @@
 
 mod admission;
 mod maglev;
+mod sorted;
 
 use std::net::IpAddr;
 
@@ -39,6 +40,7 @@ use tracing::{debug, warn};
 use self::{
     admission::Refusals,
     maglev::{BackendSet, MaglevState, TableWrites, with_table},
+    sorted::{SortedMap, SortedSet},
 };
 use super::{
     budget::{Budget, MapKind, PerMap},
@@ -105,8 +107,8 @@ impl BackendFlags {
 /// What has been written for one service of one family, and the ids it holds.
 #[derive(Clone, Debug, Default)]
 struct AppliedService {
-    svc: HashMap<SvcEntryKey, SvcValue>,
-    src_ranges: HashSet<(u32, IpNet)>,
+    svc: SortedMap<SvcEntryKey, SvcValue>,
+    src_ranges: SortedSet<(u32, IpNet)>,
     /// One reference on the rev_nat id of each.
     frontends: Vec<FrontendKey>,
     /// One reference on the backend id of each occurrence.
@@ -117,6 +119,19 @@ struct AppliedService {
     maglev: Vec<BackendSet>,
     no_local_internal: bool,
     no_local_external: bool,
+}
+
+impl AppliedService {
+    /// Gives back what building left unused: the record is kept for as long as the
+    /// service is programmed, 50,000 of them in a big cluster.
+    fn shrink_to_fit(&mut self) {
+        self.svc.shrink_to_fit();
+        self.src_ranges.shrink_to_fit();
+        self.frontends.shrink_to_fit();
+        self.backends.shrink_to_fit();
+        self.affinity.shrink_to_fit();
+        self.maglev.shrink_to_fit();
+    }
 }
 
 /// The agent's memory of the maps: ids and per-service entries.

@@ -110,6 +110,9 @@ impl ApplyState {
         actual: Option<&Snapshot>,
     ) -> Vec<Candidate> {
         let mut out = Vec::new();
+        // The maps' service entries by frontend, sorted once for all the services to
+        // adopt (a filter over every entry per service made a restart quadratic).
+        let mut by_frontend: Option<Vec<(SvcEntryKey, SvcValue)>> = None;
         for state in families {
             let family = state.family;
             let known = self
@@ -133,7 +136,15 @@ impl ApplyState {
                 let old = match self.take_service(&(family, service.clone())) {
                     Some(old) => old,
                     None => actual
-                        .map(|a| self.adopt_service(family, &service, &desired, a))
+                        .map(|a| {
+                            let by_frontend = by_frontend.get_or_insert_with(|| {
+                                let mut all: Vec<(SvcEntryKey, SvcValue)> =
+                                    a.svc.iter().map(|(k, v)| (*k, *v)).collect();
+                                all.sort_unstable_by_key(|(k, _)| *k);
+                                all
+                            });
+                            self.adopt_service(family, &service, &desired, a, by_frontend)
+                        })
                         .unwrap_or_default(),
                 };
                 out.push(Candidate {
@@ -186,6 +197,7 @@ impl ApplyState {
                 plan.diff_service(&old, &new, actual.is_none());
                 self.release(family, &service, &old, plan);
                 if !new.svc.is_empty() {
+                    new.shrink_to_fit();
                     self.put_service((family, service), new);
                 }
             }
@@ -286,6 +298,7 @@ impl ApplyState {
         service: &NamespacedName,
         desired: &DesiredService,
         actual: &Snapshot,
+        by_frontend: &[(SvcEntryKey, SvcValue)],
     ) -> AppliedService {
         let owner = (family, service.clone());
         let mut out = AppliedService::default();
@@ -305,11 +318,11 @@ impl ApplyState {
             if self.rev_nat_ids.get(&key) != Some(u64::from(rev_nat_id)) {
                 continue;
             }
-            let entries: Vec<(SvcEntryKey, SvcValue)> = actual
-                .svc
+            let first = by_frontend.partition_point(|(k, _)| k.frontend < key);
+            let entries: Vec<(SvcEntryKey, SvcValue)> = by_frontend[first..]
                 .iter()
-                .filter(|(k, _)| k.frontend == key)
-                .map(|(k, v)| (*k, *v))
+                .take_while(|(k, _)| k.frontend == key)
+                .copied()
                 .collect();
             let Some(backends) = self.adopted_backends(&entries, actual, v6(&key.addr)) else {
                 continue;
@@ -352,6 +365,7 @@ impl ApplyState {
                 out.svc.insert(key, *value);
             }
         }
+        out.shrink_to_fit();
         out
     }
 
