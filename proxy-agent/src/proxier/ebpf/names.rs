@@ -16,6 +16,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fs,
+    hash::BuildHasher,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::Path,
 };
@@ -147,7 +148,11 @@ fn service_entries(
 /// The table and what the agent wrote into it.
 pub struct NamesTable {
     map: Box<dyn KvMap<u32, NameValue>>,
-    written: HashMap<u32, NameValue>,
+    /// A fingerprint of the value written under each key: enough to tell an entry that
+    /// needs no write, at 8 bytes instead of the value's 144 (7 MB at 50,000 frontends).
+    /// The hasher's seed is random per process, so names cannot be chosen to collide.
+    written: HashMap<u32, u64>,
+    fingerprints: foldhash::quality::RandomState,
     by_service: HashMap<(IpFamily, NamespacedName), Vec<u32>>,
     loaded: bool,
 }
@@ -227,6 +232,7 @@ impl NamesTable {
         Self {
             map,
             written: HashMap::new(),
+            fingerprints: foldhash::quality::RandomState::default(),
             by_service: HashMap::new(),
             loaded: false,
         }
@@ -244,7 +250,12 @@ impl NamesTable {
     ) -> Result<(), MapOpError> {
         if !self.loaded {
             // What a previous agent left: compared against, never blindly rewritten.
-            self.written = self.map.entries()?.into_iter().collect();
+            self.written = self
+                .map
+                .entries()?
+                .into_iter()
+                .map(|(id, value)| (id, self.fingerprints.hash_one(value)))
+                .collect();
             self.loaded = true;
         }
         let mut todo: HashSet<(IpFamily, NamespacedName)> = HashSet::new();
@@ -288,11 +299,15 @@ impl NamesTable {
         }
         let changed: Vec<(u32, NameValue)> = desired
             .into_iter()
-            .filter(|(id, value)| self.written.get(id) != Some(value))
+            .filter(|(id, value)| self.written.get(id) != Some(&self.fingerprints.hash_one(value)))
             .collect();
         // In as few system calls as the map allows (a cold sync writes every name).
         self.map.put_many(&changed)?;
-        self.written.extend(changed);
+        self.written.extend(
+            changed
+                .iter()
+                .map(|(id, value)| (*id, self.fingerprints.hash_one(value))),
+        );
         Ok(())
     }
 }
