@@ -393,6 +393,44 @@ fn a_restarted_agent_adopts_the_maps_without_rewriting_them() {
 }
 
 #[test]
+fn a_restarted_agent_adopts_every_frontend_of_several_services_without_a_write() {
+    // Frontends of several services side by side in the maps (a ClusterIP, a load
+    // balancer IP and a NodePort with two scopes): each service adopts exactly its own.
+    let lb_slice = || {
+        mk_endpointslice("ns1", "lb-1", "lb", "IPv4")
+            .port("http", 8080, "TCP")
+            .endpoint(mk_endpoint("10.0.3.1").node("node-a").build())
+            .endpoint(mk_endpoint("10.0.3.2").node("node-b").build())
+            .build()
+    };
+    let mut h = Harness::new();
+    h.service(web_service());
+    h.slice(web(&["10.0.1.1", "10.0.1.2", "10.0.1.3"]));
+    h.service(etp_local_lb_service());
+    h.slice(lb_slice());
+    h.sync(false);
+    let before = h.maps.snapshot().unwrap();
+
+    h.apply = ApplyState::new(1024, 1024);
+    h.cluster = ClusterState::new(&[IpFamily::V4], "node-a");
+    h.service(etp_local_lb_service());
+    h.slice(lb_slice());
+    h.service(web_service());
+    h.slice(web(&["10.0.1.3", "10.0.1.1", "10.0.1.2"]));
+    let ops = h.sync(true);
+    assert!(ops.is_empty(), "every entry is adopted as it is: {ops:#?}");
+    assert_eq!(h.maps.snapshot().unwrap(), before);
+    // And the adopted state is the agent's own: a change writes only what changed.
+    h.slice(web(&["10.0.1.1", "10.0.1.2"]));
+    let ops = h.sync(false);
+    assert!(!ops.is_empty());
+    assert_eq!(
+        h.backends_of("1.2.3.4", 80, SCOPE_EXTERNAL),
+        vec!["10.0.3.1:8080"]
+    );
+}
+
+#[test]
 fn etp_local_gets_two_scopes_internal_written_before_the_external_slot_zero() {
     let mut h = Harness::new();
     h.service(etp_local_lb_service());
