@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{IpFamily, NamespacedName, Protocol};
@@ -19,8 +20,10 @@ pub struct Endpoint {
     /// Ready regardless of termination (absent: same as `ready`'s API default, true).
     pub serving: bool,
     pub terminating: bool,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+    /// Shared by every endpoint naming the same node (see [`super::interner`]).
+    pub node_name: Option<Arc<str>>,
+    /// Shared by every endpoint naming the same zone.
+    pub zone: Option<Arc<str>>,
     /// `hints.forZones[].name`; `None` when the endpoint carries no zone hint.
     pub zone_hints: Option<BTreeSet<String>>,
     /// `hints.forNodes[].name`; `None` when the endpoint carries no node hint.
@@ -111,8 +114,9 @@ pub struct SliceEndpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+    /// Interned, as in [`Endpoint`].
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
     pub zone_hints: Option<BTreeSet<String>>,
     pub node_hints: Option<BTreeSet<String>>,
 }

@@ -14,6 +14,7 @@ mod endpoint;
 mod endpoints_tracker;
 mod endpointslice_cache;
 mod family;
+pub mod interner;
 mod invalid;
 mod names;
 mod service_port;

@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::{
     ANNOTATION_LAST_CHANGE_TRIGGER_TIME, LABEL_SERVICE_NAME, object_name, parse_ip_sloppy, quoted,
 };
+use crate::model::interner;
 use crate::model::{
     InvalidObject, IpFamily, NamespacedName, ObjectKind, Protocol, SliceEndpoint, SliceInfo,
     SlicePort,
@@ -121,6 +122,8 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
 
     let slice_endpoints = slice.endpoints.as_deref().unwrap_or_default();
     let mut endpoints = Vec::with_capacity(slice_endpoints.len());
+    // One lock for all the names of the slice.
+    let mut names = interner::lock_shared();
     for endpoint in slice_endpoints {
         let Some(address) = endpoint.addresses.first() else {
             tracing::warn!(endpoint_slice = %object, "ignoring endpoint without addresses");
@@ -157,12 +160,13 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
             ready,
             serving,
             terminating,
-            node_name: endpoint.node_name.clone(),
-            zone: endpoint.zone.clone(),
+            node_name: endpoint.node_name.as_deref().map(|name| names.intern(name)),
+            zone: endpoint.zone.as_deref().map(|zone| names.intern(zone)),
             zone_hints,
             node_hints,
         });
     }
+    drop(names);
 
     let last_change_trigger_time = slice
         .metadata
