@@ -169,8 +169,7 @@ fn merge_endpoints(
                         terminating: endpoint.terminating,
                         node_name: endpoint.node_name.clone(),
                         zone: endpoint.zone.clone(),
-                        zone_hints: endpoint.zone_hints.clone(),
-                        node_hints: endpoint.node_hints.clone(),
+                        hints: endpoint.hints.clone(),
                         is_local,
                     }),
                 );

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Shared copies of the names endpoints repeat: node names and zones.
+//! Shared copies of the names endpoints repeat: node names, zones and hint names.
 //!
 //! The endpoints of a cluster name a few hundred nodes and zones at most, yet each
 //! endpoint used to clone its own copy of its node name and zone, once in its slice's
@@ -30,7 +30,7 @@ pub fn lock_shared() -> MutexGuard<'static, NameInterner> {
 /// A set of shared strings; [`NameInterner::intern`] hands out the one copy of a name.
 #[derive(Debug)]
 pub struct NameInterner {
-    /// foldhash: looked up for every node name and zone of every slice.
+    /// foldhash: looked up for every node name, zone and hint of every slice.
     names: foldhash::HashSet<Arc<str>>,
     /// The set is pruned when it reaches this many names.
     prune_at: usize,

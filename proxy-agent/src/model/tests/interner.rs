@@ -63,7 +63,12 @@ fn endpoints_of_a_node_share_its_name_and_zone() {
     let slice = mk_endpointslice("ns1", "svc1-abc", "svc1", "IPv4")
         .port("http", 80, "TCP")
         .endpoint(mk_endpoint("10.0.0.1").node("node-a").zone("zone-a"))
-        .endpoint(mk_endpoint("10.0.0.2").node("node-a").zone("zone-a"))
+        .endpoint(
+            mk_endpoint("10.0.0.2")
+                .node("node-a")
+                .zone("zone-a")
+                .zone_hints(&["zone-a"]),
+        )
         .build();
     let info = endpoint_slice_info(&slice).unwrap().unwrap();
     let [first, second] = &info.endpoints[..] else {
@@ -75,4 +80,10 @@ fn endpoints_of_a_node_share_its_name_and_zone() {
     };
     assert!(shared(&first.node_name, &second.node_name));
     assert!(shared(&first.zone, &second.zone));
+    // Hint names are interned too: the same bytes as the zone's.
+    let hinted = second.zone_hints().and_then(|hints| hints.iter().next());
+    assert_eq!(
+        hinted.map(str::as_ptr),
+        first.zone.as_deref().map(str::as_ptr)
+    );
 }
