@@ -10,8 +10,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use super::{nsn, port_name};
 use crate::k8s::fixtures::{EndpointSliceBuilder, mk_endpoint, mk_endpointslice};
 use crate::model::{
-    EndpointsChangeTracker, EndpointsMap, IpFamily, ObjectKind, Protocol, ServicePortName,
-    UpdateEndpointsMapResult,
+    Endpoint, EndpointsChangeTracker, EndpointsMap, IpFamily, ObjectKind, Protocol,
+    ServicePortName, SliceEndpoint, UpdateEndpointsMapResult,
 };
 
 const HOST: &str = "host1";
@@ -492,4 +492,25 @@ fn apply_touches_only_changed_services() {
         &untouched,
         &fake.map[&tcp("svc2", "port-0")][0]
     ));
+}
+
+/// A regression guard: the model keeps one `SliceEndpoint` per endpoint of every slice and
+/// one `Endpoint` per endpoint per service port, so at 50,000 services × 4 endpoints each
+/// byte here is about 200 kB of resident memory per record kind. Both were 136 bytes with
+/// owned names and `BTreeSet` hints; names are now interned `Arc<str>` (16 bytes) and the
+/// hints one pointer. Growing either needs a reason. (Packing the flags into one byte
+/// would not shrink them: 40 bytes of pointers and the 17-byte `IpAddr` round up to 64
+/// whatever the flags take.)
+#[test]
+fn endpoint_records_stay_small() {
+    assert!(
+        size_of::<Endpoint>() <= 64,
+        "Endpoint is {} bytes",
+        size_of::<Endpoint>()
+    );
+    assert!(
+        size_of::<SliceEndpoint>() <= 64,
+        "SliceEndpoint is {} bytes",
+        size_of::<SliceEndpoint>()
+    );
 }
