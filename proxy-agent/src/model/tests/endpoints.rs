@@ -158,6 +158,35 @@ fn a_duplicate_address_prefers_the_endpoint_that_is_not_terminating() {
     }
 }
 
+/// Two running endpoints with one address: the slice whose name sorts last wins, however
+/// the slices arrived (upstream merges its slices in name order too).
+#[test]
+fn a_duplicate_address_comes_from_the_last_slice_by_name() {
+    let on_node = |slice: &str, node: &str| {
+        mk_endpointslice("ns1", slice, "svc1", "IPv4")
+            .port("p", 80, "TCP")
+            .endpoint(mk_endpoint("10.0.1.1").node(node))
+            .build()
+    };
+    let mut fake = Fake::new(HOST);
+    fake.add(&on_node("svc1-c", "node-c"));
+    fake.add(&on_node("svc1-a", "node-a"));
+    fake.add(&on_node("svc1-b", "node-b"));
+    fake.apply();
+    let node = |fake: &Fake| fake.map[&tcp("svc1", "p")][0].node_name.clone();
+    assert_eq!(node(&fake).as_deref(), Some("node-c"));
+    fake.delete(&on_node("svc1-c", "node-c"));
+    fake.apply();
+    assert_eq!(node(&fake).as_deref(), Some("node-b"));
+    fake.add(&on_node("svc1-d", "node-d"));
+    fake.delete(&on_node("svc1-b", "node-b"));
+    fake.apply();
+    assert_eq!(node(&fake).as_deref(), Some("node-d"));
+    fake.delete(&on_node("svc1-d", "node-d"));
+    fake.apply();
+    assert_eq!(node(&fake).as_deref(), Some("node-a"));
+}
+
 #[test]
 fn same_ip_on_different_ports_are_different_endpoints() {
     let mut fake = Fake::new(HOST);
