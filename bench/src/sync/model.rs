@@ -120,8 +120,7 @@ fn slice(index: u32, endpoints: u8) -> SliceInfo {
                 terminating: false,
                 node_name: None,
                 zone: None,
-                zone_hints: None,
-                node_hints: None,
+                hints: None,
             })
             .collect(),
         last_change_trigger_time: None,

@@ -14,6 +14,7 @@ mod endpoint;
 mod endpoints_tracker;
 mod endpointslice_cache;
 mod family;
+pub mod interner;
 mod invalid;
 mod names;
 mod service_port;
@@ -24,7 +25,7 @@ pub mod topology;
 mod tests;
 
 pub use cluster_state::{AppliedChanges, ClusterState};
-pub use endpoint::{Endpoint, SliceEndpoint, SliceInfo, SlicePort};
+pub use endpoint::{Endpoint, EndpointHints, HintNames, SliceEndpoint, SliceInfo, SlicePort};
 pub use endpoints_tracker::{EndpointsChangeTracker, EndpointsMap, UpdateEndpointsMapResult};
 pub use endpointslice_cache::{EndpointSliceCache, EndpointsChange, ServiceEndpoints};
 pub use family::{FamilyState, StaleConntrack};

@@ -133,11 +133,11 @@ fn topology_mode_from_hints(
     let mut has_endpoint_for_zone = false;
     for ep in endpoints.iter().filter(|ep| ep.ready) {
         has_ready = true;
-        match &ep.node_hints {
+        match ep.node_hints() {
             Some(hints) if !hints.is_empty() => has_endpoint_for_node |= hints.contains(node_name),
             _ => all_have_node_hints = false,
         }
-        match &ep.zone_hints {
+        match ep.zone_hints() {
             Some(hints) if !hints.is_empty() => has_endpoint_for_zone |= hints.contains(zone),
             _ => all_have_zone_hints = false,
         }

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! discovery.k8s.io/v1 EndpointSlice -> [`SliceInfo`].
 
-use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -10,9 +9,10 @@ use k8s_openapi::jiff::Timestamp;
 use super::{
     ANNOTATION_LAST_CHANGE_TRIGGER_TIME, LABEL_SERVICE_NAME, object_name, parse_ip_sloppy, quoted,
 };
+use crate::model::interner::{self, NameInterner};
 use crate::model::{
-    InvalidObject, IpFamily, NamespacedName, ObjectKind, Protocol, SliceEndpoint, SliceInfo,
-    SlicePort,
+    EndpointHints, HintNames, InvalidObject, IpFamily, NamespacedName, ObjectKind, Protocol,
+    SliceEndpoint, SliceInfo, SlicePort,
 };
 
 const ADDRESS_TYPE_FQDN: &str = "FQDN";
@@ -121,6 +121,8 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
 
     let slice_endpoints = slice.endpoints.as_deref().unwrap_or_default();
     let mut endpoints = Vec::with_capacity(slice_endpoints.len());
+    // One lock for all the names of the slice.
+    let mut names = interner::lock_shared();
     for endpoint in slice_endpoints {
         let Some(address) = endpoint.addresses.first() else {
             tracing::warn!(endpoint_slice = %object, "ignoring endpoint without addresses");
@@ -143,26 +145,28 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
         let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
         let hints = endpoint.hints.as_ref();
         let zone_hints = hint_names(
+            &mut names,
             hints
                 .and_then(|h| h.for_zones.as_deref())
-                .map(|zones| zones.iter().map(|zone| zone.name.clone()).collect()),
+                .map(|zones| zones.iter().map(|zone| zone.name.as_str())),
         );
         let node_hints = hint_names(
+            &mut names,
             hints
                 .and_then(|h| h.for_nodes.as_deref())
-                .map(|nodes| nodes.iter().map(|node| node.name.clone()).collect()),
+                .map(|nodes| nodes.iter().map(|node| node.name.as_str())),
         );
         endpoints.push(SliceEndpoint {
             ip,
             ready,
             serving,
             terminating,
-            node_name: endpoint.node_name.clone(),
-            zone: endpoint.zone.clone(),
-            zone_hints,
-            node_hints,
+            node_name: endpoint.node_name.as_deref().map(|name| names.intern(name)),
+            zone: endpoint.zone.as_deref().map(|zone| names.intern(zone)),
+            hints: EndpointHints::new(zone_hints, node_hints),
         });
     }
+    drop(names);
 
     let last_change_trigger_time = slice
         .metadata
@@ -191,9 +195,13 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
     }))
 }
 
-/// An empty hint list is no hint at all.
-fn hint_names(names: Option<BTreeSet<String>>) -> Option<BTreeSet<String>> {
-    names.filter(|names| !names.is_empty())
+/// The interned names of a hint list; an empty list is no hint at all.
+fn hint_names<'a>(
+    names: &mut NameInterner,
+    hinted: Option<impl Iterator<Item = &'a str>>,
+) -> Option<HintNames> {
+    let hinted: HintNames = hinted?.map(|name| names.intern(name)).collect();
+    (!hinted.is_empty()).then_some(hinted)
 }
 
 fn parse_timestamp(text: &str) -> Option<SystemTime> {

@@ -10,8 +10,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use super::{nsn, port_name};
 use crate::k8s::fixtures::{EndpointSliceBuilder, mk_endpoint, mk_endpointslice};
 use crate::model::{
-    EndpointsChangeTracker, EndpointsMap, IpFamily, ObjectKind, Protocol, ServicePortName,
-    UpdateEndpointsMapResult,
+    Endpoint, EndpointsChangeTracker, EndpointsMap, IpFamily, ObjectKind, Protocol,
+    ServicePortName, SliceEndpoint, UpdateEndpointsMapResult,
 };
 
 const HOST: &str = "host1";
@@ -156,6 +156,35 @@ fn a_duplicate_address_prefers_the_endpoint_that_is_not_terminating() {
         assert!(endpoints[0].ready && !endpoints[0].terminating);
         assert_eq!(endpoints[0].node_name.as_deref(), Some("new-node"));
     }
+}
+
+/// Two running endpoints with one address: the slice whose name sorts last wins, however
+/// the slices arrived (upstream merges its slices in name order too).
+#[test]
+fn a_duplicate_address_comes_from_the_last_slice_by_name() {
+    let on_node = |slice: &str, node: &str| {
+        mk_endpointslice("ns1", slice, "svc1", "IPv4")
+            .port("p", 80, "TCP")
+            .endpoint(mk_endpoint("10.0.1.1").node(node))
+            .build()
+    };
+    let mut fake = Fake::new(HOST);
+    fake.add(&on_node("svc1-c", "node-c"));
+    fake.add(&on_node("svc1-a", "node-a"));
+    fake.add(&on_node("svc1-b", "node-b"));
+    fake.apply();
+    let node = |fake: &Fake| fake.map[&tcp("svc1", "p")][0].node_name.clone();
+    assert_eq!(node(&fake).as_deref(), Some("node-c"));
+    fake.delete(&on_node("svc1-c", "node-c"));
+    fake.apply();
+    assert_eq!(node(&fake).as_deref(), Some("node-b"));
+    fake.add(&on_node("svc1-d", "node-d"));
+    fake.delete(&on_node("svc1-b", "node-b"));
+    fake.apply();
+    assert_eq!(node(&fake).as_deref(), Some("node-d"));
+    fake.delete(&on_node("svc1-d", "node-d"));
+    fake.apply();
+    assert_eq!(node(&fake).as_deref(), Some("node-a"));
 }
 
 #[test]
@@ -492,4 +521,140 @@ fn apply_touches_only_changed_services() {
         &untouched,
         &fake.map[&tcp("svc2", "port-0")][0]
     ));
+}
+
+type SliceEdit = fn(EndpointSliceBuilder) -> EndpointSliceBuilder;
+
+/// An applied slice keeps its endpoints only as the merged records: a new version must
+/// still be told apart from it by every field the proxy uses, and the same version must
+/// not count as a change.
+#[test]
+fn an_applied_slice_is_compared_field_by_field() {
+    let base = |ports: bool| {
+        let mut slice = mk_endpointslice("ns1", "svc1-1", "svc1", "IPv4");
+        if ports {
+            slice = slice.port("port-0", 80, "TCP").port("port-1", 443, "TCP");
+        }
+        slice
+            .endpoint(mk_endpoint("10.0.1.1").node(HOST).zone("zone-a"))
+            .endpoint(
+                mk_endpoint("10.0.1.2")
+                    .node("host2")
+                    .zone("zone-b")
+                    .zone_hints(&["zone-b"])
+                    .node_hints(&["host2"]),
+            )
+    };
+    let edits: [(&str, SliceEdit); 10] = [
+        ("terminating", |s| {
+            s.with(|s| endpoint_at(s, 0).conditions.as_mut().unwrap().terminating = Some(true))
+        }),
+        ("ready", |s| s.with(|s| set_ready(s, 0, false))),
+        ("node", |s| {
+            s.with(|s| endpoint_at(s, 1).node_name = Some("host3".into()))
+        }),
+        ("zone", |s| s.with(|s| endpoint_at(s, 1).zone = None)),
+        ("node hints", |s| {
+            s.with(|s| endpoint_at(s, 1).hints.as_mut().unwrap().for_nodes = None)
+        }),
+        ("hints", |s| {
+            s.with(|s| {
+                endpoint_at(s, 1).hints = None;
+            })
+        }),
+        ("address", |s| {
+            s.with(|s| endpoint_at(s, 0).addresses = vec!["10.0.1.9".into()])
+        }),
+        ("a port", |s| s.port("port-2", 8080, "TCP")),
+        ("a port number", |s| {
+            s.with(|s| {
+                if let Some(port) = s.ports.as_mut().and_then(|ports| ports.first_mut()) {
+                    port.port = Some(81);
+                }
+            })
+        }),
+        ("an endpoint less", |s| {
+            s.with(|s| s.endpoints.as_mut().unwrap().truncate(1))
+        }),
+    ];
+    for ports in [true, false] {
+        let mut fake = Fake::new(HOST);
+        assert!(fake.add(&base(ports).build()));
+        fake.apply();
+        assert!(
+            !fake.add(&base(ports).build()),
+            "same content (ports: {ports})"
+        );
+        for (what, edit) in edits {
+            if what == "a port number" && !ports {
+                continue;
+            }
+            let mut fake = Fake::new(HOST);
+            fake.add(&base(ports).build());
+            fake.apply();
+            assert!(
+                fake.add(&edit(base(ports)).build()),
+                "a change of {what} (ports: {ports})"
+            );
+        }
+    }
+}
+
+fn endpoint_at(
+    slice: &mut EndpointSlice,
+    index: usize,
+) -> &mut k8s_openapi::api::discovery::v1::Endpoint {
+    &mut slice.endpoints.as_mut().unwrap()[index]
+}
+
+fn set_ready(slice: &mut EndpointSlice, index: usize, ready: bool) {
+    endpoint_at(slice, index).conditions.as_mut().unwrap().ready = Some(ready);
+}
+
+/// A checkout shares the applied slices' records: a slice that did not change hands out
+/// the records it handed out before, and a port's records carry that port.
+#[test]
+fn unchanged_slices_hand_out_the_same_records() {
+    let mut fake = Fake::new(HOST);
+    fake.add(&generated_slice("svc1", 1, 2, &[HOST], 80));
+    fake.add(&generated_slice("svc1", 2, 2, &[], 80));
+    fake.apply();
+    let before = fake.map[&tcp("svc1", "port-0")].clone();
+    fake.add(&generated_slice("svc1", 2, 3, &[], 80));
+    fake.apply();
+    let after = &fake.map[&tcp("svc1", "port-0")];
+    assert_eq!(after.len(), 5);
+    for record in before
+        .iter()
+        .filter(|record| record.ip.to_string().starts_with("10.0.1."))
+    {
+        assert!(
+            after
+                .iter()
+                .any(|kept| std::sync::Arc::ptr_eq(kept, record)),
+            "{record} was built again"
+        );
+        assert!(record.is_local);
+    }
+}
+
+/// A regression guard: the model keeps one `SliceEndpoint` per endpoint of every slice and
+/// one `Endpoint` per endpoint per service port, so at 50,000 services × 4 endpoints each
+/// byte here is about 200 kB of resident memory per record kind. Both were 136 bytes with
+/// owned names and `BTreeSet` hints; names are now interned `Arc<str>` (16 bytes) and the
+/// hints one pointer. Growing either needs a reason. (Packing the flags into one byte
+/// would not shrink them: 40 bytes of pointers and the 17-byte `IpAddr` round up to 64
+/// whatever the flags take.)
+#[test]
+fn endpoint_records_stay_small() {
+    assert!(
+        size_of::<Endpoint>() <= 64,
+        "Endpoint is {} bytes",
+        size_of::<Endpoint>()
+    );
+    assert!(
+        size_of::<SliceEndpoint>() <= 64,
+        "SliceEndpoint is {} bytes",
+        size_of::<SliceEndpoint>()
+    );
 }

@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::model::topology::LABEL_TOPOLOGY_ZONE;
-use crate::model::{Endpoint, Protocol, ServicePort, categorize_endpoints};
+use crate::model::{
+    Endpoint, EndpointHints, HintNames, Protocol, ServicePort, categorize_endpoints,
+};
 
 const NODE: &str = "test-node";
 
@@ -44,13 +46,17 @@ impl EndpointExt for Endpoint {
         self
     }
     fn zones(mut self, zones: &[&str]) -> Self {
-        self.zone_hints = Some(zones.iter().map(|z| (*z).to_owned()).collect());
+        self.hints = EndpointHints::new(Some(hint_names(zones)), self.node_hints().cloned());
         self
     }
     fn nodes(mut self, nodes: &[&str]) -> Self {
-        self.node_hints = Some(nodes.iter().map(|n| (*n).to_owned()).collect());
+        self.hints = EndpointHints::new(self.zone_hints().cloned(), Some(hint_names(nodes)));
         self
     }
+}
+
+fn hint_names(names: &[&str]) -> HintNames {
+    names.iter().map(|name| Arc::from(*name)).collect()
 }
 
 #[derive(Clone, Copy, Default)]
@@ -266,7 +272,7 @@ fn only_unready_endpoints_in_this_zone_means_no_filtering() {
 #[test]
 fn an_endpoint_without_hints_disables_filtering() {
     let mut endpoints = zone_abca();
-    endpoints[2].zone_hints = None;
+    endpoints[2].hints = EndpointHints::new(None, endpoints[2].node_hints().cloned());
     check(Case {
         name: "missing hint",
         zone: Some("zone-a"),
@@ -574,4 +580,16 @@ fn all_reachable_keeps_input_order() {
     let got = categorize_endpoints(&endpoints, &svc, NODE, &zone_labels(Some("zone-a")));
     let order: Vec<String> = got.all_reachable.iter().map(|e| e.to_string()).collect();
     assert_eq!(order, ["10.0.0.9:80", "10.0.0.1:80", "10.0.0.5:80"]);
+}
+
+#[test]
+fn hint_names_are_a_set() {
+    let names = hint_names(&["zone-b", "zone-a", "zone-b"]);
+    assert_eq!(names, hint_names(&["zone-a", "zone-b"]));
+    assert_eq!(names.iter().collect::<Vec<_>>(), ["zone-a", "zone-b"]);
+    assert!(names.contains("zone-a") && names.contains("zone-b") && !names.contains("zone-c"));
+    assert!(hint_names(&[]).is_empty());
+    // An endpoint given no hint of either kind has no hints at all.
+    assert_eq!(ep("10.1.2.3:80").hints, None);
+    assert_eq!(EndpointHints::new(None, None), None);
 }

@@ -1,21 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 //! EndpointSlice -> SliceInfo conversion.
 
-use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::discovery::v1::EndpointPort;
 
 use crate::k8s::convert::{endpoint_slice_info, endpoint_slice_keys, should_proxy_slice};
 use crate::k8s::fixtures::{EndpointSliceBuilder, mk_endpoint, mk_endpointslice};
-use crate::model::{IpFamily, NamespacedName, ObjectKind, Protocol, SliceEndpoint, SlicePort};
+use crate::model::{
+    EndpointHints, HintNames, IpFamily, NamespacedName, ObjectKind, Protocol, SliceEndpoint,
+    SlicePort,
+};
 
 fn slice() -> EndpointSliceBuilder {
     mk_endpointslice("ns1", "svc1-abc", "svc1", "IPv4")
 }
 
-fn names(names: &[&str]) -> Option<BTreeSet<String>> {
-    Some(names.iter().map(|n| (*n).to_owned()).collect())
+fn names(names: &[&str]) -> Option<HintNames> {
+    Some(names.iter().map(|n| Arc::from(*n)).collect())
 }
 
 #[test]
@@ -95,8 +98,7 @@ fn endpoints_ports_and_conditions() {
         terminating,
         node_name: None,
         zone: None,
-        zone_hints: None,
-        node_hints: None,
+        hints: None,
     };
     assert_eq!(
         info.endpoints,
@@ -110,8 +112,7 @@ fn endpoints_ports_and_conditions() {
             endpoint("10.180.0.2", true, true, false),
             endpoint("10.180.0.3", false, true, true),
             SliceEndpoint {
-                zone_hints: names(&["zone-a", "zone-b"]),
-                node_hints: names(&["test-node"]),
+                hints: EndpointHints::new(names(&["zone-a", "zone-b"]), names(&["test-node"])),
                 ..endpoint("10.180.0.4", false, false, false)
             },
         ]
@@ -126,10 +127,8 @@ fn empty_hint_lists_are_no_hints() {
         .endpoint(mk_endpoint("10.0.0.1").zone_hints(&[]).node_hints(&[]))
         .build();
     let info = endpoint_slice_info(&slice).unwrap().unwrap();
-    assert_eq!(
-        (&info.endpoints[0].zone_hints, &info.endpoints[0].node_hints),
-        (&None, &None)
-    );
+    // Neither zone nor node hints.
+    assert_eq!(info.endpoints[0].hints, None);
 }
 
 #[test]

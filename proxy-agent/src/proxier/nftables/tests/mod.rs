@@ -64,8 +64,7 @@ pub fn endpoint(addr: &str, local: bool) -> Arc<Endpoint> {
         terminating: false,
         node_name: Some(if local { "test-node" } else { "other" }.into()),
         zone: None,
-        zone_hints: None,
-        node_hints: None,
+        hints: None,
         is_local: local,
     })
 }
