@@ -19,8 +19,11 @@ struct Cli {
     tool: Option<proxy_agent::tools::Tool>,
 }
 
+/// jemalloc, not glibc's malloc: see [`proxy_agent::sys::release_free_memory`].
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
-    proxy_agent::sys::tune_allocator();
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
