@@ -19,6 +19,7 @@ pub mod node;
 pub mod proxier;
 pub mod runner;
 pub mod serve;
+pub mod sorted;
 pub mod source;
 pub mod sys;
 pub mod telemetry;

@@ -23,7 +23,6 @@
 
 mod admission;
 mod maglev;
-mod sorted;
 
 use std::net::IpAddr;
 
@@ -40,7 +39,6 @@ use tracing::{debug, warn};
 use self::{
     admission::Refusals,
     maglev::{BackendSet, MaglevState, TableWrites, with_table},
-    sorted::{SortedMap, SortedSet},
 };
 use super::{
     budget::{Budget, MapKind, PerMap},
@@ -53,6 +51,7 @@ use super::{
 use crate::{
     model::{FamilyState, IpFamily, NamespacedName},
     proxier::{NodeContext, SyncStats},
+    sorted::{SortedMap, SortedSet},
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -1,18 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
-//! A small map and set kept as one sorted `Vec`, for what the apply state remembers per
-//! service (its service-map entries and source ranges).
+//! A small map and set kept as one sorted `Vec`, for the records the agent keeps per
+//! service: the ebpf apply state's service-map entries and source ranges, the model's
+//! slices of a service by name.
 //!
-//! Why not a `HashMap`: a service has a handful of entries (a ClusterIP with 4 endpoints has
-//! 5), and hashbrown gives 5 entries a table of 8 buckets plus control bytes and grows it
-//! twice on the way: about 350 bytes per service against 200 here, 17 MB at 50,000
-//! services. Lookups are binary searches over those few entries; the entries of a
-//! service are built in key order (slots 1..n, then slot 0 moves n entries once), so
-//! inserts are mostly appends. Iteration is in key order, which keeps plans
-//! deterministic.
+//! Why not a `HashMap` or `BTreeMap`: a service has a handful of each (a ClusterIP with 4
+//! endpoints has 5 entries, most services one slice). hashbrown gives 5 entries a table of
+//! 8 buckets plus control bytes and grows it twice on the way (about 350 bytes per
+//! service against 200 here, 17 MB at 50,000 services); a `BTreeMap`'s first node has
+//! room for 11 (about 370 bytes for one slice). Lookups are binary searches over those
+//! few entries; entries are mostly built in key order, so inserts are mostly appends.
+//! Iteration is in key order, which keeps what is built from them deterministic.
+
+use std::borrow::Borrow;
 
 /// A map from `K` to `V` in a sorted `Vec`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(in crate::proxier::ebpf) struct SortedMap<K, V> {
+pub struct SortedMap<K, V> {
     entries: Vec<(K, V)>,
 }
 
@@ -25,8 +28,11 @@ impl<K, V> Default for SortedMap<K, V> {
 }
 
 impl<K: Ord, V> SortedMap<K, V> {
-    fn position(&self, key: &K) -> Result<usize, usize> {
-        self.entries.binary_search_by(|(k, _)| k.cmp(key))
+    fn position<Q: Ord + ?Sized>(&self, key: &Q) -> Result<usize, usize>
+    where
+        K: Borrow<Q>,
+    {
+        self.entries.binary_search_by(|(k, _)| k.borrow().cmp(key))
     }
 
     /// Sets `key` to `value`; returns the value it replaces.
@@ -40,12 +46,31 @@ impl<K: Ord, V> SortedMap<K, V> {
         }
     }
 
-    pub fn get(&self, key: &K) -> Option<&V> {
+    pub fn get<Q: Ord + ?Sized>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
         self.position(key).ok().map(|at| &self.entries[at].1)
     }
 
-    pub fn contains_key(&self, key: &K) -> bool {
+    pub fn contains_key<Q: Ord + ?Sized>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+    {
         self.position(key).is_ok()
+    }
+
+    /// Takes `key` out; returns its value.
+    pub fn remove<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
+        let at = self.position(key).ok()?;
+        Some(self.entries.remove(at).1)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.entries.iter().map(|(_, v)| v)
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &K> {
@@ -92,6 +117,16 @@ impl<K: Ord, V> Extend<(K, V)> for SortedMap<K, V> {
     }
 }
 
+impl<K, V> IntoIterator for SortedMap<K, V> {
+    type Item = (K, V);
+    type IntoIter = std::vec::IntoIter<(K, V)>;
+
+    /// In key order.
+    fn into_iter(self) -> Self::IntoIter {
+        self.entries.into_iter()
+    }
+}
+
 impl<'a, K, V> IntoIterator for &'a SortedMap<K, V> {
     type Item = (&'a K, &'a V);
     type IntoIter = std::iter::Map<std::slice::Iter<'a, (K, V)>, fn(&'a (K, V)) -> (&'a K, &'a V)>;
@@ -103,7 +138,7 @@ impl<'a, K, V> IntoIterator for &'a SortedMap<K, V> {
 
 /// A set of `T` in a sorted `Vec`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(in crate::proxier::ebpf) struct SortedSet<T>(SortedMap<T, ()>);
+pub struct SortedSet<T>(SortedMap<T, ()>);
 
 impl<T> Default for SortedSet<T> {
     fn default() -> Self {
@@ -132,6 +167,10 @@ impl<T: Ord> SortedSet<T> {
 
     pub fn len(&self) -> usize {
         self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     pub fn shrink_to_fit(&mut self) {
@@ -165,6 +204,11 @@ mod tests {
         assert_eq!(map.len(), 5);
         map.shrink_to_fit();
         assert_eq!((&map).into_iter().count(), 5);
+        assert_eq!(map.remove(&1), Some('A'));
+        assert_eq!(map.remove(&1), None);
+        assert_eq!(map.values().copied().collect::<String>(), "zBcE");
+        let owned: Vec<(i32, char)> = map.into_iter().collect();
+        assert_eq!(owned, [(0, 'z'), (2, 'B'), (3, 'c'), (5, 'E')]);
     }
 
     #[test]
@@ -178,5 +222,6 @@ mod tests {
         assert_eq!(a.difference(&b).copied().collect::<Vec<_>>(), [1, 2, 4]);
         assert_eq!(b.difference(&a).copied().collect::<Vec<_>>(), [9]);
         assert_eq!(a.len(), 4);
+        assert!(!a.is_empty() && SortedSet::<u8>::default().is_empty());
     }
 }
