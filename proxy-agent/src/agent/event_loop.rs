@@ -31,6 +31,10 @@ use crate::{
     serve::{Family as HealthFamily, Metrics, ProxyHealth, ServiceHealthServers},
 };
 
+/// A partial sync of at least this many services hands the memory it freed back at once
+/// (see [`crate::sys::release_free_memory`]).
+const RELEASE_MEMORY_AFTER_CHANGES: usize = 1_000;
+
 pub struct EventLoop {
     rx: mpsc::Receiver<ClusterEvent>,
     cluster: ClusterState,
@@ -486,6 +490,15 @@ impl EventLoop {
                     "synced"
                 );
                 service_health.sync(self.cluster.families(), &self.pending_changed, full);
+                if full || self.pending_changed.len() >= RELEASE_MEMORY_AFTER_CHANGES {
+                    // A full sync builds every mode's whole desired state (the ebpf mode
+                    // also reads every map entry) and drops it; a big partial one (a cold
+                    // start's objects arriving after the first sync) plans every entry of
+                    // its services. Not after small ones: the purge is a system call per
+                    // arena, and the allocator's background thread returns their little
+                    // within seconds anyway.
+                    crate::sys::release_free_memory();
+                }
                 self.pending_changed.clear();
                 self.pending_stale = StaleConntrack::default();
                 true

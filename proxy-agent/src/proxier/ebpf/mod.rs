@@ -48,10 +48,6 @@ use self::{budget::PerMap, growth::Ceilings};
 use super::{MapGrowth, Proxier, SyncError, SyncRequest, SyncStats};
 use crate::config::MapSizeLimits;
 
-/// A partial sync of at least this many services hands the memory it freed back at once
-/// (see [`crate::sys::release_free_memory`]).
-const RELEASE_MEMORY_AFTER_CHANGES: usize = 1_000;
-
 /// Why the maps could not grow.
 #[derive(Debug, thiserror::Error)]
 pub enum GrowError {
@@ -443,14 +439,6 @@ impl Proxier for EbpfProxier {
             self.stale_flows
                 .after_sync(&mut self.loaded.ct4, &mut self.loaded.ct6, request);
         let swept_at = began.elapsed();
-        if request.full || request.changed.len() >= RELEASE_MEMORY_AFTER_CHANGES {
-            // A full sync read every map entry into memory and dropped it again; a big
-            // partial one (a cold start's objects arriving after the first sync) planned
-            // every entry of its services. Not after small ones: the purge is a system
-            // call per arena, and the allocator's background thread returns their little
-            // within seconds anyway.
-            crate::sys::release_free_memory();
-        }
         // Where a sync's time goes (a cold sync of a big cluster is the one to watch).
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         debug!(
