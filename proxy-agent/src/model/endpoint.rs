@@ -55,12 +55,12 @@ impl Endpoint {
 
     /// `hints.forZones[].name`; `None` when the endpoint carries no zone hint.
     pub fn zone_hints(&self) -> Option<&HintNames> {
-        self.hints.as_ref()?.zones.as_ref()
+        EndpointHints::zones_of(&self.hints)
     }
 
     /// `hints.forNodes[].name`; `None` when the endpoint carries no node hint.
     pub fn node_hints(&self) -> Option<&HintNames> {
-        self.hints.as_ref()?.nodes.as_ref()
+        EndpointHints::nodes_of(&self.hints)
     }
 
     pub fn has_zone_hint(&self, zone: &str) -> bool {
@@ -99,6 +99,16 @@ impl EndpointHints {
             return None;
         }
         Some(Arc::new(EndpointHints { zones, nodes }))
+    }
+
+    /// The zone hints of an endpoint's `hints` (both endpoint records keep them so).
+    fn zones_of(hints: &Option<Arc<Self>>) -> Option<&HintNames> {
+        hints.as_ref()?.zones.as_ref()
+    }
+
+    /// The node hints of an endpoint's `hints`.
+    fn nodes_of(hints: &Option<Arc<Self>>) -> Option<&HintNames> {
+        hints.as_ref()?.nodes.as_ref()
     }
 }
 
@@ -188,10 +198,10 @@ pub struct SliceEndpoint {
 
 impl SliceEndpoint {
     pub fn zone_hints(&self) -> Option<&HintNames> {
-        self.hints.as_ref()?.zones.as_ref()
+        EndpointHints::zones_of(&self.hints)
     }
 
     pub fn node_hints(&self) -> Option<&HintNames> {
-        self.hints.as_ref()?.nodes.as_ref()
+        EndpointHints::nodes_of(&self.hints)
     }
 }
