@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Shared copies of the names endpoints repeat: node names, zones and hint names.
+//! Shared copies of the names endpoints repeat (node names, zones and hint names) and of
+//! the namespaces every object names.
 //!
 //! The endpoints of a cluster name a few hundred nodes and zones at most, yet each
 //! endpoint used to clone its own copy of its node name and zone, once in its slice's
@@ -25,6 +26,21 @@ pub fn lock_shared() -> MutexGuard<'static, NameInterner> {
     // A panic while the lock was held cannot leave the set inconsistent (each insert or
     // pruning is a single call on it), so a poisoned lock is still usable.
     SHARED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Namespaces, apart: each service and each of its slices named its namespace in a string
+/// of its own (100,000 copies of a few names at 50,000 services). A separate set, so that
+/// the per-slice lock above is not also taken for every service.
+static NAMESPACES: LazyLock<Mutex<NameInterner>> =
+    LazyLock::new(|| Mutex::new(NameInterner::new()));
+
+/// The shared copy of a namespace.
+pub fn shared_namespace(namespace: &str) -> Arc<str> {
+    // Poisoning is harmless here for the reason given in `lock_shared`.
+    NAMESPACES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .intern(namespace)
 }
 
 /// A set of shared strings; [`NameInterner::intern`] hands out the one copy of a name.

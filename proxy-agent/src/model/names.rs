@@ -11,7 +11,8 @@ use ipnet::IpNet;
 ///
 /// The parts are shared strings: every layer keys its records by service (the trackers,
 /// the model's ports and endpoints, each proxier's state), so a name is cloned a dozen
-/// times per service, which with owned strings was two allocations each time.
+/// times per service, which with owned strings was two allocations each time. Namespaces
+/// are few and shared by all their objects: every name of one namespace shares one copy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NamespacedName {
     pub namespace: Arc<str>,
@@ -21,7 +22,7 @@ pub struct NamespacedName {
 impl NamespacedName {
     pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
         Self {
-            namespace: Arc::from(namespace.as_ref()),
+            namespace: super::interner::shared_namespace(namespace.as_ref()),
             name: Arc::from(name.as_ref()),
         }
     }
@@ -166,5 +167,20 @@ impl std::fmt::Display for PortRef {
             write!(f, ":{}", self.port_name)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_of_one_namespace_share_its_string_and_still_compare_by_value() {
+        let web = NamespacedName::new("shop", "web");
+        let db = NamespacedName::new(String::from("shop"), "db");
+        assert!(Arc::ptr_eq(&web.namespace, &db.namespace));
+        assert_eq!(web, NamespacedName::new("shop", "web"));
+        assert_ne!(web, NamespacedName::new("shop2", "web"));
+        assert_eq!(web.to_string(), "shop/web");
     }
 }
