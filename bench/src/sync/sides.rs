@@ -392,10 +392,10 @@ fn raw_step(ns: &SideNamespace, program: &str, args: &[&str], text: &str) -> Res
 pub fn shaped_services(world: &SyncWorld) -> Vec<ShapedService> {
     (0..world.service_count)
         .map(|index| {
-            let NamespacedName { namespace, name } = model::service_name(index);
+            let service = model::service_name(index);
             ShapedService {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
+                namespace: service.namespace().to_owned(),
+                name: service.name().to_owned(),
                 port_name: "p".into(),
                 cluster_ip: match model::cluster_ip(index) {
                     std::net::IpAddr::V4(ip) => ip,

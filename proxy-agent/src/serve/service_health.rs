@@ -36,7 +36,8 @@ type Shared = Arc<Mutex<HashMap<NamespacedName, ServiceState>>>;
 pub fn body(service: &NamespacedName, local_endpoints: usize, proxy_healthy: bool) -> String {
     format!(
         "{{\n\t\"service\": {{\n\t\t\"namespace\": {:?},\n\t\t\"name\": {:?}\n\t}},\n\t\"localEndpoints\": {local_endpoints},\n\t\"serviceProxyHealthy\": {proxy_healthy}\n}}",
-        service.namespace, service.name
+        service.namespace(),
+        service.name()
     )
 }
 

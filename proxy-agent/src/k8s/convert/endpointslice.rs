@@ -56,12 +56,12 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
     let invalid = |reason: String| {
         InvalidObject::new(
             ObjectKind::EndpointSlice,
-            &*object.namespace,
-            &*object.name,
+            object.namespace(),
+            object.name(),
             reason,
         )
     };
-    if object.namespace.is_empty() || object.name.is_empty() {
+    if object.namespace().is_empty() || object.name().is_empty() {
         return Err(invalid(
             "metadata.namespace or metadata.name is missing".into(),
         ));

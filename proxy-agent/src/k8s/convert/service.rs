@@ -57,9 +57,9 @@ fn convert(
     // Where to report skipped entries; `None` reports nothing.
     let log_as = warn.then_some(&name);
     let invalid = |reason: String| {
-        InvalidObject::new(ObjectKind::Service, &*name.namespace, &*name.name, reason)
+        InvalidObject::new(ObjectKind::Service, name.namespace(), name.name(), reason)
     };
-    if name.name.is_empty() {
+    if name.name().is_empty() {
         return Err(invalid("metadata.name is missing".into()));
     }
     if !should_proxy_service(svc) {

@@ -68,7 +68,7 @@ impl World {
         for object in parse_objects(yaml).unwrap() {
             let name = object.name();
             match object {
-                ClusterObject::Node(node) if &*name.name == NODE => {
+                ClusterObject::Node(node) if name.name() == NODE => {
                     self.node_labels = node.metadata.labels.unwrap_or_default();
                 }
                 ClusterObject::Service(svc) => {

@@ -129,8 +129,8 @@ fn service_entries(
     for (name, port) in state.services.ports_of(service) {
         for k in port_frontend_keys(port, state.family) {
             by_key.entry(k).or_insert_with(|| PortRef {
-                namespace: service.namespace.to_string(),
-                name: service.name.to_string(),
+                namespace: service.namespace().to_string(),
+                name: service.name().to_string(),
                 port_name: name.port_name.to_string(),
             });
         }

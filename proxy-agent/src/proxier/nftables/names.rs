@@ -101,8 +101,8 @@ fn hashed(readable: &str) -> String {
 fn readable(port: &ServicePortName) -> String {
     format!(
         "{}/{}/{}/{}",
-        port.service.namespace,
-        port.service.name,
+        port.service.namespace(),
+        port.service.name(),
         protocol_lower(port.protocol),
         port.port_name
     )

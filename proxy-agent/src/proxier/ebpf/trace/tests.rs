@@ -85,8 +85,8 @@ impl World {
                 names.insert(
                     (false, id),
                     PortRef {
-                        namespace: svc.namespace.to_string(),
-                        name: svc.name.to_string(),
+                        namespace: svc.namespace().to_string(),
+                        name: svc.name().to_string(),
                         port_name: "p80".into(),
                     },
                 );

@@ -219,7 +219,7 @@ impl Replay {
             let name = object.name();
             seen.insert((object.kind(), name.clone()));
             match object {
-                ClusterObject::Node(node) if *name.name == *self.node.name => {
+                ClusterObject::Node(node) if *name.name() == *self.node.name => {
                     self.node.labels = node.metadata.labels.clone().unwrap_or_default();
                 }
                 ClusterObject::Service(svc) => {

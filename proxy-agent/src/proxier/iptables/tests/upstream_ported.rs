@@ -78,8 +78,8 @@ fn actual(map: &EndpointsMap) -> Expected {
         .map(|(name, eps)| {
             (
                 (
-                    name.service.namespace.to_string(),
-                    name.service.name.to_string(),
+                    name.service.namespace().to_string(),
+                    name.service.name().to_string(),
                     name.port_name.to_string(),
                 ),
                 eps.iter().map(|e| (e.to_string(), e.is_local)).collect(),

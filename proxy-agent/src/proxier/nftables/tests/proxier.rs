@@ -129,9 +129,11 @@ fn first_sync_is_full_then_partial_with_only_the_changed_service() {
                     continue;
                 }
                 assert!(
-                    step.changed
-                        .iter()
-                        .any(|svc| chain.contains(&format!("{}/{}/", svc.namespace, svc.name))),
+                    step.changed.iter().any(|svc| chain.contains(&format!(
+                        "{}/{}/",
+                        svc.namespace(),
+                        svc.name()
+                    ))),
                     "state {i}: {chain} written though its service did not change ({:?})",
                     step.changed
                 );

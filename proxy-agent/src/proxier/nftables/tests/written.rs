@@ -265,7 +265,7 @@ fn vanished_ports_are_found() {
     let ports = two_services();
     let mut written = Written::default();
     written.full(&desired(&ports, &ctx), &ctx, Some(&[]), Instant::now());
-    let vanished = written.vanished(|p| &*p.service.name == "a");
+    let vanished = written.vanished(|p| p.service.name() == "a");
     assert_eq!(vanished, [NamespacedName::new("ns", "b")]);
 }
 
