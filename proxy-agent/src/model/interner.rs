@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Shared copies of the names endpoints repeat (node names, zones and hint names) and of
-//! the namespaces every object names.
+//! the namespaces and port names that service keys repeat.
 //!
 //! The endpoints of a cluster name a few hundred nodes and zones at most, yet each
 //! endpoint used to clone its own copy of its node name and zone, once in its slice's
@@ -28,19 +28,20 @@ pub fn lock_shared() -> MutexGuard<'static, NameInterner> {
     SHARED.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Namespaces, apart: each service and each of its slices named its namespace in a string
-/// of its own (100,000 copies of a few names at 50,000 services). A separate set, so that
-/// the per-slice lock above is not also taken for every service.
-static NAMESPACES: LazyLock<Mutex<NameInterner>> =
+/// Namespaces and port names, apart: each service and each of its slices named its
+/// namespace in a string of its own, and each service port its port name (100,000 copies
+/// each of a few names at 50,000 services). A separate set, so that the per-slice lock
+/// above is not also taken for every service.
+static KEY_PARTS: LazyLock<Mutex<NameInterner>> =
     LazyLock::new(|| Mutex::new(NameInterner::new()));
 
-/// The shared copy of a namespace.
-pub fn shared_namespace(namespace: &str) -> Arc<str> {
+/// The shared copy of a namespace or a port name.
+pub fn shared_key_part(part: &str) -> Arc<str> {
     // Poisoning is harmless here for the reason given in `lock_shared`.
-    NAMESPACES
+    KEY_PARTS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .intern(namespace)
+        .intern(part)
 }
 
 /// A set of shared strings; [`NameInterner::intern`] hands out the one copy of a name.

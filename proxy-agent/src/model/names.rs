@@ -27,7 +27,7 @@ struct NameParts {
 impl NamespacedName {
     pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
         Self(Arc::new(NameParts {
-            namespace: super::interner::shared_namespace(namespace.as_ref()),
+            namespace: super::interner::shared_key_part(namespace.as_ref()),
             name: Box::from(name.as_ref()),
         }))
     }
@@ -146,7 +146,8 @@ impl fmt::Display for IpFamily {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePortName {
     pub service: NamespacedName,
-    /// The port's `name` ("" for a single unnamed port); shared, as the service's name.
+    /// The port's `name` ("" for a single unnamed port); one shared copy per distinct name
+    /// (a cluster's services use a few port names over and over).
     pub port_name: Arc<str>,
     pub protocol: Protocol,
 }
@@ -155,7 +156,7 @@ impl ServicePortName {
     pub fn new(service: NamespacedName, port_name: impl AsRef<str>, protocol: Protocol) -> Self {
         Self {
             service,
-            port_name: Arc::from(port_name.as_ref()),
+            port_name: super::interner::shared_key_part(port_name.as_ref()),
             protocol,
         }
     }
