@@ -178,7 +178,8 @@ impl SliceInfo {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SlicePort {
-    pub name: String,
+    /// Shared with every other port of that name (see [`super::interner`]).
+    pub name: Arc<str>,
     pub port: u16,
     pub protocol: Protocol,
 }

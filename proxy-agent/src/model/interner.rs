@@ -32,8 +32,7 @@ pub fn lock_shared() -> MutexGuard<'static, NameInterner> {
 /// namespace in a string of its own, and each service port its port name (100,000 copies
 /// each of a few names at 50,000 services). A separate set, so that the per-slice lock
 /// above is not also taken for every service.
-static KEY_PARTS: LazyLock<Mutex<NameInterner>> =
-    LazyLock::new(|| Mutex::new(NameInterner::new()));
+static KEY_PARTS: LazyLock<Mutex<NameInterner>> = LazyLock::new(|| Mutex::new(NameInterner::new()));
 
 /// The shared copy of a namespace or a port name.
 pub fn shared_key_part(part: &str) -> Arc<str> {

@@ -89,7 +89,7 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
     // onto an empty Vec reserves four ports (96 bytes too many for the usual one).
     let mut ports = Vec::with_capacity(slice_ports.len());
     for port in slice_ports {
-        let Some(name) = port.name.clone() else {
+        let Some(name) = port.name.as_deref() else {
             tracing::warn!(endpoint_slice = %object, "ignoring EndpointSlice port without a name");
             continue;
         };
@@ -116,7 +116,7 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
             })?,
         };
         ports.push(SlicePort {
-            name,
+            name: interner::shared_key_part(name),
             port: number,
             protocol,
         });

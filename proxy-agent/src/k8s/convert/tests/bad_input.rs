@@ -489,7 +489,7 @@ fn slice_unicode_names_are_kept_verbatim() {
     let info = endpoint_slice_info(&slice).unwrap().unwrap();
     assert_eq!(info.service, NamespacedName::new("ns-ü", "wéb-☃"));
     assert_eq!(info.slice_name, "wéb-☃-x");
-    assert_eq!(info.ports[0].name, "ℌttp");
+    assert_eq!(&*info.ports[0].name, "ℌttp");
     assert_eq!(info.endpoints[0].node_name.as_deref(), Some("nöde-1"));
 }
 
