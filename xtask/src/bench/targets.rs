@@ -406,7 +406,7 @@ pub fn targets(all: &[SuiteRows]) -> Vec<Target> {
         )
         .with_spread(rss_spread)
         .because(
-            "most of it is live heap: the model's service ports and endpoints and the ebpf apply state's id allocators and per-service records, each keyed by hash tables whose keys repeat the service's names in every layer; the next step is keys shared between the layers",
+            "within a few MiB of the limit, and most of it live heap: the model's service ports and endpoints and the ebpf apply state's id allocators and per-service records, in hash tables sized to powers of two; the next steps are a smaller per-service record in the apply state and the slice cache's per-service tables",
         ),
     ]);
     out

@@ -101,7 +101,7 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
             Some(value) => u16::try_from(value).map_err(|_| {
                 invalid(format!(
                     "port {q_name}: {value} is out of range",
-                    q_name = quoted(&name)
+                    q_name = quoted(name)
                 ))
             })?,
         };
@@ -110,7 +110,7 @@ pub fn endpoint_slice_info(slice: &EndpointSlice) -> Result<Option<SliceInfo>, I
             Some(text) => Protocol::from_api(text).ok_or_else(|| {
                 invalid(format!(
                     "port {q_name}: unknown protocol {q_text}",
-                    q_name = quoted(&name),
+                    q_name = quoted(name),
                     q_text = quoted(text)
                 ))
             })?,
