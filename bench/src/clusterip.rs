@@ -233,7 +233,7 @@ fn load_services(
     bpffs: &Path,
     services: u32,
 ) -> Result<()> {
-    let fillers = manifests_dir.join("fillers.yaml");
+    let fillers = manifests_dir.join("fillers.json");
     let changed_at = SystemTime::now();
     let started = Instant::now();
     let changed = if services > 1 {

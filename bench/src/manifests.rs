@@ -45,36 +45,23 @@ fn service_with_backend(out: &mut String, name: &str, ip: Ipv4Addr, backend: Ipv
     service_with_backends(out, name, ip, &[backend]);
 }
 
-/// [`service_with_backend`] with one ready endpoint per address of `backends`.
+/// [`service_with_backend`] with one ready endpoint per address of `backends`. JSON, one
+/// object per line, as the API server sends objects (the agent's directory source reads a
+/// `.json` file as a stream of JSON values).
 fn service_with_backends(out: &mut String, name: &str, ip: Ipv4Addr, backends: &[Ipv4Addr]) {
     let endpoints: Vec<String> = backends
         .iter()
-        .map(|b| format!("{{addresses: [{b}], conditions: {{ready: true}}}}"))
+        .map(|b| format!(r#"{{"addresses":["{b}"],"conditions":{{"ready":true}}}}"#))
         .collect();
-    let endpoints = endpoints.join(", ");
+    let endpoints = endpoints.join(",");
     // Writing to a String cannot fail.
-    let _ = write!(
+    let _ = writeln!(
         out,
-        "---\n\
-         apiVersion: v1\n\
-         kind: Service\n\
-         metadata: {{name: {name}, namespace: {NAMESPACE}}}\n\
-         spec:\n  \
-           type: ClusterIP\n  \
-           clusterIP: {ip}\n  \
-           clusterIPs: [{ip}]\n  \
-           ipFamilies: [IPv4]\n  \
-           ports: [{{port: {SERVICE_PORT}, targetPort: {BACKEND_PORT}, protocol: TCP}}]\n\
-         ---\n\
-         apiVersion: discovery.k8s.io/v1\n\
-         kind: EndpointSlice\n\
-         metadata:\n  \
-           name: {name}-1\n  \
-           namespace: {NAMESPACE}\n  \
-           labels: {{kubernetes.io/service-name: {name}}}\n\
-         addressType: IPv4\n\
-         endpoints: [{endpoints}]\n\
-         ports: [{{name: \"\", port: {BACKEND_PORT}, protocol: TCP}}]\n"
+        r#"{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}","namespace":"{NAMESPACE}"}},"spec":{{"type":"ClusterIP","clusterIP":"{ip}","clusterIPs":["{ip}"],"ipFamilies":["IPv4"],"ports":[{{"port":{SERVICE_PORT},"targetPort":{BACKEND_PORT},"protocol":"TCP"}}]}}}}"#
+    );
+    let _ = writeln!(
+        out,
+        r#"{{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{{"name":"{name}-1","namespace":"{NAMESPACE}","labels":{{"kubernetes.io/service-name":"{name}"}}}},"addressType":"IPv4","endpoints":[{endpoints}],"ports":[{{"name":"","port":{BACKEND_PORT},"protocol":"TCP"}}]}}"#
     );
 }
 
@@ -85,7 +72,7 @@ pub fn measured_service(backend: Ipv4Addr) -> String {
     out
 }
 
-/// `count` filler services (at most [`MAX_FILLER`]) in one multi-document manifest: one
+/// `count` filler services (at most [`MAX_FILLER`]) in one manifest (a `.json` file): one
 /// file keeps the agent's directory polling cheap while the benchmark runs.
 pub fn filler_services(count: u32) -> String {
     let count = count.min(MAX_FILLER);
@@ -125,9 +112,14 @@ pub fn filler_services_with(count: u32, endpoints: u32) -> String {
 mod tests {
     use std::collections::BTreeSet;
 
-    use proxy_agent::k8s::convert::objects::{ClusterObject, parse_objects};
+    use proxy_agent::k8s::convert::objects::{ClusterObject, parse_json_objects_fingerprinted};
 
     use super::*;
+
+    /// What the agent's directory source makes of a `.json` manifest.
+    fn parse_objects(text: &str) -> Vec<ClusterObject> {
+        parse_json_objects_fingerprinted(text, |object, _| object).unwrap()
+    }
 
     #[test]
     fn the_agent_parses_every_service_and_slice() {
@@ -136,7 +128,7 @@ mod tests {
             measured_service(Ipv4Addr::new(10, 244, 1, 2)),
             filler_services(300)
         );
-        let objects = parse_objects(&text).unwrap();
+        let objects = parse_objects(&text);
         let mut ips = BTreeSet::new();
         let mut slices = 0;
         for object in &objects {
@@ -188,7 +180,7 @@ mod tests {
     #[test]
     fn four_endpoint_fillers_parse_with_distinct_backends() {
         assert_eq!(filler_services_with(50, 1), filler_services(50));
-        let objects = parse_objects(&filler_services_with(100, 4)).unwrap();
+        let objects = parse_objects(&filler_services_with(100, 4));
         let mut backends = BTreeSet::new();
         let mut services = 0;
         for object in &objects {

@@ -271,7 +271,7 @@ fn measure_one(opts: &MemoryOptions, id: &str, mode: MemMode, services: u32) -> 
     fs::create_dir_all(&manifests_dir)
         .map_err(Error::io(format!("creating {}", manifests_dir.display())))?;
     net::write_atomically(
-        &manifests_dir.join("fillers.yaml"),
+        &manifests_dir.join("fillers.json"),
         &manifests::filler_services_with(services, ENDPOINTS),
     )?;
     let (agent_mode, env) = match mode {

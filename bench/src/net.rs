@@ -181,7 +181,7 @@ impl BenchNet {
         let dir = self.run_dir.join("manifests");
         fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
         write_atomically(
-            &dir.join("measured.yaml"),
+            &dir.join("measured.json"),
             &super::manifests::measured_service(SERVER_IP),
         )?;
         Ok(dir)

@@ -487,7 +487,7 @@ fn load_services(
     if services > 1 {
         let changed_at = SystemTime::now();
         net::write_atomically(
-            &manifests_dir.join("fillers.yaml"),
+            &manifests_dir.join("fillers.json"),
             &manifests::filler_services(services - 1),
         )?;
         agent.wait_synced(

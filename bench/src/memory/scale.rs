@@ -359,7 +359,7 @@ pub(super) fn measure_scale(opts: &MemoryOptions, id: &str, rep: u32) -> Result<
     wait_frontends(&agent, &bpffs, 1, timeout)?;
 
     // Written beside the directory and renamed into it: the agent never sees half.
-    let staged = bench_net.run_dir.join("scale.yaml");
+    let staged = bench_net.run_dir.join("scale.json");
     fs::write(
         &staged,
         manifests::filler_services_with(services, endpoints),
@@ -371,7 +371,7 @@ pub(super) fn measure_scale(opts: &MemoryOptions, id: &str, rep: u32) -> Result<
     let before = AgentSample::parse(&agent.metrics().map_err(Error::Agent)?);
     let visible = SystemTime::now();
     let visible_ms = monotonic_ns() / 1_000_000;
-    let placed = manifests_dir.join("scale.yaml");
+    let placed = manifests_dir.join("scale.json");
     fs::rename(&staged, &placed).map_err(Error::io(format!("renaming to {}", placed.display())))?;
     let change = Change {
         started: visible,

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! parse_objects: YAML -> typed cluster objects.
 
-use crate::k8s::convert::objects::{Error, objects_from_value};
+use crate::k8s::convert::objects::{Error, objects_from_value, parse_json_objects_fingerprinted};
 use crate::k8s::convert::{ClusterObject, parse_objects};
 use crate::model::{NamespacedName, ObjectKind};
 
@@ -161,4 +161,118 @@ fn mk_node_builds_what_the_api_serves() {
         &["192.168.0.2"],
     );
     assert_eq!(&built, parsed);
+}
+
+/// The JSON text of each object of [`SCENARIO_OBJECTS`].
+fn scenario_objects_as_json() -> Vec<String> {
+    let value: serde_yaml::Value = serde_yaml::from_str(SCENARIO_OBJECTS).unwrap();
+    let serde_yaml::Value::Sequence(items) = value else {
+        panic!("a sequence")
+    };
+    items
+        .iter()
+        .map(|item| serde_json::to_string(item).unwrap())
+        .collect()
+}
+
+fn parse_json(text: &str) -> Result<Vec<(ClusterObject, u64)>, Error> {
+    parse_json_objects_fingerprinted(text, |object, fingerprint| (object, fingerprint))
+}
+
+fn objects_of(parsed: Vec<(ClusterObject, u64)>) -> Vec<ClusterObject> {
+    parsed.into_iter().map(|(object, _)| object).collect()
+}
+
+#[test]
+fn json_in_every_form_gives_the_objects_the_yaml_form_gives() {
+    let expected = parse_objects(SCENARIO_OBJECTS).unwrap();
+    let items = scenario_objects_as_json();
+
+    let array = format!("[{}]", items.join(","));
+    assert_eq!(objects_of(parse_json(&array).unwrap()), expected);
+
+    // Values one after the other: one object, null (nothing), a List, an array.
+    let list = format!(
+        r#"{{"apiVersion": "v1", "kind": "List", "items": [{}, {}]}}"#,
+        items[1], items[2]
+    );
+    let stream = format!("{}\nnull\n{list}\n  [ {} ]\n", items[0], items[3]);
+    assert_eq!(objects_of(parse_json(&stream).unwrap()), expected);
+    assert!(parse_json("").unwrap().is_empty());
+    assert!(parse_json("[]").unwrap().is_empty());
+}
+
+#[test]
+fn a_json_fingerprint_follows_the_objects_text() {
+    let items = scenario_objects_as_json();
+    let text = format!("[{}]", items.join(","));
+    let first: Vec<u64> = parse_json(&text)
+        .unwrap()
+        .into_iter()
+        .map(|(_, f)| f)
+        .collect();
+    let again: Vec<u64> = parse_json(&text)
+        .unwrap()
+        .into_iter()
+        .map(|(_, f)| f)
+        .collect();
+    assert_eq!(first, again, "the same text, the same fingerprints");
+    let distinct: std::collections::HashSet<u64> = first.iter().copied().collect();
+    assert_eq!(distinct.len(), first.len());
+
+    let changed = text.replace("172.30.0.41", "172.30.0.42");
+    let after: Vec<u64> = parse_json(&changed)
+        .unwrap()
+        .into_iter()
+        .map(|(_, f)| f)
+        .collect();
+    let moved: Vec<bool> = first.iter().zip(&after).map(|(a, b)| a != b).collect();
+    assert_eq!(
+        moved,
+        [false, true, false, false],
+        "only the Service changed"
+    );
+}
+
+#[test]
+fn json_errors_say_which_object_as_the_yaml_ones_do() {
+    assert!(matches!(
+        parse_json(r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}"#),
+        Err(Error::UnsupportedKind { ref kind, .. }) if kind == "Pod"
+    ));
+    assert!(matches!(
+        parse_json(r#"[{"metadata": {"name": "x"}}]"#),
+        Err(Error::MissingTypeMeta {
+            document: 0,
+            index: 0
+        })
+    ));
+    assert!(matches!(
+        parse_json(r#"{"apiVersion": "v1", "kind": "Service"} [7]"#),
+        Err(Error::MissingTypeMeta {
+            document: 1,
+            index: 0
+        })
+    ));
+    let second_bad = r#"[
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ok"}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "bad"},
+         "spec": {"ports": [{"port": "eighty"}]}}
+    ]"#;
+    assert!(matches!(
+        parse_json(second_bad),
+        Err(Error::DecodeJson {
+            index: 1,
+            kind: ObjectKind::Service,
+            ..
+        })
+    ));
+    assert!(matches!(
+        parse_json(r#"[{"apiVersion": "v1""#),
+        Err(Error::Json { document: 0, .. })
+    ));
+    assert!(matches!(
+        parse_json("apiVersion: v1\nkind: Service\n"),
+        Err(Error::Json { .. })
+    ));
 }
