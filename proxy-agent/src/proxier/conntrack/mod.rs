@@ -29,7 +29,7 @@ pub use crate::proxier::ConntrackReconcile;
 use crate::proxier::SyncRequest;
 
 pub use frontends::{FlowVerdict, UdpFrontends};
-pub use netlink::{NatFlow, NetlinkConntrack};
+pub use netlink::{NatFlow, NetlinkConntrack, Replace};
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;

@@ -312,8 +312,8 @@ impl NetlinkConntrack {
 
 impl NetlinkConntrack {
     /// Creates each flow (see `create_request`); returns how many were created. One the
-    /// table already has is left as it is.
-    pub fn create_translated(&mut self, flows: &[NatFlow]) -> Result<usize> {
+    /// table already has is left as it is, or replaced (see [`Replace`]).
+    pub fn create_translated(&mut self, flows: &[NatFlow], replace: Replace) -> Result<usize> {
         if flows.is_empty() {
             return Ok(0);
         }
@@ -322,11 +322,47 @@ impl NetlinkConntrack {
         for flow in flows {
             match socket.request(create_request(flow), "create") {
                 Ok(_) => created += 1,
-                Err(err) if err.errno() == Some(Errno::EEXIST) => {}
+                Err(err) if err.errno() == Some(Errno::EEXIST) => {
+                    if replace == Replace::Existing {
+                        created += usize::from(replace_entry(&mut socket, flow)?);
+                    }
+                }
                 Err(err) => return Err(conntrack_error(err)),
             }
         }
         Ok(created)
+    }
+}
+
+/// What [`NetlinkConntrack::create_translated`] does with a flow netfilter already has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replace {
+    /// Leaves the entry as it is.
+    Nothing,
+    /// Deletes it and creates the flow as given: the caller's translation is the live
+    /// one, and the entry netfilter has is older.
+    Existing,
+}
+
+/// Deletes the entry with `flow`'s original tuple and creates `flow` in its place. Returns
+/// whether it was created (not when a packet made a new entry in between).
+fn replace_entry(socket: &mut NetlinkSocket, flow: &NatFlow) -> Result<bool> {
+    let stale = Entry {
+        family: flow.family,
+        orig: flow.orig,
+        // A delete names the original direction only.
+        reply: flow.orig,
+        zone: 0,
+    };
+    match socket.request(delete_request(&stale), "delete") {
+        Ok(_) => {}
+        Err(err) if err.errno() == Some(Errno::ENOENT) => {}
+        Err(err) => return Err(conntrack_error(err)),
+    }
+    match socket.request(create_request(flow), "create") {
+        Ok(_) => Ok(true),
+        Err(err) if err.errno() == Some(Errno::EEXIST) => Ok(false),
+        Err(err) => Err(conntrack_error(err)),
     }
 }
 

@@ -41,7 +41,7 @@ use proxy_common::{CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, Ct4Key, Ct6Key, CtVa
 use tracing::{info, warn};
 
 use crate::model::IpFamily;
-use crate::proxier::conntrack::{ConntrackTable, Entry, NatFlow, NetlinkConntrack, Tuple};
+use crate::proxier::conntrack::{ConntrackTable, Entry, NatFlow, NetlinkConntrack, Replace, Tuple};
 use crate::proxier::nftables::family_keyword;
 
 /// The handover table's name, in the `ip` and `ip6` families.
@@ -302,13 +302,20 @@ impl HeldConntrack {
     /// go, and once after, for the connections that started meanwhile (the ones handed
     /// over already exist there and are left alone). Returns how many were created, and
     /// what went wrong (opening the maps included, reported by the first call).
-    pub fn seed_netfilter(&mut self, now: u32) -> (usize, Vec<String>) {
+    ///
+    /// Before the programs go (`Replace::Existing`), an entry netfilter has for a live
+    /// flow is replaced: it is older than the programs' translation. A UDP flow that a
+    /// netfilter mode translated before this ebpf mode started keeps its idle entry (the
+    /// programs took the flow over and its packets bypass netfilter), and left in place
+    /// it would send the next datagram to the old backend while the answer to the one in
+    /// flight, from the programs' backend, found no entry to translate it back.
+    pub fn seed_netfilter(&mut self, now: u32, replace: Replace) -> (usize, Vec<String>) {
         let mut errors = std::mem::take(&mut self.errors);
         let flows = self.live_flows(now);
         if flows.is_empty() {
             return (0, errors);
         }
-        match NetlinkConntrack::new().create_translated(&flows) {
+        match NetlinkConntrack::new().create_translated(&flows, replace) {
             Ok(created) => {
                 info!(
                     flows = flows.len(),

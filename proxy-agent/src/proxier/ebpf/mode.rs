@@ -10,7 +10,7 @@ use crate::{
     config::{EbpfConntrack, ProxyMode, XdpMode},
     proxier::{
         CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools, NodeContext,
-        Proxier,
+        Proxier, conntrack::Replace,
     },
 };
 
@@ -136,7 +136,7 @@ fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
         ))
     .then(|| super::handover::HeldConntrack::open(&loader::maps_dir(root)));
     if let Some(held) = handed_over.as_mut() {
-        let (_, errors) = held.seed_netfilter(super::monotonic_coarse_secs());
+        let (_, errors) = held.seed_netfilter(super::monotonic_coarse_secs(), Replace::Existing);
         report.errors.extend(errors);
     }
     if pinned || scope == CleanupScope::Everything {
@@ -152,7 +152,7 @@ fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
     report.removed += sweep.removed;
     report.errors.extend(sweep.errors);
     if let Some(mut held) = handed_over {
-        let (_, errors) = held.seed_netfilter(super::monotonic_coarse_secs());
+        let (_, errors) = held.seed_netfilter(super::monotonic_coarse_secs(), Replace::Nothing);
         report.errors.extend(errors);
     }
     let (tables, errors) = super::handover::remove_tables(&mut super::handover::NftCommand);
