@@ -367,7 +367,7 @@ pub fn targets(all: &[SuiteRows]) -> Vec<Target> {
         )
         .with_spread(scale_cold_spread)
         .because(
-            "the time from the manifest's arrival includes the directory source reading and parsing the YAML of every object (`cold_sync_agent_ms`, the agent's own sync time, is the rest); in a profile of the sync, planning (each service's record, the ids of a million backends) takes about two fifths, the kernel's batch updates and creating the grown maps (preallocated hash maps) about a quarter, the model's checkout of every endpoint a fifth, and the names table a tenth",
+            "most of it is the agent's own sync (`cold_sync_agent_ms` in the memory CSV); the rest is the directory source reading and decoding every object's JSON, the model taking in 200,000 objects, and up to one 500 ms poll of the directory. A profile of the sync taken before this round's memory work split it into planning (each service's record, the ids of a million backends) about two fifths, the kernel's batch updates and creating the grown maps (preallocated hash maps) about a quarter, the model's checkout of every endpoint a fifth, and the names table a tenth",
         ),
         Target {
             // A count: no decimals.
