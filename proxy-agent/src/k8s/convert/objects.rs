@@ -187,37 +187,13 @@ fn decode_json_object(item: &RawValue, document: usize, index: usize) -> Result<
     let (Some(api_version), Some(kind)) = (meta.api_version, meta.kind) else {
         return Err(missing());
     };
-    let decode_error = |kind: ObjectKind| {
-        move |source| Error::DecodeJson {
-            document,
-            index,
-            kind,
-            source,
-        }
-    };
-    let object = match (&*api_version, &*kind) {
-        ("v1", "Service") => ClusterObject::Service(
-            serde_json::from_str(text).map_err(decode_error(ObjectKind::Service))?,
-        ),
-        ("discovery.k8s.io/v1", "EndpointSlice") => ClusterObject::EndpointSlice(
-            serde_json::from_str(text).map_err(decode_error(ObjectKind::EndpointSlice))?,
-        ),
-        ("v1", "Node") => {
-            ClusterObject::Node(serde_json::from_str(text).map_err(decode_error(ObjectKind::Node))?)
-        }
-        ("networking.k8s.io/v1", "ServiceCIDR") => ClusterObject::ServiceCidr(
-            serde_json::from_str(text).map_err(decode_error(ObjectKind::ServiceCidr))?,
-        ),
-        _ => {
-            return Err(Error::UnsupportedKind {
-                document,
-                index,
-                api_version: api_version.into_owned(),
-                kind: kind.into_owned(),
-            });
-        }
-    };
-    Ok(object)
+    let kind = consumed_kind(document, index, &api_version, &kind)?;
+    decode_as(kind, JsonText(text)).map_err(|source| Error::DecodeJson {
+        document,
+        index,
+        kind,
+        source,
+    })
 }
 
 /// The fingerprint of an object's JSON text (see [`fingerprint`]): another spelling of
@@ -277,35 +253,69 @@ fn decode_object(value: serde_yaml::Value, document: usize, index: usize) -> Res
     let (Some(api_version), Some(kind)) = (field("apiVersion"), field("kind")) else {
         return Err(Error::MissingTypeMeta { document, index });
     };
-    let decode_error = |kind: ObjectKind| {
-        move |source| Error::Decode {
+    let kind = consumed_kind(document, index, &api_version, &kind)?;
+    decode_as(kind, YamlTree(value)).map_err(|source| Error::Decode {
+        document,
+        index,
+        kind,
+        source,
+    })
+}
+
+/// The kind an object's `apiVersion` and `kind` name, when it is one the proxy consumes:
+/// any other is an error, so that a typo does not silently drop an object.
+fn consumed_kind(
+    document: usize,
+    index: usize,
+    api_version: &str,
+    kind: &str,
+) -> Result<ObjectKind> {
+    match (api_version, kind) {
+        ("v1", "Service") => Ok(ObjectKind::Service),
+        ("discovery.k8s.io/v1", "EndpointSlice") => Ok(ObjectKind::EndpointSlice),
+        ("v1", "Node") => Ok(ObjectKind::Node),
+        ("networking.k8s.io/v1", "ServiceCIDR") => Ok(ObjectKind::ServiceCidr),
+        _ => Err(Error::UnsupportedKind {
             document,
             index,
-            kind,
-            source,
-        }
-    };
-    let object = match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Service") => ClusterObject::Service(
-            serde_yaml::from_value(value).map_err(decode_error(ObjectKind::Service))?,
-        ),
-        ("discovery.k8s.io/v1", "EndpointSlice") => ClusterObject::EndpointSlice(
-            serde_yaml::from_value(value).map_err(decode_error(ObjectKind::EndpointSlice))?,
-        ),
-        ("v1", "Node") => ClusterObject::Node(
-            serde_yaml::from_value(value).map_err(decode_error(ObjectKind::Node))?,
-        ),
-        ("networking.k8s.io/v1", "ServiceCIDR") => ClusterObject::ServiceCidr(
-            serde_yaml::from_value(value).map_err(decode_error(ObjectKind::ServiceCidr))?,
-        ),
-        _ => {
-            return Err(Error::UnsupportedKind {
-                document,
-                index,
-                api_version,
-                kind,
-            });
-        }
-    };
-    Ok(object)
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+        }),
+    }
+}
+
+/// One object in the form a parser left it, decodable into any of the object types.
+trait ObjectDecoder {
+    type Error;
+    fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, Self::Error>;
+}
+
+/// A YAML object, parsed into a tree.
+struct YamlTree(serde_yaml::Value);
+
+impl ObjectDecoder for YamlTree {
+    type Error = serde_yaml::Error;
+    fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, Self::Error> {
+        serde_yaml::from_value(self.0)
+    }
+}
+
+/// A JSON object's text.
+struct JsonText<'a>(&'a str);
+
+impl ObjectDecoder for JsonText<'_> {
+    type Error = serde_json::Error;
+    fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, Self::Error> {
+        serde_json::from_str(self.0)
+    }
+}
+
+/// Decodes `object` as the type of `kind`.
+fn decode_as<D: ObjectDecoder>(kind: ObjectKind, object: D) -> Result<ClusterObject, D::Error> {
+    Ok(match kind {
+        ObjectKind::Service => ClusterObject::Service(object.decode()?),
+        ObjectKind::EndpointSlice => ClusterObject::EndpointSlice(object.decode()?),
+        ObjectKind::Node => ClusterObject::Node(object.decode()?),
+        ObjectKind::ServiceCidr => ClusterObject::ServiceCidr(object.decode()?),
+    })
 }
