@@ -33,6 +33,8 @@ pub const BENCH: &str = "sync";
 /// The side the ratios of the suite are taken against, but for `nftables`'s (see
 /// [`SideKind::compared_with`]).
 pub const BASELINE: &str = "kube-proxy-iptables";
+/// From this many services on, the netfilter sides run `reps_large` reps.
+const LARGE_SERVICES: u32 = 50_000;
 /// The most services the nft baseline is run with (see [`SideKind::runs_at`]).
 pub const NFT_MAX_SERVICES: u32 = 10_000;
 /// The endpoints a service scales to in the scale step.
@@ -161,8 +163,8 @@ pub struct SuiteOptions {
 }
 
 impl SuiteOptions {
-    /// 1,000, 10,000 and 50,000 services × 4 endpoints; 3 reps (1 at 50,000, where the
-    /// iptables sides take minutes); every side. The nftables side adds well under a minute
+    /// 1,000, 10,000 and 50,000 services × 4 endpoints; 3 reps (at 50,000, 1 of the sides
+    /// whose full syncs take minutes there: see [`SuiteOptions::reps_of`]); every side. The nftables side adds well under a minute
     /// to the suite on a 2-core machine (about 1.3 s a cold load at 10,000 services, 8 s at
     /// 50,000).
     pub fn full() -> Self {
@@ -174,6 +176,18 @@ impl SuiteOptions {
             sides: SideKind::ALL.to_vec(),
             steady_changes: 60,
             verbose: true,
+        }
+    }
+
+    /// The reps `kind` runs at `services`: `reps_large` at 50,000 and more for the sides
+    /// whose full syncs take minutes there, `reps` otherwise. The ebpf side's full sync
+    /// takes about a second at 50,000, and its steady-state changes are judged as
+    /// t(50,000) / t(1,000): it runs as many reps at both ends.
+    pub fn reps_of(&self, kind: SideKind, services: u32) -> u32 {
+        if services >= LARGE_SERVICES && kind != SideKind::Ebpf {
+            self.reps_large.max(1)
+        } else {
+            self.reps
         }
     }
 
@@ -272,11 +286,12 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<SuiteResults> {
     let mut steady = Vec::new();
     let none = HashSet::new();
     for &services in &counts {
-        let reps = if services >= 50_000 {
-            opts.reps_large.max(1)
-        } else {
-            opts.reps
-        };
+        let reps = opts
+            .sides
+            .iter()
+            .map(|kind| opts.reps_of(*kind, services))
+            .max()
+            .unwrap_or(1);
         for rep in 0..reps {
             signals::check()?;
             // A fresh cluster per rep: every rep starts from N services × E endpoints.
@@ -285,7 +300,7 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<SuiteResults> {
                 .sides
                 .iter()
                 .copied()
-                .filter(|kind| kind.runs_at(services, rep))
+                .filter(|kind| kind.runs_at(services, rep) && rep < opts.reps_of(*kind, services))
                 .collect();
             // Room in the ebpf maps for the steady changes: as many new services, and as
             // many services scaled to 40, as changes of each kind.
@@ -615,6 +630,26 @@ mod tests {
         assert!(!SideKind::KubeProxyNft.runs_at(10_000, 1));
         assert!(!SideKind::KubeProxyNft.runs_at(50_000, 0));
         assert!(SideKind::Ebpf.runs_at(50_000, 3));
+    }
+
+    #[test]
+    fn ebpf_runs_every_rep_at_50k_and_the_netfilter_sides_reps_large() {
+        let opts = SuiteOptions::full();
+        assert_eq!(opts.reps_of(SideKind::Ebpf, 50_000), opts.reps);
+        assert_eq!(opts.reps_of(SideKind::Ebpf, 1_000), opts.reps);
+        for kind in [
+            SideKind::Iptables,
+            SideKind::IpvsFallback,
+            SideKind::Nftables,
+            SideKind::KubeProxyIptables,
+        ] {
+            assert_eq!(opts.reps_of(kind, 50_000), opts.reps_large, "{kind:?}");
+            assert_eq!(opts.reps_of(kind, 10_000), opts.reps, "{kind:?}");
+        }
+        assert!(
+            opts.reps_large < opts.reps,
+            "the full suite saves reps at 50,000"
+        );
     }
 
     #[test]

@@ -698,7 +698,7 @@ mod tests {
         assert!(
             scaling
                 .miss_and_why()
-                .starts_with("1.156× the limit: one rep at 50,000"),
+                .starts_with("1.156× the limit: a profile of a partial sync"),
             "a miss says why: {}",
             scaling.miss_and_why()
         );

@@ -413,7 +413,7 @@ pub fn targets(all: &[SuiteRows]) -> Vec<Target> {
 }
 
 /// Why a steady-state change may cost more at 50,000 services than at 1,000.
-const STEADY_SCALING_WHY: &str = "one rep at 50,000; a profile of a partial sync shows no work that grows with the number of services, only cache misses in the larger hash tables of the agent and of the kernel's maps";
+const STEADY_SCALING_WHY: &str = "a profile of a partial sync shows no work that grows with the number of services, only cache misses in the larger hash tables of the agent and of the kernel's maps";
 
 /// The sync suite's steady-state metric of a step in `rows` (`scale_4_to_40` is `scale`
 /// there): `<step>_steady_ms`, or `<step>_steady` (the unit is in its own column) when
