@@ -135,33 +135,113 @@ pub fn parse_json_objects_fingerprinted<T>(
     json: &str,
     mut f: impl FnMut(ClusterObject, u64) -> T,
 ) -> Result<Vec<T>> {
-    let mut objects = Vec::new();
-    let values = serde_json::Deserializer::from_str(json).into_iter::<&RawValue>();
-    for (document, value) in values.enumerate() {
-        let value = value.map_err(|source| Error::Json { document, source })?;
-        let items: Vec<&RawValue> = match value.get().as_bytes().first() {
-            Some(b'[') => serde_json::from_str(value.get())
-                .map_err(|source| Error::Json { document, source })?,
-            Some(b'{') => {
-                let meta: JsonTypeMeta<'_> = serde_json::from_str(value.get())
-                    .map_err(|source| Error::Json { document, source })?;
-                if meta.kind.as_deref() == Some("List") {
-                    let list: JsonList<'_> = serde_json::from_str(value.get())
-                        .map_err(|source| Error::Json { document, source })?;
-                    list.items
-                } else {
-                    vec![value]
-                }
-            }
-            Some(b'n') => Vec::new(),
-            _ => vec![value],
-        };
-        for (index, item) in items.into_iter().enumerate() {
-            let fingerprint = fingerprint_text(item.get());
-            objects.push(f(decode_json_object(item, document, index)?, fingerprint));
+    // The objects' texts first (a scan, no decoding), then the decoding, in parallel.
+    let (items, scan_error) = json_items(json);
+    let mut objects = Vec::with_capacity(items.len());
+    let workers = if items.len() >= PARALLEL_DECODE_MIN {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_DECODE_THREADS))
+    } else {
+        1
+    };
+    for round in items.chunks(workers * DECODE_CHUNK) {
+        for decoded in decode_round(round, workers) {
+            let (object, fingerprint) = decoded?;
+            objects.push(f(object, fingerprint));
         }
     }
-    Ok(objects)
+    // An error in the text after the last good object comes after that object's own
+    // errors, as a reader going through the text in order would meet them.
+    match scan_error {
+        Some(error) => Err(error),
+        None => Ok(objects),
+    }
+}
+
+/// Manifests with fewer objects are decoded on the calling thread alone.
+const PARALLEL_DECODE_MIN: usize = 4_096;
+/// At most this many threads decode; each takes this many objects at a time, and the
+/// caller passes them on in order before the next round: the decoded objects held at once
+/// stay a few thousand (about 1.5 KiB each), whatever the size of the manifest.
+const MAX_DECODE_THREADS: usize = 4;
+const DECODE_CHUNK: usize = 1_024;
+
+/// One object's text with where it was: (document, index in that document).
+type JsonItem<'a> = (usize, usize, &'a RawValue);
+
+/// The objects of a JSON text in order, and the error that stopped the scan, if one did
+/// (the objects before it are returned).
+fn json_items(json: &str) -> (Vec<JsonItem<'_>>, Option<Error>) {
+    let mut out = Vec::new();
+    let values = serde_json::Deserializer::from_str(json).into_iter::<&RawValue>();
+    for (document, value) in values.enumerate() {
+        match document_items(value, document) {
+            Ok(items) => out.extend(
+                items
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, item)| (document, index, item)),
+            ),
+            Err(error) => return (out, Some(error)),
+        }
+    }
+    (out, None)
+}
+
+/// The objects of one JSON value: itself, an array's elements, a `List`'s items, or none
+/// for `null`.
+fn document_items(value: serde_json::Result<&RawValue>, document: usize) -> Result<Vec<&RawValue>> {
+    let value = value.map_err(|source| Error::Json { document, source })?;
+    Ok(match value.get().as_bytes().first() {
+        Some(b'[') => {
+            serde_json::from_str(value.get()).map_err(|source| Error::Json { document, source })?
+        }
+        Some(b'{') => {
+            let meta: JsonTypeMeta<'_> = serde_json::from_str(value.get())
+                .map_err(|source| Error::Json { document, source })?;
+            if meta.kind.as_deref() == Some("List") {
+                let list: JsonList<'_> = serde_json::from_str(value.get())
+                    .map_err(|source| Error::Json { document, source })?;
+                list.items
+            } else {
+                vec![value]
+            }
+        }
+        Some(b'n') => Vec::new(),
+        _ => vec![value],
+    })
+}
+
+/// Decodes `round` in order, split among `workers` threads (the caller's one of them).
+fn decode_round(round: &[JsonItem<'_>], workers: usize) -> Vec<Result<(ClusterObject, u64)>> {
+    let decode = |items: &[JsonItem<'_>]| -> Vec<Result<(ClusterObject, u64)>> {
+        items
+            .iter()
+            .map(|(document, index, item)| {
+                let object = decode_json_object(item, *document, *index)?;
+                Ok((object, fingerprint_text(item.get())))
+            })
+            .collect()
+    };
+    if workers <= 1 {
+        return decode(round);
+    }
+    let share = round.len().div_ceil(workers);
+    std::thread::scope(|scope| {
+        let mut parts = round.chunks(share);
+        let first = parts.next().unwrap_or_default();
+        let others: Vec<_> = parts
+            .map(|part| scope.spawn(move || decode(part)))
+            .collect();
+        let mut out = decode(first);
+        for handle in others {
+            // A panic in a decoding thread is the caller's, as it would be decoding alone.
+            match handle.join() {
+                Ok(part) => out.extend(part),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        out
+    })
 }
 
 /// An object's `apiVersion` and `kind`, read from its text without the rest.

@@ -734,7 +734,9 @@ impl ApplyState {
         };
         let mut plan = Plan::default();
         let mut refusals = Refusals::default();
-        for candidate in self.candidates(families, node, changed, full, actual.as_ref()) {
+        let candidates = self.candidates(families, node, changed, full, actual.as_ref());
+        self.reserve_for(&candidates);
+        for candidate in candidates {
             self.admit(
                 candidate,
                 actual.as_ref(),
@@ -861,6 +863,32 @@ impl ApplyState {
             // The maps hold both families at once: no per-family split.
             per_family: Vec::new(),
         })
+    }
+
+    /// Grows the tables keyed by backend, frontend and service once for what `candidates`
+    /// add beyond what they had: a cold sync of 100,000 services otherwise rehashed each
+    /// table every time it doubled, a tenth of the planning. An estimate (shared backends
+    /// count once per service): a table reserved too big only holds spare room until the
+    /// next big change.
+    fn reserve_for(&mut self, candidates: &[admission::Candidate]) {
+        let (mut backends, mut frontends, mut services) = (0usize, 0usize, 0usize);
+        for candidate in candidates {
+            let (desired, old) = candidate.desired_and_old();
+            let wanted: usize = desired
+                .frontends
+                .iter()
+                .map(|f| {
+                    f.external.backends.len() + f.internal.as_ref().map_or(0, |s| s.backends.len())
+                })
+                .sum();
+            backends += wanted.saturating_sub(old.backends.len());
+            frontends += desired.frontends.len().saturating_sub(old.frontends.len());
+            services += usize::from(old.svc.is_empty() && !desired.frontends.is_empty());
+        }
+        self.backend_ids.reserve(backends);
+        self.rev_nat_ids.reserve(frontends);
+        self.owners.reserve(frontends);
+        self.services.reserve(services);
     }
 
     /// Takes a service's record out (it is put back, or replaced, by [`Self::put_service`]).

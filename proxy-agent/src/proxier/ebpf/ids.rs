@@ -173,6 +173,13 @@ impl<K: Clone + Eq + Hash, P: Copy + Default> IdAllocator<K, P> {
         }
     }
 
+    /// Makes room for `additional` more keys at once (a sync that brings in a million
+    /// backends grows the table once instead of twenty times, rehashing every key each
+    /// time).
+    pub fn reserve(&mut self, additional: usize) {
+        self.by_key.reserve(additional);
+    }
+
     /// How many keys have an id.
     pub fn len(&self) -> usize {
         self.by_key.len()

@@ -22,6 +22,9 @@ use std::{
 };
 
 use aya::maps::{HashMap as AyaHash, Map as AyaMap, MapData, MapInfo};
+// foldhash, not SipHash: a cold sync writes a name for each of 100,000 frontends (see
+// `apply`).
+use foldhash::{HashMap as FastMap, HashSet as FastSet};
 use tracing::{info, warn};
 
 use super::{
@@ -124,8 +127,8 @@ fn service_entries(
     state: &FamilyState,
     apply: &ApplyState,
     service: &NamespacedName,
-) -> HashMap<u32, NameValue> {
-    let mut by_key: HashMap<FrontendKey, PortRef> = HashMap::new();
+) -> FastMap<u32, NameValue> {
+    let mut by_key: FastMap<FrontendKey, PortRef> = FastMap::default();
     for (name, port) in state.services.ports_of(service) {
         for k in port_frontend_keys(port, state.family) {
             by_key.entry(k).or_insert_with(|| PortRef {
@@ -151,9 +154,9 @@ pub struct NamesTable {
     /// A fingerprint of the value written under each key: enough to tell an entry that
     /// needs no write, at 8 bytes instead of the value's 144 (7 MB at 50,000 frontends).
     /// The hasher's seed is random per process, so names cannot be chosen to collide.
-    written: HashMap<u32, u64>,
+    written: FastMap<u32, u64>,
     fingerprints: foldhash::quality::RandomState,
-    by_service: HashMap<(IpFamily, NamespacedName), Vec<u32>>,
+    by_service: FastMap<(IpFamily, NamespacedName), Vec<u32>>,
     loaded: bool,
 }
 
@@ -231,9 +234,9 @@ impl NamesTable {
     pub fn new(map: Box<dyn KvMap<u32, NameValue>>) -> Self {
         Self {
             map,
-            written: HashMap::new(),
+            written: FastMap::default(),
             fingerprints: foldhash::quality::RandomState::default(),
-            by_service: HashMap::new(),
+            by_service: FastMap::default(),
             loaded: false,
         }
     }
@@ -258,7 +261,7 @@ impl NamesTable {
                 .collect();
             self.loaded = true;
         }
-        let mut todo: HashSet<(IpFamily, NamespacedName)> = HashSet::new();
+        let mut todo: FastSet<(IpFamily, NamespacedName)> = FastSet::default();
         for state in families {
             if full {
                 todo.extend(state.services.services().map(|s| (state.family, s.clone())));
@@ -270,8 +273,8 @@ impl NamesTable {
             todo.extend(self.by_service.keys().cloned());
             todo.extend(apply.programmed().cloned());
         }
-        let mut desired: HashMap<u32, NameValue> = HashMap::new();
-        let mut old_ids: HashSet<u32> = HashSet::new();
+        let mut desired: FastMap<u32, NameValue> = FastMap::default();
+        let mut old_ids: FastSet<u32> = FastSet::default();
         for (family, service) in &todo {
             let entries = families
                 .iter()
@@ -290,7 +293,7 @@ impl NamesTable {
         }
         if full {
             // Entries nothing owns any more (e.g. left by an agent that ran before).
-            let owned: HashSet<u32> = self.by_service.values().flatten().copied().collect();
+            let owned: FastSet<u32> = self.by_service.values().flatten().copied().collect();
             old_ids.extend(self.written.keys().filter(|k| !owned.contains(k)));
         }
         for id in old_ids.iter().filter(|id| !desired.contains_key(id)) {

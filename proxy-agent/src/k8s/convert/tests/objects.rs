@@ -276,3 +276,79 @@ fn json_errors_say_which_object_as_the_yaml_ones_do() {
         Err(Error::Json { .. })
     ));
 }
+
+/// A stream of `count` Service objects, one per line, `bad` (if any) with a port that is
+/// not a number.
+fn many_services_json(count: usize, bad: Option<usize>) -> String {
+    (0..count)
+        .map(|i| {
+            let port = if Some(i) == bad {
+                r#""eighty""#.to_string()
+            } else {
+                "80".to_string()
+            };
+            format!(
+                r#"{{"apiVersion":"v1","kind":"Service","metadata":{{"namespace":"ns","name":"svc-{i}"}},"spec":{{"clusterIP":"10.96.{}.{}","ports":[{{"port":{port}}}]}}}}"#,
+                i / 250,
+                i % 250 + 1
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_big_json_manifest_is_decoded_in_parallel_in_order_and_as_one_thread_would() {
+    // Above the size where decoding is split among threads, and not a whole round.
+    let count = 9_000;
+    let text = many_services_json(count, None);
+    let parsed = parse_json(&text).unwrap();
+    assert_eq!(parsed.len(), count);
+    for (i, (object, _)) in parsed.iter().enumerate() {
+        let ClusterObject::Service(service) = object else {
+            panic!("object {i} is not a Service")
+        };
+        assert_eq!(
+            service.metadata.name.as_deref(),
+            Some(format!("svc-{i}").as_str())
+        );
+    }
+    // Each object alone gives the same object and fingerprint as in the big manifest.
+    for i in [0, 1_023, 1_024, 4_095, 8_999] {
+        let alone = parse_json(text.lines().nth(i).unwrap()).unwrap();
+        assert_eq!(alone, vec![parsed[i].clone()], "object {i}");
+    }
+}
+
+#[test]
+fn a_big_json_manifest_reports_the_first_error_in_text_order() {
+    let count = 9_000;
+    // A bad object decoded by a second thread is reported with its own position.
+    let bad = many_services_json(count, Some(6_000));
+    assert!(matches!(
+        parse_json(&bad),
+        Err(Error::DecodeJson {
+            document: 6_000,
+            index: 0,
+            ..
+        })
+    ));
+    // A decoding error before a broken text is met first, as it comes first.
+    let broken_after = format!("{bad}\n{{\"apiVersion\": ");
+    assert!(matches!(
+        parse_json(&broken_after),
+        Err(Error::DecodeJson {
+            document: 6_000,
+            ..
+        })
+    ));
+    // With every object good, the broken text is the error.
+    let good_then_broken = format!("{}\n{{\"apiVersion\": ", many_services_json(count, None));
+    assert!(matches!(
+        parse_json(&good_then_broken),
+        Err(Error::Json {
+            document: 9_000,
+            ..
+        })
+    ));
+}

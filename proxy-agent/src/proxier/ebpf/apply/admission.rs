@@ -40,6 +40,13 @@ pub(super) struct Candidate {
     old: AppliedService,
 }
 
+impl Candidate {
+    /// What it should have, and what it has in the maps now.
+    pub(super) fn desired_and_old(&self) -> (&DesiredService, &AppliedService) {
+        (&self.desired, &self.old)
+    }
+}
+
 /// The services one sync refused and the maps that had no room for them.
 #[derive(Debug, Default)]
 pub(super) struct Refusals {
@@ -155,7 +162,9 @@ impl ApplyState {
                 });
             }
         }
-        out.sort_by(|a, b| {
+        // (family, service) is unique among the candidates: an unstable sort orders them
+        // the same, without a stable sort's buffer of a hundred thousand records.
+        out.sort_unstable_by(|a, b| {
             (a.old.svc.is_empty(), a.family, &a.service).cmp(&(
                 b.old.svc.is_empty(),
                 b.family,
