@@ -146,3 +146,37 @@ mod tests {
         assert_eq!(super::current_netns_cookie().ok(), Some(cookie));
     }
 }
+
+/// An inotify instance as a descriptor tokio polls (tokio's `AsyncFd` takes any raw
+/// descriptor, hence unsafe; this one owns its descriptor).
+pub struct InotifyFd(nix::sys::inotify::Inotify);
+
+impl InotifyFd {
+    /// Reads the queued events (`WouldBlock` when there are none: the instance is
+    /// non-blocking).
+    pub fn read_events(&self) -> io::Result<Vec<nix::sys::inotify::InotifyEvent>> {
+        self.0.read_events().map_err(io::Error::from)
+    }
+}
+
+impl AsRawFd for InotifyFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd as _;
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// Registers a non-blocking inotify instance with tokio's reactor, for readability.
+pub fn async_inotify(
+    inotify: nix::sys::inotify::Inotify,
+) -> io::Result<tokio::io::unix::AsyncFd<InotifyFd>> {
+    // SAFETY: `InotifyFd` owns the inotify descriptor and returns that same descriptor
+    // from every `as_raw_fd` call; it stays open until the `AsyncFd` that owns it drops.
+    unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(
+            InotifyFd(inotify),
+            tokio::io::Interest::READABLE,
+        )
+    }
+    .map_err(io::Error::from)
+}

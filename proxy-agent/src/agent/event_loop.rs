@@ -136,6 +136,9 @@ impl EventLoop {
                 self.synced.insert(kind);
                 false
             }
+            ClusterEvent::Batch(events) => events
+                .into_iter()
+                .fold(false, |changed, event| self.handle(event) || changed),
             ClusterEvent::Unreachable { kind, error } => {
                 if kind == ResourceKind::ServiceCidr && !self.synced.contains(&kind) {
                     // Older API servers have no ServiceCIDR API: run without service CIDRs
@@ -146,6 +149,24 @@ impl EventLoop {
                 false
             }
         }
+    }
+
+    /// Handles one event of the running loop and asks for the sync it needs: a full one
+    /// when a Node change moved the topology labels (every service's endpoint choice may
+    /// change). Whether anything changed.
+    fn take_in(&mut self, event: ClusterEvent, node: &mut NodeContext) -> bool {
+        let labels_changed = event.touches_node();
+        if !self.handle(event) {
+            return false;
+        }
+        let now = Instant::now();
+        if labels_changed {
+            node.labels = self.cluster.node_labels().clone();
+            self.runner.request_full(now);
+        } else {
+            self.runner.request(now);
+        }
+        true
     }
 
     async fn next_event(&mut self) -> Result<ClusterEvent> {
@@ -316,23 +337,12 @@ impl EventLoop {
             tokio::select! {
                 event = self.rx.recv() => {
                     let Some(event) = event else { return Err(AgentError::SourcesStopped) };
-                    let labels_changed = matches!(event, ClusterEvent::Node(_));
-                    if self.handle(event) {
-                        let now = Instant::now();
-                        if labels_changed {
-                            // Topology labels changed: every service's endpoint choice may.
-                            node.labels = self.cluster.node_labels().clone();
-                            self.runner.request_full(now);
-                        } else {
-                            self.runner.request(now);
-                        }
+                    if self.take_in(event, &mut node) {
                         self.queued(SystemTime::now());
                     }
                     // Drain what is already queued before deciding to sync.
                     while let Ok(event) = self.rx.try_recv() {
-                        if self.handle(event) {
-                            self.runner.request(Instant::now());
-                        }
+                        self.take_in(event, &mut node);
                     }
                     self.report_rejected();
                 }

@@ -51,11 +51,27 @@ pub enum ClusterEvent {
     ServiceCidr(Change<ServiceCIDR>),
     /// A resource's (re)list completed: from now on its state is complete.
     Synced(ResourceKind),
+    /// Changes that arrived together as one (the objects of one read of the directory
+    /// source): the agent takes them all in before it syncs, so that no sync programs
+    /// half of a manifest renamed into place.
+    Batch(Vec<ClusterEvent>),
     /// The API could not be reached; the watchers keep retrying with backoff.
     Unreachable {
         kind: ResourceKind,
         error: String,
     },
+}
+
+impl ClusterEvent {
+    /// Whether it carries a Node change (whose labels may change every service's
+    /// endpoint choice).
+    pub fn touches_node(&self) -> bool {
+        match self {
+            ClusterEvent::Node(_) => true,
+            ClusterEvent::Batch(events) => events.iter().any(ClusterEvent::touches_node),
+            _ => false,
+        }
+    }
 }
 
 /// Tracks what has been reported for one resource and turns relists into diffs.

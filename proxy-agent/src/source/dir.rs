@@ -23,19 +23,63 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
     networking::v1::ServiceCIDR,
 };
-use tokio::sync::mpsc;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tokio::{io::unix::AsyncFd, sync::mpsc};
 use tracing::{info, warn};
 
-use crate::k8s::{
-    convert::objects::{
-        ClusterObject, parse_json_objects_fingerprinted, parse_objects_fingerprinted,
+use crate::{
+    k8s::{
+        convert::objects::{
+            ClusterObject, parse_json_objects_fingerprinted, parse_objects_fingerprinted,
+        },
+        tombstone::{Buried, Tombstone},
+        watch::{Change, ClusterEvent, ResourceKind},
     },
-    tombstone::{Buried, Tombstone},
-    watch::{Change, ClusterEvent, ResourceKind},
+    sys::InotifyFd,
 };
 
-/// How often the directory is checked for changes.
+/// How often the directory is checked for changes when nothing wakes the source earlier
+/// (see [`DirWatch`]).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Wakes the source as soon as a file of the directory is written, moved or removed
+/// (inotify), instead of at the next poll: a change reaches the proxier up to a poll
+/// interval sooner. The poll stays, for what inotify does not tell (a directory that
+/// does not exist yet, or is replaced).
+struct DirWatch(AsyncFd<InotifyFd>);
+
+impl DirWatch {
+    /// None when the directory cannot be watched (yet): the poll alone serves then.
+    fn new(dir: &Path) -> Option<Self> {
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok()?;
+        // Written and closed, renamed in or out, removed: a file being written is read
+        // once it is closed, not at each write.
+        let events = AddWatchFlags::IN_CLOSE_WRITE
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_DELETE_SELF
+            | AddWatchFlags::IN_MOVE_SELF;
+        inotify.add_watch(dir, events).ok()?;
+        crate::sys::async_inotify(inotify).ok().map(Self)
+    }
+
+    /// Returns once something happened in the directory, with its events consumed; never
+    /// when the descriptor fails (the poll still runs).
+    async fn changed(&self) {
+        loop {
+            let Ok(mut ready) = self.0.readable().await else {
+                return std::future::pending().await;
+            };
+            match ready.try_io(|fd| fd.get_ref().read_events()) {
+                Ok(Ok(_)) => return,
+                Ok(Err(_)) => return std::future::pending().await,
+                // Nothing to read after all: wait again.
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
 
 /// Identity of an object across reads: kind, namespace, name.
 type ObjectId<'a> = (ResourceKind, &'a str, &'a str);
@@ -280,6 +324,7 @@ pub fn spawn(dir: PathBuf, node_name: String, tx: mpsc::Sender<ClusterEvent>) {
         let mut by_file: HashMap<PathBuf, Vec<ReadObject>> = HashMap::new();
         let mut stamp: Option<Vec<(PathBuf, SystemTime, u64)>> = None;
         let mut synced = false;
+        let mut watch = DirWatch::new(&dir);
         loop {
             let now_stamp = dir_stamp(&dir);
             if stamp.as_ref() != Some(&now_stamp) || !synced {
@@ -295,10 +340,10 @@ pub fn spawn(dir: PathBuf, node_name: String, tx: mpsc::Sender<ClusterEvent>) {
                         }
                         by_file = read;
                         forget_content(&mut by_file);
-                        for e in events {
-                            if tx.send(e).await.is_err() {
-                                return;
-                            }
+                        // One message: the loop takes the whole read in before a sync.
+                        if !events.is_empty() && tx.send(ClusterEvent::Batch(events)).await.is_err()
+                        {
+                            return;
                         }
                         if !synced {
                             synced = true;
@@ -319,7 +364,18 @@ pub fn spawn(dir: PathBuf, node_name: String, tx: mpsc::Sender<ClusterEvent>) {
                     }
                 }
             }
-            tokio::time::sleep(POLL_INTERVAL).await;
+            if watch.is_none() {
+                watch = DirWatch::new(&dir);
+            }
+            match &watch {
+                Some(watch) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(POLL_INTERVAL) => {}
+                        () = watch.changed() => {}
+                    }
+                }
+                None => tokio::time::sleep(POLL_INTERVAL).await,
+            }
         }
     });
 }
@@ -364,6 +420,85 @@ mod tests {
                 other => format!("{other:?}"),
             })
             .collect()
+    }
+
+    /// The watch wakes on a file written and closed, renamed in, and removed, and not
+    /// otherwise (it has no poll of its own).
+    #[tokio::test]
+    async fn the_watch_wakes_on_what_changes_the_directory() {
+        use std::time::Duration;
+        let dir = std::env::temp_dir().join(format!("kpe-dirwatch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(
+            DirWatch::new(&dir.join("missing")).is_none(),
+            "nothing to watch yet"
+        );
+        let watch = DirWatch::new(&dir).expect("inotify on a temporary directory");
+        let quiet = Duration::from_millis(100);
+        // A generous bound: only a watch that never wakes fails it.
+        let wakes = Duration::from_secs(10);
+        assert!(tokio::time::timeout(quiet, watch.changed()).await.is_err());
+
+        std::fs::write(dir.join("a.yaml"), SVC).unwrap();
+        assert!(
+            tokio::time::timeout(wakes, watch.changed()).await.is_ok(),
+            "written"
+        );
+        // Written beside the directory and renamed in, as the benchmarks and ConfigMap
+        // volumes do.
+        let staged = dir.with_extension("staged");
+        std::fs::write(&staged, NODE_A).unwrap();
+        std::fs::rename(&staged, dir.join("b.yaml")).unwrap();
+        assert!(
+            tokio::time::timeout(wakes, watch.changed()).await.is_ok(),
+            "renamed in"
+        );
+        std::fs::remove_file(dir.join("a.yaml")).unwrap();
+        assert!(
+            tokio::time::timeout(wakes, watch.changed()).await.is_ok(),
+            "removed"
+        );
+        // Every event was consumed: quiet again.
+        assert!(tokio::time::timeout(quiet, watch.changed()).await.is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// What one read found comes as one message, so the agent never syncs half of it.
+    #[tokio::test]
+    async fn each_read_comes_as_one_batch() {
+        use std::time::Duration;
+        let dir = std::env::temp_dir().join(format!("kpe-dirbatch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("svc.yaml"), SVC).unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        spawn(dir.clone(), "node-a".into(), tx);
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("a message")
+                .expect("the source runs")
+        };
+        let ClusterEvent::Batch(first) = next().await else {
+            panic!("the first read is a batch")
+        };
+        assert_eq!(summary(&first), ["+svc a"]);
+        for _ in 0..4 {
+            assert!(matches!(next().await, ClusterEvent::Synced(_)));
+        }
+        std::fs::write(dir.join("nodes.yaml"), format!("{NODE_A}---\n{NODE_B}")).unwrap();
+        let ClusterEvent::Batch(nodes) = next().await else {
+            panic!("a later read is a batch too")
+        };
+        assert_eq!(
+            summary(&nodes),
+            ["+node node-a"],
+            "only this node's Node is kept"
+        );
+        assert!(ClusterEvent::Batch(nodes).touches_node());
+        assert!(!ClusterEvent::Batch(first).touches_node());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -522,9 +522,13 @@ impl Plan {
 
     /// The operations in an order that keeps every lookup consistent.
     fn ordered(mut self) -> (Vec<Op>, HashSet<u32>, HashSet<(u32, u32)>) {
-        // Internal scope before external; within a scope, slots 1..n then slot 0.
-        self.svc_puts
-            .sort_by_key(|(k, _)| (k.frontend, std::cmp::Reverse(k.scope), k.slot == 0, k.slot));
+        // Internal scope before external; within a scope, slots 1..n then slot 0. Unstable:
+        // a key is planned at most once (one owner per frontend), or, for a ClusterIP
+        // wildcard two services claim, twice with the same value; the stable sort's buffer
+        // of a million entries is not needed.
+        self.svc_puts.sort_unstable_by_key(|(k, _)| {
+            (k.frontend, std::cmp::Reverse(k.scope), k.slot == 0, k.slot)
+        });
         // Slot 0 of the external scope first (the frontend disappears at once), then the
         // rest.
         self.svc_dels.sort_by_key(|k| {
