@@ -137,16 +137,6 @@ pub fn map_update_batch<K: aya::Pod, V: aya::Pod>(
     Ok(attr.count)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_current_namespace_has_a_nonzero_cookie() {
-        let cookie = super::current_netns_cookie().expect("SO_NETNS_COOKIE works on Linux 5.14+");
-        assert_ne!(cookie, 0);
-        assert_eq!(super::current_netns_cookie().ok(), Some(cookie));
-    }
-}
-
 /// An inotify instance as a descriptor tokio polls (tokio's `AsyncFd` takes any raw
 /// descriptor, hence unsafe; this one owns its descriptor).
 pub struct InotifyFd(nix::sys::inotify::Inotify);
@@ -179,4 +169,14 @@ pub fn async_inotify(
         )
     }
     .map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_current_namespace_has_a_nonzero_cookie() {
+        let cookie = super::current_netns_cookie().expect("SO_NETNS_COOKIE works on Linux 5.14+");
+        assert_ne!(cookie, 0);
+        assert_eq!(super::current_netns_cookie().ok(), Some(cookie));
+    }
 }

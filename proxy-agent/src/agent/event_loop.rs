@@ -136,9 +136,14 @@ impl EventLoop {
                 self.synced.insert(kind);
                 false
             }
-            ClusterEvent::Batch(events) => events
-                .into_iter()
-                .fold(false, |changed, event| self.handle(event) || changed),
+            ClusterEvent::Batch(events) => {
+                // Every event is handled, whatever the ones before returned.
+                let mut changed = false;
+                for event in events {
+                    changed |= self.handle(event);
+                }
+                changed
+            }
             ClusterEvent::Unreachable { kind, error } => {
                 if kind == ResourceKind::ServiceCidr && !self.synced.contains(&kind) {
                     // Older API servers have no ServiceCIDR API: run without service CIDRs
