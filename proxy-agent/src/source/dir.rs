@@ -39,7 +39,7 @@ use crate::{
 };
 
 /// How often the directory is checked for changes when nothing wakes the source earlier
-/// (see [`DirWatch`]).
+/// (an inotify watch on the directory, `DirWatch`).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Wakes the source as soon as a file of the directory is written, moved or removed
