@@ -260,34 +260,48 @@ fn merge_endpoints(
     service: &NamespacedName,
     slices: &SlicesByName<AppliedSlice>,
 ) -> ServiceEndpoints {
-    // foldhash: this runs over every endpoint of every changed service (all of them in a
-    // cold sync), where SipHash showed in profiles.
-    let mut by_port: foldhash::HashMap<
-        ServicePortName,
-        foldhash::HashMap<SocketAddr, Arc<Endpoint>>,
-    > = foldhash::HashMap::default();
+    // foldhash: this runs for every changed service (all of them in a cold sync), where
+    // SipHash showed in profiles.
+    let mut by_port: foldhash::HashMap<ServicePortName, Vec<Arc<Endpoint>>> =
+        foldhash::HashMap::default();
     for slice in slices.values() {
         for (port, records) in slice.ports.iter().zip(&slice.endpoints_by_port) {
             let port_name = ServicePortName::new(service.clone(), port.name.clone(), port.protocol);
-            let set = by_port.entry(port_name).or_default();
-            for record in records {
-                let addr = record.addr();
-                if record.terminating && set.contains_key(&addr) {
-                    continue;
-                }
-                set.insert(addr, Arc::clone(record));
-            }
+            by_port
+                .entry(port_name)
+                .or_default()
+                .extend(records.iter().cloned());
         }
     }
     by_port
         .into_iter()
-        .filter(|(_, set)| !set.is_empty())
-        .map(|(port_name, set)| {
-            let mut endpoints: Vec<Arc<Endpoint>> = set.into_values().collect();
-            endpoints.sort_by_cached_key(|endpoint| AddrText::of(&endpoint.addr()));
-            (port_name, endpoints)
+        .filter(|(_, records)| !records.is_empty())
+        .map(|(port_name, mut records)| {
+            // Stable: records of one address stay in their slices' order for the choice
+            // below. Sorting first and merging neighbours replaced a hash set per port,
+            // an insert per endpoint of every service.
+            records.sort_by_cached_key(|endpoint| AddrText::of(&endpoint.addr()));
+            (port_name, one_per_address(records))
         })
         .collect()
+}
+
+/// Of records with the same address (neighbours, in their slices' order): a later one
+/// replaces the one kept unless it is terminating, so a ready endpoint wins over a
+/// terminating one with its address, and otherwise the last one stays.
+fn one_per_address(records: Vec<Arc<Endpoint>>) -> Vec<Arc<Endpoint>> {
+    let mut out: Vec<Arc<Endpoint>> = Vec::with_capacity(records.len());
+    for record in records {
+        match out.last_mut() {
+            Some(kept) if kept.addr() == record.addr() => {
+                if !record.terminating {
+                    *kept = record;
+                }
+            }
+            _ => out.push(record),
+        }
+    }
+    out
 }
 
 /// An address's "ip:port" text in a buffer of its own: sorts as the `String` upstream sorts

@@ -479,11 +479,15 @@ impl Plan {
         if !entries {
             return;
         }
+        let first = self.svc_puts.len();
         for (k, v) in &new.svc {
             if old.svc.get(k) != Some(v) {
                 self.svc_puts.push((*k, *v));
             }
         }
+        // A frontend's entries are all this service's: their order is settled here, on
+        // a few entries, instead of in one sort of every entry of the sync.
+        order_svc_puts(&mut self.svc_puts[first..]);
         for k in old.svc.keys() {
             if !new.svc.contains_key(k) {
                 self.svc_dels.push(*k);
@@ -520,15 +524,10 @@ impl Plan {
         (self.dead_rev_nat, self.dead_affinity)
     }
 
-    /// The operations in an order that keeps every lookup consistent.
+    /// The operations in an order that keeps every lookup consistent. `svc_puts` must be
+    /// in [`order_svc_puts`] order within each frontend already, each frontend's entries
+    /// together.
     fn ordered(mut self) -> (Vec<Op>, HashSet<u32>, HashSet<(u32, u32)>) {
-        // Internal scope before external; within a scope, slots 1..n then slot 0. Unstable:
-        // a key is planned at most once (one owner per frontend), or, for a ClusterIP
-        // wildcard two services claim, twice with the same value; the stable sort's buffer
-        // of a million entries is not needed.
-        self.svc_puts.sort_unstable_by_key(|(k, _)| {
-            (k.frontend, std::cmp::Reverse(k.scope), k.slot == 0, k.slot)
-        });
         // Slot 0 of the external scope first (the frontend disappears at once), then the
         // rest.
         self.svc_dels.sort_by_key(|k| {
@@ -539,7 +538,20 @@ impl Plan {
                 k.slot,
             )
         });
-        let mut ops = Vec::new();
+        // Sized once: a cold sync plans millions of operations.
+        let mut ops = Vec::with_capacity(
+            self.backend_puts.len()
+                + self.rev_nat_puts.len()
+                + self.range_puts.len()
+                + self.node_puts.len()
+                + self.maglev_puts.len()
+                + self.svc_puts.len()
+                + self.svc_dels.len()
+                + self.range_dels.len()
+                + self.rev_nat_dels.len()
+                + self.backend_dels.len()
+                + self.node_dels.len(),
+        );
         ops.extend(self.backend_puts);
         ops.extend(self.rev_nat_puts);
         ops.extend(self.range_puts);
@@ -557,6 +569,16 @@ impl Plan {
         ops.extend(self.node_dels);
         (ops, self.dead_rev_nat, self.dead_affinity)
     }
+}
+
+/// Puts service entries in the order lookups need: each frontend's together, its internal
+/// scope before its external one, and within a scope slots 1..n before slot 0 (which
+/// publishes the count). Unstable: a key is planned at most once (one owner per
+/// frontend), or, for a ClusterIP wildcard two services claim, twice with the same value.
+fn order_svc_puts(puts: &mut [(SvcEntryKey, SvcValue)]) {
+    puts.sort_unstable_by_key(|(k, _)| {
+        (k.frontend, std::cmp::Reverse(k.scope), k.slot == 0, k.slot)
+    });
 }
 
 /// Node-level map contents of every family.
@@ -996,6 +1018,8 @@ impl ApplyState {
                 plan.svc_puts.push((*k, *v));
             }
         }
+        // From a hash map: in no order yet.
+        order_svc_puts(&mut plan.svc_puts);
         for a in expected.nodeport_addrs.difference(&actual.nodeport_addrs) {
             plan.node_puts.push(Op::PutNodePortAddr(*a));
         }
