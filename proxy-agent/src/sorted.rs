@@ -85,6 +85,11 @@ impl<K: Ord, V> SortedMap<K, V> {
         self.entries.len()
     }
 
+    /// Makes room for `additional` more entries at once.
+    pub fn reserve(&mut self, additional: usize) {
+        self.entries.reserve(additional);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

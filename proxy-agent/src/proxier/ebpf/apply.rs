@@ -268,6 +268,26 @@ impl ApplyState {
     ) -> Result<(), Exhausted> {
         out.no_local_internal = desired.no_local_internal;
         out.no_local_external = desired.no_local_external;
+        // Sized once for what follows (each grew step by step, a cold sync's hundred
+        // thousand services over).
+        let scopes = desired
+            .frontends
+            .iter()
+            .map(|f| 1 + usize::from(f.internal.is_some()))
+            .sum::<usize>();
+        let backends = desired
+            .frontends
+            .iter()
+            .map(|f| {
+                f.external.backends.len() + f.internal.as_ref().map_or(0, |s| s.backends.len())
+            })
+            .sum::<usize>();
+        out.frontends.reserve(desired.frontends.len());
+        out.backends.reserve(backends);
+        out.svc.reserve(backends + scopes + desired.wildcards.len());
+        ops.backend_entries.reserve(backends);
+        ops.backend_puts.reserve(backends);
+        ops.fresh_backends.reserve(backends);
         for frontend in &desired.frontends {
             let owner = (family, service.clone());
             match self.owners.get(&frontend.key) {

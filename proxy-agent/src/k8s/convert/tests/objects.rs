@@ -198,6 +198,12 @@ fn json_in_every_form_gives_the_objects_the_yaml_form_gives() {
     );
     let stream = format!("{}\nnull\n{list}\n  [ {} ]\n", items[0], items[3]);
     assert_eq!(objects_of(parse_json(&stream).unwrap()), expected);
+    // A List whose kind is spelled with an escape is still a List.
+    let escaped = format!(
+        r#"{{"apiVersion": "v1", "kind": "Li\u0073t", "items": [{}, {}, {}, {}]}}"#,
+        items[0], items[1], items[2], items[3]
+    );
+    assert_eq!(objects_of(parse_json(&escaped).unwrap()), expected);
     assert!(parse_json("").unwrap().is_empty());
     assert!(parse_json("[]").unwrap().is_empty());
 }
