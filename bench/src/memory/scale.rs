@@ -23,8 +23,9 @@
 //! What is recorded (bench `scale`, mode `ebpf`, N = the services):
 //! - `cold_sync_ms`: from the rename to the end of the sync that programmed the last of
 //!   them (the agent's `kubeproxy_sync_proxy_rules_last_timestamp_seconds`): the agent's
-//!   time for the change, reading and parsing the manifest included, and up to one poll
-//!   of the `--source` directory (every 500 ms) before it notices;
+//!   time for the change, reading and parsing the manifest included (the directory
+//!   source is woken by inotify when the file is renamed in; its 500 ms poll is only the
+//!   fallback);
 //! - `cold_sync_agent_ms` and `cold_syncs`: what the agent's own sync histogram
 //!   (`kubeproxy_sync_proxy_rules_duration_seconds`) adds up over the syncs of that change,
 //!   and how many there were: the proxier's time, without the reading and parsing, nor

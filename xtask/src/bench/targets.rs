@@ -367,7 +367,7 @@ pub fn targets(all: &[SuiteRows]) -> Vec<Target> {
         )
         .with_spread(scale_cold_spread)
         .because(
-            "most of it is the agent's own sync (`cold_sync_agent_ms` in the memory CSV); the rest is the directory source reading and decoding every object's JSON, the model taking in 200,000 objects, and up to one 500 ms poll of the directory. A profile of the sync taken before this round's memory work split it into planning (each service's record, the ids of a million backends) about two fifths, the kernel's batch updates and creating the grown maps (preallocated hash maps) about a quarter, the model's checkout of every endpoint a fifth, and the names table a tenth",
+            "about two thirds is the agent's own sync (`cold_sync_agent_ms` in the memory CSV); the rest is the directory source decoding 200,000 objects' JSON (on both cores) and the model taking them in, one thread. A profile of the sync puts a third of it in planning (each service's record, ids for a million backends), under a third in the kernel's batch updates of two million entries (a second of system time; writing from two threads at once was not faster when tried), a sixth in the model's checkout of every endpoint, a tenth in the names table, and the rest in reloading the programs over the grown maps",
         ),
         Target {
             // A count: no decimals.
