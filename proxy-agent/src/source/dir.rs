@@ -64,15 +64,22 @@ impl DirWatch {
         crate::sys::async_inotify(inotify).ok().map(Self)
     }
 
-    /// Returns once something happened in the directory, with its events consumed; never
-    /// when the descriptor fails (the poll still runs).
-    async fn changed(&self) {
+    /// Returns once something happened in the directory, with its events consumed: false
+    /// when the watched directory itself went (removed or moved away: the source watches
+    /// the path again), true otherwise. Never returns when the descriptor fails (the poll
+    /// still runs).
+    async fn changed(&self) -> bool {
         loop {
             let Ok(mut ready) = self.0.readable().await else {
                 return std::future::pending().await;
             };
             match ready.try_io(|fd| fd.get_ref().read_events()) {
-                Ok(Ok(_)) => return,
+                Ok(Ok(events)) => {
+                    let gone = AddWatchFlags::IN_DELETE_SELF
+                        | AddWatchFlags::IN_MOVE_SELF
+                        | AddWatchFlags::IN_IGNORED;
+                    return !events.iter().any(|e| e.mask.intersects(gone));
+                }
                 Ok(Err(_)) => return std::future::pending().await,
                 // Nothing to read after all: wait again.
                 Err(_would_block) => continue,
@@ -367,14 +374,21 @@ pub fn spawn(dir: PathBuf, node_name: String, tx: mpsc::Sender<ClusterEvent>) {
             if watch.is_none() {
                 watch = DirWatch::new(&dir);
             }
-            match &watch {
+            let still_watched = match &watch {
                 Some(watch) => {
                     tokio::select! {
-                        () = tokio::time::sleep(POLL_INTERVAL) => {}
-                        () = watch.changed() => {}
+                        () = tokio::time::sleep(POLL_INTERVAL) => true,
+                        watched = watch.changed() => watched,
                     }
                 }
-                None => tokio::time::sleep(POLL_INTERVAL).await,
+                None => {
+                    tokio::time::sleep(POLL_INTERVAL).await;
+                    true
+                }
+            };
+            if !still_watched {
+                // The directory was removed or replaced: watch whatever has its path next.
+                watch = None;
             }
         }
     });
@@ -441,27 +455,28 @@ mod tests {
         assert!(tokio::time::timeout(quiet, watch.changed()).await.is_err());
 
         std::fs::write(dir.join("a.yaml"), SVC).unwrap();
-        assert!(
-            tokio::time::timeout(wakes, watch.changed()).await.is_ok(),
-            "written"
-        );
+        let woke = tokio::time::timeout(wakes, watch.changed()).await;
+        assert_eq!(woke.ok(), Some(true), "written");
         // Written beside the directory and renamed in, as the benchmarks and ConfigMap
         // volumes do.
         let staged = dir.with_extension("staged");
         std::fs::write(&staged, NODE_A).unwrap();
         std::fs::rename(&staged, dir.join("b.yaml")).unwrap();
-        assert!(
-            tokio::time::timeout(wakes, watch.changed()).await.is_ok(),
-            "renamed in"
-        );
+        let woke = tokio::time::timeout(wakes, watch.changed()).await;
+        assert_eq!(woke.ok(), Some(true), "renamed in");
         std::fs::remove_file(dir.join("a.yaml")).unwrap();
-        assert!(
-            tokio::time::timeout(wakes, watch.changed()).await.is_ok(),
-            "removed"
-        );
+        let woke = tokio::time::timeout(wakes, watch.changed()).await;
+        assert_eq!(woke.ok(), Some(true), "removed");
         // Every event was consumed: quiet again.
         assert!(tokio::time::timeout(quiet, watch.changed()).await.is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
+        // The directory moved away: the watch says so, for the source to watch the path
+        // again.
+        let moved = dir.with_extension("moved");
+        let _ = std::fs::remove_dir_all(&moved);
+        std::fs::rename(&dir, &moved).unwrap();
+        let still = tokio::time::timeout(wakes, watch.changed()).await;
+        assert_eq!(still.ok(), Some(false), "the watched directory went");
+        std::fs::remove_dir_all(&moved).unwrap();
     }
 
     /// What one read found comes as one message, so the agent never syncs half of it.

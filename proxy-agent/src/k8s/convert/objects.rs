@@ -131,6 +131,10 @@ pub fn parse_objects_fingerprinted<T>(
 /// Why a second parser: JSON is what the API server sends, and it is YAML too, but the
 /// YAML parser builds a generic tree of every object before decoding it. A 100,000-service
 /// manifest took seconds that way, most of a cold start from the directory source.
+///
+/// A big text (a few thousand objects or more) is decoded on several threads; `f` still sees
+/// the objects in the text's order, on the calling thread, and the error returned is the
+/// first one in that order.
 pub fn parse_json_objects_fingerprinted<T>(
     json: &str,
     mut f: impl FnMut(ClusterObject, u64) -> T,
