@@ -158,7 +158,9 @@ impl EventLoop {
 
     /// Handles one event of the running loop and asks for the sync it needs: a full one
     /// when a Node change moved the topology labels (every service's endpoint choice may
-    /// change). Whether anything changed.
+    /// change). A batch that holds a changed Node asks for a full one even if only its
+    /// other objects changed: a full sync does all a partial one would. Whether anything
+    /// changed.
     fn take_in(&mut self, event: ClusterEvent, node: &mut NodeContext) -> bool {
         let labels_changed = event.touches_node();
         if !self.handle(event) {

@@ -14,6 +14,7 @@ use proxy_common::maps as names;
 
 use super::{
     entries::Snapshot,
+    ids::IdBits,
     maps::{LbMaps, Result},
 };
 use crate::{
@@ -177,31 +178,11 @@ pub struct Budget {
     /// Whether `capacity` is the maps' ceilings (they grow) rather than their size.
     ceilings: bool,
     used: PerMap,
-    /// The backend and rev_nat ids this sync has counted already, per family.
-    backends: [IdSet; 2],
-    rev_nat: [IdSet; 2],
-}
-
-/// A set of small ids, one bit each: ids are dense from 1, and a cold sync of 100,000
-/// services counts a million backend ids, where a hash set spent a tenth of admission
-/// growing and hashing.
-#[derive(Debug, Default)]
-struct IdSet(Vec<u64>);
-
-impl IdSet {
-    fn contains(&self, id: u32) -> bool {
-        self.0
-            .get(id as usize / 64)
-            .is_some_and(|word| word & (1 << (id % 64)) != 0)
-    }
-
-    fn insert(&mut self, id: u32) {
-        let word = id as usize / 64;
-        if word >= self.0.len() {
-            self.0.resize(word + 1, 0);
-        }
-        self.0[word] |= 1 << (id % 64);
-    }
+    /// The backend and rev_nat ids this sync has counted already, per family (bitmaps: a
+    /// cold sync of 100,000 services counts a million backend ids, where a hash set spent
+    /// a tenth of admission growing and hashing).
+    backends: [IdBits; 2],
+    rev_nat: [IdBits; 2],
 }
 
 fn family_index(family: IpFamily) -> usize {

@@ -25,6 +25,33 @@ struct Slot<P> {
     payload: P,
 }
 
+/// A set of small ids, one bit each: ids are dense from 1, so the set is a bitmap as long
+/// as the highest id in it (a million backend ids: 125 KB, and no hashing).
+#[derive(Clone, Debug, Default)]
+pub struct IdBits(Vec<u64>);
+
+impl IdBits {
+    pub fn contains(&self, id: u32) -> bool {
+        self.0
+            .get(id as usize / 64)
+            .is_some_and(|word| word & (1 << (id % 64)) != 0)
+    }
+
+    pub fn insert(&mut self, id: u32) {
+        let word = id as usize / 64;
+        if word >= self.0.len() {
+            self.0.resize(word + 1, 0);
+        }
+        self.0[word] |= 1 << (id % 64);
+    }
+
+    pub fn remove(&mut self, id: u32) {
+        if let Some(word) = self.0.get_mut(id as usize / 64) {
+            *word &= !(1 << (id % 64));
+        }
+    }
+}
+
 /// Reference-counted id allocator over `1..=max` (0 is never handed out: it means "none" in
 /// the maps). Each key carries a payload `P` besides its id (the entry written for a
 /// backend), which lives and dies with the key's id.
@@ -35,7 +62,7 @@ pub struct IdAllocator<K, P = ()> {
     by_key: HashMap<K, Slot<P>>,
     /// The ids in `by_key`, one bit each (adopting tells a taken id in constant time: a
     /// restart adopts every entry of the maps). Sized to the highest id handed out.
-    taken: Vec<u64>,
+    taken: IdBits,
     free: Vec<u32>,
     /// Ids released since the last [`IdAllocator::recycle`]: not handed out again until
     /// then, so that one sync never deletes the entry of an id it also gave away anew.
@@ -54,7 +81,7 @@ impl<K: Clone + Eq + Hash, P: Copy + Default> IdAllocator<K, P> {
             // Ids are u32 in the maps.
             max: max.min(u64::from(u32::MAX)),
             by_key: HashMap::new(),
-            taken: Vec::new(),
+            taken: IdBits::default(),
             free: Vec::new(),
             released: Vec::new(),
             next: 1,
@@ -63,23 +90,14 @@ impl<K: Clone + Eq + Hash, P: Copy + Default> IdAllocator<K, P> {
     }
 
     fn is_taken(&self, id: u32) -> bool {
-        self.taken
-            .get(id as usize / 64)
-            .is_some_and(|word| word & (1 << (id % 64)) != 0)
+        self.taken.contains(id)
     }
 
     fn set_taken(&mut self, id: u32, taken: bool) {
-        let word = id as usize / 64;
-        if word >= self.taken.len() {
-            if !taken {
-                return;
-            }
-            self.taken.resize(word + 1, 0);
-        }
         if taken {
-            self.taken[word] |= 1 << (id % 64);
+            self.taken.insert(id);
         } else {
-            self.taken[word] &= !(1 << (id % 64));
+            self.taken.remove(id);
         }
     }
 
@@ -256,6 +274,22 @@ impl<K: Clone + Eq + Hash, P: Copy + Default> IdAllocator<K, P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn id_bits_hold_ids_across_words() {
+        let mut bits = IdBits::default();
+        assert!(!bits.contains(0) && !bits.contains(1_000_000));
+        for id in [1, 63, 64, 65, 1_000_000] {
+            bits.insert(id);
+        }
+        for id in [1, 63, 64, 65, 1_000_000] {
+            assert!(bits.contains(id), "{id}");
+        }
+        assert!(!bits.contains(2) && !bits.contains(999_999));
+        bits.remove(64);
+        bits.remove(5_000_000);
+        assert!(!bits.contains(64) && bits.contains(63) && bits.contains(65));
+    }
 
     #[test]
     fn same_key_same_id_and_refcounted() {
