@@ -275,13 +275,7 @@ impl ApplyState {
             .iter()
             .map(|f| 1 + usize::from(f.internal.is_some()))
             .sum::<usize>();
-        let backends = desired
-            .frontends
-            .iter()
-            .map(|f| {
-                f.external.backends.len() + f.internal.as_ref().map_or(0, |s| s.backends.len())
-            })
-            .sum::<usize>();
+        let backends = desired.backend_slots();
         out.frontends.reserve(desired.frontends.len());
         out.backends.reserve(backends);
         out.svc.reserve(backends + scopes + desired.wildcards.len());
@@ -920,14 +914,7 @@ impl ApplyState {
         let (mut backends, mut frontends, mut services) = (0usize, 0usize, 0usize);
         for candidate in candidates {
             let (desired, old) = candidate.desired_and_old();
-            let wanted: usize = desired
-                .frontends
-                .iter()
-                .map(|f| {
-                    f.external.backends.len() + f.internal.as_ref().map_or(0, |s| s.backends.len())
-                })
-                .sum();
-            backends += wanted.saturating_sub(old.backends.len());
+            backends += desired.backend_slots().saturating_sub(old.backends.len());
             frontends += desired.frontends.len().saturating_sub(old.frontends.len());
             services += usize::from(old.svc.is_empty() && !desired.frontends.is_empty());
         }

@@ -73,6 +73,19 @@ pub struct DesiredService {
     pub no_local_external: bool,
 }
 
+impl DesiredService {
+    /// Backend slots over all its frontends and scopes (a backend in two scopes counts
+    /// twice, as it takes two slots).
+    pub fn backend_slots(&self) -> usize {
+        self.frontends
+            .iter()
+            .map(|f| {
+                f.external.backends.len() + f.internal.as_ref().map_or(0, |s| s.backends.len())
+            })
+            .sum()
+    }
+}
+
 pub fn proto_number(p: Protocol) -> u8 {
     match p {
         Protocol::Tcp => proto::TCP,
