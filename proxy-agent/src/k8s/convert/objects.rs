@@ -277,13 +277,7 @@ fn decode_json_object(item: &RawValue, document: usize, index: usize) -> Result<
     let (Some(api_version), Some(kind)) = (meta.api_version, meta.kind) else {
         return Err(missing());
     };
-    let kind = consumed_kind(document, index, &api_version, &kind)?;
-    decode_as(kind, JsonText(text)).map_err(|source| Error::DecodeJson {
-        document,
-        index,
-        kind,
-        source,
-    })
+    decode_named(JsonText(text), document, index, &api_version, &kind)
 }
 
 /// The fingerprint of an object's JSON text (see [`fingerprint`]): another spelling of
@@ -343,13 +337,7 @@ fn decode_object(value: serde_yaml::Value, document: usize, index: usize) -> Res
     let (Some(api_version), Some(kind)) = (field("apiVersion"), field("kind")) else {
         return Err(Error::MissingTypeMeta { document, index });
     };
-    let kind = consumed_kind(document, index, &api_version, &kind)?;
-    decode_as(kind, YamlTree(value)).map_err(|source| Error::Decode {
-        document,
-        index,
-        kind,
-        source,
-    })
+    decode_named(YamlTree(value), document, index, &api_version, &kind)
 }
 
 /// The kind an object's `apiVersion` and `kind` name, when it is one the proxy consumes:
@@ -378,6 +366,8 @@ fn consumed_kind(
 trait ObjectDecoder {
     type Error;
     fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, Self::Error>;
+    /// The error that says object `index` of `document`, of `kind`, did not decode.
+    fn failed(document: usize, index: usize, kind: ObjectKind, source: Self::Error) -> Error;
 }
 
 /// A YAML object, parsed into a tree.
@@ -387,6 +377,14 @@ impl ObjectDecoder for YamlTree {
     type Error = serde_yaml::Error;
     fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, Self::Error> {
         serde_yaml::from_value(self.0)
+    }
+    fn failed(document: usize, index: usize, kind: ObjectKind, source: Self::Error) -> Error {
+        Error::Decode {
+            document,
+            index,
+            kind,
+            source,
+        }
     }
 }
 
@@ -398,6 +396,27 @@ impl ObjectDecoder for JsonText<'_> {
     fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, Self::Error> {
         serde_json::from_str(self.0)
     }
+    fn failed(document: usize, index: usize, kind: ObjectKind, source: Self::Error) -> Error {
+        Error::DecodeJson {
+            document,
+            index,
+            kind,
+            source,
+        }
+    }
+}
+
+/// Decodes object `index` of `document`, whose `apiVersion` and `kind` were read from it,
+/// as the type they name (an error for a kind the proxy does not consume).
+fn decode_named<D: ObjectDecoder>(
+    object: D,
+    document: usize,
+    index: usize,
+    api_version: &str,
+    kind: &str,
+) -> Result<ClusterObject> {
+    let kind = consumed_kind(document, index, api_version, kind)?;
+    decode_as(kind, object).map_err(|source| D::failed(document, index, kind, source))
 }
 
 /// Decodes `object` as the type of `kind`.
