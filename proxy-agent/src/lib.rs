@@ -16,6 +16,7 @@ pub mod inspect;
 pub mod k8s;
 pub mod model;
 pub mod node;
+pub mod parallel;
 pub mod proxier;
 pub mod runner;
 pub mod serve;

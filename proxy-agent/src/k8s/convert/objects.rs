@@ -7,7 +7,7 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::model::ObjectKind;
+use crate::{model::ObjectKind, parallel};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -140,15 +140,14 @@ pub fn parse_json_objects_fingerprinted<T>(
     mut f: impl FnMut(ClusterObject, u64) -> T,
 ) -> Result<Vec<T>> {
     // The objects' texts first (a scan, no decoding), then the decoding, in parallel.
-    let (items, scan_error) = json_items(json);
+    let (mut items, scan_error) = json_items(json);
     let mut objects = Vec::with_capacity(items.len());
-    let workers = if items.len() >= PARALLEL_DECODE_MIN {
-        std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_DECODE_THREADS))
-    } else {
-        1
-    };
-    for round in items.chunks(workers * DECODE_CHUNK) {
-        for decoded in decode_round(round, workers) {
+    let workers = parallel::workers_for(items.len(), PARALLEL_DECODE_MIN);
+    for round in items.chunks_mut(workers * DECODE_CHUNK) {
+        for decoded in parallel::map_each(round, workers, |(document, index, item)| {
+            let object = decode_json_object(item, *document, *index)?;
+            Ok((object, fingerprint_text(item.get())))
+        }) {
             let (object, fingerprint) = decoded?;
             objects.push(f(object, fingerprint));
         }
@@ -163,10 +162,9 @@ pub fn parse_json_objects_fingerprinted<T>(
 
 /// Manifests with fewer objects are decoded on the calling thread alone.
 const PARALLEL_DECODE_MIN: usize = 4_096;
-/// At most this many threads decode; each takes this many objects at a time, and the
-/// caller passes them on in order before the next round: the decoded objects held at once
-/// stay a few thousand (about 1.5 KiB each), whatever the size of the manifest.
-const MAX_DECODE_THREADS: usize = 4;
+/// Each decoding thread takes this many objects at a time, and the caller passes them on
+/// in order before the next round: the decoded objects held at once stay a few thousand
+/// (about 1.5 KiB each), whatever the size of the manifest.
 const DECODE_CHUNK: usize = 1_024;
 
 /// One object's text with where it was: (document, index in that document).
@@ -218,39 +216,6 @@ fn document_items(value: serde_json::Result<&RawValue>, document: usize) -> Resu
         }
         Some(b'n') => Vec::new(),
         _ => vec![value],
-    })
-}
-
-/// Decodes `round` in order, split among `workers` threads (the caller's one of them).
-fn decode_round(round: &[JsonItem<'_>], workers: usize) -> Vec<Result<(ClusterObject, u64)>> {
-    let decode = |items: &[JsonItem<'_>]| -> Vec<Result<(ClusterObject, u64)>> {
-        items
-            .iter()
-            .map(|(document, index, item)| {
-                let object = decode_json_object(item, *document, *index)?;
-                Ok((object, fingerprint_text(item.get())))
-            })
-            .collect()
-    };
-    if workers <= 1 {
-        return decode(round);
-    }
-    let share = round.len().div_ceil(workers);
-    std::thread::scope(|scope| {
-        let mut parts = round.chunks(share);
-        let first = parts.next().unwrap_or_default();
-        let others: Vec<_> = parts
-            .map(|part| scope.spawn(move || decode(part)))
-            .collect();
-        let mut out = decode(first);
-        for handle in others {
-            // A panic in a decoding thread is the caller's, as it would be decoding alone.
-            match handle.join() {
-                Ok(part) => out.extend(part),
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        }
-        out
     })
 }
 
