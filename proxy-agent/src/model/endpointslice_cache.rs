@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::{
     Endpoint, IpFamily, NamespacedName, ServicePortName, SliceEndpoint, SliceInfo, SlicePort,
 };
-use crate::sorted::SortedMap;
+use crate::{parallel, sorted::SortedMap};
 
 /// The endpoints of one service, per service port.
 pub type ServiceEndpoints = HashMap<ServicePortName, Vec<Arc<Endpoint>>>;
@@ -40,6 +40,38 @@ struct SliceTracker {
     pending: SlicesByName<Option<Arc<SliceInfo>>>,
     /// The ports the last checkout produced endpoints for.
     ports: Vec<ServicePortName>,
+}
+
+/// Below this many services with changes, a checkout runs on the calling thread.
+pub(crate) const PARALLEL_CHECKOUT_MIN: usize = 4_096;
+
+impl SliceTracker {
+    /// Applies the pending slice updates of `service` and merges its endpoints; also says
+    /// whether it has no slices left (the tracker can go).
+    fn checkout(&mut self, service: &NamespacedName, node_name: &str) -> (EndpointsChange, bool) {
+        for (name, slice) in std::mem::take(&mut self.pending) {
+            match slice {
+                Some(slice) => {
+                    let slice = AppliedSlice::new(Arc::unwrap_or_clone(slice), node_name);
+                    self.applied.insert(name, slice);
+                }
+                None => {
+                    self.applied.remove(&*name);
+                }
+            }
+        }
+        // Kept until the service's next change: no room for more slices.
+        self.applied.shrink_to_fit();
+        let current = merge_endpoints(service, &self.applied);
+        let mut ports: Vec<ServicePortName> = current.keys().cloned().collect();
+        ports.shrink_to_fit();
+        let previous_ports = std::mem::replace(&mut self.ports, ports);
+        let change = EndpointsChange {
+            previous_ports,
+            current,
+        };
+        (change, self.applied.is_empty())
+    }
 }
 
 /// A service's slices by name, in name order (a sorted `Vec`: most services have one slice,
@@ -203,42 +235,42 @@ impl EndpointSliceCache {
     }
 
     /// Applies every pending slice update and returns, per service that had some, its
-    /// endpoints before and after.
+    /// endpoints before and after. Thousands of services (a cold start) are checked out on
+    /// every core: each service's checkout touches only its own tracker.
     pub fn checkout_changes(&mut self) -> Vec<(NamespacedName, EndpointsChange)> {
-        let mut changes = Vec::with_capacity(self.pending_services.len());
-        for service in std::mem::take(&mut self.pending_services) {
-            let Some(tracker) = self.trackers.get_mut(&service) else {
-                continue;
-            };
-            for (name, slice) in std::mem::take(&mut tracker.pending) {
-                match slice {
-                    Some(slice) => {
-                        let slice = AppliedSlice::new(Arc::unwrap_or_clone(slice), &self.node_name);
-                        tracker.applied.insert(name, slice);
-                    }
-                    None => {
-                        tracker.applied.remove(&*name);
-                    }
-                }
-            }
-            // Kept until the service's next change: no room for more slices.
-            tracker.applied.shrink_to_fit();
-            let current = merge_endpoints(&service, &tracker.applied);
-            let mut ports: Vec<ServicePortName> = current.keys().cloned().collect();
-            ports.shrink_to_fit();
-            let previous_ports = std::mem::replace(&mut tracker.ports, ports);
-            if tracker.applied.is_empty() {
-                self.trackers.remove(&service);
-            }
-            changes.push((
-                service,
-                EndpointsChange {
-                    previous_ports,
-                    current,
-                },
-            ));
-        }
+        let pending = std::mem::take(&mut self.pending_services);
+        let node_name = self.node_name.as_str();
+        let workers = parallel::workers_for(pending.len(), PARALLEL_CHECKOUT_MIN);
+        let changes: Vec<(NamespacedName, EndpointsChange, bool)> = if workers > 1 {
+            // One pass over the trackers: the pending ones are most of them here.
+            let mut todo: Vec<(&NamespacedName, &mut SliceTracker)> = self
+                .trackers
+                .iter_mut()
+                .filter(|(service, _)| pending.contains(*service))
+                .collect();
+            parallel::map_each(&mut todo, workers, |(service, tracker)| {
+                let (change, emptied) = tracker.checkout(service, node_name);
+                ((*service).clone(), change, emptied)
+            })
+        } else {
+            pending
+                .into_iter()
+                .filter_map(|service| {
+                    let tracker = self.trackers.get_mut(&service)?;
+                    let (change, emptied) = tracker.checkout(&service, node_name);
+                    Some((service, change, emptied))
+                })
+                .collect()
+        };
         changes
+            .into_iter()
+            .map(|(service, change, emptied)| {
+                if emptied {
+                    self.trackers.remove(&service);
+                }
+                (service, change)
+            })
+            .collect()
     }
 
     /// Services with slice updates not yet checked out.

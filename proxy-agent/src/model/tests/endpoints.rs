@@ -658,3 +658,73 @@ fn endpoint_records_stay_small() {
         size_of::<SliceEndpoint>()
     );
 }
+
+#[test]
+fn a_checkout_of_thousands_of_services_split_over_threads_gives_each_its_own_endpoints() {
+    use crate::model::endpointslice_cache::PARALLEL_CHECKOUT_MIN;
+    let services = PARALLEL_CHECKOUT_MIN + 904;
+    let mut fake = Fake::new(HOST);
+    let slices: Vec<EndpointSlice> = (0..services)
+        .map(|i| {
+            generated_slice(
+                &format!("svc{i}"),
+                (i % 200) as u8,
+                1 + (i % 3) as u8,
+                &[HOST, "other"],
+                80,
+            )
+        })
+        .collect();
+    for slice in &slices {
+        assert!(fake.add(slice));
+    }
+    let result = fake.apply();
+    assert_eq!(result.updated_services.len(), services);
+    for i in [0, 1, 2, 1000, services - 1] {
+        let expected: Vec<String> = (1..=1 + (i % 3))
+            .map(|e| format!("10.0.{}.{e}:80", i % 200))
+            .collect();
+        assert_eq!(
+            fake.endpoints(&tcp(&format!("svc{i}"), "port-0")),
+            expected,
+            "svc{i}"
+        );
+        // Endpoint e runs on nodes[e % 2]: HOST for the even ones.
+        let local: Vec<bool> = fake
+            .map
+            .get(&tcp(&format!("svc{i}"), "port-0"))
+            .unwrap()
+            .iter()
+            .map(|e| e.is_local)
+            .collect();
+        let expected_local: Vec<bool> = (1..=1 + (i % 3)).map(|e| e % 2 == 0).collect();
+        assert_eq!(local, expected_local, "svc{i}");
+    }
+
+    // Every odd service loses its only slice, every even one gains an endpoint: one
+    // checkout of all of them again, whose trackers for the odd ones go.
+    for (i, slice) in slices.iter().enumerate() {
+        if i % 2 == 1 {
+            assert!(fake.delete(slice));
+        } else {
+            assert!(fake.add(&generated_slice(
+                &format!("svc{i}"),
+                (i % 200) as u8,
+                4,
+                &[],
+                80
+            )));
+        }
+    }
+    let result = fake.apply();
+    assert_eq!(result.updated_services.len(), services);
+    for i in 0..services {
+        let endpoints = fake.endpoints(&tcp(&format!("svc{i}"), "port-0"));
+        if i % 2 == 1 {
+            assert!(endpoints.is_empty(), "svc{i}: {endpoints:?}");
+        } else {
+            assert_eq!(endpoints.len(), 4, "svc{i}");
+        }
+    }
+    assert_eq!(fake.map.len(), services.div_ceil(2));
+}
