@@ -17,6 +17,7 @@ use tracing::debug;
 use super::{AppliedService, ApplyState, BackendFlags, Plan, v6};
 use crate::{
     model::{FamilyState, IpFamily, NamespacedName},
+    parallel,
     proxier::{
         FullMap, NodeContext,
         ebpf::{
@@ -30,6 +31,9 @@ use crate::{
 
 /// How many refused services the report names.
 const EXAMPLES: usize = 5;
+/// Below this many services to look at, what they should have is worked out on the
+/// calling thread.
+const PARALLEL_DESIRED_MIN: usize = 4_096;
 
 /// One service of one family to bring in line.
 pub(super) struct Candidate {
@@ -128,7 +132,7 @@ impl ApplyState {
                 .chain(self.deferred.iter())
                 .filter(|(f, _)| *f == family)
                 .map(|(_, s)| s.clone());
-            let services: BTreeSet<NamespacedName> = if full {
+            let mut services: Vec<NamespacedName> = if full {
                 state.services.services().cloned().chain(known).collect()
             } else {
                 let deferred = self
@@ -138,8 +142,14 @@ impl ApplyState {
                     .map(|(_, s)| s.clone());
                 changed.iter().cloned().chain(deferred).collect()
             };
-            for service in services {
-                let desired = desired_service(&service, state, node);
+            services.sort_unstable();
+            services.dedup();
+            // What each service should have depends on the model alone: a cold sync of
+            // thousands works it out on every core.
+            let workers = parallel::workers_for(services.len(), PARALLEL_DESIRED_MIN);
+            let desired =
+                parallel::map_each(&mut services, workers, |s| desired_service(s, state, node));
+            for (service, desired) in services.into_iter().zip(desired) {
                 let old = match self.take_service(&(family, service.clone())) {
                     Some(old) => old,
                     None => actual
