@@ -50,9 +50,14 @@ use super::{
 };
 use crate::{
     model::{FamilyState, IpFamily, NamespacedName},
+    parallel,
     proxier::{NodeContext, SyncStats},
     sorted::{SortedMap, SortedSet},
 };
+
+/// A planned sync of this many map writes or more runs [`ApplyState::execute_alongside`]'s
+/// other work on another thread.
+const PARALLEL_WRITE_MIN: usize = 16_384;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -858,6 +863,44 @@ impl ApplyState {
         maps: &mut LbMaps,
         planned: PlannedSync,
     ) -> Result<SyncStats, ApplyError> {
+        self.execute_alongside(maps, planned, |_| ()).0
+    }
+
+    /// [`ApplyState::execute`], running `alongside` (which reads the state as planned:
+    /// every admitted service has its ids) meanwhile. A write of many entries, where the
+    /// kernel takes most of a second for 100,000 services, leaves the other cores idle:
+    /// `alongside` runs on one of them then; a small write runs it after, on this thread.
+    pub fn execute_alongside<R: Send>(
+        &mut self,
+        maps: &mut LbMaps,
+        planned: PlannedSync,
+        alongside: impl FnOnce(&ApplyState) -> R + Send,
+    ) -> (Result<SyncStats, ApplyError>, R) {
+        let outcome = if parallel::workers_for(planned.ops.len(), PARALLEL_WRITE_MIN) > 1 {
+            let (state, maglev_size) = (&*self, self.maglev.size);
+            std::thread::scope(|scope| {
+                let beside = scope.spawn(move || alongside(state));
+                let executed = execute(maps, &planned.ops, maglev_size);
+                match beside.join() {
+                    Ok(beside) => (executed, beside),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            })
+        } else {
+            let executed = execute(maps, &planned.ops, self.maglev.size);
+            (executed, alongside(self))
+        };
+        let (executed, beside) = outcome;
+        (self.finish_execute(maps, planned, executed), beside)
+    }
+
+    /// What follows the writes of a planned sync: ids freed, entries counted, the report.
+    fn finish_execute(
+        &mut self,
+        maps: &mut LbMaps,
+        planned: PlannedSync,
+        executed: Result<(usize, usize), MapOpError>,
+    ) -> Result<SyncStats, ApplyError> {
         let PlannedSync {
             ops,
             budget,
@@ -865,7 +908,6 @@ impl ApplyState {
             dead_frontends,
             dead_pairs,
         } = planned;
-        let executed = execute(maps, &ops, self.maglev.size);
         // Ids freed by this sync are safe to hand out once their entries are gone (or, if a
         // write failed, at the next sync, which is then full and rewrites what it needs).
         self.backend_ids.recycle();

@@ -684,3 +684,138 @@ fn an_id_freed_and_needed_in_the_same_sync_is_not_deleted_under_the_new_owner() 
         );
     }
 }
+
+/// Thousands of services: enough for the sync to work out what each should have on
+/// several threads, and to run other work beside the writes.
+const MANY: usize = 5_000;
+
+fn many_services(h: &mut Harness) {
+    for i in 0..MANY {
+        let (hi, lo) = (i / 250, i % 250);
+        h.service(
+            mk_service("ns1", &format!("svc{i}"))
+                .cluster_ip(&format!("172.30.{hi}.{}", lo + 1))
+                .port("http", 80, "TCP")
+                .build(),
+        );
+        let mut slice = mk_endpointslice("ns1", &format!("svc{i}-1"), &format!("svc{i}"), "IPv4")
+            .port("http", 8080, "TCP");
+        for e in 1..=3 {
+            slice = slice.endpoint(mk_endpoint(&format!("10.{e}.{hi}.{}", lo + 1)).build());
+        }
+        h.slice(slice.build());
+    }
+}
+
+#[test]
+fn thousands_of_services_split_over_threads_are_written_whole_and_in_order() {
+    let big = 1 << 16;
+    let mut h = Harness::with_maps(
+        LbMaps::in_memory(big),
+        ApplyState::new(big as u32, big as u32),
+    );
+    many_services(&mut h);
+    let ops = h.sync(false);
+    for i in [0, 1, 249, 250, 2_500, MANY - 1] {
+        let (hi, lo) = (i / 250, i % 250);
+        let ip = format!("172.30.{hi}.{}", lo + 1);
+        let want: Vec<String> = (1..=3)
+            .map(|e| format!("10.{e}.{hi}.{}:8080", lo + 1))
+            .collect();
+        assert_eq!(h.backends_of(&ip, 80, SCOPE_EXTERNAL), want, "svc{i}");
+    }
+    // Backends before any slot; each frontend's slot 0 after its other slots, whatever
+    // thread planned it.
+    let first_svc = pos(&ops, is_put("SVC4_V2", ""));
+    assert!(last_pos(&ops, is_put("BACKENDS4_V1", "")) < first_svc);
+    let mut last_slot: std::collections::HashMap<String, (usize, usize)> = Default::default();
+    for (index, op) in ops.iter().enumerate() {
+        if let LoggedOp::Put {
+            map: "SVC4_V2",
+            key,
+        } = op
+        {
+            let (frontend, slot) = key.split_once("slot: ").expect("a slot in the key");
+            let entry = last_slot.entry(frontend.to_string()).or_default();
+            if slot.starts_with("0,") || slot.starts_with("0 ") {
+                entry.0 = index;
+            } else {
+                entry.1 = entry.1.max(index);
+            }
+        }
+    }
+    for (frontend, (slot0, others)) in &last_slot {
+        assert!(others < slot0, "{frontend}");
+    }
+    let frontends = h
+        .maps
+        .snapshot()
+        .unwrap()
+        .svc
+        .keys()
+        .filter(|k| k.slot == 0 && k.frontend.port == 80)
+        .count();
+    assert_eq!(frontends, MANY);
+
+    // A restarted agent adopts all of them without a write.
+    let before = h.maps.snapshot().unwrap();
+    h.apply = ApplyState::new(big as u32, big as u32);
+    h.cluster = ClusterState::new(&[IpFamily::V4], "node-a");
+    many_services(&mut h);
+    let ops = h.sync(true);
+    assert!(ops.is_empty(), "{} writes", ops.len());
+    assert_eq!(h.maps.snapshot().unwrap(), before);
+}
+
+#[test]
+fn work_beside_a_big_write_sees_every_admitted_service_and_a_small_one_runs_after() {
+    let big = 1 << 16;
+    let mut h = Harness::with_maps(
+        LbMaps::in_memory(big),
+        ApplyState::new(big as u32, big as u32),
+    );
+    many_services(&mut h);
+    let changes = h.cluster.apply_pending();
+    let families = h.cluster.families();
+    let planned = h
+        .apply
+        .plan(&h.maps, families, &h.node, &changes.changed, false)
+        .unwrap();
+    let caller = std::thread::current().id();
+    let (stats, (ids, thread)) = h.apply.execute_alongside(&mut h.maps, planned, |state| {
+        let ids: usize = (0..MANY)
+            .map(|i| {
+                let service = NamespacedName::new("ns1", format!("svc{i}"));
+                state.frontend_ids(IpFamily::V4, &service).len()
+            })
+            .sum();
+        (ids, std::thread::current().id())
+    });
+    stats.unwrap();
+    assert_eq!(ids, MANY);
+    assert_ne!(thread, caller, "a write this big has company");
+
+    // One service more: written first, then the work beside, on this thread.
+    h.service(
+        mk_service("ns1", "one-more")
+            .cluster_ip("172.31.0.1")
+            .port("http", 80, "TCP")
+            .build(),
+    );
+    let changes = h.cluster.apply_pending();
+    let planned = h
+        .apply
+        .plan(
+            &h.maps,
+            h.cluster.families(),
+            &h.node,
+            &changes.changed,
+            false,
+        )
+        .unwrap();
+    let (stats, thread) = h
+        .apply
+        .execute_alongside(&mut h.maps, planned, |_| std::thread::current().id());
+    stats.unwrap();
+    assert_eq!(thread, caller);
+}

@@ -411,10 +411,25 @@ impl Proxier for EbpfProxier {
             }
         };
         let grown_at = began.elapsed();
-        let mut stats = self
-            .state
-            .execute(&mut self.loaded.maps, planned)
-            .map_err(|e| SyncError::new("ebpf", e))?;
+        // The names are written while the kernel takes the service entries (they need only
+        // the ids the plan handed out).
+        let names = &mut self.names;
+        let (executed, named) =
+            self.state
+                .execute_alongside(&mut self.loaded.maps, planned, |state| {
+                    let began = Instant::now();
+                    let written = names
+                        .as_mut()
+                        .map(|names| names.sync(request.families, state, &touched, request.full));
+                    (written, began.elapsed())
+                });
+        let (names_written, names_took) = named;
+        if let Some(Err(e)) = names_written {
+            // Names are for people reading the maps; the dataplane is in place. The next
+            // full sync writes them again.
+            warn!(error = %e, "writing the service names table");
+        }
+        let mut stats = executed.map_err(|e| SyncError::new("ebpf", e))?;
         let written_at = began.elapsed();
         stats.map_growth = grown;
         if request.full && self.loaded.programs_pending() {
@@ -424,14 +439,6 @@ impl Proxier for EbpfProxier {
                 .map_err(|e| SyncError::new("ebpf", e))?;
             info!(xdp_devices = ?self.loaded.xdp_devices, "programs of the new map layout attached");
         }
-        if let Some(names) = &mut self.names
-            && let Err(e) = names.sync(request.families, &self.state, &touched, request.full)
-        {
-            // Names are for people reading the maps; the dataplane is in place. The next
-            // full sync writes them again.
-            warn!(error = %e, "writing the service names table");
-        }
-        let named_at = began.elapsed();
         // After the maps: a socket connecting meanwhile already gets a live backend.
         stats.connected_udp = self.connected_udp.after_sync(request);
         // After the maps too: a flow deleted earlier could be recreated from the old ones.
@@ -446,8 +453,8 @@ impl Proxier for EbpfProxier {
             plan_ms = ms(planned_at),
             grow_ms = ms(grown_at - planned_at),
             write_ms = ms(written_at - grown_at),
-            names_ms = ms(named_at - written_at),
-            sweeps_ms = ms(swept_at - named_at),
+            names_ms = ms(names_took),
+            sweeps_ms = ms(swept_at - written_at),
             trim_ms = ms(began.elapsed() - swept_at),
             "ebpf sync phases"
         );
