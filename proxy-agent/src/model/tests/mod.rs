@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod endpoints;
+mod intake;
 mod interner;
 mod scenarios;
 mod service_tracker;
