@@ -301,15 +301,15 @@ impl ApplyState {
                 }
                 _ => {}
             }
-            let fresh = self.rev_nat_ids.get(&frontend.key).is_none();
-            let rev_nat_id = self.rev_nat_ids.acquire(&frontend.key)? as u32;
-            if fresh {
+            let acquired = self.rev_nat_ids.acquire_looked(&frontend.key)?;
+            let rev_nat_id = acquired.id as u32;
+            if acquired.fresh {
                 ops.rev_nat_puts.push(Op::PutRevNat(
                     rev_nat_id,
                     frontend.key.addr,
                     frontend.key.port,
                 ));
-                ops.fresh_rev_nat.insert(rev_nat_id);
+                ops.fresh_rev_nat.push(rev_nat_id);
             }
             self.owners.insert(frontend.key, owner);
             out.frontends.push(frontend.key);
@@ -390,19 +390,19 @@ impl ApplyState {
                 local: b.local,
                 terminating: b.terminating,
             };
-            let fresh = self.backend_ids.get(&b.addr).is_none();
-            let id = self.backend_ids.acquire(&b.addr)? as u32;
+            let acquired = self.backend_ids.acquire_looked(&b.addr)?;
+            let id = acquired.id as u32;
             out.backends.push(b.addr);
-            if fresh {
-                ops.fresh_backends.insert(id);
-            }
-            let known = ops.backend_entries.get(&b.addr).copied().or_else(|| {
-                self.backend_ids
-                    .payload(&b.addr)
+            // A fresh id is this plan's first reference: nothing is known of its entry.
+            let known = if acquired.fresh {
+                ops.fresh_backends.push(id);
+                None
+            } else {
+                ops.backend_entries
+                    .get(&b.addr)
                     .copied()
-                    .flatten()
-                    .map(|flags| flags.entry(b.addr))
-            });
+                    .or_else(|| acquired.payload.map(|flags| flags.entry(b.addr)))
+            };
             if known != Some(entry) {
                 ops.backend_entries.insert(b.addr, entry);
                 ops.backend_puts.push(Op::PutBackend(id, entry));
@@ -463,8 +463,8 @@ struct Plan {
     backend_entries: HashMap<BackendAddr, BackendEntry>,
     /// Ids handed out for the first time by one service's plan (their entries are new;
     /// these three are not carried over by [`Plan::absorb`] either).
-    fresh_backends: HashSet<u32>,
-    fresh_rev_nat: HashSet<u32>,
+    fresh_backends: Vec<u32>,
+    fresh_rev_nat: Vec<u32>,
     /// Maglev table ids handed out for the first time by this plan.
     fresh_maglev: HashSet<u64>,
 }

@@ -8,7 +8,7 @@
 //! before it deletes any old one (lookups must never see half a service), so what a sync
 //! deletes frees room only for the next sync.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use proxy_common::maps as names;
 
@@ -164,11 +164,11 @@ impl PerMap {
 pub struct Demand {
     pub svc_entries: usize,
     pub src_ranges: usize,
-    /// Backend ids whose entry is not in the map yet (a backend several services share is
-    /// counted once).
-    pub backends: BTreeSet<u32>,
-    /// rev_nat ids whose entry is not in the map yet.
-    pub rev_nat: BTreeSet<u32>,
+    /// Backend ids whose entry is not in the map yet, in any order, an id possibly more
+    /// than once (a backend several services, or scopes, share is counted once).
+    pub backends: Vec<u32>,
+    /// rev_nat ids whose entry is not in the map yet (as `backends`).
+    pub rev_nat: Vec<u32>,
 }
 
 /// The room of one sync.
@@ -217,18 +217,18 @@ impl Budget {
     /// without enough room.
     pub fn take(&mut self, family: IpFamily, demand: &Demand) -> Result<(), Vec<MapKind>> {
         let f = family_index(family);
-        let backends: Vec<u32> = demand
-            .backends
-            .iter()
-            .filter(|id| !self.backends[f].contains(**id))
-            .copied()
-            .collect();
-        let rev_nat: Vec<u32> = demand
-            .rev_nat
-            .iter()
-            .filter(|id| !self.rev_nat[f].contains(**id))
-            .copied()
-            .collect();
+        let uncounted = |ids: &[u32], counted: &IdBits| -> Vec<u32> {
+            let mut out: Vec<u32> = ids
+                .iter()
+                .copied()
+                .filter(|id| !counted.contains(*id))
+                .collect();
+            out.sort_unstable();
+            out.dedup();
+            out
+        };
+        let backends = uncounted(&demand.backends, &self.backends[f]);
+        let rev_nat = uncounted(&demand.rev_nat, &self.rev_nat[f]);
         let needs = [
             (MapKind::Services, demand.svc_entries),
             (MapKind::Backends, backends.len()),
@@ -300,7 +300,7 @@ mod tests {
     fn demand(svc_entries: usize, backends: &[u32]) -> Demand {
         Demand {
             svc_entries,
-            backends: backends.iter().copied().collect(),
+            backends: backends.to_vec(),
             ..Default::default()
         }
     }

@@ -55,6 +55,16 @@ impl IdBits {
 /// Reference-counted id allocator over `1..=max` (0 is never handed out: it means "none" in
 /// the maps). Each key carries a payload `P` besides its id (the entry written for a
 /// backend), which lives and dies with the key's id.
+/// What [`IdAllocator::acquire_looked`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acquired<P> {
+    pub id: u64,
+    /// Handed out for the first time now (nothing held it before this reference).
+    pub fresh: bool,
+    /// Its payload before this reference (the default when fresh).
+    pub payload: P,
+}
+
 #[derive(Debug)]
 pub struct IdAllocator<K, P = ()> {
     kind: &'static str,
@@ -104,12 +114,22 @@ impl<K: Clone + Eq + Hash, P: Copy + Default> IdAllocator<K, P> {
     /// The id of `key`, taking one reference (allocating on first use, with the default
     /// payload).
     pub fn acquire(&mut self, key: &K) -> Result<u64, Exhausted> {
+        self.acquire_looked(key).map(|acquired| acquired.id)
+    }
+
+    /// [`IdAllocator::acquire`], also saying whether the id is new and what payload it
+    /// had, in one lookup (a cold sync acquires a million backends).
+    pub fn acquire_looked(&mut self, key: &K) -> Result<Acquired<P>, Exhausted> {
         if let Some(slot) = self.by_key.get_mut(key) {
             if slot.refs == 0 {
                 self.unreferenced = self.unreferenced.saturating_sub(1);
             }
             slot.refs += 1;
-            return Ok(u64::from(slot.id));
+            return Ok(Acquired {
+                id: u64::from(slot.id),
+                fresh: false,
+                payload: slot.payload,
+            });
         }
         let id = match self.free.pop() {
             Some(id) => id,
@@ -134,7 +154,11 @@ impl<K: Clone + Eq + Hash, P: Copy + Default> IdAllocator<K, P> {
             },
         );
         self.set_taken(id, true);
-        Ok(u64::from(id))
+        Ok(Acquired {
+            id: u64::from(id),
+            fresh: true,
+            payload: P::default(),
+        })
     }
 
     /// Drops one reference; returns the id when it became unused (its payload goes with
@@ -173,11 +197,6 @@ impl<K: Clone + Eq + Hash, P: Copy + Default> IdAllocator<K, P> {
 
     pub fn get(&self, key: &K) -> Option<u64> {
         self.by_key.get(key).map(|slot| u64::from(slot.id))
-    }
-
-    /// The payload of `key`, while it has an id.
-    pub fn payload(&self, key: &K) -> Option<&P> {
-        self.by_key.get(key).map(|slot| &slot.payload)
     }
 
     /// Sets the payload of `key`; false (and nothing kept) when `key` has no id.
@@ -362,21 +381,36 @@ mod tests {
     fn a_payload_lives_and_dies_with_its_id() {
         let mut ids: IdAllocator<&str, Option<u8>> = IdAllocator::new("backend", 200);
         assert!(!ids.set_payload(&"a", Some(1)), "no id, no payload");
-        ids.acquire(&"a").unwrap();
-        assert_eq!(ids.payload(&"a"), Some(&None));
+        let first = ids.acquire_looked(&"a").unwrap();
+        assert!(first.fresh);
+        assert_eq!(first.payload, None);
         assert!(ids.set_payload(&"a", Some(1)));
-        ids.acquire(&"a").unwrap();
+        let again = ids.acquire_looked(&"a").unwrap();
+        assert_eq!(
+            (again.id, again.fresh, again.payload),
+            (first.id, false, Some(1))
+        );
         ids.release(&"a");
-        assert_eq!(ids.payload(&"a"), Some(&Some(1)), "one reference is left");
+        assert_eq!(
+            ids.acquire_looked(&"a").unwrap().payload,
+            Some(1),
+            "one reference was left"
+        );
         ids.release(&"a");
-        assert_eq!(ids.payload(&"a"), None);
+        ids.release(&"a");
+        assert_eq!(ids.get(&"a"), None);
         ids.recycle();
-        ids.acquire(&"a").unwrap();
-        assert_eq!(ids.payload(&"a"), Some(&None), "a new id starts afresh");
+        let anew = ids.acquire_looked(&"a").unwrap();
+        assert!(anew.fresh, "a new id starts afresh");
+        assert_eq!(anew.payload, None);
         // Adopted ids far apart (the bitmap of taken ids grows to the highest).
         assert!(ids.adopt_with("b", 150, Some(2)));
         assert!(!ids.adopt_with("c", 150, Some(3)), "150 is taken");
-        assert_eq!(ids.payload(&"b"), Some(&Some(2)));
+        let adopted = ids.acquire_looked(&"b").unwrap();
+        assert_eq!(
+            (adopted.id, adopted.fresh, adopted.payload),
+            (150, false, Some(2))
+        );
         let mut seen: Vec<(&str, u64)> = ids.iter().map(|(k, id, _)| (*k, id)).collect();
         seen.sort();
         assert_eq!(seen[1], ("b", 150));

@@ -254,8 +254,8 @@ impl ApplyState {
             return Demand {
                 svc_entries: new.svc.keys().filter(|k| !old.svc.contains_key(k)).count(),
                 src_ranges: new.src_ranges.difference(&old.src_ranges).count(),
-                backends: trial.fresh_backends.iter().copied().collect(),
-                rev_nat: trial.fresh_rev_nat.iter().copied().collect(),
+                backends: trial.fresh_backends.clone(),
+                rev_nat: trial.fresh_rev_nat.clone(),
             };
         };
         let is_v6 = family == IpFamily::V6;
