@@ -126,24 +126,30 @@ impl ApplyState {
         let mut by_frontend: Option<Vec<(SvcEntryKey, SvcValue)>> = None;
         for state in families {
             let family = state.family;
-            let known = self
-                .services
-                .keys()
-                .chain(self.deferred.iter())
-                .filter(|(f, _)| *f == family)
-                .map(|(_, s)| s.clone());
-            let mut services: Vec<NamespacedName> = if full {
-                state.services.services().cloned().chain(known).collect()
+            // The services asked for (each once), and those the state knows of that must
+            // be looked at too: every one it holds on a full sync, the refused ones always.
+            let (mut services, others): (Vec<NamespacedName>, Vec<NamespacedName>) = if full {
+                let held = self.services.keys().chain(self.deferred.iter());
+                (
+                    state.services.services().cloned().collect(),
+                    held.filter(|(f, _)| *f == family)
+                        .map(|(_, s)| s.clone())
+                        .collect(),
+                )
             } else {
-                let deferred = self
-                    .deferred
-                    .iter()
-                    .filter(|(f, _)| *f == family)
-                    .map(|(_, s)| s.clone());
-                changed.iter().cloned().chain(deferred).collect()
+                let refused = self.deferred.iter().filter(|(f, _)| *f == family);
+                (
+                    changed.iter().cloned().collect(),
+                    refused.map(|(_, s)| s.clone()).collect(),
+                )
             };
-            services.sort_unstable();
-            services.dedup();
+            if !others.is_empty() {
+                // Only then can a service be there twice (the candidates are sorted below
+                // anyway: a cold sync of 100,000 changed services is not sorted twice).
+                services.extend(others);
+                services.sort_unstable();
+                services.dedup();
+            }
             // What each service should have depends on the model alone: a cold sync of
             // thousands works it out on every core.
             let workers = parallel::workers_for(services.len(), PARALLEL_DESIRED_MIN);
