@@ -137,19 +137,12 @@ impl EventLoop {
                 false
             }
             ClusterEvent::Batch(events) => {
-                // Every event is handled, whatever the ones before returned. Services and
-                // slices, most of a big batch, go to the model together (its trackers of
-                // the two kinds are independent: it takes them in side by side).
+                // Every event is handled, whatever the ones before returned.
                 let mut changed = false;
-                let (mut services, mut slices) = (Vec::new(), Vec::new());
                 for event in events {
-                    match event {
-                        ClusterEvent::Service(c) => services.push(c.into_object()),
-                        ClusterEvent::EndpointSlice(c) => slices.push(c.into_object()),
-                        other => changed |= self.handle(other),
-                    }
+                    changed |= self.handle(event);
                 }
-                changed | self.cluster.services_and_slices(&services, &slices)
+                changed
             }
             ClusterEvent::Unreachable { kind, error } => {
                 if kind == ResourceKind::ServiceCidr && !self.synced.contains(&kind) {

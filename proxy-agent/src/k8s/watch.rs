@@ -43,16 +43,6 @@ pub enum Change<T> {
     Delete(Arc<T>),
 }
 
-impl<T> Change<T> {
-    /// The object, and whether it was deleted.
-    pub fn into_object(self) -> (Arc<T>, bool) {
-        match self {
-            Change::Upsert(object) => (object, false),
-            Change::Delete(object) => (object, true),
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 pub enum ClusterEvent {
     Service(Change<Service>),

@@ -20,7 +20,7 @@ use super::{
     EndpointsChangeTracker, FamilyState, InvalidObject, IpFamily, NamespacedName,
     ServiceChangeTracker, StaleConntrack,
 };
-use crate::{k8s::convert::parse_cidr_sloppy, parallel};
+use crate::k8s::convert::parse_cidr_sloppy;
 
 /// The change trackers of one family (its model is the `FamilyState` at the same index).
 #[derive(Debug)]
@@ -53,47 +53,6 @@ pub struct ClusterState {
     node: Option<Arc<Node>>,
 }
 
-/// Below this many Services or EndpointSlices in one go, both kinds are taken in on the
-/// calling thread.
-const PARALLEL_INTAKE_MIN: usize = 4_096;
-
-/// A Service added or changed (or deleted, with its last version) into each family's
-/// service tracker; `known` holds the Services seen and not deleted. Whether a tracker
-/// has something pending now.
-fn take_service(
-    known: &mut HashSet<NamespacedName>,
-    trackers: &mut [&mut ServiceChangeTracker],
-    states: &[FamilyState],
-    service: &Service,
-    deleted: bool,
-) -> bool {
-    let name = crate::k8s::convert::object_name(&service.metadata);
-    let seen = if deleted {
-        known.remove(&name)
-    } else {
-        !known.insert(name.clone())
-    };
-    if deleted && !seen {
-        // Never seen (or deleted twice): nothing to take away.
-        return false;
-    }
-    let current = (!deleted).then_some(service);
-    let mut pending = false;
-    for (t, state) in trackers.iter_mut().zip(states) {
-        let previous = || {
-            seen.then(|| {
-                state
-                    .services
-                    .ports_of(&name)
-                    .map(|(port, info)| (port.clone(), info.clone()))
-                    .collect()
-            })
-        };
-        pending |= t.update_from_model(name.clone(), current, previous);
-    }
-    pending
-}
-
 impl ClusterState {
     /// `families` in primary-first order (one for single-stack nodes).
     pub fn new(families: &[IpFamily], node_name: &str) -> Self {
@@ -115,15 +74,33 @@ impl ClusterState {
 
     /// A Service was added or changed (`Some`) or deleted (`None`, with its last version).
     pub fn service(&mut self, service: &Service, deleted: bool) -> bool {
-        let mut trackers: Vec<&mut ServiceChangeTracker> =
-            self.trackers.iter_mut().map(|t| &mut t.services).collect();
-        take_service(
-            &mut self.services,
-            &mut trackers,
-            &self.states,
-            service,
-            deleted,
-        )
+        let name = crate::k8s::convert::object_name(&service.metadata);
+        let known = if deleted {
+            self.services.remove(&name)
+        } else {
+            !self.services.insert(name.clone())
+        };
+        if deleted && !known {
+            // Never seen (or deleted twice): nothing to take away.
+            return false;
+        }
+        let current = (!deleted).then_some(service);
+        let mut pending = false;
+        for (t, state) in self.trackers.iter_mut().zip(&self.states) {
+            let previous = || {
+                known.then(|| {
+                    state
+                        .services
+                        .ports_of(&name)
+                        .map(|(port, info)| (port.clone(), info.clone()))
+                        .collect()
+                })
+            };
+            pending |= t
+                .services
+                .update_from_model(name.clone(), current, previous);
+        }
+        pending
     }
 
     pub fn endpoint_slice(&mut self, slice: &EndpointSlice, deleted: bool) -> bool {
@@ -132,52 +109,6 @@ impl ClusterState {
             pending |= t.endpoints.endpoint_slice_update(slice, deleted);
         }
         pending
-    }
-
-    /// Many Services and EndpointSlices at once (`true` for a deletion), each kind in its
-    /// order, as [`ClusterState::service`] and [`ClusterState::endpoint_slice`] take them
-    /// one by one. The two kinds go to separate trackers, which take them in on two
-    /// threads when both are many (the objects of a cold start). Whether anything changed.
-    pub fn services_and_slices(
-        &mut self,
-        services: &[(Arc<Service>, bool)],
-        slices: &[(Arc<EndpointSlice>, bool)],
-    ) -> bool {
-        let (mut service_trackers, mut slice_trackers): (Vec<_>, Vec<_>) = self
-            .trackers
-            .iter_mut()
-            .map(|t| (&mut t.services, &mut t.endpoints))
-            .unzip();
-        let (known, states) = (&mut self.services, &self.states);
-        let mut take_services = move || {
-            let mut pending = false;
-            for (service, deleted) in services {
-                pending |= take_service(known, &mut service_trackers, states, service, *deleted);
-            }
-            pending
-        };
-        let mut take_slices = move || {
-            let mut pending = false;
-            for (slice, deleted) in slices {
-                for t in &mut slice_trackers {
-                    pending |= t.endpoint_slice_update(slice, *deleted);
-                }
-            }
-            pending
-        };
-        if parallel::workers_for(services.len().min(slices.len()), PARALLEL_INTAKE_MIN) > 1 {
-            std::thread::scope(|scope| {
-                let slices = scope.spawn(take_slices);
-                let services = take_services();
-                match slices.join() {
-                    Ok(slices) => services | slices,
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            })
-        } else {
-            let services = take_services();
-            services | take_slices()
-        }
     }
 
     /// This node's Node object. Returns whether its topology labels changed (which changes

@@ -3,7 +3,6 @@
 
 mod bad_input;
 mod endpoints;
-mod intake;
 mod interner;
 mod scenarios;
 mod service_tracker;
