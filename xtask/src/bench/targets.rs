@@ -367,7 +367,7 @@ pub fn targets(all: &[SuiteRows]) -> Vec<Target> {
         )
         .with_spread(scale_cold_spread)
         .because(
-            "about two thirds is the agent's own sync (`cold_sync_agent_ms` in the memory CSV); the rest is the directory source decoding 200,000 objects' JSON (on both cores) and the model taking them in, one thread. A profile of the sync puts a third of it in planning (each service's record, ids for a million backends), under a third in the kernel's batch updates of two million entries (a second of system time; writing from two threads at once was not faster when tried), a sixth in the model's checkout of every endpoint, a tenth in the names table, and the rest in reloading the programs over the grown maps",
+            "about two thirds is the agent's own sync (`cold_sync_agent_ms` in the memory CSV); the rest is the directory source decoding 200,000 objects' JSON (on both cores) and the model taking them in, on one thread (taking Services and EndpointSlices in on two left the agent bigger at 50,000 services, past its target). A profile of the sync puts a third of it in planning (what each service should have is worked out on both cores, then each is admitted in turn: ids for a million backends, each service's record), a third in the kernel's batch updates of two million entries (a second of system time, with the names table written beside it; writing from two threads at once was not faster when tried), a fifth in the model's checkout of the endpoints (on both cores), and the rest in reloading the programs over the grown maps",
         ),
         Target {
             // A count: no decimals.
