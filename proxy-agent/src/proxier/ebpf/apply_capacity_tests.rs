@@ -307,17 +307,7 @@ fn maps_grown_between_plan_and_writes_take_every_service_and_keep_the_ids() {
     for (i, name) in names.iter().enumerate() {
         add_service(&mut h, name, 10 + i as u8, &[&format!("10.0.1.{}", i + 1)]);
     }
-    let changes = h.cluster.apply_pending();
-    let planned = h
-        .apply
-        .plan(
-            &h.maps,
-            h.cluster.families(),
-            &h.node,
-            &changes.changed,
-            true,
-        )
-        .unwrap();
+    let planned = h.plan_pending(true);
     // Admission counted on the ceiling: every service is in the plan, 15 entries at the
     // peak for a map of 6, which must grow before anything is written.
     assert_eq!(planned.peak().get(MapKind::Services, IpFamily::V4), 15);
@@ -340,17 +330,7 @@ fn maps_grown_between_plan_and_writes_take_every_service_and_keep_the_ids() {
     // A second growth with entries in the maps: they move over, ids and all, and the
     // partial sync after it writes only the new service.
     add_service(&mut h, "svc-f", 20, &["10.0.1.6"]);
-    let changes = h.cluster.apply_pending();
-    let planned = h
-        .apply
-        .plan(
-            &h.maps,
-            h.cluster.families(),
-            &h.node,
-            &changes.changed,
-            false,
-        )
-        .unwrap();
+    let planned = h.plan_pending(false);
     assert_eq!(planned.peak().get(MapKind::Services, IpFamily::V4), 18);
     h.maps = grown(&h.maps.snapshot().unwrap(), 64);
     let stats = h.apply.execute(&mut h.maps, planned).unwrap();
@@ -372,17 +352,7 @@ fn at_the_ceiling_services_are_refused_naming_the_limit() {
     for (i, name) in ["svc-a", "svc-b", "svc-c", "svc-d"].iter().enumerate() {
         add_service(&mut h, name, 10 + i as u8, &[&format!("10.0.1.{}", i + 1)]);
     }
-    let changes = h.cluster.apply_pending();
-    let planned = h
-        .apply
-        .plan(
-            &h.maps,
-            h.cluster.families(),
-            &h.node,
-            &changes.changed,
-            true,
-        )
-        .unwrap();
+    let planned = h.plan_pending(true);
     assert_eq!(planned.peak().get(MapKind::Services, IpFamily::V4), 9);
     h.maps = grown(&h.maps.snapshot().unwrap(), 9);
     let stats = h.apply.execute(&mut h.maps, planned).unwrap();
@@ -404,17 +374,7 @@ fn an_abandoned_plan_leaves_the_maps_untouched_and_the_next_full_sync_repairs() 
     add_service(&mut h, "svc-a", 10, &["10.0.1.1"]);
     add_service(&mut h, "svc-b", 11, &["10.0.1.2"]);
     add_service(&mut h, "svc-c", 12, &["10.0.1.3"]);
-    let changes = h.cluster.apply_pending();
-    let planned = h
-        .apply
-        .plan(
-            &h.maps,
-            h.cluster.families(),
-            &h.node,
-            &changes.changed,
-            true,
-        )
-        .unwrap();
+    let planned = h.plan_pending(true);
     // The growth failed: nothing is written, and the maps keep their size from now on.
     h.apply.abandon(planned);
     h.apply.stop_growing();

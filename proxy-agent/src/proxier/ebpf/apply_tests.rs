@@ -7,7 +7,7 @@ use std::{collections::HashSet, net::IpAddr, sync::Arc};
 use proxy_common::{SCOPE_EXTERNAL, SCOPE_INTERNAL, svc_flags};
 
 use super::{
-    apply::ApplyState,
+    apply::{ApplyState, PlannedSync},
     budget::MapKind,
     desired::FrontendKey,
     entries::SvcEntryKey,
@@ -64,6 +64,21 @@ impl Harness {
 
     pub(super) fn slice(&mut self, slice: k8s_openapi::api::discovery::v1::EndpointSlice) {
         self.cluster.endpoint_slice(&slice, false);
+    }
+
+    /// Applies pending changes and plans a sync of them (of everything when `full`)
+    /// without writing it.
+    pub(super) fn plan_pending(&mut self, full: bool) -> PlannedSync {
+        let changes = self.cluster.apply_pending();
+        self.apply
+            .plan(
+                &self.maps,
+                self.cluster.families(),
+                &self.node,
+                &changes.changed,
+                full,
+            )
+            .expect("plan succeeds")
     }
 
     /// Applies pending changes and syncs; returns the logged map operations.
@@ -707,14 +722,21 @@ fn many_services(h: &mut Harness) {
     }
 }
 
-#[test]
-fn thousands_of_services_split_over_threads_are_written_whole_and_in_order() {
-    let big = 1 << 16;
+/// Maps with room for [`MANY`] services, and the services.
+fn harness_with_many_services() -> Harness {
     let mut h = Harness::with_maps(
-        LbMaps::in_memory(big),
-        ApplyState::new(big as u32, big as u32),
+        LbMaps::in_memory(BIG),
+        ApplyState::new(BIG as u32, BIG as u32),
     );
     many_services(&mut h);
+    h
+}
+
+const BIG: usize = 1 << 16;
+
+#[test]
+fn thousands_of_services_split_over_threads_are_written_whole_and_in_order() {
+    let mut h = harness_with_many_services();
     let ops = h.sync(false);
     for i in [0, 1, 249, 250, 2_500, MANY - 1] {
         let (hi, lo) = (i / 250, i % 250);
@@ -759,7 +781,7 @@ fn thousands_of_services_split_over_threads_are_written_whole_and_in_order() {
 
     // A restarted agent adopts all of them without a write.
     let before = h.maps.snapshot().unwrap();
-    h.apply = ApplyState::new(big as u32, big as u32);
+    h.apply = ApplyState::new(BIG as u32, BIG as u32);
     h.cluster = ClusterState::new(&[IpFamily::V4], "node-a");
     many_services(&mut h);
     let ops = h.sync(true);
@@ -769,18 +791,8 @@ fn thousands_of_services_split_over_threads_are_written_whole_and_in_order() {
 
 #[test]
 fn work_beside_a_big_write_sees_every_admitted_service_and_a_small_one_runs_after() {
-    let big = 1 << 16;
-    let mut h = Harness::with_maps(
-        LbMaps::in_memory(big),
-        ApplyState::new(big as u32, big as u32),
-    );
-    many_services(&mut h);
-    let changes = h.cluster.apply_pending();
-    let families = h.cluster.families();
-    let planned = h
-        .apply
-        .plan(&h.maps, families, &h.node, &changes.changed, false)
-        .unwrap();
+    let mut h = harness_with_many_services();
+    let planned = h.plan_pending(false);
     let caller = std::thread::current().id();
     let (stats, (ids, thread)) = h.apply.execute_alongside(&mut h.maps, planned, |state| {
         let ids: usize = (0..MANY)
@@ -802,17 +814,7 @@ fn work_beside_a_big_write_sees_every_admitted_service_and_a_small_one_runs_afte
             .port("http", 80, "TCP")
             .build(),
     );
-    let changes = h.cluster.apply_pending();
-    let planned = h
-        .apply
-        .plan(
-            &h.maps,
-            h.cluster.families(),
-            &h.node,
-            &changes.changed,
-            false,
-        )
-        .unwrap();
+    let planned = h.plan_pending(false);
     let (stats, thread) = h
         .apply
         .execute_alongside(&mut h.maps, planned, |_| std::thread::current().id());
