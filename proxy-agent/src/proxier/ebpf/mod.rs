@@ -425,8 +425,8 @@ impl Proxier for EbpfProxier {
                 });
         let (names_written, names_took) = named;
         if let Some(Err(e)) = names_written {
-            // Names are for people reading the maps; the dataplane is in place. The next
-            // full sync writes them again.
+            // Names are for people reading the maps, not for the dataplane. The next full
+            // sync writes them again.
             warn!(error = %e, "writing the service names table");
         }
         let mut stats = executed.map_err(|e| SyncError::new("ebpf", e))?;

@@ -6,8 +6,9 @@
 //! (`maps/SVC_NAMES_V2`) rather than a file, because bpffs holds no regular files and because
 //! a map shares the other pins' lifetime: it survives agent restarts, is removed by
 //! `--cleanup` with them, and each entry is replaced atomically, so a reader never sees half a
-//! name. The programs never read it. It is written after every sync, from the ids the apply
-//! stage holds; on a partial sync only the changed services' entries are touched.
+//! name. The programs never read it. It is written at every sync, while the kernel takes the
+//! maps' writes, from the ids the apply stage planned; on a partial sync only the changed
+//! services' entries are touched.
 //!
 //! Key: `(v6 << 31) | rev_nat_id` (layout 2; layout 1 put the family in bit 16, when ids
 //! were 16 bits). Value: namespace, name and port name, each NUL-padded in a
