@@ -52,9 +52,6 @@ impl IdBits {
     }
 }
 
-/// Reference-counted id allocator over `1..=max` (0 is never handed out: it means "none" in
-/// the maps). Each key carries a payload `P` besides its id (the entry written for a
-/// backend), which lives and dies with the key's id.
 /// What [`IdAllocator::acquire_looked`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Acquired<P> {
@@ -65,6 +62,9 @@ pub struct Acquired<P> {
     pub payload: P,
 }
 
+/// Reference-counted id allocator over `1..=max` (0 is never handed out: it means "none" in
+/// the maps). Each key carries a payload `P` besides its id (the entry written for a
+/// backend), which lives and dies with the key's id.
 #[derive(Debug)]
 pub struct IdAllocator<K, P = ()> {
     kind: &'static str,
