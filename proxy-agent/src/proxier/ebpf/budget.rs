@@ -178,11 +178,47 @@ pub struct Budget {
     /// Whether `capacity` is the maps' ceilings (they grow) rather than their size.
     ceilings: bool,
     used: PerMap,
-    /// The backend and rev_nat ids this sync has counted already, per family (bitmaps: a
-    /// cold sync of 100,000 services counts a million backend ids, where a hash set spent
-    /// a tenth of admission growing and hashing).
-    backends: [IdBits; 2],
-    rev_nat: [IdBits; 2],
+    /// The backend and rev_nat ids this sync has counted already, per family.
+    backends: [CountedIds; 2],
+    rev_nat: [CountedIds; 2],
+}
+
+/// The ids of one map a sync has counted: a short list while few, a bitmap once many. A
+/// cold sync of 100,000 services counts a million backend ids, where a hash set spent a
+/// tenth of admission growing and hashing; a one-service sync counts a few, where a bitmap
+/// as long as the highest id in the maps was allocated and zeroed at every sync.
+#[derive(Debug, Default)]
+struct CountedIds {
+    few: Vec<u32>,
+    many: Option<IdBits>,
+}
+
+/// Past this many ids, a sync's counted ids go into a bitmap.
+const FEW_IDS: usize = 64;
+
+impl CountedIds {
+    fn contains(&self, id: u32) -> bool {
+        match &self.many {
+            Some(bits) => bits.contains(id),
+            None => self.few.contains(&id),
+        }
+    }
+
+    /// Counts `id`, which is not counted yet.
+    fn insert(&mut self, id: u32) {
+        if let Some(bits) = &mut self.many {
+            bits.insert(id);
+            return;
+        }
+        self.few.push(id);
+        if self.few.len() > FEW_IDS {
+            let mut bits = IdBits::default();
+            for id in self.few.drain(..) {
+                bits.insert(id);
+            }
+            self.many = Some(bits);
+        }
+    }
 }
 
 fn family_index(family: IpFamily) -> usize {
@@ -217,7 +253,7 @@ impl Budget {
     /// without enough room.
     pub fn take(&mut self, family: IpFamily, demand: &Demand) -> Result<(), Vec<MapKind>> {
         let f = family_index(family);
-        let uncounted = |ids: &[u32], counted: &IdBits| -> Vec<u32> {
+        let uncounted = |ids: &[u32], counted: &CountedIds| -> Vec<u32> {
             let mut out: Vec<u32> = ids
                 .iter()
                 .copied()
@@ -338,6 +374,25 @@ mod tests {
         used.add(MapKind::Services, IpFamily::V4, 200);
         let mut b = Budget::new(capacity(100, 2), used);
         assert_eq!(b.take(IpFamily::V4, &Demand::default()), Ok(()));
+    }
+
+    #[test]
+    fn ids_are_counted_once_in_a_short_list_and_after_it_became_a_bitmap() {
+        let mut b = Budget::new(capacity(1_000, 1_000), PerMap::default());
+        // Repeats within a demand and across demands, on both sides of the switch.
+        let first: Vec<u32> = (1..=40).chain(1..=10).collect();
+        assert_eq!(b.take(IpFamily::V4, &demand(1, &first)), Ok(()));
+        assert!(b.backends[0].many.is_none(), "40 ids stay a list");
+        let second: Vec<u32> = (30..=100).chain([100_000]).collect();
+        assert_eq!(b.take(IpFamily::V4, &demand(1, &second)), Ok(()));
+        assert!(b.backends[0].many.is_some(), "101 ids are a bitmap");
+        assert_eq!(b.take(IpFamily::V4, &demand(1, &[5, 99, 100_000])), Ok(()));
+        assert_eq!(b.used().get(MapKind::Backends, IpFamily::V4), 101);
+        for id in (1..=100).chain([100_000]) {
+            assert!(b.backends[0].contains(id), "{id}");
+        }
+        assert!(!b.backends[0].contains(101));
+        assert!(!b.backends[1].contains(5), "families apart");
     }
 
     #[test]

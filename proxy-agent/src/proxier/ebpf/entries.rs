@@ -140,6 +140,22 @@ fn prefix_bits(net: &IpNet) -> u32 {
     SOURCE_RANGE_PREFIX_BITS + u32::from(net.prefix_len())
 }
 
+/// How many entries a run of one family may take: all those `entries` can still give.
+fn run_room<I: Iterator>(entries: &I) -> usize {
+    let (least, most) = entries.size_hint();
+    most.unwrap_or(least)
+}
+
+/// Adds `item` to `run`, which on its first item is given room for `room` (a run grown by
+/// doubling copied a cold sync's million entries several times, and a one-service sync's
+/// few dozen twice or three times).
+fn push_run<T>(run: &mut Vec<T>, item: T, room: usize) {
+    if run.capacity() == 0 {
+        run.reserve(room);
+    }
+    run.push(item);
+}
+
 /// Typed writes through [`LbMaps`].
 impl LbMaps {
     pub fn put_svc(&mut self, k: &SvcEntryKey, v: &SvcValue) -> Result<()> {
@@ -155,6 +171,8 @@ impl LbMaps {
         &mut self,
         entries: impl IntoIterator<Item = (&'a SvcEntryKey, &'a SvcValue)>,
     ) -> Result<()> {
+        let entries = entries.into_iter();
+        let room = run_room(&entries);
         let (mut run4, mut run6) = (Vec::new(), Vec::new());
         for (k, v) in entries {
             match k.frontend.addr {
@@ -163,13 +181,13 @@ impl LbMaps {
                     if !run6.is_empty() {
                         self.svc6.put_many(&std::mem::take(&mut run6))?;
                     }
-                    run4.push((svc4_key(k, a), *v));
+                    push_run(&mut run4, (svc4_key(k, a), *v), room);
                 }
                 IpAddr::V6(a) => {
                     if !run4.is_empty() {
                         self.svc4.put_many(&std::mem::take(&mut run4))?;
                     }
-                    run6.push((svc6_key(k, a), *v));
+                    push_run(&mut run6, (svc6_key(k, a), *v), room);
                 }
             }
         }
@@ -182,6 +200,8 @@ impl LbMaps {
         &mut self,
         entries: impl IntoIterator<Item = (u32, &'a BackendEntry)>,
     ) -> Result<()> {
+        let entries = entries.into_iter();
+        let room = run_room(&entries);
         let (mut run4, mut run6) = (Vec::new(), Vec::new());
         for (id, b) in entries {
             let port = b.addr.port.to_be();
@@ -190,29 +210,25 @@ impl LbMaps {
                     if !run6.is_empty() {
                         self.backends6.put_many(&std::mem::take(&mut run6))?;
                     }
-                    run4.push((
-                        id,
-                        Backend4Value {
-                            addr: v4_raw(a),
-                            port,
-                            proto: b.addr.proto,
-                            flags: backend_flags(b),
-                        },
-                    ));
+                    let value = Backend4Value {
+                        addr: v4_raw(a),
+                        port,
+                        proto: b.addr.proto,
+                        flags: backend_flags(b),
+                    };
+                    push_run(&mut run4, (id, value), room);
                 }
                 IpAddr::V6(a) => {
                     if !run4.is_empty() {
                         self.backends4.put_many(&std::mem::take(&mut run4))?;
                     }
-                    run6.push((
-                        id,
-                        Backend6Value {
-                            addr: a.octets(),
-                            port,
-                            proto: b.addr.proto,
-                            flags: backend_flags(b),
-                        },
-                    ));
+                    let value = Backend6Value {
+                        addr: a.octets(),
+                        port,
+                        proto: b.addr.proto,
+                        flags: backend_flags(b),
+                    };
+                    push_run(&mut run6, (id, value), room);
                 }
             }
         }
@@ -225,6 +241,8 @@ impl LbMaps {
         &mut self,
         entries: impl IntoIterator<Item = (u32, IpAddr, u16)>,
     ) -> Result<()> {
+        let entries = entries.into_iter();
+        let room = run_room(&entries);
         let (mut run4, mut run6) = (Vec::new(), Vec::new());
         for (id, addr, port) in entries {
             match addr {
@@ -237,7 +255,7 @@ impl LbMaps {
                         port: port.to_be(),
                         _pad: 0,
                     };
-                    run4.push((id, value));
+                    push_run(&mut run4, (id, value), room);
                 }
                 IpAddr::V6(a) => {
                     if !run4.is_empty() {
@@ -248,7 +266,7 @@ impl LbMaps {
                         port: port.to_be(),
                         _pad: 0,
                     };
-                    run6.push((id, value));
+                    push_run(&mut run6, (id, value), room);
                 }
             }
         }
