@@ -16,7 +16,7 @@ use proxy_common::{
 
 use super::{
     desired::{BackendAddr, FrontendKey},
-    maps::{LbMaps, Prefix, Result},
+    maps::{LbMaps, Map, Prefix, Result},
 };
 
 /// One slot of one scope of a frontend.
@@ -140,20 +140,50 @@ fn prefix_bits(net: &IpNet) -> u32 {
     SOURCE_RANGE_PREFIX_BITS + u32::from(net.prefix_len())
 }
 
-/// How many entries a run of one family may take: all those `entries` can still give.
-fn run_room<I: Iterator>(entries: &I) -> usize {
-    let (least, most) = entries.size_hint();
-    most.unwrap_or(least)
+/// One entry in its family's kernel layout.
+enum ByFamily<A, B> {
+    V4(A),
+    V6(B),
 }
 
-/// Adds `item` to `run`, which on its first item is given room for `room` (a run grown by
-/// doubling copied a cold sync's million entries several times, and a one-service sync's
-/// few dozen twice or three times).
-fn push_run<T>(run: &mut Vec<T>, item: T, room: usize) {
-    if run.capacity() == 0 {
-        run.reserve(room);
+/// Writes `entries` in order into `map4` and `map6`, each family's runs in as few system
+/// calls as the map allows: a change of family ends the other family's run. A run is sized
+/// once, on its first entry, for all the entries left (grown by doubling, it copied a cold
+/// sync's million entries several times, and a one-service sync's few dozen twice or three
+/// times).
+fn put_family_runs<K4: Copy, V4: Copy, K6: Copy, V6: Copy>(
+    entries: impl Iterator<Item = ByFamily<(K4, V4), (K6, V6)>>,
+    map4: &mut Map<K4, V4>,
+    map6: &mut Map<K6, V6>,
+) -> Result<()> {
+    let (least, most) = entries.size_hint();
+    let room = most.unwrap_or(least);
+    let mut run4: Vec<(K4, V4)> = Vec::new();
+    let mut run6: Vec<(K6, V6)> = Vec::new();
+    for entry in entries {
+        match entry {
+            ByFamily::V4(item) => {
+                if !run6.is_empty() {
+                    map6.put_many(&std::mem::take(&mut run6))?;
+                }
+                if run4.capacity() == 0 {
+                    run4.reserve(room);
+                }
+                run4.push(item);
+            }
+            ByFamily::V6(item) => {
+                if !run4.is_empty() {
+                    map4.put_many(&std::mem::take(&mut run4))?;
+                }
+                if run6.capacity() == 0 {
+                    run6.reserve(room);
+                }
+                run6.push(item);
+            }
+        }
     }
-    run.push(item);
+    map4.put_many(&run4)?;
+    map6.put_many(&run6)
 }
 
 /// Typed writes through [`LbMaps`].
@@ -171,28 +201,11 @@ impl LbMaps {
         &mut self,
         entries: impl IntoIterator<Item = (&'a SvcEntryKey, &'a SvcValue)>,
     ) -> Result<()> {
-        let entries = entries.into_iter();
-        let room = run_room(&entries);
-        let (mut run4, mut run6) = (Vec::new(), Vec::new());
-        for (k, v) in entries {
-            match k.frontend.addr {
-                IpAddr::V4(a) => {
-                    // A change of family ends the other family's run (the order stays).
-                    if !run6.is_empty() {
-                        self.svc6.put_many(&std::mem::take(&mut run6))?;
-                    }
-                    push_run(&mut run4, (svc4_key(k, a), *v), room);
-                }
-                IpAddr::V6(a) => {
-                    if !run4.is_empty() {
-                        self.svc4.put_many(&std::mem::take(&mut run4))?;
-                    }
-                    push_run(&mut run6, (svc6_key(k, a), *v), room);
-                }
-            }
-        }
-        self.svc4.put_many(&run4)?;
-        self.svc6.put_many(&run6)
+        let entries = entries.into_iter().map(|(k, v)| match k.frontend.addr {
+            IpAddr::V4(a) => ByFamily::V4((svc4_key(k, a), *v)),
+            IpAddr::V6(a) => ByFamily::V6((svc6_key(k, a), *v)),
+        });
+        put_family_runs(entries, &mut self.svc4, &mut self.svc6)
     }
 
     /// Writes backend entries in order, in as few system calls as the maps allow.
@@ -200,40 +213,30 @@ impl LbMaps {
         &mut self,
         entries: impl IntoIterator<Item = (u32, &'a BackendEntry)>,
     ) -> Result<()> {
-        let entries = entries.into_iter();
-        let room = run_room(&entries);
-        let (mut run4, mut run6) = (Vec::new(), Vec::new());
-        for (id, b) in entries {
-            let port = b.addr.port.to_be();
+        let entries = entries.into_iter().map(|(id, b)| {
+            let (port, proto, flags) = (b.addr.port.to_be(), b.addr.proto, backend_flags(b));
             match b.addr.addr {
-                IpAddr::V4(a) => {
-                    if !run6.is_empty() {
-                        self.backends6.put_many(&std::mem::take(&mut run6))?;
-                    }
-                    let value = Backend4Value {
+                IpAddr::V4(a) => ByFamily::V4((
+                    id,
+                    Backend4Value {
                         addr: v4_raw(a),
                         port,
-                        proto: b.addr.proto,
-                        flags: backend_flags(b),
-                    };
-                    push_run(&mut run4, (id, value), room);
-                }
-                IpAddr::V6(a) => {
-                    if !run4.is_empty() {
-                        self.backends4.put_many(&std::mem::take(&mut run4))?;
-                    }
-                    let value = Backend6Value {
+                        proto,
+                        flags,
+                    },
+                )),
+                IpAddr::V6(a) => ByFamily::V6((
+                    id,
+                    Backend6Value {
                         addr: a.octets(),
                         port,
-                        proto: b.addr.proto,
-                        flags: backend_flags(b),
-                    };
-                    push_run(&mut run6, (id, value), room);
-                }
+                        proto,
+                        flags,
+                    },
+                )),
             }
-        }
-        self.backends4.put_many(&run4)?;
-        self.backends6.put_many(&run6)
+        });
+        put_family_runs(entries, &mut self.backends4, &mut self.backends6)
     }
 
     /// Writes reverse-NAT entries in order, in as few system calls as the maps allow.
@@ -241,37 +244,25 @@ impl LbMaps {
         &mut self,
         entries: impl IntoIterator<Item = (u32, IpAddr, u16)>,
     ) -> Result<()> {
-        let entries = entries.into_iter();
-        let room = run_room(&entries);
-        let (mut run4, mut run6) = (Vec::new(), Vec::new());
-        for (id, addr, port) in entries {
-            match addr {
-                IpAddr::V4(a) => {
-                    if !run6.is_empty() {
-                        self.rev_nat6.put_many(&std::mem::take(&mut run6))?;
-                    }
-                    let value = RevNat4Value {
-                        addr: v4_raw(a),
-                        port: port.to_be(),
-                        _pad: 0,
-                    };
-                    push_run(&mut run4, (id, value), room);
-                }
-                IpAddr::V6(a) => {
-                    if !run4.is_empty() {
-                        self.rev_nat4.put_many(&std::mem::take(&mut run4))?;
-                    }
-                    let value = RevNat6Value {
-                        addr: a.octets(),
-                        port: port.to_be(),
-                        _pad: 0,
-                    };
-                    push_run(&mut run6, (id, value), room);
-                }
-            }
-        }
-        self.rev_nat4.put_many(&run4)?;
-        self.rev_nat6.put_many(&run6)
+        let entries = entries.into_iter().map(|(id, addr, port)| match addr {
+            IpAddr::V4(a) => ByFamily::V4((
+                id,
+                RevNat4Value {
+                    addr: v4_raw(a),
+                    port: port.to_be(),
+                    _pad: 0,
+                },
+            )),
+            IpAddr::V6(a) => ByFamily::V6((
+                id,
+                RevNat6Value {
+                    addr: a.octets(),
+                    port: port.to_be(),
+                    _pad: 0,
+                },
+            )),
+        });
+        put_family_runs(entries, &mut self.rev_nat4, &mut self.rev_nat6)
     }
 
     pub fn del_svc(&mut self, k: &SvcEntryKey) -> Result<()> {
