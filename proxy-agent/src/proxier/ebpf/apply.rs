@@ -175,6 +175,25 @@ pub struct PlannedSync {
     dead_pairs: HashSet<(u32, u32)>,
 }
 
+/// A sync whose services are known and not admitted yet (see [`ApplyState::prepare`]).
+pub struct PreparedSync {
+    /// What the maps hold (a full sync only).
+    actual: Option<Snapshot>,
+    budget: Budget,
+    candidates: Vec<admission::Candidate>,
+    estimated_peak: PerMap,
+}
+
+impl PreparedSync {
+    /// The entries each budgeted map would hold at the peak of the sync if every service
+    /// got in: what the maps hold plus what the services add, a backend shared by two
+    /// services counted for each (at most that many, then). Known before admission, it
+    /// lets the maps grow while the services are admitted instead of after.
+    pub fn estimated_peak(&self) -> &PerMap {
+        &self.estimated_peak
+    }
+}
+
 impl PlannedSync {
     /// The entries of each budgeted map at the peak of the sync: what they held, plus what
     /// the admitted services add (deletes come after).
@@ -761,6 +780,23 @@ impl ApplyState {
         changed: &std::collections::HashSet<NamespacedName>,
         full: bool,
     ) -> Result<PlannedSync, ApplyError> {
+        let prepared = self.prepare(maps, families, node, changed, full)?;
+        Ok(self.admit_prepared(prepared, families, node))
+    }
+
+    /// The part of [`ApplyState::plan`] that reads the maps: what they hold (a full sync)
+    /// and their capacity, and the services to look at with what each should have. The
+    /// maps are not read again until the plan is written: they may be replaced by bigger
+    /// ones holding the same entries (growing, see [`PreparedSync::estimated_peak`])
+    /// while [`ApplyState::admit_prepared`] runs.
+    pub fn prepare(
+        &mut self,
+        maps: &LbMaps,
+        families: &[FamilyState],
+        node: &NodeContext,
+        changed: &std::collections::HashSet<NamespacedName>,
+        full: bool,
+    ) -> Result<PreparedSync, ApplyError> {
         let actual = if full { Some(maps.snapshot()?) } else { None };
         if let Some(actual) = &actual
             && !self.adopted
@@ -773,14 +809,42 @@ impl ApplyState {
             (None, Some(counted)) => counted,
             (None, None) => self.entries(),
         };
-        let mut budget = match &self.ceilings {
+        let budget = match &self.ceilings {
             Some(ceilings) => Budget::up_to_ceilings(ceilings.room(&capacity), in_maps),
             None => Budget::new(capacity, in_maps),
         };
+        let candidates = self.candidates(families, node, changed, full, actual.as_ref());
+        let added = self.reserve_for(&candidates);
+        let mut estimated_peak = budget.used().clone();
+        for kind in MapKind::ALL {
+            for family in [IpFamily::V4, IpFamily::V6] {
+                estimated_peak.add(kind, family, added.get(kind, family));
+            }
+        }
+        Ok(PreparedSync {
+            actual,
+            budget,
+            candidates,
+            estimated_peak,
+        })
+    }
+
+    /// The rest of [`ApplyState::plan`]: admits the prepared services and plans the
+    /// writes, without reading the maps.
+    pub fn admit_prepared(
+        &mut self,
+        prepared: PreparedSync,
+        families: &[FamilyState],
+        node: &NodeContext,
+    ) -> PlannedSync {
+        let PreparedSync {
+            actual,
+            mut budget,
+            candidates,
+            estimated_peak: _,
+        } = prepared;
         let mut plan = Plan::default();
         let mut refusals = Refusals::default();
-        let candidates = self.candidates(families, node, changed, full, actual.as_ref());
-        self.reserve_for(&candidates);
         for candidate in candidates {
             self.admit(
                 candidate,
@@ -833,13 +897,13 @@ impl ApplyState {
             }
             None => plan.ordered(),
         };
-        Ok(PlannedSync {
+        PlannedSync {
             ops,
             budget,
             refusals,
             dead_frontends,
             dead_pairs,
-        })
+        }
     }
 
     /// Gives up a planned sync without writing it. The state counted the plan as written:
@@ -951,19 +1015,24 @@ impl ApplyState {
     /// add beyond what they had: a cold sync of 100,000 services otherwise rehashed each
     /// table every time it doubled, a tenth of the planning. An estimate (shared backends
     /// count once per service): a table reserved too big only holds spare room until the
-    /// next big change.
-    fn reserve_for(&mut self, candidates: &[admission::Candidate]) {
-        let (mut backends, mut frontends, mut services) = (0usize, 0usize, 0usize);
+    /// next big change. Returns that estimate per map (see
+    /// [`admission::Candidate::added_entries`]).
+    fn reserve_for(&mut self, candidates: &[admission::Candidate]) -> PerMap {
+        let mut added = PerMap::default();
+        let mut services = 0usize;
         for candidate in candidates {
+            for (kind, family, n) in candidate.added_entries() {
+                added.add(kind, family, n);
+            }
             let (desired, old) = candidate.desired_and_old();
-            backends += desired.backend_slots().saturating_sub(old.backends.len());
-            frontends += desired.frontends.len().saturating_sub(old.frontends.len());
             services += usize::from(old.svc.is_empty() && !desired.frontends.is_empty());
         }
-        self.backend_ids.reserve(backends);
-        self.rev_nat_ids.reserve(frontends);
-        self.owners.reserve(frontends);
+        let of_both = |kind| added.get(kind, IpFamily::V4) + added.get(kind, IpFamily::V6);
+        self.backend_ids.reserve(of_both(MapKind::Backends));
+        self.rev_nat_ids.reserve(of_both(MapKind::RevNat));
+        self.owners.reserve(of_both(MapKind::RevNat));
         self.services.reserve(services);
+        added
     }
 
     /// Takes a service's record out (it is put back, or replaced, by [`Self::put_service`]).

@@ -7,7 +7,7 @@ use proxy_common::{SCOPE_EXTERNAL, svc_flags};
 
 use super::{
     apply::ApplyState,
-    apply_tests::Harness,
+    apply_tests::{Harness, etp_local_lb_service},
     budget::MapKind,
     entries::Snapshot,
     growth::Ceilings,
@@ -383,4 +383,56 @@ fn an_abandoned_plan_leaves_the_maps_untouched_and_the_next_full_sync_repairs() 
     assert_eq!(stats.not_programmed_examples, vec!["ns1/svc-c"]);
     assert_eq!(stats.full_maps[0].setting, "ebpf.mapSizes.services");
     assert_consistent(&h.maps.snapshot().unwrap());
+}
+
+#[test]
+fn the_estimate_made_before_admission_is_the_peak_of_new_services_without_what_is_kept() {
+    let mut h = growing(6, 1024);
+    for (i, name) in ["svc-a", "svc-b", "svc-c"].iter().enumerate() {
+        add_service(&mut h, name, 10 + i as u8, &[&format!("10.0.1.{}", i + 1)]);
+    }
+    // Three frontends (ClusterIP, NodePort, LB IP) and two scopes over the same two
+    // backends: they count once.
+    h.service(etp_local_lb_service());
+    h.slice(
+        mk_endpointslice("ns1", "lb-1", "lb", "IPv4")
+            .port("http", 8080, "TCP")
+            .endpoint(mk_endpoint("10.0.3.1").node("node-a").build())
+            .endpoint(mk_endpoint("10.0.3.2").node("node-b").build())
+            .build(),
+    );
+    let prepared = h.prepare_pending(false);
+    let estimate = prepared.estimated_peak().clone();
+    let planned = h
+        .apply
+        .admit_prepared(prepared, h.cluster.families(), &h.node);
+    for kind in MapKind::ALL {
+        assert_eq!(
+            estimate.get(kind, IpFamily::V4),
+            planned.peak().get(kind, IpFamily::V4),
+            "{kind:?}"
+        );
+    }
+    assert_eq!(estimate.get(MapKind::Backends, IpFamily::V4), 5);
+    assert_eq!(estimate.get(MapKind::RevNat, IpFamily::V4), 6);
+    h.maps = grown(&h.maps.snapshot().unwrap(), 64);
+    h.apply.execute(&mut h.maps, planned).unwrap();
+
+    // Everything again, nothing new: the estimate is what the maps hold (no growth
+    // ahead of a resync), and one more service adds its own entries only.
+    let held = h.apply.entries();
+    add_service(&mut h, "svc-d", 20, &["10.0.1.9"]);
+    let prepared = h.prepare_pending(true);
+    for kind in MapKind::ALL {
+        let added = match kind {
+            MapKind::Services => 3,
+            MapKind::Backends | MapKind::RevNat => 1,
+            MapKind::SourceRanges => 0,
+        };
+        assert_eq!(
+            prepared.estimated_peak().get(kind, IpFamily::V4),
+            held.get(kind, IpFamily::V4) + added,
+            "{kind:?}"
+        );
+    }
 }

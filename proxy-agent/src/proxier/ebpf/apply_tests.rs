@@ -7,7 +7,7 @@ use std::{collections::HashSet, net::IpAddr, sync::Arc};
 use proxy_common::{SCOPE_EXTERNAL, SCOPE_INTERNAL, svc_flags};
 
 use super::{
-    apply::{ApplyState, PlannedSync},
+    apply::{ApplyState, PlannedSync, PreparedSync},
     budget::MapKind,
     desired::FrontendKey,
     entries::SvcEntryKey,
@@ -79,6 +79,21 @@ impl Harness {
                 full,
             )
             .expect("plan succeeds")
+    }
+
+    /// Applies pending changes and prepares a sync of them (of everything when `full`):
+    /// the services to admit, not admitted yet.
+    pub(super) fn prepare_pending(&mut self, full: bool) -> PreparedSync {
+        let changes = self.cluster.apply_pending();
+        self.apply
+            .prepare(
+                &self.maps,
+                self.cluster.families(),
+                &self.node,
+                &changes.changed,
+                full,
+            )
+            .expect("prepare succeeds")
     }
 
     /// Applies pending changes and syncs; returns the logged map operations.

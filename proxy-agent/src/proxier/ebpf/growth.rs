@@ -12,6 +12,12 @@
 //! to the whole cluster in one step, on maps that are still empty, and a growing cluster
 //! pays a logarithmic number of steps. Growth is never entry by entry.
 //!
+//! The same decision is taken once before admission, from an estimate of the peak (what
+//! the services to look at add beyond what they have; a backend two services share
+//! counts twice): the maps then grow on another thread while the services are admitted,
+//! and the check after the plan finds them big enough unless the estimate fell short
+//! (a service replacing entries by new ones), when they grow again.
+//!
 //! Growing reuses the resize of a restart (see `resize`): new maps at staging pins, the
 //! entries copied, the programs loaded against them and swapped in without a gap, what
 //! the old programs added meanwhile copied again, the pins renamed. The maps keep their

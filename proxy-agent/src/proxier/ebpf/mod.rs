@@ -32,7 +32,7 @@ mod xdp;
 
 /// What the integration tests and benchmarks load, pin and clean up with.
 pub use self::{
-    apply::ApplyState,
+    apply::{ApplyState, PlannedSync},
     desired::BackendAddr,
     loader::{LoadError, LoadOptions, Loaded, detect_cgroup2_root, load_and_attach},
     maglev::build_table as build_maglev_table,
@@ -306,49 +306,128 @@ impl EbpfProxier {
         capacity: &PerMap,
         steps: &[growth::Step],
     ) -> Result<Vec<MapGrowth>, GrowError> {
-        if self.loaded.resize_pending() {
-            return Err(GrowError::ResizePending);
-        }
-        let began = Instant::now();
-        let mut capacities = resize::Capacities::new();
-        for kind in budget::MapKind::ALL {
-            for family in [crate::model::IpFamily::V4, crate::model::IpFamily::V6] {
-                let size = u32::try_from(capacity.get(kind, family)).unwrap_or(u32::MAX);
-                capacities.insert(kind.map_name(family), size);
+        grow_maps(
+            &self.opts,
+            &mut self.loaded,
+            &mut self.names,
+            capacity,
+            steps,
+        )
+    }
+
+    /// The growth `estimated_peak` (a prepared sync's, see [`ApplyState::prepare`]) asks
+    /// for: the maps' capacity and the steps, or None (nothing to grow, or not allowed).
+    fn growth_ahead(&self, estimated_peak: &PerMap) -> Option<(PerMap, Vec<growth::Step>)> {
+        let ceilings = self.ceilings.as_ref()?;
+        let capacity = PerMap::capacities(&self.loaded.maps).ok()?;
+        let steps = growth::plan(&capacity, estimated_peak, ceilings);
+        (!steps.is_empty()).then_some((capacity, steps))
+    }
+
+    /// Plans the sync; when it is big enough to grow the maps, they grow on another
+    /// thread meanwhile. Loading the programs against bigger maps takes the kernel a
+    /// few tenths of a second for a cold start of 100,000 services (map allocation,
+    /// the verifier), and admitting the services keeps one core busy as long: growing
+    /// only after the plan added the two. The growth is sized from the estimate; the
+    /// plan's own peak is checked after (see [`EbpfProxier::grow_for`]).
+    fn plan_growing(
+        &mut self,
+        request: &SyncRequest<'_>,
+    ) -> Result<(PlannedSync, Vec<MapGrowth>), SyncError> {
+        let prepared = self
+            .state
+            .prepare(
+                &self.loaded.maps,
+                request.families,
+                request.node,
+                request.changed,
+                request.full,
+            )
+            .map_err(|e| SyncError::new("ebpf", e))?;
+        let Some((capacity, steps)) = self.growth_ahead(prepared.estimated_peak()) else {
+            let planned = self
+                .state
+                .admit_prepared(prepared, request.families, request.node);
+            return Ok((planned, Vec::new()));
+        };
+        let Self {
+            state,
+            loaded,
+            names,
+            opts,
+            ..
+        } = self;
+        let (planned, grown) = std::thread::scope(|scope| {
+            let growing = scope.spawn(|| grow_maps(opts, loaded, names, &capacity, &steps));
+            let planned = state.admit_prepared(prepared, request.families, request.node);
+            match growing.join() {
+                Ok(grown) => (planned, grown),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        });
+        match grown {
+            Ok(grown) => Ok((planned, grown)),
+            Err(e) => {
+                // The plan did not count on it: the growth after the plan tries again
+                // (and, failing, reports it) for what the plan itself needs.
+                warn!(error = %e, "growing the BPF maps beside the plan failed; trying again after it");
+                Ok((planned, Vec::new()))
             }
         }
-        for step in steps {
-            capacities.insert(step.map(), step.to);
-        }
-        // During a layout upgrade the new programs still wait for the first full sync.
-        let defer = self.loaded.programs_pending();
-        let loaded = loader::load_and_attach_sized(&self.opts, &capacities, defer)?;
-        // The programs run against the new maps now (their links were replaced); the old
-        // object's programs and maps go with its handles.
-        self.loaded = loaded;
-        let took = began.elapsed();
-        if steps.iter().any(|s| s.kind == budget::MapKind::RevNat) {
-            self.names = open_names(&loader::maps_dir(&self.opts.bpffs_root), &self.loaded.maps);
-        }
-        Ok(steps
-            .iter()
-            .map(|step| {
-                info!(
-                    map = step.map(),
-                    from = step.from,
-                    to = step.to,
-                    took_ms = took.as_millis() as u64,
-                    "BPF map grown under the running programs"
-                );
-                MapGrowth {
-                    map: step.map(),
-                    from: step.from as usize,
-                    to: step.to as usize,
-                    took,
-                }
-            })
-            .collect())
     }
+}
+
+/// Replaces the maps `steps` name by bigger ones holding the same entries, under the
+/// running programs (see [`EbpfProxier::grow`]).
+fn grow_maps(
+    opts: &LoadOptions,
+    loaded: &mut Loaded,
+    names: &mut Option<names::NamesTable>,
+    capacity: &PerMap,
+    steps: &[growth::Step],
+) -> Result<Vec<MapGrowth>, GrowError> {
+    if loaded.resize_pending() {
+        return Err(GrowError::ResizePending);
+    }
+    let began = Instant::now();
+    let mut capacities = resize::Capacities::new();
+    for kind in budget::MapKind::ALL {
+        for family in [crate::model::IpFamily::V4, crate::model::IpFamily::V6] {
+            let size = u32::try_from(capacity.get(kind, family)).unwrap_or(u32::MAX);
+            capacities.insert(kind.map_name(family), size);
+        }
+    }
+    for step in steps {
+        capacities.insert(step.map(), step.to);
+    }
+    // During a layout upgrade the new programs still wait for the first full sync.
+    let defer = loaded.programs_pending();
+    let reloaded = loader::load_and_attach_sized(opts, &capacities, defer)?;
+    // The programs run against the new maps now (their links were replaced); the old
+    // object's programs and maps go with its handles.
+    *loaded = reloaded;
+    let took = began.elapsed();
+    if steps.iter().any(|s| s.kind == budget::MapKind::RevNat) {
+        *names = open_names(&loader::maps_dir(&opts.bpffs_root), &loaded.maps);
+    }
+    Ok(steps
+        .iter()
+        .map(|step| {
+            info!(
+                map = step.map(),
+                from = step.from,
+                to = step.to,
+                took_ms = took.as_millis() as u64,
+                "BPF map grown under the running programs"
+            );
+            MapGrowth {
+                map: step.map(),
+                from: step.from as usize,
+                to: step.to as usize,
+                took,
+            }
+        })
+        .collect())
 }
 
 impl Proxier for EbpfProxier {
@@ -381,22 +460,13 @@ impl Proxier for EbpfProxier {
             self.sync_node_settings(request.node)?;
         }
         let began = Instant::now();
-        let planned = self
-            .state
-            .plan(
-                &self.loaded.maps,
-                request.families,
-                request.node,
-                request.changed,
-                request.full,
-            )
-            .map_err(|e| SyncError::new("ebpf", e))?;
+        let (planned, mut grown) = self.plan_growing(request)?;
         // Between planning and writing: maps the plan fills past their high-water mark
-        // grow first, so that nothing is written twice and nothing is refused for room
-        // the maps can still take.
+        // grow first (unless they did while it was made), so that nothing is written
+        // twice and nothing is refused for room the maps can still take.
         let planned_at = began.elapsed();
-        let grown = match self.grow_for(planned.peak()) {
-            Ok(grown) => grown,
+        match self.grow_for(planned.peak()) {
+            Ok(more) => grown.extend(more),
             Err((e, required)) => {
                 warn!(error = %e, "BPF maps cannot grow: they keep their size from now on (services that do not fit are refused and reported); restart the agent to try again");
                 self.ceilings = None;
@@ -407,9 +477,8 @@ impl Proxier for EbpfProxier {
                     self.state.abandon(planned);
                     return Err(SyncError::new("ebpf", e));
                 }
-                Vec::new()
             }
-        };
+        }
         let grown_at = began.elapsed();
         // The names are written while the kernel takes the service entries (they need only
         // the ids the plan handed out).

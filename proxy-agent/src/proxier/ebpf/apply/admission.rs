@@ -49,6 +49,63 @@ impl Candidate {
     pub(super) fn desired_and_old(&self) -> (&DesiredService, &AppliedService) {
         (&self.desired, &self.old)
     }
+
+    /// The entries it adds to each budgeted map of its family, at most: what it should
+    /// have beyond what it has (a backend it shares with another service is counted here
+    /// too; entries it keeps are not).
+    pub(super) fn added_entries(&self) -> [(MapKind, IpFamily, usize); 4] {
+        let (desired, old) = (&self.desired, &self.old);
+        let scopes: usize = desired
+            .frontends
+            .iter()
+            .map(|f| 1 + usize::from(f.internal.is_some()))
+            .sum();
+        let svc_entries = desired.backend_slots() + scopes + desired.wildcards.len();
+        let src_ranges: usize = desired
+            .frontends
+            .iter()
+            .map(|f| f.source_ranges.len())
+            .sum();
+        [
+            (MapKind::Services, svc_entries.saturating_sub(old.svc.len())),
+            (
+                MapKind::Backends,
+                distinct_backends(desired).saturating_sub(old.backends.len()),
+            ),
+            (
+                MapKind::RevNat,
+                desired.frontends.len().saturating_sub(old.frontends.len()),
+            ),
+            (
+                MapKind::SourceRanges,
+                src_ranges.saturating_sub(old.src_ranges.len()),
+            ),
+        ]
+        .map(|(kind, n)| (kind, self.family, n))
+    }
+}
+
+/// How many different backends a service's slots point at: its frontends (ClusterIP,
+/// NodePort, load balancer IPs of one port) and scopes share them.
+fn distinct_backends(desired: &DesiredService) -> usize {
+    match desired.frontends.as_slice() {
+        [] => 0,
+        // The common case, without a copy: within a scope each backend is there once.
+        [only] if only.internal.is_none() => only.external.backends.len(),
+        frontends => {
+            let mut addrs: Vec<_> = frontends
+                .iter()
+                .flat_map(|f| {
+                    let internal = f.internal.iter().flat_map(|s| &s.backends);
+                    f.external.backends.iter().chain(internal)
+                })
+                .map(|b| b.addr)
+                .collect();
+            addrs.sort_unstable();
+            addrs.dedup();
+            addrs.len()
+        }
+    }
 }
 
 /// The services one sync refused and the maps that had no room for them.
