@@ -386,10 +386,54 @@ fn decode_named<D: ObjectDecoder>(
 
 /// Decodes `object` as the type of `kind`.
 fn decode_as<D: ObjectDecoder>(kind: ObjectKind, object: D) -> Result<ClusterObject, D::Error> {
-    Ok(match kind {
+    let mut decoded = match kind {
         ObjectKind::Service => ClusterObject::Service(object.decode()?),
         ObjectKind::EndpointSlice => ClusterObject::EndpointSlice(object.decode()?),
         ObjectKind::Node => ClusterObject::Node(object.decode()?),
         ObjectKind::ServiceCidr => ClusterObject::ServiceCidr(object.decode()?),
-    })
+    };
+    decoded.compact();
+    Ok(decoded)
+}
+
+impl ClusterObject {
+    /// Gives back the spare room of the lists a decoder grew element by element. A text
+    /// does not say how long a list is, so each grows by doubling: an EndpointSlice of
+    /// ten endpoints holds room for sixteen (each endpoint some 340 bytes). A reader
+    /// keeps every object of a read until its events are out (100,000 slices: about
+    /// 200 MB of spare room, each page of it faulted in and cleared), and in the decoding
+    /// thread the copy is of memory it has just written.
+    fn compact(&mut self) {
+        match self {
+            ClusterObject::EndpointSlice(slice) => {
+                if let Some(endpoints) = &mut slice.endpoints {
+                    for endpoint in endpoints.iter_mut() {
+                        endpoint.addresses.shrink_to_fit();
+                    }
+                    endpoints.shrink_to_fit();
+                }
+                if let Some(ports) = &mut slice.ports {
+                    ports.shrink_to_fit();
+                }
+            }
+            ClusterObject::Service(service) => {
+                if let Some(spec) = &mut service.spec {
+                    for list in [
+                        &mut spec.cluster_ips,
+                        &mut spec.external_ips,
+                        &mut spec.ip_families,
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        list.shrink_to_fit();
+                    }
+                    if let Some(ports) = &mut spec.ports {
+                        ports.shrink_to_fit();
+                    }
+                }
+            }
+            ClusterObject::Node(_) | ClusterObject::ServiceCidr(_) => {}
+        }
+    }
 }

@@ -358,3 +358,43 @@ fn a_big_json_manifest_reports_the_first_error_in_text_order() {
         })
     ));
 }
+
+#[test]
+fn decoded_lists_keep_no_spare_room() {
+    let endpoints: Vec<String> = (1..=10)
+        .map(|i| format!(r#"{{"addresses":["10.0.0.{i}"],"nodeName":"n{i}"}}"#))
+        .collect();
+    let slice = format!(
+        r#"{{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{{"name":"s-1","namespace":"ns"}},"addressType":"IPv4","endpoints":[{}],"ports":[{{"name":"a","port":80}},{{"name":"b","port":81}},{{"name":"c","port":82}}]}}"#,
+        endpoints.join(",")
+    );
+    let service = r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"s","namespace":"ns"},"spec":{"clusterIP":"10.96.0.1","clusterIPs":["10.96.0.1"],"ipFamilies":["IPv4"],"ports":[{"name":"a","port":80},{"name":"b","port":81},{"name":"c","port":82}]}}"#;
+    for text in [
+        format!("[{slice},{service}]"),
+        format!("{slice}\n---\n{service}"),
+    ] {
+        let parsed = match parse_json(&text) {
+            Ok(parsed) => objects_of(parsed),
+            Err(_) => parse_objects(&text).unwrap(),
+        };
+        let [
+            ClusterObject::EndpointSlice(slice),
+            ClusterObject::Service(service),
+        ] = parsed.as_slice()
+        else {
+            panic!("{parsed:?}");
+        };
+        let endpoints = slice.endpoints.as_ref().unwrap();
+        assert_eq!((endpoints.len(), endpoints.capacity()), (10, 10));
+        assert!(endpoints.iter().all(|e| e.addresses.capacity() == 1));
+        let ports = slice.ports.as_ref().unwrap();
+        assert_eq!((ports.len(), ports.capacity()), (3, 3));
+        let spec = service.spec.as_ref().unwrap();
+        let ports = spec.ports.as_ref().unwrap();
+        assert_eq!((ports.len(), ports.capacity()), (3, 3));
+        for list in [&spec.cluster_ips, &spec.ip_families] {
+            let list = list.as_ref().unwrap();
+            assert_eq!((list.len(), list.capacity()), (1, 1));
+        }
+    }
+}
