@@ -182,7 +182,13 @@ impl EndpointsMap {
     /// Applies the tracker's pending changes. Costs only the services that changed.
     pub fn apply(&mut self, tracker: &mut EndpointsChangeTracker) -> UpdateEndpointsMapResult {
         let mut result = UpdateEndpointsMapResult::default();
-        for (service, change) in tracker.cache.checkout_changes() {
+        let changes = tracker.cache.checkout_changes();
+        // Room for the ports of the services that come in, once (a cold start takes
+        // 100,000 at a time: the table would rehash at each doubling). Estimated at a
+        // port each: a service with more grows it as before.
+        self.0.reserve(changes.len());
+        result.updated_services.reserve(changes.len());
+        for (service, change) in changes {
             if !result.conntrack_cleanup_required {
                 result.conntrack_cleanup_required = change
                     .previous_ports

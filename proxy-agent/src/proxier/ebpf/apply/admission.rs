@@ -149,6 +149,28 @@ impl Refusals {
     }
 }
 
+/// The candidates in admission order: those with entries in the maps first, then by family
+/// and name. (family, service) is unique among them, so an unstable sort orders them the
+/// same as a stable one. The order is found on their positions and each candidate moved
+/// once after: a candidate is some 300 bytes, and sorting the records themselves moved
+/// each of a cold start's hundred thousand about twenty times.
+fn in_admission_order(candidates: Vec<Candidate>) -> Vec<Candidate> {
+    let key = |c: &Candidate| (c.old.svc.is_empty(), c.family);
+    if candidates.is_sorted_by(|a, b| (key(a), &a.service) <= (key(b), &b.service)) {
+        return candidates;
+    }
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_unstable_by(|&a, &b| {
+        let (a, b) = (&candidates[a], &candidates[b]);
+        (key(a), &a.service).cmp(&(key(b), &b.service))
+    });
+    let mut slots: Vec<Option<Candidate>> = candidates.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .filter_map(|position| slots[position].take())
+        .collect()
+}
+
 /// The map an exhausted id allocator stands for (its ids are the map's keys).
 fn exhausted_map(e: &Exhausted) -> MapKind {
     if e.kind == "rev_nat" {
@@ -235,16 +257,7 @@ impl ApplyState {
                 });
             }
         }
-        // (family, service) is unique among the candidates: an unstable sort orders them
-        // the same, without a stable sort's buffer of a hundred thousand records.
-        out.sort_unstable_by(|a, b| {
-            (a.old.svc.is_empty(), a.family, &a.service).cmp(&(
-                b.old.svc.is_empty(),
-                b.family,
-                &b.service,
-            ))
-        });
-        out
+        in_admission_order(out)
     }
 
     /// Plans `candidate` if its entries fit in the room left, or keeps what it had.
@@ -468,5 +481,57 @@ impl ApplyState {
                     .then_some(entry.addr)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proxy_common::SvcValue;
+
+    use super::*;
+
+    fn candidate(family: IpFamily, name: &str, programmed: bool) -> Candidate {
+        let mut old = AppliedService::default();
+        if programmed {
+            old.svc.insert(
+                SvcEntryKey::wildcard("10.96.0.1".parse().unwrap()),
+                SvcValue::default(),
+            );
+        }
+        Candidate {
+            family,
+            service: NamespacedName::new("ns", name),
+            desired: DesiredService::default(),
+            old,
+        }
+    }
+
+    fn names(candidates: &[Candidate]) -> Vec<String> {
+        candidates
+            .iter()
+            .map(|c| format!("{:?}/{}", c.family, c.service))
+            .collect()
+    }
+
+    #[test]
+    fn candidates_go_programmed_first_then_by_family_and_name() {
+        let shuffled = vec![
+            candidate(IpFamily::V6, "b", false),
+            candidate(IpFamily::V4, "d", false),
+            candidate(IpFamily::V4, "c", true),
+            candidate(IpFamily::V6, "a", true),
+            candidate(IpFamily::V4, "a", false),
+            candidate(IpFamily::V4, "e", true),
+        ];
+        let ordered = in_admission_order(shuffled);
+        assert_eq!(
+            names(&ordered),
+            ["V4/ns/c", "V4/ns/e", "V6/ns/a", "V4/ns/a", "V4/ns/d", "V6/ns/b"]
+        );
+        // What is in order already comes back as it is.
+        assert_eq!(
+            names(&in_admission_order(ordered)),
+            ["V4/ns/c", "V4/ns/e", "V6/ns/a", "V4/ns/a", "V4/ns/d", "V6/ns/b"]
+        );
     }
 }
