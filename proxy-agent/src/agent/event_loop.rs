@@ -427,7 +427,7 @@ impl EventLoop {
     ) -> bool {
         let started = Instant::now();
         let applied = self.cluster.apply_pending();
-        self.pending_changed.extend(applied.changed);
+        crate::model::union_into(&mut self.pending_changed, applied.changed);
         self.pending_stale.merge(applied.stale);
         self.pending_trigger_times.extend(applied.trigger_times);
         let (svc_total, ep_total) = self.cluster.changes_total();

@@ -205,8 +205,8 @@ impl ClusterState {
             let svc = state.services.apply(&mut t.services);
             let eps = state.endpoints.apply(&mut t.endpoints);
             out.stale.record(&svc, &eps);
-            out.changed.extend(svc.updated_services);
-            out.changed.extend(eps.updated_services);
+            union_into(&mut out.changed, svc.updated_services);
+            union_into(&mut out.changed, eps.updated_services);
             let family = state.family;
             out.trigger_times.extend(
                 eps.last_change_trigger_times
@@ -221,5 +221,35 @@ impl ClusterState {
     /// The family models, for a [`crate::proxier::SyncRequest`].
     pub fn families(&self) -> &[FamilyState] {
         &self.states
+    }
+}
+
+/// Adds `from` to `into`, inserting the smaller set into the larger: a cold start's
+/// changes are 100,000 names in each of the sets it joins, most of them the same.
+pub fn union_into<T: Eq + std::hash::Hash>(into: &mut HashSet<T>, mut from: HashSet<T>) {
+    if from.len() > into.len() {
+        std::mem::swap(into, &mut from);
+    }
+    into.extend(from);
+}
+
+#[cfg(test)]
+mod union_tests {
+    use super::*;
+
+    #[test]
+    fn union_into_keeps_every_element_of_both_sets_whichever_is_larger() {
+        let set = |items: &[u32]| items.iter().copied().collect::<HashSet<u32>>();
+        for (into, from) in [
+            (set(&[1, 2]), set(&[2, 3, 4, 5])),
+            (set(&[2, 3, 4, 5]), set(&[1, 2])),
+        ] {
+            let mut into = into;
+            union_into(&mut into, from);
+            assert_eq!(into, set(&[1, 2, 3, 4, 5]));
+        }
+        let mut empty = HashSet::new();
+        union_into(&mut empty, set(&[7]));
+        assert_eq!(empty, set(&[7]));
     }
 }

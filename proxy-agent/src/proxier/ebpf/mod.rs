@@ -453,8 +453,14 @@ impl Proxier for EbpfProxier {
 
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError> {
         // Services refused before are tried again: their names must follow if they get in.
-        let mut touched = request.changed.clone();
-        touched.extend(self.state.deferred().cloned());
+        // (Without any, the changed ones as they are: a cold start changes 100,000.)
+        let touched = if self.state.deferred().next().is_none() {
+            std::borrow::Cow::Borrowed(request.changed)
+        } else {
+            let mut touched = request.changed.clone();
+            touched.extend(self.state.deferred().cloned());
+            std::borrow::Cow::Owned(touched)
+        };
         if request.full {
             // Before the services: a frontend must never be served under the defaults.
             self.sync_node_settings(request.node)?;

@@ -526,12 +526,16 @@ mod tests {
         let ordered = in_admission_order(shuffled);
         assert_eq!(
             names(&ordered),
-            ["V4/ns/c", "V4/ns/e", "V6/ns/a", "V4/ns/a", "V4/ns/d", "V6/ns/b"]
+            [
+                "V4/ns/c", "V4/ns/e", "V6/ns/a", "V4/ns/a", "V4/ns/d", "V6/ns/b"
+            ]
         );
         // What is in order already comes back as it is.
         assert_eq!(
             names(&in_admission_order(ordered)),
-            ["V4/ns/c", "V4/ns/e", "V6/ns/a", "V4/ns/a", "V4/ns/d", "V6/ns/b"]
+            [
+                "V4/ns/c", "V4/ns/e", "V6/ns/a", "V4/ns/a", "V4/ns/d", "V6/ns/b"
+            ]
         );
     }
 }
