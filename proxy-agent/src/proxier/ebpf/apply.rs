@@ -787,7 +787,7 @@ impl ApplyState {
     /// The part of [`ApplyState::plan`] that reads the maps: what they hold (a full sync)
     /// and their capacity, and the services to look at with what each should have. The
     /// maps are not read again until the plan is written: they may be replaced by bigger
-    /// ones holding the same entries (growing, see [`PreparedSync::estimated_peak`])
+    /// ones holding the same entries (growing, see `PreparedSync::estimated_peak`)
     /// while [`ApplyState::admit_prepared`] runs.
     pub fn prepare(
         &mut self,
