@@ -186,9 +186,10 @@ pub struct PreparedSync {
 
 impl PreparedSync {
     /// The entries each budgeted map would hold at the peak of the sync if every service
-    /// got in: what the maps hold plus what the services add, a backend shared by two
-    /// services counted for each (at most that many, then). Known before admission, it
-    /// lets the maps grow while the services are admitted instead of after.
+    /// got in: what the maps hold plus what the services add beyond what they have. A
+    /// backend two services share counts for each; a service that replaces entries by as
+    /// many new ones adds nothing here, so the plan's peak can be higher. Known before
+    /// admission, it lets the maps grow while the services are admitted instead of after.
     pub fn estimated_peak(&self) -> &PerMap {
         &self.estimated_peak
     }
@@ -788,7 +789,8 @@ impl ApplyState {
     /// and their capacity, and the services to look at with what each should have. The
     /// maps are not read again until the plan is written: they may be replaced by bigger
     /// ones holding the same entries (growing, see `PreparedSync::estimated_peak`)
-    /// while [`ApplyState::admit_prepared`] runs.
+    /// while [`ApplyState::admit_prepared`] runs. The services to look at are taken out
+    /// of the state: what this returns must be given to `admit_prepared`.
     pub fn prepare(
         &mut self,
         maps: &LbMaps,

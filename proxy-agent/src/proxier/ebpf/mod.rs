@@ -32,7 +32,7 @@ mod xdp;
 
 /// What the integration tests and benchmarks load, pin and clean up with.
 pub use self::{
-    apply::{ApplyState, PlannedSync},
+    apply::ApplyState,
     desired::BackendAddr,
     loader::{LoadError, LoadOptions, Loaded, detect_cgroup2_root, load_and_attach},
     maglev::build_table as build_maglev_table,
@@ -44,7 +44,7 @@ use std::time::Instant;
 use proxy_common::LbConfig;
 use tracing::{debug, info, warn};
 
-use self::{budget::PerMap, growth::Ceilings};
+use self::{apply::PlannedSync, budget::PerMap, growth::Ceilings};
 use super::{MapGrowth, Proxier, SyncError, SyncRequest, SyncStats};
 use crate::config::MapSizeLimits;
 

@@ -50,9 +50,9 @@ impl Candidate {
         (&self.desired, &self.old)
     }
 
-    /// The entries it adds to each budgeted map of its family, at most: what it should
-    /// have beyond what it has (a backend it shares with another service is counted here
-    /// too; entries it keeps are not).
+    /// About the entries it adds to each budgeted map of its family: what it should have
+    /// beyond what it has (a backend it shares with another service is counted here too;
+    /// entries it keeps, or replaces by as many new ones, are not).
     pub(super) fn added_entries(&self) -> [(MapKind, IpFamily, usize); 4] {
         let (desired, old) = (&self.desired, &self.old);
         let scopes: usize = desired
@@ -152,8 +152,8 @@ impl Refusals {
 /// The candidates in admission order: those with entries in the maps first, then by family
 /// and name. (family, service) is unique among them, so an unstable sort orders them the
 /// same as a stable one. The order is found on their positions and each candidate moved
-/// once after: a candidate is some 300 bytes, and sorting the records themselves moved
-/// each of a cold start's hundred thousand about twenty times.
+/// once after: a candidate is a few hundred bytes, and sorting the records themselves
+/// moved each of a cold start's hundred thousand about twenty times.
 fn in_admission_order(candidates: Vec<Candidate>) -> Vec<Candidate> {
     let key = |c: &Candidate| (c.old.svc.is_empty(), c.family);
     if candidates.is_sorted_by(|a, b| (key(a), &a.service) <= (key(b), &b.service)) {
