@@ -7,7 +7,7 @@ use proxy_common::{SCOPE_EXTERNAL, svc_flags};
 
 use super::{
     apply::ApplyState,
-    apply_tests::{Harness, etp_local_lb_service},
+    apply_tests::{Harness, etp_local_lb_service, etp_local_lb_slice},
     budget::MapKind,
     entries::Snapshot,
     growth::Ceilings,
@@ -394,13 +394,7 @@ fn the_estimate_made_before_admission_is_the_peak_of_new_services_without_what_i
     // Three frontends (ClusterIP, NodePort, LB IP) and two scopes over the same two
     // backends: they count once.
     h.service(etp_local_lb_service());
-    h.slice(
-        mk_endpointslice("ns1", "lb-1", "lb", "IPv4")
-            .port("http", 8080, "TCP")
-            .endpoint(mk_endpoint("10.0.3.1").node("node-a").build())
-            .endpoint(mk_endpoint("10.0.3.2").node("node-b").build())
-            .build(),
-    );
+    h.slice(etp_local_lb_slice());
     let prepared = h.prepare_pending(false);
     let estimate = prepared.estimated_peak().clone();
     let planned = h

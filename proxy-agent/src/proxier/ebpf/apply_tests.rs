@@ -208,6 +208,15 @@ pub(super) fn etp_local_lb_service() -> k8s_openapi::api::core::v1::Service {
         .build()
 }
 
+/// The endpoints of [`etp_local_lb_service`]: 10.0.3.1 on this node, 10.0.3.2 on another.
+pub(super) fn etp_local_lb_slice() -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    mk_endpointslice("ns1", "lb-1", "lb", "IPv4")
+        .port("http", 8080, "TCP")
+        .endpoint(mk_endpoint("10.0.3.1").node("node-a").build())
+        .endpoint(mk_endpoint("10.0.3.2").node("node-b").build())
+        .build()
+}
+
 /// Index of the last logged op matching `pred`.
 pub(super) fn last_pos(ops: &[LoggedOp], pred: impl Fn(&LoggedOp) -> bool) -> usize {
     ops.iter()
@@ -426,25 +435,18 @@ fn a_restarted_agent_adopts_the_maps_without_rewriting_them() {
 fn a_restarted_agent_adopts_every_frontend_of_several_services_without_a_write() {
     // Frontends of several services side by side in the maps (a ClusterIP, a load
     // balancer IP and a NodePort with two scopes): each service adopts exactly its own.
-    let lb_slice = || {
-        mk_endpointslice("ns1", "lb-1", "lb", "IPv4")
-            .port("http", 8080, "TCP")
-            .endpoint(mk_endpoint("10.0.3.1").node("node-a").build())
-            .endpoint(mk_endpoint("10.0.3.2").node("node-b").build())
-            .build()
-    };
     let mut h = Harness::new();
     h.service(web_service());
     h.slice(web(&["10.0.1.1", "10.0.1.2", "10.0.1.3"]));
     h.service(etp_local_lb_service());
-    h.slice(lb_slice());
+    h.slice(etp_local_lb_slice());
     h.sync(false);
     let before = h.maps.snapshot().unwrap();
 
     h.apply = ApplyState::new(1024, 1024);
     h.cluster = ClusterState::new(&[IpFamily::V4], "node-a");
     h.service(etp_local_lb_service());
-    h.slice(lb_slice());
+    h.slice(etp_local_lb_slice());
     h.service(web_service());
     h.slice(web(&["10.0.1.3", "10.0.1.1", "10.0.1.2"]));
     let ops = h.sync(true);
@@ -464,13 +466,7 @@ fn a_restarted_agent_adopts_every_frontend_of_several_services_without_a_write()
 fn etp_local_gets_two_scopes_internal_written_before_the_external_slot_zero() {
     let mut h = Harness::new();
     h.service(etp_local_lb_service());
-    h.slice(
-        mk_endpointslice("ns1", "lb-1", "lb", "IPv4")
-            .port("http", 8080, "TCP")
-            .endpoint(mk_endpoint("10.0.3.1").node("node-a").build())
-            .endpoint(mk_endpoint("10.0.3.2").node("node-b").build())
-            .build(),
-    );
+    h.slice(etp_local_lb_slice());
     let ops = h.sync(false);
     let ext = h.svc("1.2.3.4", 80, SCOPE_EXTERNAL, 0).unwrap();
     assert_ne!(ext.flags & svc_flags::TWO_SCOPES, 0);
