@@ -137,6 +137,17 @@ impl EventLoop {
                 false
             }
             ClusterEvent::Batch(events) => {
+                let (services, slices) =
+                    events
+                        .iter()
+                        .fold((0, 0), |(services, slices), event| match event {
+                            ClusterEvent::Service(Change::Upsert(_)) => (services + 1, slices),
+                            ClusterEvent::EndpointSlice(Change::Upsert(_)) => {
+                                (services, slices + 1)
+                            }
+                            _ => (services, slices),
+                        });
+                self.cluster.make_room(services, slices);
                 // Every event is handled, whatever the ones before returned.
                 let mut changed = false;
                 for event in events {

@@ -72,6 +72,22 @@ impl ClusterState {
         }
     }
 
+    /// Makes room for a batch that adds or changes `services` Services and `slices`
+    /// EndpointSlices (a directory read of a whole cluster), instead of the tables doubling
+    /// and rehashing every key a dozen times each while they come in. Room is made up to
+    /// what the tables will hold at least afterwards (every Service of the batch is known
+    /// then, each with a pending change at most), so none of it stays unused.
+    pub fn make_room(&mut self, services: usize, slices: usize) {
+        self.services
+            .reserve(services.saturating_sub(self.services.len()));
+        for t in &mut self.trackers {
+            t.services.make_room(services);
+            // A service's slices share its entries; a batch's slices mostly belong to its
+            // services.
+            t.endpoints.make_room(slices.min(services));
+        }
+    }
+
     /// A Service was added or changed (`Some`) or deleted (`None`, with its last version).
     pub fn service(&mut self, service: &Service, deleted: bool) -> bool {
         let name = crate::k8s::convert::object_name(&service.metadata);
@@ -251,5 +267,46 @@ mod union_tests {
         let mut empty = HashSet::new();
         union_into(&mut empty, set(&[7]));
         assert_eq!(empty, set(&[7]));
+    }
+}
+
+#[cfg(test)]
+mod make_room_tests {
+    use super::*;
+    use crate::k8s::fixtures::mk_service;
+
+    fn services(state: &mut ClusterState, count: usize) {
+        for i in 0..count {
+            let service = mk_service("ns", &format!("svc-{i}"))
+                .cluster_ip(&format!("10.96.{}.{}", i / 250, i % 250 + 1))
+                .port("http", 80, "TCP")
+                .build();
+            state.service(&service, false);
+        }
+    }
+
+    #[test]
+    fn a_big_batch_finds_room_made_and_a_batch_of_known_services_makes_none() {
+        let mut state = ClusterState::new(&[IpFamily::V4], "node-a");
+        state.make_room(5_000, 5_000);
+        let made = state.services.capacity();
+        assert!(made >= 5_000, "room for the batch: {made}");
+        services(&mut state, 5_000);
+        assert_eq!(
+            state.services.capacity(),
+            made,
+            "no growth while it comes in"
+        );
+        assert_eq!(state.trackers[0].services.pending_count(), 5_000);
+
+        // Once applied, the model's tables had room made for all the changes.
+        let applied = state.apply_pending();
+        assert_eq!(applied.changed.len(), 5_000);
+        assert_eq!(state.families()[0].services.services().count(), 5_000);
+
+        // A read that changes the same services again makes no room: they are known, and
+        // the tables keep their size (they never shrink, so room made then would stay).
+        state.make_room(5_000, 5_000);
+        assert_eq!(state.services.capacity(), made);
     }
 }

@@ -133,6 +133,11 @@ impl EndpointsChangeTracker {
         self.cache.pending_services().len()
     }
 
+    /// Room for the slices of `services` services (see `ClusterState::make_room`).
+    pub fn make_room(&mut self, services: usize) {
+        self.cache.make_room(services);
+    }
+
     /// Slice events accepted so far (kubeproxy_sync_proxy_rules_endpoint_changes_total).
     pub fn changes_total(&self) -> u64 {
         self.changes_total

@@ -197,6 +197,14 @@ impl EndpointSliceCache {
     /// this differs from what the cache already holds for that slice, pending or applied.
     /// `slice` is the slice `slice_name` of `service` (its own `service` and `slice_name`
     /// say the same).
+    /// Room for the slices of `services` services: a tracker each, and a pending mark.
+    pub fn make_room(&mut self, services: usize) {
+        self.trackers
+            .reserve(services.saturating_sub(self.trackers.len()));
+        self.pending_services
+            .reserve(services.saturating_sub(self.pending_services.len()));
+    }
+
     pub fn update_pending(
         &mut self,
         service: &NamespacedName,

@@ -130,6 +130,12 @@ impl ServiceChangeTracker {
         self.items.len()
     }
 
+    /// Room for `services` more pending changes (see `ClusterState::make_room`).
+    pub fn make_room(&mut self, services: usize) {
+        self.items
+            .reserve(services.saturating_sub(self.items.len()));
+    }
+
     /// Service events seen so far (kubeproxy_sync_proxy_rules_service_changes_total).
     pub fn changes_total(&self) -> u64 {
         self.changes_total
@@ -199,6 +205,21 @@ impl ServicePortMap {
     /// Applies the tracker's pending changes. Costs only the services that changed.
     pub fn apply(&mut self, tracker: &mut ServiceChangeTracker) -> UpdateServiceMapResult {
         let mut result = UpdateServiceMapResult::default();
+        // Room for a big change at once (a cold start brings 100,000 services), instead of
+        // the tables doubling, rehashing every key, a dozen times each. What the
+        // changed services will have is a floor of the tables' size after the change, so
+        // this never makes room that stays unused.
+        let (services, ports) = tracker
+            .items
+            .values()
+            .filter(|change| !change.current.is_empty())
+            .fold((0usize, 0usize), |(services, ports), change| {
+                (services + 1, ports + change.current.len())
+            });
+        self.ports.reserve(ports.saturating_sub(self.ports.len()));
+        self.by_service
+            .reserve(services.saturating_sub(self.by_service.len()));
+        result.updated_services.reserve(tracker.items.len());
         // Taken whole: the first sync's pending map has room for every service, and
         // draining would keep that room for good.
         for (service, change) in std::mem::take(&mut tracker.items) {
