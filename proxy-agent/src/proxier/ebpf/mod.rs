@@ -357,11 +357,24 @@ impl EbpfProxier {
             opts,
             ..
         } = self;
+        let began = Instant::now();
         let (planned, grown) = std::thread::scope(|scope| {
-            let growing = scope.spawn(|| grow_maps(opts, loaded, names, &capacity, &steps));
+            let growing = scope.spawn(|| {
+                let grown = grow_maps(opts, loaded, names, &capacity, &steps);
+                (grown, began.elapsed())
+            });
             let planned = state.admit_prepared(prepared, request.families, request.node);
+            let admitted = began.elapsed();
             match growing.join() {
-                Ok(grown) => (planned, grown),
+                Ok((grown, grown_in)) => {
+                    // Which of the two bounds the plan.
+                    debug!(
+                        admit_ms = admitted.as_secs_f64() * 1e3,
+                        grow_ms = grown_in.as_secs_f64() * 1e3,
+                        "services admitted while the maps grew"
+                    );
+                    (planned, grown)
+                }
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         });
