@@ -843,9 +843,26 @@ impl ApplyState {
             actual,
             mut budget,
             candidates,
-            estimated_peak: _,
+            estimated_peak,
         } = prepared;
         let mut plan = Plan::default();
+        // Room for the writes of what the services add, at once: the plan gathers each
+        // admitted service's writes, and a cold sync's millions of them grew these lists
+        // by doubling, each time copying them to fresh memory.
+        let added = |kind| {
+            [IpFamily::V4, IpFamily::V6]
+                .into_iter()
+                .map(|family| {
+                    estimated_peak
+                        .get(kind, family)
+                        .saturating_sub(budget.used().get(kind, family))
+                })
+                .sum::<usize>()
+        };
+        plan.backend_puts.reserve(added(MapKind::Backends));
+        plan.svc_puts.reserve(added(MapKind::Services));
+        plan.rev_nat_puts.reserve(added(MapKind::RevNat));
+        plan.range_puts.reserve(added(MapKind::SourceRanges));
         let mut refusals = Refusals::default();
         for candidate in candidates {
             self.admit(
