@@ -430,3 +430,46 @@ fn the_estimate_made_before_admission_is_the_peak_of_new_services_without_what_i
         );
     }
 }
+
+#[test]
+fn a_dual_stack_estimate_counts_each_family_in_its_own_maps() {
+    let mut h = growing(6, 1024);
+    h.cluster = ClusterState::new(&[IpFamily::V4, IpFamily::V6], "node-a");
+    h.service(
+        mk_service("ns1", "both")
+            .cluster_ips(&["172.30.0.7", "fd00:30::7"])
+            .ip_families(&["IPv4", "IPv6"])
+            .port("http", 80, "TCP")
+            .build(),
+    );
+    // Two IPv4 backends and three IPv6 ones.
+    let mut v4 = mk_endpointslice("ns1", "both-4", "both", "IPv4").port("http", 8080, "TCP");
+    for b in ["10.0.7.1", "10.0.7.2"] {
+        v4 = v4.endpoint(mk_endpoint(b).node("node-b").build());
+    }
+    h.slice(v4.build());
+    let mut v6 = mk_endpointslice("ns1", "both-6", "both", "IPv6").port("http", 8080, "TCP");
+    for b in ["fd00:7::1", "fd00:7::2", "fd00:7::3"] {
+        v6 = v6.endpoint(mk_endpoint(b).node("node-b").build());
+    }
+    h.slice(v6.build());
+
+    let prepared = h.prepare_pending(false);
+    let estimate = prepared.estimated_peak().clone();
+    let planned = h
+        .apply
+        .admit_prepared(prepared, h.cluster.families(), &h.node);
+    for family in [IpFamily::V4, IpFamily::V6] {
+        for kind in MapKind::ALL {
+            assert_eq!(
+                estimate.get(kind, family),
+                planned.peak().get(kind, family),
+                "{kind:?} {family:?}"
+            );
+        }
+    }
+    assert_eq!(estimate.get(MapKind::Backends, IpFamily::V4), 2);
+    assert_eq!(estimate.get(MapKind::Backends, IpFamily::V6), 3);
+    assert_eq!(estimate.get(MapKind::RevNat, IpFamily::V4), 1);
+    assert_eq!(estimate.get(MapKind::RevNat, IpFamily::V6), 1);
+}
