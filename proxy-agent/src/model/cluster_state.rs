@@ -299,7 +299,7 @@ mod make_room_tests {
         );
         assert_eq!(state.trackers[0].services.pending_count(), 5_000);
 
-        // Once applied, the model's tables had room made for all the changes.
+        // Applied, every change is in the model.
         let applied = state.apply_pending();
         assert_eq!(applied.changed.len(), 5_000);
         assert_eq!(state.families()[0].services.services().count(), 5_000);

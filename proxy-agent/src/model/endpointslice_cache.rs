@@ -193,10 +193,6 @@ impl EndpointSliceCache {
         &self.node_name
     }
 
-    /// Records a new version of a slice (`Some`) or its removal (`None`). Returns whether
-    /// this differs from what the cache already holds for that slice, pending or applied.
-    /// `slice` is the slice `slice_name` of `service` (its own `service` and `slice_name`
-    /// say the same).
     /// Room for the slices of `services` services: a tracker each, and a pending mark.
     pub fn make_room(&mut self, services: usize) {
         self.trackers
@@ -205,6 +201,10 @@ impl EndpointSliceCache {
             .reserve(services.saturating_sub(self.pending_services.len()));
     }
 
+    /// Records a new version of a slice (`Some`) or its removal (`None`). Returns whether
+    /// this differs from what the cache already holds for that slice, pending or applied.
+    /// `slice` is the slice `slice_name` of `service` (its own `service` and `slice_name`
+    /// say the same).
     pub fn update_pending(
         &mut self,
         service: &NamespacedName,

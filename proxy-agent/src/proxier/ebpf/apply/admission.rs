@@ -160,7 +160,7 @@ fn in_admission_order(candidates: Vec<Candidate>) -> Vec<Candidate> {
         .iter()
         .enumerate()
         .map(|(position, c)| AdmissionKey {
-            adopting_none: c.old.svc.is_empty(),
+            new_to_the_maps: c.old.svc.is_empty(),
             family: c.family,
             namespace: c.service.namespace(),
             name: c.service.name(),
@@ -181,8 +181,8 @@ fn in_admission_order(candidates: Vec<Candidate>) -> Vec<Candidate> {
 
 /// What orders a candidate for admission, borrowed from it, and where it is.
 struct AdmissionKey<'a> {
-    /// Nothing of the service is in the maps yet (those that are go first).
-    adopting_none: bool,
+    /// Nothing of the service is in the maps yet (services that are there go first).
+    new_to_the_maps: bool,
     family: IpFamily,
     namespace: &'a str,
     name: &'a str,
@@ -191,8 +191,8 @@ struct AdmissionKey<'a> {
 
 impl AdmissionKey<'_> {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.adopting_none, self.family)
-            .cmp(&(other.adopting_none, other.family))
+        (self.new_to_the_maps, self.family)
+            .cmp(&(other.new_to_the_maps, other.family))
             // Namespaces are interned: most pairs share one text, told without reading it.
             .then_with(|| {
                 if std::ptr::eq(self.namespace, other.namespace) {
