@@ -75,3 +75,9 @@ pub const LB_CFG_MASQUERADE_ALL: u32 = 1 << 1;
 /// in the `LOCAL_CIDRS` tries (empty for interface-based detectors: nothing arriving on an
 /// uplink comes from a local pod interface).
 pub const LB_CFG_LOCAL_DETECTOR: u32 = 1 << 2;
+/// A netfilter mode is taking the node over (its rules are in place): the programs start no
+/// new flow, and leave what they would have translated to the stack and its rules, while
+/// the flows they already translate keep their translation until the programs go. Without
+/// it, a flow the programs start between the copy of their conntrack into netfilter's and
+/// their removal would meet the rules' choice of a backend at its next packet.
+pub const LB_CFG_HANDING_OVER: u32 = 1 << 3;

@@ -31,8 +31,8 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use proxy_common::{
-    LB_CFG_MASQUERADE_ALL, SockFrontend, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key,
-    SockRevNat6Value, SvcValue, proto, svc_flags,
+    LB_CFG_HANDING_OVER, LB_CFG_MASQUERADE_ALL, SockFrontend, SockRevNat4Key, SockRevNat4Value,
+    SockRevNat6Key, SockRevNat6Value, SvcValue, proto, svc_flags,
 };
 
 use crate::{
@@ -318,6 +318,12 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
     // SAFETY: the context pointer is valid for the program's run.
     let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let (host_netns, cfg_flags) = host_and_flags();
+    if cfg_flags & LB_CFG_HANDING_OVER != 0 {
+        // A netfilter mode taking the node over translates new connections with its rules
+        // (and getpeername() then needs no program); the sockets translated before keep
+        // their reverse entries until the programs go.
+        return 1;
+    }
     let from_host = netns == host_netns;
     let internal = from_host || pods_are_local(cfg_flags);
     let (svc, key) = match lookup_frontend::<F>(addr, port, protocol, internal) {

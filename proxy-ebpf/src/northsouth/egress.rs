@@ -13,7 +13,7 @@
 //!   pods for outside clients (externalTrafficPolicy applies to them).
 
 use aya_ebpf::{bindings::TC_ACT_OK, bindings::TC_ACT_SHOT, programs::TcContext};
-use proxy_common::svc_flags;
+use proxy_common::{LB_CFG_HANDING_OVER, svc_flags};
 
 use super::{
     PacketFamily, ct,
@@ -57,10 +57,15 @@ fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
 
 /// The verdict on a packet to a frontend that no socket program translated: dropped where
 /// upstream drops (no endpoints in the scope that applies, a source outside the ranges, an
-/// unallocated service address), passed otherwise. `internal`: judge by the internal scope
-/// of a two-scope frontend.
+/// unallocated service address), passed otherwise, and always while a netfilter mode takes
+/// the node over. `internal`: judge by the internal scope of a two-scope frontend.
 #[inline(always)]
 pub fn verdict<F: PacketFamily>(p: &Packet<F::Addr>, internal: bool) -> i32 {
+    if ct::config().flags & LB_CFG_HANDING_OVER != 0 {
+        // The socket programs leave every new connection to the netfilter mode taking the
+        // node over: its rules, not these, decide what is dropped.
+        return TC_ACT_OK;
+    }
     match lookup_frontend::<F>(p.daddr, p.dport, p.proto, internal) {
         Frontend::None => TC_ACT_OK,
         Frontend::Drop | Frontend::Reject => TC_ACT_SHOT,

@@ -2,7 +2,9 @@
 //! Ingress on the node's uplink devices: north-south load balancing. The same logic runs
 //! in tc and, when enabled, in XDP before it (see [`super::forward`]).
 
-use proxy_common::{CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, CtValue, proto, svc_flags};
+use proxy_common::{
+    CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, CtValue, LB_CFG_HANDING_OVER, proto, svc_flags,
+};
 
 use super::{
     PacketFamily, ct,
@@ -137,6 +139,11 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
     cfg: &proxy_common::LbConfig,
     side: ClientSide,
 ) -> NewFlow {
+    if cfg.flags & LB_CFG_HANDING_OVER != 0 {
+        // A netfilter mode is taking the node over and its rules are in place: what starts
+        // now is theirs, so that no flow is left that only the departing programs know.
+        return NewFlow::Done(C::PASS);
+    }
     if p.later_fragment {
         // Its first fragment made no flow: nothing to join.
         return NewFlow::Done(C::DROP);

@@ -40,7 +40,7 @@ use proxy_agent::{
         NodeContext,
         ebpf::{
             ApplyState, BackendAddr, LoadError, LoadOptions, Loaded, MapSizes, build_maglev_table,
-            load_and_attach, maps_dir,
+            leave_new_flows_to_netfilter, load_and_attach, maps_dir,
         },
     },
 };
@@ -50,7 +50,9 @@ use tests::{
     require_root,
 };
 
+const TC_ACT_OK: u32 = 0;
 const TC_ACT_REDIRECT: u32 = 7;
+const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
 
 const IPPROTO_ICMP: u8 = 1;
@@ -860,6 +862,110 @@ fn udp_v4_to_a_service_without_endpoints_gets_port_unreachable() {
 #[test]
 fn udp_v6_to_a_service_without_endpoints_gets_port_unreachable() {
     rejected(UDP, true);
+}
+
+/// How many entries the family's BPF conntrack map holds.
+fn ct_entries(dp: &Dataplane, v6: bool) -> usize {
+    if v6 {
+        dp.loaded.ct6.keys().count()
+    } else {
+        dp.loaded.ct4.keys().count()
+    }
+}
+
+/// A netfilter mode taking the node over, its rules in place, sets the handing-over flag
+/// (the agent's own call, on the pinned configuration map): from then on tc and XDP start
+/// no flow. A new connection, even one to a frontend without endpoints (the rules answer
+/// it now), goes to the stack as it came and leaves no conntrack entry; the connection the
+/// programs translated before keeps its translation both ways until they go.
+fn handing_over(v6: bool) {
+    require_root!();
+    let name = format!("handover-{}", if v6 { "v6" } else { "v4" });
+    let Some((ns, mut dp)) = setup(&name) else {
+        return;
+    };
+    let (node_port, target_port) = WEB_TCP;
+    let syn = |sport: u16, dport: u16| {
+        ip_packet(
+            client(v6),
+            node(v6),
+            TCP,
+            tcp(sport, dport, 1000, 0, TCP_SYN),
+        )
+    };
+    let (verdict, out) = dp.tc(
+        &ns,
+        "tc_uplink_ingress",
+        &frame(ROUTER_MAC, &syn(40010, node_port)),
+    );
+    assert_eq!(verdict, TC_ACT_REDIRECT, "before: translated");
+    let snat_port = parse_frame(&out, "the first connection's SYN").sport();
+    let entries = ct_entries(&dp, v6);
+    assert!(entries > 0, "the first connection is tracked");
+
+    assert_eq!(
+        leave_new_flows_to_netfilter(&maps_dir(&dp._bpffs.path)),
+        Ok(true),
+        "the flag is set in the pinned configuration"
+    );
+    for (what, packet) in [
+        ("a new connection", syn(40011, node_port)),
+        (
+            "a connection to a frontend without endpoints",
+            syn(40012, EMPTY_TCP),
+        ),
+    ] {
+        let sent = frame(ROUTER_MAC, &packet);
+        assert_eq!(
+            dp.tc(&ns, "tc_uplink_ingress", &sent),
+            (TC_ACT_OK, sent.clone()),
+            "{what}: tc passes it as it came"
+        );
+        assert_eq!(
+            dp.xdp(&ns, &sent),
+            (XDP_PASS, sent.clone()),
+            "{what}: XDP passes it as it came"
+        );
+    }
+    assert_eq!(ct_entries(&dp, v6), entries, "no flow started");
+
+    // The first connection: the client's next segment and the backend's answer.
+    let ack = ip_packet(
+        client(v6),
+        node(v6),
+        TCP,
+        tcp(40010, node_port, 1001, 5001, TCP_ACK),
+    );
+    let (verdict, out) = dp.tc(&ns, "tc_uplink_ingress", &frame(ROUTER_MAC, &ack));
+    assert_eq!(verdict, TC_ACT_REDIRECT);
+    assert_eq!(
+        parse_frame(&out, "the first connection's ACK").ends(),
+        ((node(v6), snat_port), (backend(v6), target_port)),
+        "still DNATed and SNATed as before"
+    );
+    let answer = ip_packet(
+        backend(v6),
+        node(v6),
+        TCP,
+        tcp(target_port, snat_port, 5001, 1001, TCP_ACK),
+    );
+    let (verdict, out) = dp.tc(&ns, "tc_uplink_ingress", &frame(REMOTE_NODE_MAC, &answer));
+    assert_eq!(verdict, TC_ACT_REDIRECT);
+    assert_eq!(
+        parse_frame(&out, "the backend's answer").ends(),
+        ((node(v6), node_port), (client(v6), 40010)),
+        "still translated back"
+    );
+}
+
+#[test]
+fn handing_over_v4_starts_no_flow_and_keeps_translating_the_old_ones() {
+    handing_over(false);
+}
+
+#[test]
+fn handing_over_v6_starts_no_flow_and_keeps_translating_the_old_ones() {
+    handing_over(true);
 }
 
 #[test]

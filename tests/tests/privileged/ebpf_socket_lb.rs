@@ -4,7 +4,9 @@
 
 use std::net::Ipv4Addr;
 
-use proxy_agent::proxier::ebpf::{LoadOptions, MapSizes, load_and_attach};
+use proxy_agent::proxier::ebpf::{
+    LoadOptions, MapSizes, leave_new_flows_to_netfilter, load_and_attach, maps_dir,
+};
 use proxy_common::{Backend4Value, LbConfig, RevNat4Value, Svc4Key, SvcValue, proto, svc_flags};
 use tests::{
     privileged::{TempBpffs, TempCgroup, TempNetns},
@@ -69,7 +71,7 @@ fn client(ns: &TempNetns, cg: Option<&TempCgroup>, port: u16) -> String {
 }
 
 #[test]
-fn connect_is_translated_rejected_or_left_alone() {
+fn connect_is_translated_rejected_or_left_alone_and_left_to_netfilter_at_a_handover() {
     require_root!();
     let bpffs = TempBpffs::new("kpe-socklb");
     let cg = TempCgroup::new("kpe-socklb");
@@ -166,6 +168,15 @@ fn connect_is_translated_rejected_or_left_alone() {
     assert_eq!(client(&ns, Some(&cg), 82), "err ECONNREFUSED");
     // Outside the cgroup nothing is translated: the namespace has no route to the VIP.
     assert_eq!(client(&ns, None, 80), "err ENETUNREACH");
+
+    // A netfilter mode taking the node over, its rules in place: new connections are its
+    // rules' to translate, or to refuse.
+    assert_eq!(
+        leave_new_flows_to_netfilter(&maps_dir(&bpffs.path)),
+        Ok(true)
+    );
+    assert_eq!(client(&ns, Some(&cg), 80), "err ENETUNREACH");
+    assert_eq!(client(&ns, Some(&cg), 81), "err ENETUNREACH");
 
     assert_service_map_dump_has_named_fields(&bpffs.path);
 }

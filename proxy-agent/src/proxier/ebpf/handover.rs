@@ -21,12 +21,16 @@
 //! Deleting it, like `--cleanup`, is harmless at any time: at worst the flows it kept end.
 //!
 //! The other way, a netfilter mode taking over from ebpf mode, the flows the programs
-//! translated live in the BPF conntrack maps, which go with the programs. Before removing
-//! them, the new mode's cleanup of ebpf mode's state writes each live TCP and UDP flow
-//! into netfilter's table, translated as the programs translated it
-//! ([`HeldConntrack::seed_netfilter`]:
+//! translated live in the BPF conntrack maps, which go with the programs. The new mode's
+//! cleanup of ebpf mode's state (after its own first sync: its rules are in place) first
+//! tells the programs to start no flow ([`leave_new_flows_to_netfilter`]): new
+//! connections go to the rules from then on, and the BPF conntrack stops growing. Then,
+//! before removing the programs, it writes each live TCP and UDP flow into netfilter's
+//! table, translated as the programs translated it ([`HeldConntrack::seed_netfilter`]:
 //! client -> frontend DNATed to the same backend, masqueraded to the same address and
 //! port), so the next packet meets a binding instead of the rules' choice of a backend.
+//! Without the first step, a connection the programs started between that copy and their
+//! removal met the rules at its second packet: another backend, which reset it.
 //!
 //! Written by hand because ctnetlink has no "is conntrack on" query; [`translated`],
 //! [`flow_of`] and the scripts are pure, the rest runs `nft`, reads the pinned maps and
@@ -36,8 +40,11 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 
-use aya::maps::{HashMap as AyaHash, Map, MapData};
-use proxy_common::{CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, Ct4Key, Ct6Key, CtValue, proto};
+use aya::maps::{Array, HashMap as AyaHash, Map, MapData};
+use proxy_common::{
+    CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, Ct4Key, Ct6Key, CtValue, LB_CFG_HANDING_OVER,
+    LbConfig, proto,
+};
 use tracing::{info, warn};
 
 use crate::model::IpFamily;
@@ -251,6 +258,28 @@ pub fn flow_of(
         snat_to: (value.flags & CT_F_SNAT != 0).then(|| at(&value.snat_addr, value.snat_port)),
         timeout: value.expires - now,
     })
+}
+
+/// Tells the programs whose maps are pinned under `maps_dir` that a netfilter mode, whose
+/// rules are in place, is taking the node over (`LB_CFG_HANDING_OVER`): they start no flow
+/// from then on, so the conntrack handed to netfilter cannot grow behind the copy, and
+/// what they would have translated goes to the rules. Programs built before the flag
+/// existed ignore it (the second copy, after they go, is what covers their flows).
+/// Returns whether it was set: a node without the configuration slot has no programs that
+/// read it.
+pub fn leave_new_flows_to_netfilter(maps_dir: &Path) -> Result<bool, String> {
+    let path = maps_dir.join(proxy_common::maps::LB_CONFIG);
+    if !path.exists() {
+        return Ok(false);
+    }
+    let failed = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let data = MapData::from_pin(&path).map_err(|e| failed(&e))?;
+    let mut config: Array<MapData, LbConfig> =
+        Array::try_from(Map::Array(data)).map_err(|e| failed(&e))?;
+    let mut slot = config.get(&0, 0).map_err(|e| failed(&e))?;
+    slot.flags |= LB_CFG_HANDING_OVER;
+    config.set(0, slot, 0).map_err(|e| failed(&e))?;
+    Ok(true)
 }
 
 fn open_ct<K: aya::Pod>(path: &Path) -> Result<AyaHash<MapData, K, CtValue>, String> {

@@ -34,6 +34,7 @@ mod xdp;
 pub use self::{
     apply::ApplyState,
     desired::BackendAddr,
+    handover::leave_new_flows_to_netfilter,
     loader::{LoadError, LoadOptions, Loaded, detect_cgroup2_root, load_and_attach},
     maglev::build_table as build_maglev_table,
     pins::{MapSizes, links_dir, maps_dir, unpin_all},

@@ -119,6 +119,11 @@ fn lb_config(
     cfg
 }
 
+/// How long a netfilter mode taking over waits, once the programs start no more flows,
+/// before it copies their conntrack: longer than any program run that read the
+/// configuration before the change.
+const HANDOVER_SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Removes the programs (their pinned links) and maps under the pin directory, then our
 /// programs attached outside it on every device of the namespace (tc filters on kernels
 /// without TCX, XDP attached through netlink: see [`attached`]), which the pins do not
@@ -127,8 +132,9 @@ fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
     let root: &Path = &layout.bpffs_root;
     let pinned = root.exists();
     let mut report = CleanupReport::default();
-    // A netfilter mode taking over gets the live flows (see [`handover`]): before the
-    // programs go, and again after, for the connections that started meanwhile.
+    // A netfilter mode taking over gets the live flows (see [`handover`]): the programs
+    // start no more, then the flows are copied before the programs go, and again after,
+    // for the connections of programs that do not know to stop.
     let mut handed_over = (pinned
         && matches!(
             scope,
@@ -136,6 +142,15 @@ fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
         ))
     .then(|| super::handover::HeldConntrack::open(&loader::maps_dir(root)));
     if let Some(held) = handed_over.as_mut() {
+        match super::handover::leave_new_flows_to_netfilter(&loader::maps_dir(root)) {
+            // A program that read the configuration just before may still be adding its
+            // flow: a program run takes microseconds.
+            Ok(true) => std::thread::sleep(HANDOVER_SETTLE),
+            Ok(false) => {}
+            Err(e) => report
+                .errors
+                .push(format!("leaving new flows to netfilter: {e}")),
+        }
         let (_, errors) = held.seed_netfilter(super::monotonic_coarse_secs(), Replace::Existing);
         report.errors.extend(errors);
     }
