@@ -80,18 +80,6 @@ pub fn map_update_batch<K: aya::Pod, V: aya::Pod>(
     values: &[V],
 ) -> Result<u32, (io::Error, u32)> {
     use std::os::fd::AsFd;
-    /// The `batch` member of `union bpf_attr` (include/uapi/linux/bpf.h).
-    #[repr(C)]
-    struct BatchAttr {
-        in_batch: u64,
-        out_batch: u64,
-        keys: u64,
-        values: u64,
-        count: u32,
-        map_fd: u32,
-        elem_flags: u64,
-        flags: u64,
-    }
     const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
     let invalid = |what: &str| {
         (
@@ -135,6 +123,93 @@ pub fn map_update_batch<K: aya::Pod, V: aya::Pod>(
         return Err((io::Error::last_os_error(), attr.count));
     }
     Ok(attr.count)
+}
+
+/// The `batch` member of `union bpf_attr` (include/uapi/linux/bpf.h).
+#[repr(C)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` (Linux 5.6+, hash and LRU hash maps): every entry of the map,
+/// read `chunk` at a time. Reading a map one entry at a time takes two system calls per
+/// entry (next key, then lookup): about 6 s for the 2.2 million entries of 100,000
+/// services, at every periodic full sync. An error is the kernel's for the first call it
+/// refused: EINVAL or ENOTSUPP where the map or kernel has no batches, ENOSPC when one
+/// hash bucket holds more than `chunk` entries; the caller reads entry by entry then.
+/// Entries added or removed meanwhile may or may not be seen, as with the other way.
+pub fn map_lookup_all<K: aya::Pod, V: aya::Pod>(
+    map: &aya::maps::MapData,
+    chunk: u32,
+) -> io::Result<Vec<(K, V)>> {
+    use std::os::fd::AsFd;
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_owned());
+    let info = map.info().map_err(io::Error::other)?;
+    if info.key_size() as usize != std::mem::size_of::<K>()
+        || info.value_size() as usize != std::mem::size_of::<V>()
+    {
+        return Err(invalid("key or value type does not match the map"));
+    }
+    let map_fd = u32::try_from(map.fd().as_fd().as_raw_fd()).map_err(|_| invalid("map fd"))?;
+    let room = usize::try_from(chunk).map_err(|_| invalid("chunk"))?.max(1);
+    // SAFETY: `aya::Pod` types are plain data, for which all-zero bytes are a value.
+    let (zero_key, zero_value): (K, V) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    let mut keys = vec![zero_key; room];
+    let mut values = vec![zero_value; room];
+    // The position between calls: a bucket number for hash maps, a key for the others.
+    let token_len = (info.key_size() as usize).max(8);
+    let (mut token_in, mut token_out) = (vec![0u8; token_len], vec![0u8; token_len]);
+    let mut all = Vec::with_capacity(usize::try_from(info.max_entries()).unwrap_or(0).min(room));
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { token_in.as_ptr() as u64 },
+            out_batch: token_out.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: u32::try_from(room).unwrap_or(u32::MAX),
+            map_fd,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: `attr` is a valid `bpf_attr.batch` for the call's duration; the kernel
+        // writes at most `count` keys and values of the map's sizes, checked to be those of
+        // `K` and `V`, into buffers of `room` each, its position into `token_out` (at least
+        // a key's size), and the number read into `attr.count`.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                (&mut attr as *mut BatchAttr).cast::<libc::c_void>(),
+                std::mem::size_of::<BatchAttr>() as libc::c_uint,
+            )
+        };
+        let error = (rc != 0).then(io::Error::last_os_error);
+        let read = (attr.count as usize).min(room);
+        all.extend(
+            keys[..read]
+                .iter()
+                .copied()
+                .zip(values[..read].iter().copied()),
+        );
+        match error {
+            // The end of the map (the last call's entries are in `read`).
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(all),
+            Some(e) => return Err(e),
+            None if read == 0 => return Ok(all),
+            None => {}
+        }
+        std::mem::swap(&mut token_in, &mut token_out);
+        first = false;
+    }
 }
 
 /// An inotify instance as a descriptor tokio polls (tokio's `AsyncFd` takes any raw

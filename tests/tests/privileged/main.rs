@@ -25,6 +25,7 @@ mod iptables_proxier;
 mod layout_upgrade;
 mod least_privilege;
 mod map_growth;
+mod map_reads;
 mod metrics_endpoint;
 mod mode_switch_cleanup;
 mod multinode;

@@ -3,7 +3,7 @@
 //! conversion to the kernel layouts of proxy-common at the map boundary.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
@@ -84,12 +84,14 @@ pub struct BackendEntry {
     pub terminating: bool,
 }
 
-/// Everything in the LB maps, family-neutral.
+/// Everything in the LB maps, family-neutral. The three big tables hash with foldhash, as
+/// the apply stage's own do: a full sync of 100,000 services reads 2.2 million entries
+/// into them, and builds as many for what it expects.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    pub svc: HashMap<SvcEntryKey, SvcValue>,
-    pub backends: HashMap<(bool, u32), BackendEntry>,
-    pub rev_nat: HashMap<(bool, u32), (IpAddr, u16)>,
+    pub svc: foldhash::HashMap<SvcEntryKey, SvcValue>,
+    pub backends: foldhash::HashMap<(bool, u32), BackendEntry>,
+    pub rev_nat: foldhash::HashMap<(bool, u32), (IpAddr, u16)>,
     pub src_ranges: HashSet<(u32, IpNet)>,
     pub nodeport_addrs: HashSet<IpAddr>,
     pub svc_cidrs: HashSet<IpNet>,
@@ -434,13 +436,18 @@ impl LbMaps {
     /// Everything the maps hold now (a full sync compares against it).
     pub fn snapshot(&self) -> Result<Snapshot> {
         let mut s = Snapshot::default();
-        for (k, v) in self.svc4.entries()? {
+        // Each table sized once for what was read (a million entries grew by doubling).
+        let (svc4, svc6) = (self.svc4.entries()?, self.svc6.entries()?);
+        s.svc.reserve(svc4.len() + svc6.len());
+        for (k, v) in svc4 {
             s.svc.insert(SvcEntryKey::from_svc4(&k), v);
         }
-        for (k, v) in self.svc6.entries()? {
+        for (k, v) in svc6 {
             s.svc.insert(SvcEntryKey::from_svc6(&k), v);
         }
-        for (id, v) in self.backends4.entries()? {
+        let (backends4, backends6) = (self.backends4.entries()?, self.backends6.entries()?);
+        s.backends.reserve(backends4.len() + backends6.len());
+        for (id, v) in backends4 {
             s.backends.insert(
                 (false, id),
                 BackendEntry {
@@ -454,7 +461,7 @@ impl LbMaps {
                 },
             );
         }
-        for (id, v) in self.backends6.entries()? {
+        for (id, v) in backends6 {
             s.backends.insert(
                 (true, id),
                 BackendEntry {
@@ -468,13 +475,15 @@ impl LbMaps {
                 },
             );
         }
-        for (id, v) in self.rev_nat4.entries()? {
+        let (rev_nat4, rev_nat6) = (self.rev_nat4.entries()?, self.rev_nat6.entries()?);
+        s.rev_nat.reserve(rev_nat4.len() + rev_nat6.len());
+        for (id, v) in rev_nat4 {
             s.rev_nat.insert(
                 (false, id),
                 (IpAddr::V4(v4_from_raw(v.addr)), u16::from_be(v.port)),
             );
         }
-        for (id, v) in self.rev_nat6.entries()? {
+        for (id, v) in rev_nat6 {
             s.rev_nat.insert(
                 (true, id),
                 (IpAddr::V6(Ipv6Addr::from(v.addr)), u16::from_be(v.port)),

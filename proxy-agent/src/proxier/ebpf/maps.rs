@@ -161,6 +161,22 @@ impl<K: aya::Pod + Send, V: aya::Pod + Send> KvMap<K, V> for KernelHash<K, V> {
         }
     }
     fn entries(&self) -> Result<Vec<(K, V)>> {
+        match crate::sys::map_lookup_all(self.map.map(), BATCH as u32) {
+            Ok(all) => return Ok(all),
+            // No batched reads here (or a bucket bigger than a batch): one entry at a time.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINVAL | ENOTSUPP | libc::EOPNOTSUPP | libc::ENOSPC)
+                ) => {}
+            Err(io_error) => {
+                let source = MapError::SyscallError(aya::sys::SyscallError {
+                    call: "bpf_map_lookup_batch",
+                    io_error,
+                });
+                return Err(kernel_err(self.name, "iterate", source));
+            }
+        }
         let mut out = Vec::new();
         for item in self.map.iter() {
             match item {

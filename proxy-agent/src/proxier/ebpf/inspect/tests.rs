@@ -20,7 +20,7 @@ fn raw() -> live::RawMaps {
         port: 80,
         proto: proto::TCP,
     };
-    let mut svc = HashMap::new();
+    let mut svc = foldhash::HashMap::default();
     let key = |slot| SvcEntryKey {
         frontend,
         scope: SCOPE_EXTERNAL,
@@ -56,10 +56,10 @@ fn raw() -> live::RawMaps {
         local,
         terminating,
     };
-    let mut backends = HashMap::new();
+    let mut backends = foldhash::HashMap::default();
     backends.insert((false, 3), backend("10.180.0.1", true, false));
     backends.insert((false, 4), backend("10.180.1.1", false, true));
-    let mut rev_nat = HashMap::new();
+    let mut rev_nat = foldhash::HashMap::default();
     rev_nat.insert((false, 7), ("172.30.0.41".parse().unwrap(), 80));
     let mut ct = CtValue {
         frontend_port: 80u16.to_be(),
