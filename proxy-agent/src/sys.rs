@@ -111,14 +111,7 @@ pub fn map_update_batch<K: aya::Pod, V: aya::Pod>(
     // SAFETY: `attr` is a valid `bpf_attr.batch` for the call's duration; the kernel reads
     // `count` keys and values of the map's sizes, checked to be those of `K` and `V`, from
     // slices holding `count` of each, and writes back only `attr.count`.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_UPDATE_BATCH,
-            (&mut attr as *mut BatchAttr).cast::<libc::c_void>(),
-            std::mem::size_of::<BatchAttr>() as libc::c_uint,
-        )
-    };
+    let rc = unsafe { bpf_batch(BPF_MAP_UPDATE_BATCH, &mut attr) };
     if rc != 0 {
         return Err((io::Error::last_os_error(), attr.count));
     }
@@ -136,6 +129,24 @@ struct BatchAttr {
     map_fd: u32,
     elem_flags: u64,
     flags: u64,
+}
+
+/// Runs bpf(2) batch command `cmd` with `attr` (the kernel writes `attr.count` back).
+///
+/// # Safety
+///
+/// `attr`'s buffers must be valid for what `cmd` reads and writes through them: see the
+/// callers.
+unsafe fn bpf_batch(cmd: libc::c_long, attr: &mut BatchAttr) -> libc::c_long {
+    // SAFETY: the caller vouches for the buffers; `attr` itself is a live `bpf_attr.batch`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            (attr as *mut BatchAttr).cast::<libc::c_void>(),
+            std::mem::size_of::<BatchAttr>() as libc::c_uint,
+        )
+    }
 }
 
 /// `BPF_MAP_LOOKUP_BATCH` (Linux 5.6+, hash and LRU hash maps): every entry of the map,
@@ -184,14 +195,7 @@ pub fn map_lookup_all<K: aya::Pod, V: aya::Pod>(
         // writes at most `count` keys and values of the map's sizes, checked to be those of
         // `K` and `V`, into buffers of `room` each, its position into `token_out` (at least
         // a key's size), and the number read into `attr.count`.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                (&mut attr as *mut BatchAttr).cast::<libc::c_void>(),
-                std::mem::size_of::<BatchAttr>() as libc::c_uint,
-            )
-        };
+        let rc = unsafe { bpf_batch(BPF_MAP_LOOKUP_BATCH, &mut attr) };
         let error = (rc != 0).then(io::Error::last_os_error);
         let read = (attr.count as usize).min(room);
         all.extend(

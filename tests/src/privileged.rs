@@ -94,6 +94,22 @@ impl Drop for TempBpffs {
     }
 }
 
+/// What a test loads the dataplane with: pins under `bpffs`, socket programs on `cgroup`,
+/// the default map sizes, no device and no XDP.
+pub fn load_options(
+    bpffs: &TempBpffs,
+    cgroup: &TempCgroup,
+) -> proxy_agent::proxier::ebpf::LoadOptions {
+    proxy_agent::proxier::ebpf::LoadOptions {
+        bpffs_root: bpffs.path.clone(),
+        cgroup: cgroup.path.clone(),
+        map_sizes: proxy_agent::proxier::ebpf::MapSizes::default(),
+        devices: Vec::new(),
+        xdp: proxy_agent::config::XdpMode::Off,
+        maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
+    }
+}
+
 /// A network namespace with only `lo` (up), deleted on drop. Keeps test traffic off the
 /// machine's real network: nothing in it routes anywhere but loopback.
 pub struct TempNetns {

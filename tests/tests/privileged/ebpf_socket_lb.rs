@@ -4,12 +4,10 @@
 
 use std::net::Ipv4Addr;
 
-use proxy_agent::proxier::ebpf::{
-    LoadOptions, MapSizes, leave_new_flows_to_netfilter, load_and_attach, maps_dir,
-};
+use proxy_agent::proxier::ebpf::{leave_new_flows_to_netfilter, load_and_attach, maps_dir};
 use proxy_common::{Backend4Value, LbConfig, RevNat4Value, Svc4Key, SvcValue, proto, svc_flags};
 use tests::{
-    privileged::{TempBpffs, TempCgroup, TempNetns},
+    privileged::{TempBpffs, TempCgroup, TempNetns, load_options},
     require_root,
 };
 
@@ -75,15 +73,7 @@ fn connect_is_translated_rejected_or_left_alone_and_left_to_netfilter_at_a_hando
     require_root!();
     let bpffs = TempBpffs::new("kpe-socklb");
     let cg = TempCgroup::new("kpe-socklb");
-    let mut loaded = load_and_attach(&LoadOptions {
-        bpffs_root: bpffs.path.clone(),
-        cgroup: cg.path.clone(),
-        map_sizes: MapSizes::default(),
-        devices: Vec::new(),
-        xdp: proxy_agent::config::XdpMode::Off,
-        maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
-    })
-    .expect("load and attach");
+    let mut loaded = load_and_attach(&load_options(&bpffs, &cg)).expect("load and attach");
     loaded
         .write_config(LbConfig::default())
         .expect("config slot");

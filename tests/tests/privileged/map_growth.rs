@@ -472,12 +472,9 @@ fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
         config::MapSizeLimits,
         k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
         model::{ClusterState, IpFamily},
-        proxier::{
-            NodeContext, Proxier, StaleConntrack, SyncRequest,
-            ebpf::{EbpfProxier, LoadOptions, MapSizes},
-        },
+        proxier::{NodeContext, Proxier, StaleConntrack, SyncRequest, ebpf::EbpfProxier},
     };
-    use tests::privileged::{TempBpffs, TempCgroup};
+    use tests::privileged::{TempBpffs, TempCgroup, load_options};
     require_root!();
     let services: u32 = std::env::var("KPE_COLD_SERVICES")
         .ok()
@@ -522,14 +519,7 @@ fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
         ..Default::default()
     };
     let stale = StaleConntrack::default();
-    let opts = LoadOptions {
-        bpffs_root: bpffs.path.clone(),
-        cgroup: cgroup.path.clone(),
-        map_sizes: MapSizes::default(),
-        devices: Vec::new(),
-        xdp: proxy_agent::config::XdpMode::Off,
-        maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
-    };
+    let opts = load_options(&bpffs, &cgroup);
     // In a namespace of its own: the pod-side program attaches to every device but lo.
     let (started, synced, stats) = std::thread::scope(|scope| {
         scope

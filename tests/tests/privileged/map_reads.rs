@@ -5,10 +5,10 @@
 //! more entries than a batch holds, in a hash map and in an LRU hash map, and nothing from
 //! an empty map.
 
-use proxy_agent::proxier::ebpf::{LoadOptions, MapSizes, load_and_attach};
+use proxy_agent::proxier::ebpf::load_and_attach;
 use proxy_common::{AffinityKey, AffinityValue, Backend4Value, proto};
 use tests::{
-    privileged::{TempBpffs, TempCgroup},
+    privileged::{TempBpffs, TempCgroup, load_options},
     require_root,
 };
 
@@ -17,14 +17,7 @@ fn a_read_returns_every_entry_written_and_nothing_else() {
     require_root!();
     let bpffs = TempBpffs::new("kpe-mapreads");
     let cgroup = TempCgroup::new("kpe-mapreads");
-    let mut loaded = match load_and_attach(&LoadOptions {
-        bpffs_root: bpffs.path.clone(),
-        cgroup: cgroup.path.clone(),
-        map_sizes: MapSizes::default(),
-        devices: Vec::new(),
-        xdp: proxy_agent::config::XdpMode::Off,
-        maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
-    }) {
+    let mut loaded = match load_and_attach(&load_options(&bpffs, &cgroup)) {
         Ok(loaded) => loaded,
         Err(e) if std::env::var_os("PROXY_REQUIRE_EBPF").is_none() => {
             eprintln!("SKIP map reads: {e} (build with PROXY_REQUIRE_EBPF=1)");
