@@ -178,7 +178,7 @@ pub fn map_lookup_all<K: aya::Pod, V: aya::Pod>(
     // The position between calls: a bucket number for hash maps, a key for the others.
     let token_len = (info.key_size() as usize).max(8);
     let (mut token_in, mut token_out) = (vec![0u8; token_len], vec![0u8; token_len]);
-    let mut all = Vec::with_capacity(usize::try_from(info.max_entries()).unwrap_or(0).min(room));
+    let mut all = Vec::new();
     let mut first = true;
     loop {
         let mut attr = BatchAttr {

@@ -52,16 +52,18 @@ fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
     }
     // SAFETY: the context pointer is valid for the program's run.
     let forwarded = unsafe { (*ctx.skb.skb).ingress_ifindex } != 0;
-    verdict::<F>(p, !forwarded || pods_are_local(ct::config().flags))
+    let flags = ct::config().flags;
+    verdict::<F>(p, !forwarded || pods_are_local(flags), flags)
 }
 
 /// The verdict on a packet to a frontend that no socket program translated: dropped where
 /// upstream drops (no endpoints in the scope that applies, a source outside the ranges, an
 /// unallocated service address), passed otherwise, and always while a netfilter mode takes
-/// the node over. `internal`: judge by the internal scope of a two-scope frontend.
+/// the node over. `internal`: judge by the internal scope of a two-scope frontend;
+/// `flags`: the configuration's, as the caller read them.
 #[inline(always)]
-pub fn verdict<F: PacketFamily>(p: &Packet<F::Addr>, internal: bool) -> i32 {
-    if ct::config().flags & LB_CFG_HANDING_OVER != 0 {
+pub fn verdict<F: PacketFamily>(p: &Packet<F::Addr>, internal: bool, flags: u32) -> i32 {
+    if flags & LB_CFG_HANDING_OVER != 0 {
         // The socket programs leave every new connection to the netfilter mode taking the
         // node over: its rules, not these, decide what is dropped.
         return TC_ACT_OK;

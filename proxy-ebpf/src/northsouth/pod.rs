@@ -62,5 +62,5 @@ fn run<F: AddrRewrite + Masquerade>(ctx: &TcContext) -> i32 {
 /// verifier's combined stack of the load-balancing path.
 #[inline(never)]
 fn dropped_as_outside<F: AddrRewrite>(p: &Packet<F::Addr>) -> i32 {
-    egress::verdict::<F>(p, false)
+    egress::verdict::<F>(p, false, ct::config().flags)
 }
