@@ -559,3 +559,115 @@ fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
         stats.map_usage
     );
 }
+
+/// A partial sync of thousands of services writes their backend and reverse-NAT entries
+/// on another thread while it admits them, into maps that grow meanwhile (the proxier's
+/// `apply::ahead`): started with room for 1,024 entries each, the proxier takes 6,000
+/// services of four endpoints in one partial sync, and the full sync after it finds
+/// nothing to write or delete: the maps hold exactly what the plan says, every slot's
+/// backend included.
+#[test]
+fn a_big_partial_sync_written_ahead_into_growing_maps_leaves_nothing_for_a_full_sync() {
+    use proxy_agent::{
+        config::MapSizeLimits,
+        k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
+        model::{ClusterState, IpFamily},
+        proxier::{NodeContext, Proxier, StaleConntrack, SyncRequest, ebpf::EbpfProxier},
+    };
+    use tests::privileged::{TempBpffs, TempCgroup, load_options};
+    require_root!();
+    const SERVICES: u32 = 6_000;
+    const ENDPOINTS: u32 = 4;
+    let bpffs = TempBpffs::new("kpe-ahead");
+    let cgroup = TempCgroup::new("kpe-ahead");
+    let mut opts = load_options(&bpffs, &cgroup);
+    opts.map_sizes.services = 1_024;
+    opts.map_sizes.backends = 1_024;
+    opts.map_sizes.rev_nat = 1_024;
+    let node = NodeContext {
+        name: "node-a".into(),
+        host_addresses: vec!["192.168.0.2".parse().unwrap()],
+        ..Default::default()
+    };
+    let stale = StaleConntrack::default();
+    let mut cluster = ClusterState::new(&[IpFamily::V4], "node-a");
+    let add = |cluster: &mut ClusterState, i: u32| {
+        let name = format!("svc{i}");
+        let vip = Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 16, 0, 1)) + i);
+        let svc = mk_service("ns1", &name)
+            .cluster_ip(&vip.to_string())
+            .port("http", 80, "TCP")
+            .build();
+        cluster.service(&std::sync::Arc::new(svc), false);
+        let mut slice =
+            mk_endpointslice("ns1", &format!("{name}-1"), &name, "IPv4").port("http", 8080, "TCP");
+        for e in 0..ENDPOINTS {
+            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64, 0, 0)) + i * 8 + e);
+            slice = slice.endpoint(mk_endpoint(&ip.to_string()).node("node-b").build());
+        }
+        cluster.endpoint_slice(&slice.build(), false);
+    };
+    // In a namespace of its own: the pod-side program attaches to every device but lo.
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a netns");
+                let mut proxier = EbpfProxier::start_with_limits(
+                    &opts,
+                    &MapSizeLimits::default(),
+                    Default::default(),
+                    Default::default(),
+                )
+                .expect("the dataplane loads");
+                let mut sync = |cluster: &mut ClusterState, full: bool| {
+                    let changes = cluster.apply_pending();
+                    proxier
+                        .sync(&SyncRequest {
+                            families: cluster.families(),
+                            node: &node,
+                            full,
+                            changed: &changes.changed,
+                            stale: &stale,
+                        })
+                        .expect("the sync succeeds")
+                };
+                add(&mut cluster, 0);
+                sync(&mut cluster, true);
+                (1..=SERVICES).for_each(|i| add(&mut cluster, i));
+                let stats = sync(&mut cluster, false);
+                assert_eq!(stats.not_programmed, 0, "{:?}", stats.full_maps);
+                assert!(
+                    stats
+                        .map_growth
+                        .iter()
+                        .any(|g| g.map.starts_with("BACKENDS4")),
+                    "the backend map grew: {:?}",
+                    stats.map_growth
+                );
+                // Per service: its backends, a reverse-NAT entry, and its service entries:
+                // slot 0, a slot per backend, and the ClusterIP's entry for its other ports.
+                let svc_entries = 1 + ENDPOINTS as usize + 1;
+                let per_service = ENDPOINTS as usize + 1 + svc_entries;
+                assert_eq!(stats.written, SERVICES as usize * per_service);
+                let usage = |prefix: &str| {
+                    stats
+                        .map_usage
+                        .iter()
+                        .find(|u| u.map.starts_with(prefix))
+                        .map(|u| u.entries)
+                };
+                let all = SERVICES as usize + 1;
+                assert_eq!(usage("BACKENDS4"), Some(all * ENDPOINTS as usize));
+                assert_eq!(usage("REV_NAT4"), Some(all));
+                assert_eq!(usage("SVC4"), Some(all * svc_entries));
+                let again = sync(&mut cluster, true);
+                assert_eq!(
+                    (again.written, again.deleted),
+                    (0, 0),
+                    "a full sync finds the maps as planned"
+                );
+            })
+            .join()
+            .expect("the syncing thread")
+    });
+}

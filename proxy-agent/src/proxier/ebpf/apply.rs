@@ -22,6 +22,7 @@
 //! a table in use is never rewritten (see `maglev`).
 
 mod admission;
+pub mod ahead;
 mod maglev;
 
 use std::net::IpAddr;
@@ -58,6 +59,9 @@ use crate::{
 /// A planned sync of this many map writes or more runs [`ApplyState::execute_alongside`]'s
 /// other work on another thread.
 const PARALLEL_WRITE_MIN: usize = 16_384;
+/// A partial sync of this many services or more writes its backend and reverse-NAT
+/// entries while it admits them (see the `ahead` module).
+const WRITE_AHEAD_MIN: usize = 4_096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -173,6 +177,8 @@ pub struct PlannedSync {
     refusals: Refusals,
     dead_frontends: HashSet<u32>,
     dead_pairs: HashSet<(u32, u32)>,
+    /// Entries written while the sync was planned (see the `ahead` module).
+    written_ahead: usize,
 }
 
 /// A sync whose services are known and not admitted yet (see [`ApplyState::prepare`]).
@@ -192,6 +198,12 @@ impl PreparedSync {
     /// admission, it lets the maps grow while the services are admitted instead of after.
     pub fn estimated_peak(&self) -> &PerMap {
         &self.estimated_peak
+    }
+
+    /// Whether its backend and reverse-NAT entries are worth writing while its services
+    /// are admitted (see the `ahead` module): a partial sync of many services.
+    pub fn writes_ahead(&self) -> bool {
+        self.actual.is_none() && self.candidates.len() >= WRITE_AHEAD_MIN
     }
 }
 
@@ -839,6 +851,22 @@ impl ApplyState {
         families: &[FamilyState],
         node: &NodeContext,
     ) -> PlannedSync {
+        self.admit_writing_ahead(prepared, families, node, None)
+    }
+
+    /// [`ApplyState::admit_prepared`], sending the backend and reverse-NAT writes of a
+    /// partial sync to `ahead` as the services are admitted (see the `ahead` module): the
+    /// `ahead::AheadWriter`'s outcome must be given back with `PlannedSync::take_back`
+    /// before the plan is written.
+    pub fn admit_writing_ahead(
+        &mut self,
+        prepared: PreparedSync,
+        families: &[FamilyState],
+        node: &NodeContext,
+        ahead: Option<ahead::AheadSender>,
+    ) -> PlannedSync {
+        // A full sync's writes are known only once everything is compared with the maps.
+        let mut ahead = ahead.filter(|_| prepared.actual.is_none());
         let PreparedSync {
             actual,
             mut budget,
@@ -859,9 +887,12 @@ impl ApplyState {
                 })
                 .sum::<usize>()
         };
-        plan.backend_puts.reserve(added(MapKind::Backends));
+        if ahead.is_none() {
+            // (Written ahead, they leave a chunk at a time.)
+            plan.backend_puts.reserve(added(MapKind::Backends));
+            plan.rev_nat_puts.reserve(added(MapKind::RevNat));
+        }
         plan.svc_puts.reserve(added(MapKind::Services));
-        plan.rev_nat_puts.reserve(added(MapKind::RevNat));
         plan.range_puts.reserve(added(MapKind::SourceRanges));
         let mut refusals = Refusals::default();
         for candidate in candidates {
@@ -872,6 +903,9 @@ impl ApplyState {
                 &mut plan,
                 &mut refusals,
             );
+            if let Some(ahead) = &mut ahead {
+                ahead.offer(&mut plan.backend_puts, &mut plan.rev_nat_puts, false);
+            }
         }
         self.deferred = refusals.services.iter().cloned().collect();
         let (addrs, cidrs) = desired_node(families, node);
@@ -914,7 +948,22 @@ impl ApplyState {
                 let (dead_frontends, dead_pairs) = plan.into_dead();
                 (self.reconcile(&actual, tables), dead_frontends, dead_pairs)
             }
-            None => plan.ordered(),
+            None => {
+                // What is left of the backend and reverse-NAT writes goes ahead too; what
+                // could not be sent stays in front of the rest.
+                let unsent = ahead.map(|mut ahead| {
+                    ahead.offer(&mut plan.backend_puts, &mut plan.rev_nat_puts, true);
+                    ahead.close()
+                });
+                let (ops, dead_frontends, dead_pairs) = plan.ordered();
+                match unsent {
+                    Some(mut unsent) if !unsent.is_empty() => {
+                        unsent.extend(ops);
+                        (unsent, dead_frontends, dead_pairs)
+                    }
+                    _ => (ops, dead_frontends, dead_pairs),
+                }
+            }
         };
         PlannedSync {
             ops,
@@ -922,6 +971,7 @@ impl ApplyState {
             refusals,
             dead_frontends,
             dead_pairs,
+            written_ahead: 0,
         }
     }
 
@@ -990,6 +1040,7 @@ impl ApplyState {
             refusals,
             dead_frontends,
             dead_pairs,
+            written_ahead,
         } = planned;
         // Ids freed by this sync are safe to hand out once their entries are gone (or, if a
         // write failed, at the next sync, which is then full and rewrites what it needs).
@@ -1011,7 +1062,7 @@ impl ApplyState {
         let affinity_removed = clean_affinity(maps, &dead_frontends, &dead_pairs)?;
         Ok(SyncStats {
             services: self.services.len(),
-            written,
+            written: written + written_ahead,
             deleted: deleted + affinity_removed,
             no_local_endpoints_internal: self.no_local.0,
             no_local_endpoints_external: self.no_local.1,

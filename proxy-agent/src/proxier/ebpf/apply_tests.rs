@@ -27,7 +27,7 @@ pub(super) struct Harness {
     pub(super) node: NodeContext,
     pub(super) apply: ApplyState,
     pub(super) maps: LbMaps,
-    log: OpLog,
+    pub(super) log: OpLog,
 }
 
 impl Harness {

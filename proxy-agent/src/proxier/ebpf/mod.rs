@@ -330,7 +330,9 @@ impl EbpfProxier {
     /// few tenths of a second for a cold start of 100,000 services (map allocation,
     /// the verifier), and admitting the services keeps one core busy as long: growing
     /// only after the plan added the two. The growth is sized from the estimate; the
-    /// plan's own peak is checked after (see [`EbpfProxier::grow_for`]).
+    /// plan's own peak is checked after (see [`EbpfProxier::grow_for`]). A partial sync
+    /// of many services also writes its backend and reverse-NAT entries on that thread
+    /// as they are admitted, after the growth (see `apply::ahead`).
     fn plan_growing(
         &mut self,
         request: &SyncRequest<'_>,
@@ -345,12 +347,19 @@ impl EbpfProxier {
                 request.full,
             )
             .map_err(|e| SyncError::new("ebpf", e))?;
-        let Some((capacity, steps)) = self.growth_ahead(prepared.estimated_peak()) else {
+        let growth = self.growth_ahead(prepared.estimated_peak());
+        let (sender, writer) = if prepared.writes_ahead() {
+            let (sender, writer) = apply::ahead::channel();
+            (Some(sender), Some(writer))
+        } else {
+            (None, None)
+        };
+        if growth.is_none() && writer.is_none() {
             let planned = self
                 .state
                 .admit_prepared(prepared, request.families, request.node);
             return Ok((planned, Vec::new()));
-        };
+        }
         let Self {
             state,
             loaded,
@@ -359,29 +368,44 @@ impl EbpfProxier {
             ..
         } = self;
         let began = Instant::now();
-        let (planned, grown) = std::thread::scope(|scope| {
-            let growing = scope.spawn(|| {
-                let grown = grow_maps(opts, loaded, names, &capacity, &steps);
-                (grown, began.elapsed())
+        let (mut planned, grown, ahead) = std::thread::scope(|scope| {
+            let helper = scope.spawn(|| {
+                let grown = growth.map(|(capacity, steps)| {
+                    let grown = grow_maps(opts, loaded, names, &capacity, &steps);
+                    (grown, began.elapsed())
+                });
+                // Into the grown maps only: after a failed growth the sync writes them,
+                // once it has grown the maps again.
+                let ahead = writer.map(|writer| match &grown {
+                    Some((Err(_), _)) => writer.give_back(),
+                    _ => writer.write(&mut loaded.maps),
+                });
+                (grown, ahead, began.elapsed())
             });
-            let planned = state.admit_prepared(prepared, request.families, request.node);
+            let planned =
+                state.admit_writing_ahead(prepared, request.families, request.node, sender);
             let admitted = began.elapsed();
-            match growing.join() {
-                Ok((grown, grown_in)) => {
+            match helper.join() {
+                Ok((grown, ahead, helped)) => {
                     // Which of the two bounds the plan.
                     debug!(
                         admit_ms = admitted.as_secs_f64() * 1e3,
-                        grow_ms = grown_in.as_secs_f64() * 1e3,
-                        "services admitted while the maps grew"
+                        grow_ms = grown.as_ref().map(|(_, took)| took.as_secs_f64() * 1e3),
+                        helper_ms = helped.as_secs_f64() * 1e3,
+                        "services admitted while the maps grew and took writes ahead"
                     );
-                    (planned, grown)
+                    (planned, grown.map(|(grown, _)| grown), ahead)
                 }
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         });
+        if let Some(ahead) = ahead {
+            planned.take_back(ahead);
+        }
         match grown {
-            Ok(grown) => Ok((planned, grown)),
-            Err(e) => {
+            None => Ok((planned, Vec::new())),
+            Some(Ok(grown)) => Ok((planned, grown)),
+            Some(Err(e)) => {
                 // The plan did not count on it: the growth after the plan tries again
                 // (and, failing, reports it) for what the plan itself needs.
                 warn!(error = %e, "growing the BPF maps beside the plan failed; trying again after it");
