@@ -70,11 +70,11 @@ fn get_field(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
-fn encode_parts(namespace: &str, name: &str, port_name: &str) -> NameValue {
+pub fn encode(port: &PortRef) -> NameValue {
     let mut v = [0u8; VALUE_LEN];
-    put_field(&mut v[..NS_LEN], namespace);
-    put_field(&mut v[NS_LEN..NS_LEN + NAME_LEN], name);
-    put_field(&mut v[NS_LEN + NAME_LEN..], port_name);
+    put_field(&mut v[..NS_LEN], &port.namespace);
+    put_field(&mut v[NS_LEN..NS_LEN + NAME_LEN], &port.name);
+    put_field(&mut v[NS_LEN + NAME_LEN..], &port.port_name);
     v
 }
 
@@ -123,38 +123,30 @@ pub fn port_frontend_keys(port: &ServicePort, family: IpFamily) -> Vec<FrontendK
     keys
 }
 
-/// The table entries of one service in one family, appended to `out`; returns how many.
-/// A frontend two ports share is named after the first. (Sorted keys, not a table per
-/// service: a cold sync names 100,000 services of a frontend or two each.)
+/// The table entries of one service in one family.
 fn service_entries(
     state: &FamilyState,
     apply: &ApplyState,
     service: &NamespacedName,
-    out: &mut Vec<(u32, NameValue)>,
-) -> usize {
-    let ids = apply.frontend_ids(state.family, service);
-    if ids.is_empty() {
-        return 0;
-    }
-    let mut port_of: Vec<(FrontendKey, usize, &str)> = Vec::new();
+) -> FastMap<u32, NameValue> {
+    let mut by_key: FastMap<FrontendKey, PortRef> = FastMap::default();
     for (name, port) in state.services.ports_of(service) {
         for k in port_frontend_keys(port, state.family) {
-            port_of.push((k, port_of.len(), &name.port_name));
+            by_key.entry(k).or_insert_with(|| PortRef {
+                namespace: service.namespace().to_string(),
+                name: service.name().to_string(),
+                port_name: name.port_name.to_string(),
+            });
         }
     }
-    // By key, the first port of each first.
-    port_of.sort_unstable_by_key(|(k, order, _)| (*k, *order));
-    port_of.dedup_by_key(|(k, _, _)| *k);
-    let v6 = state.family == IpFamily::V6;
-    let before = out.len();
-    for (k, id) in ids {
-        if let Ok(at) = port_of.binary_search_by_key(&k, |(k, _, _)| *k) {
-            let port_name = port_of[at].2;
-            let value = encode_parts(service.namespace(), service.name(), port_name);
-            out.push((key(v6, id), value));
-        }
-    }
-    out.len() - before
+    apply
+        .frontend_ids(state.family, service)
+        .into_iter()
+        .filter_map(|(k, id)| {
+            let port = by_key.get(&k)?;
+            Some((key(state.family == IpFamily::V6, id), encode(port)))
+        })
+        .collect()
 }
 
 /// The table and what the agent wrote into it.
@@ -270,59 +262,48 @@ impl NamesTable {
                 .collect();
             self.loaded = true;
         }
-        // A partial sync names the changed services straight from the set it was given (a
-        // cold one changes 100,000); a full one gathers every service known anywhere.
-        let todo: Vec<(IpFamily, NamespacedName)> = if full {
-            let mut all: FastSet<(IpFamily, NamespacedName)> = FastSet::default();
-            for state in families {
-                all.extend(state.services.services().map(|s| (state.family, s.clone())));
+        let mut todo: FastSet<(IpFamily, NamespacedName)> = FastSet::default();
+        for state in families {
+            if full {
+                todo.extend(state.services.services().map(|s| (state.family, s.clone())));
+            } else {
+                todo.extend(changed.iter().map(|s| (state.family, s.clone())));
             }
-            all.extend(self.by_service.keys().cloned());
-            all.extend(apply.programmed().cloned());
-            all.into_iter().collect()
-        } else {
-            families
-                .iter()
-                .flat_map(|state| changed.iter().map(|s| (state.family, s.clone())))
-                .collect()
-        };
-        // Each id belongs to one service (the frontend's owner), so no id comes twice.
-        let mut desired: Vec<(u32, NameValue)> = Vec::with_capacity(todo.len());
+        }
+        if full {
+            todo.extend(self.by_service.keys().cloned());
+            todo.extend(apply.programmed().cloned());
+        }
+        let mut desired: FastMap<u32, NameValue> = FastMap::default();
         let mut old_ids: FastSet<u32> = FastSet::default();
-        for (family, service) in todo {
-            let first = desired.len();
-            let added = families
+        for (family, service) in &todo {
+            let entries = families
                 .iter()
-                .find(|s| s.family == family)
-                .map_or(0, |state| {
-                    service_entries(state, apply, &service, &mut desired)
-                });
-            let ids: Vec<u32> = desired[first..].iter().map(|(id, _)| *id).collect();
-            let key = (family, service);
+                .find(|s| s.family == *family)
+                .map(|state| service_entries(state, apply, service))
+                .unwrap_or_default();
+            let key = (*family, service.clone());
             if let Some(old) = self.by_service.remove(&key) {
                 old_ids.extend(old);
             }
-            if added > 0 {
-                self.by_service.insert(key, ids);
+            if !entries.is_empty() {
+                self.by_service
+                    .insert(key, entries.keys().copied().collect());
             }
+            desired.extend(entries);
         }
         if full {
             // Entries nothing owns any more (e.g. left by an agent that ran before).
             let owned: FastSet<u32> = self.by_service.values().flatten().copied().collect();
             old_ids.extend(self.written.keys().filter(|k| !owned.contains(k)));
         }
-        if !old_ids.is_empty() {
-            let desired_ids: FastSet<u32> = desired.iter().map(|(id, _)| *id).collect();
-            for id in old_ids.iter().filter(|id| !desired_ids.contains(id)) {
-                self.map.delete(id)?;
-                self.written.remove(id);
-            }
+        for id in old_ids.iter().filter(|id| !desired.contains_key(id)) {
+            self.map.delete(id)?;
+            self.written.remove(id);
         }
-        let fingerprints = &self.fingerprints;
-        let written = &self.written;
         let changed: Vec<(u32, NameValue)> = desired
             .into_iter()
-            .filter(|(id, value)| written.get(id) != Some(&fingerprints.hash_one(value)))
+            .filter(|(id, value)| self.written.get(id) != Some(&self.fingerprints.hash_one(value)))
             .collect();
         // In as few system calls as the map allows (a cold sync writes every name).
         self.map.put_many(&changed)?;
@@ -353,10 +334,6 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-
-    fn encode(port: &PortRef) -> NameValue {
-        encode_parts(&port.namespace, &port.name, &port.port_name)
-    }
     use crate::{
         k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
         model::{ClusterState, IpFamily},
@@ -466,67 +443,5 @@ mod tests {
             .sync(cluster.families(), &apply, &changes.changed, false)
             .unwrap();
         assert!(table.map.entries().unwrap().is_empty());
-    }
-
-    /// A partial sync names each port's frontend after its port, and follows a port that
-    /// comes and goes.
-    #[test]
-    fn each_port_of_a_service_names_its_own_frontends() {
-        let mut cluster = ClusterState::new(&[IpFamily::V4], "node-a");
-        let node = NodeContext {
-            name: "node-a".into(),
-            host_addresses: vec!["192.168.0.2".parse().unwrap()],
-            ..Default::default()
-        };
-        let (mut maps, _) = LbMaps::in_memory(64);
-        let mut apply = ApplyState::new(64, 64);
-        let mut table = NamesTable::new(Box::new(MemMap::new(SVC_NAMES, 64, Arc::default())));
-        let mut sync = |cluster: &mut ClusterState| {
-            let changes = cluster.apply_pending();
-            apply
-                .sync(
-                    &mut maps,
-                    cluster.families(),
-                    &node,
-                    &changes.changed,
-                    false,
-                )
-                .unwrap();
-            table
-                .sync(cluster.families(), &apply, &changes.changed, false)
-                .unwrap();
-            let mut names: Vec<String> = table
-                .map
-                .entries()
-                .unwrap()
-                .into_iter()
-                .map(|(_, v)| decode(&v).to_string())
-                .collect();
-            names.sort();
-            names
-        };
-        let slice = |ports: &[(&str, i32)]| {
-            let mut b = mk_endpointslice("ns1", "web-a", "web", "IPv4");
-            for (name, port) in ports {
-                b = b.port(name, *port, "TCP");
-            }
-            b.endpoint(mk_endpoint("10.180.0.1").node("node-a").build())
-                .build()
-        };
-        let two = mk_service("ns1", "web")
-            .cluster_ip("172.30.0.42")
-            .port("http", 80, "TCP")
-            .port("metrics", 9090, "TCP")
-            .build();
-        cluster.service(&Arc::new(two), false);
-        cluster.endpoint_slice(&slice(&[("http", 8080), ("metrics", 9090)]), false);
-        assert_eq!(sync(&mut cluster), ["ns1/web:http", "ns1/web:metrics"]);
-
-        let one = mk_service("ns1", "web")
-            .cluster_ip("172.30.0.42")
-            .port("metrics", 9090, "TCP")
-            .build();
-        cluster.service(&Arc::new(one), false);
-        assert_eq!(sync(&mut cluster), ["ns1/web:metrics"]);
     }
 }
