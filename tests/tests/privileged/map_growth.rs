@@ -460,6 +460,62 @@ async fn maps_grow_under_load_without_a_restart_or_a_failed_connection() {
     }
 }
 
+/// Adds ClusterIP service `ns1/svc{i}` (172.16.0.1 + i, port 80) with `endpoints`
+/// endpoints (up to 16) on another node to `cluster`.
+fn add_clusterip_service(cluster: &mut proxy_agent::model::ClusterState, i: u32, endpoints: u32) {
+    use proxy_agent::k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service};
+    let name = format!("svc{i}");
+    let vip = Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 16, 0, 1)) + i);
+    let svc = mk_service("ns1", &name)
+        .cluster_ip(&vip.to_string())
+        .port("http", 80, "TCP")
+        .build();
+    cluster.service(&std::sync::Arc::new(svc), false);
+    let mut slice =
+        mk_endpointslice("ns1", &format!("{name}-1"), &name, "IPv4").port("http", 8080, "TCP");
+    for e in 0..endpoints {
+        let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64, 0, 0)) + i * 16 + e);
+        slice = slice.endpoint(mk_endpoint(&ip.to_string()).node("node-b").build());
+    }
+    cluster.endpoint_slice(&slice.build(), false);
+}
+
+/// The node the in-process proxiers of these tests run for.
+fn in_process_node() -> proxy_agent::proxier::NodeContext {
+    proxy_agent::proxier::NodeContext {
+        name: "node-a".into(),
+        host_addresses: vec!["192.168.0.2".parse().unwrap()],
+        ..Default::default()
+    }
+}
+
+/// Runs `f` on a thread in a network namespace of its own (the pod-side program attaches
+/// to every device but lo).
+fn in_own_netns<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a netns");
+                f()
+            })
+            .join()
+            .expect("the thread in its own netns")
+    })
+}
+
+/// An in-process ebpf proxier with the default map size limits (the maps may grow).
+fn start_growable(
+    opts: &proxy_agent::proxier::ebpf::LoadOptions,
+) -> proxy_agent::proxier::ebpf::EbpfProxier {
+    proxy_agent::proxier::ebpf::EbpfProxier::start_with_limits(
+        opts,
+        &proxy_agent::config::MapSizeLimits::default(),
+        Default::default(),
+        Default::default(),
+    )
+    .expect("the dataplane loads")
+}
+
 /// Issue 20's scale target, measured in-process (run it in release:
 /// `cargo test --release -p tests --test privileged cold_sync -- --ignored --nocapture`):
 /// a cold start of the ebpf proxier from the default map sizes and limits, then the first
@@ -469,10 +525,8 @@ async fn maps_grow_under_load_without_a_restart_or_a_failed_connection() {
 #[ignore = "a measurement: minutes of setup, run by hand in release"]
 fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
     use proxy_agent::{
-        config::MapSizeLimits,
-        k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
         model::{ClusterState, IpFamily},
-        proxier::{NodeContext, Proxier, StaleConntrack, SyncRequest, ebpf::EbpfProxier},
+        proxier::{Proxier, StaleConntrack, SyncRequest},
     };
     use tests::privileged::{TempBpffs, TempCgroup, load_options};
     require_root!();
@@ -492,61 +546,27 @@ fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
     let built = Instant::now();
     let mut cluster = ClusterState::new(&[IpFamily::V4], "node-a");
     for i in 0..services {
-        let name = format!("svc{i}");
-        let vip = Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 16, 0, 1)) + i);
-        cluster.service(
-            &std::sync::Arc::new(
-                mk_service("ns1", &name)
-                    .cluster_ip(&vip.to_string())
-                    .port("http", 80, "TCP")
-                    .build(),
-            ),
-            false,
-        );
-        let mut slice =
-            mk_endpointslice("ns1", &format!("{name}-1"), &name, "IPv4").port("http", 8080, "TCP");
-        for e in 0..endpoints {
-            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64, 0, 0)) + i * 16 + e);
-            slice = slice.endpoint(mk_endpoint(&ip.to_string()).node("node-b").build());
-        }
-        cluster.endpoint_slice(&slice.build(), false);
+        add_clusterip_service(&mut cluster, i, endpoints);
     }
     let changes = cluster.apply_pending();
     eprintln!("{services} x {endpoints} built in {:?}", built.elapsed());
-    let node = NodeContext {
-        name: "node-a".into(),
-        host_addresses: vec!["192.168.0.2".parse().unwrap()],
-        ..Default::default()
-    };
+    let node = in_process_node();
     let stale = StaleConntrack::default();
     let opts = load_options(&bpffs, &cgroup);
-    // In a namespace of its own: the pod-side program attaches to every device but lo.
-    let (started, synced, stats) = std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a netns");
-                let began = Instant::now();
-                let mut proxier = EbpfProxier::start_with_limits(
-                    &opts,
-                    &MapSizeLimits::default(),
-                    Default::default(),
-                    Default::default(),
-                )
-                .expect("the dataplane loads");
-                let started = began.elapsed();
-                let stats = proxier
-                    .sync(&SyncRequest {
-                        families: cluster.families(),
-                        node: &node,
-                        full: true,
-                        changed: &changes.changed,
-                        stale: &stale,
-                    })
-                    .expect("the sync succeeds");
-                (started, began.elapsed(), stats)
+    let (started, synced, stats) = in_own_netns(|| {
+        let began = Instant::now();
+        let mut proxier = start_growable(&opts);
+        let started = began.elapsed();
+        let stats = proxier
+            .sync(&SyncRequest {
+                families: cluster.families(),
+                node: &node,
+                full: true,
+                changed: &changes.changed,
+                stale: &stale,
             })
-            .join()
-            .expect("the measuring thread")
+            .expect("the sync succeeds");
+        (started, began.elapsed(), stats)
     });
     eprintln!(
         "start (load, attach) {started:?}; start + first full sync {synced:?}; \
@@ -569,10 +589,8 @@ fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
 #[test]
 fn a_big_partial_sync_written_ahead_into_growing_maps_leaves_nothing_for_a_full_sync() {
     use proxy_agent::{
-        config::MapSizeLimits,
-        k8s::fixtures::{mk_endpoint, mk_endpointslice, mk_service},
         model::{ClusterState, IpFamily},
-        proxier::{NodeContext, Proxier, StaleConntrack, SyncRequest, ebpf::EbpfProxier},
+        proxier::{Proxier, StaleConntrack, SyncRequest},
     };
     use tests::privileged::{TempBpffs, TempCgroup, load_options};
     require_root!();
@@ -584,90 +602,57 @@ fn a_big_partial_sync_written_ahead_into_growing_maps_leaves_nothing_for_a_full_
     opts.map_sizes.services = 1_024;
     opts.map_sizes.backends = 1_024;
     opts.map_sizes.rev_nat = 1_024;
-    let node = NodeContext {
-        name: "node-a".into(),
-        host_addresses: vec!["192.168.0.2".parse().unwrap()],
-        ..Default::default()
-    };
+    let node = in_process_node();
     let stale = StaleConntrack::default();
     let mut cluster = ClusterState::new(&[IpFamily::V4], "node-a");
-    let add = |cluster: &mut ClusterState, i: u32| {
-        let name = format!("svc{i}");
-        let vip = Ipv4Addr::from(u32::from(Ipv4Addr::new(172, 16, 0, 1)) + i);
-        let svc = mk_service("ns1", &name)
-            .cluster_ip(&vip.to_string())
-            .port("http", 80, "TCP")
-            .build();
-        cluster.service(&std::sync::Arc::new(svc), false);
-        let mut slice =
-            mk_endpointslice("ns1", &format!("{name}-1"), &name, "IPv4").port("http", 8080, "TCP");
-        for e in 0..ENDPOINTS {
-            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64, 0, 0)) + i * 8 + e);
-            slice = slice.endpoint(mk_endpoint(&ip.to_string()).node("node-b").build());
-        }
-        cluster.endpoint_slice(&slice.build(), false);
-    };
-    // In a namespace of its own: the pod-side program attaches to every device but lo.
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a netns");
-                let mut proxier = EbpfProxier::start_with_limits(
-                    &opts,
-                    &MapSizeLimits::default(),
-                    Default::default(),
-                    Default::default(),
-                )
-                .expect("the dataplane loads");
-                let mut sync = |cluster: &mut ClusterState, full: bool| {
-                    let changes = cluster.apply_pending();
-                    proxier
-                        .sync(&SyncRequest {
-                            families: cluster.families(),
-                            node: &node,
-                            full,
-                            changed: &changes.changed,
-                            stale: &stale,
-                        })
-                        .expect("the sync succeeds")
-                };
-                add(&mut cluster, 0);
-                sync(&mut cluster, true);
-                (1..=SERVICES).for_each(|i| add(&mut cluster, i));
-                let stats = sync(&mut cluster, false);
-                assert_eq!(stats.not_programmed, 0, "{:?}", stats.full_maps);
-                assert!(
-                    stats
-                        .map_growth
-                        .iter()
-                        .any(|g| g.map.starts_with("BACKENDS4")),
-                    "the backend map grew: {:?}",
-                    stats.map_growth
-                );
-                // Per service: its backends, a reverse-NAT entry, and its service entries:
-                // slot 0, a slot per backend, and the ClusterIP's entry for its other ports.
-                let svc_entries = 1 + ENDPOINTS as usize + 1;
-                let per_service = ENDPOINTS as usize + 1 + svc_entries;
-                assert_eq!(stats.written, SERVICES as usize * per_service);
-                let usage = |prefix: &str| {
-                    stats
-                        .map_usage
-                        .iter()
-                        .find(|u| u.map.starts_with(prefix))
-                        .map(|u| u.entries)
-                };
-                let all = SERVICES as usize + 1;
-                assert_eq!(usage("BACKENDS4"), Some(all * ENDPOINTS as usize));
-                assert_eq!(usage("REV_NAT4"), Some(all));
-                assert_eq!(usage("SVC4"), Some(all * svc_entries));
-                let again = sync(&mut cluster, true);
-                assert_eq!(
-                    (again.written, again.deleted),
-                    (0, 0),
-                    "a full sync finds the maps as planned"
-                );
-            })
-            .join()
-            .expect("the syncing thread")
+    in_own_netns(|| {
+        let mut proxier = start_growable(&opts);
+        let mut sync = |cluster: &mut ClusterState, full: bool| {
+            let changes = cluster.apply_pending();
+            proxier
+                .sync(&SyncRequest {
+                    families: cluster.families(),
+                    node: &node,
+                    full,
+                    changed: &changes.changed,
+                    stale: &stale,
+                })
+                .expect("the sync succeeds")
+        };
+        add_clusterip_service(&mut cluster, 0, ENDPOINTS);
+        sync(&mut cluster, true);
+        (1..=SERVICES).for_each(|i| add_clusterip_service(&mut cluster, i, ENDPOINTS));
+        let stats = sync(&mut cluster, false);
+        assert_eq!(stats.not_programmed, 0, "{:?}", stats.full_maps);
+        assert!(
+            stats
+                .map_growth
+                .iter()
+                .any(|g| g.map.starts_with("BACKENDS4")),
+            "the backend map grew: {:?}",
+            stats.map_growth
+        );
+        // Per service: its backends, a reverse-NAT entry, and its service entries:
+        // slot 0, a slot per backend, and the ClusterIP's entry for its other ports.
+        let svc_entries = 1 + ENDPOINTS as usize + 1;
+        let per_service = ENDPOINTS as usize + 1 + svc_entries;
+        assert_eq!(stats.written, SERVICES as usize * per_service);
+        let usage = |prefix: &str| {
+            stats
+                .map_usage
+                .iter()
+                .find(|u| u.map.starts_with(prefix))
+                .map(|u| u.entries)
+        };
+        let all = SERVICES as usize + 1;
+        assert_eq!(usage("BACKENDS4"), Some(all * ENDPOINTS as usize));
+        assert_eq!(usage("REV_NAT4"), Some(all));
+        assert_eq!(usage("SVC4"), Some(all * svc_entries));
+        let again = sync(&mut cluster, true);
+        assert_eq!(
+            (again.written, again.deleted),
+            (0, 0),
+            "a full sync finds the maps as planned"
+        );
     });
 }
