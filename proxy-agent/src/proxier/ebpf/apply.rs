@@ -949,20 +949,11 @@ impl ApplyState {
                 (self.reconcile(&actual, tables), dead_frontends, dead_pairs)
             }
             None => {
-                // What is left of the backend and reverse-NAT writes goes ahead too; what
-                // could not be sent stays in front of the rest.
-                let unsent = ahead.map(|mut ahead| {
+                // What is left of the backend and reverse-NAT writes goes ahead too.
+                if let Some(mut ahead) = ahead {
                     ahead.offer(&mut plan.backend_puts, &mut plan.rev_nat_puts, true);
-                    ahead.close()
-                });
-                let (ops, dead_frontends, dead_pairs) = plan.ordered();
-                match unsent {
-                    Some(mut unsent) if !unsent.is_empty() => {
-                        unsent.extend(ops);
-                        (unsent, dead_frontends, dead_pairs)
-                    }
-                    _ => (ops, dead_frontends, dead_pairs),
                 }
+                plan.ordered()
             }
         };
         PlannedSync {

@@ -15,7 +15,8 @@
 //! with what the maps hold, after admission. A chunk the thread could not write (a map
 //! full because the plan outgrew the estimate it was grown to, or any error) goes back
 //! to the front of the sync's writes, with every chunk after it, in their order; writing
-//! an entry twice is harmless.
+//! an entry twice is harmless. A chunk admission cannot send (the writer's thread is gone)
+//! stays in the plan.
 
 use std::sync::mpsc;
 
@@ -30,9 +31,8 @@ pub struct AheadSender {
     chunks: mpsc::Sender<Vec<Op>>,
     /// Writes sent on at a time.
     chunk: usize,
-    /// A chunk that could not be sent (the writer is gone): it and what follows stay in
-    /// the sync's own writes.
-    returned: Vec<Op>,
+    /// The writer is gone (its thread panicked): what is left stays in the plan.
+    closed: bool,
 }
 
 /// The writing end: [`AheadWriter::write`] on the maps, or [`AheadWriter::give_back`] when
@@ -60,7 +60,7 @@ fn channel_of(chunk: usize) -> (AheadSender, AheadWriter) {
         AheadSender {
             chunks,
             chunk,
-            returned: Vec::new(),
+            closed: false,
         },
         AheadWriter { chunks: receiver },
     )
@@ -68,7 +68,9 @@ fn channel_of(chunk: usize) -> (AheadSender, AheadWriter) {
 
 impl AheadSender {
     /// Sends `backend_puts` and `rev_nat_puts` on (backends first, as the plan orders
-    /// them) once they make a chunk, or whatever they hold when `last`.
+    /// them) once they make a chunk, or whatever they hold when `last`. A chunk that
+    /// cannot be sent goes back into `backend_puts`: the plan writes it first, as the
+    /// puts sent after it would have been.
     pub(super) fn offer(
         &mut self,
         backend_puts: &mut Vec<Op>,
@@ -76,22 +78,15 @@ impl AheadSender {
         last: bool,
     ) {
         let pending = backend_puts.len() + rev_nat_puts.len();
-        if pending == 0 || (pending < self.chunk && !last) {
+        if self.closed || pending == 0 || (pending < self.chunk && !last) {
             return;
         }
         let mut chunk = std::mem::take(backend_puts);
         chunk.append(rev_nat_puts);
-        if !self.returned.is_empty() {
-            self.returned.extend(chunk);
-        } else if let Err(mpsc::SendError(chunk)) = self.chunks.send(chunk) {
-            self.returned = chunk;
+        if let Err(mpsc::SendError(chunk)) = self.chunks.send(chunk) {
+            *backend_puts = chunk;
+            self.closed = true;
         }
-    }
-
-    /// Closes the channel (the writer ends once it has written what was sent) and keeps
-    /// what could not be sent.
-    pub(super) fn close(self) -> Vec<Op> {
-        self.returned
     }
 }
 
@@ -296,7 +291,7 @@ mod tests {
         for pair in puts.chunks(2) {
             sender.offer(&mut pair.to_vec(), &mut Vec::new(), false);
         }
-        assert!(sender.close().is_empty());
+        drop(sender);
         let ahead = writer.write(&mut maps);
         assert_eq!(ahead.written, 4);
         assert_eq!(ahead.unwritten, puts[4..]);
@@ -326,9 +321,25 @@ mod tests {
         let (mut backends, mut rev_nat) = (puts[3..4].to_vec(), puts[4..].to_vec());
         sender.offer(&mut backends, &mut rev_nat, true);
         assert!(backends.is_empty() && rev_nat.is_empty());
-        assert!(sender.close().is_empty());
+        drop(sender);
         let ahead = writer.give_back();
         assert_eq!(ahead.written, 0);
         assert_eq!(ahead.unwritten, puts);
+    }
+
+    /// With the writer gone, nothing is lost: the chunk stays in the plan's backend puts,
+    /// in order, and no more is sent.
+    #[test]
+    fn a_chunk_that_cannot_be_sent_stays_in_the_plan() {
+        let (mut sender, writer) = channel_of(2);
+        drop(writer);
+        let puts: Vec<Op> = (1..=4).map(backend_put).collect();
+        let (mut backends, mut rev_nat) = (puts[..2].to_vec(), puts[2..3].to_vec());
+        sender.offer(&mut backends, &mut rev_nat, false);
+        assert_eq!(backends, puts[..3]);
+        assert!(rev_nat.is_empty());
+        backends.push(puts[3].clone());
+        sender.offer(&mut backends, &mut rev_nat, true);
+        assert_eq!(backends, puts);
     }
 }
