@@ -134,6 +134,24 @@ impl TempNetns {
         Path::new("/run/netns").join(&self.name)
     }
 
+    /// Runs `f` on a thread that lives in the namespace (what looks at the calling
+    /// thread's namespace: netlink, the programs' devices, FIB lookups), passing a panic
+    /// on as it was.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = self.path();
+        std::thread::scope(|scope| {
+            let handle = scope.spawn(move || {
+                let file = std::fs::File::open(&path).expect("opening the namespace");
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                f()
+            });
+            match handle.join() {
+                Ok(value) => value,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
     /// Runs `sh -c script` inside the namespace (outside any test cgroup).
     pub fn sh(&self, script: &str) -> Output {
         Command::new("nsenter")

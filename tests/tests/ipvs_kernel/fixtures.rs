@@ -24,24 +24,6 @@ use tests::privileged::TempNetns;
 
 pub const VIP: &str = "10.96.0.10";
 
-/// Runs `body` on a thread that lives in `ns`.
-pub fn in_netns<T: Send>(ns: &TempNetns, body: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                enter(ns);
-                body()
-            })
-            .join()
-            .expect("the namespaced thread panicked")
-    })
-}
-
-pub fn enter(ns: &TempNetns) {
-    let file = File::open(ns.path()).expect("open the namespace");
-    setns(file, CloneFlags::CLONE_NEWNET).expect("setns");
-}
-
 pub fn sh(ns: &TempNetns, script: &str) -> String {
     let out = ns.sh(script);
     assert!(
@@ -55,7 +37,7 @@ pub fn sh(ns: &TempNetns, script: &str) -> String {
 /// Why this kernel cannot run the test, if it cannot (checked in a fresh namespace).
 pub fn ipvs_missing(test: &str) -> Option<String> {
     let ns = TempNetns::new(&format!("probe-{test}"));
-    in_netns(&ns, || match IpvsSocket::open() {
+    ns.run(|| match IpvsSocket::open() {
         Ok(_) => None,
         Err(err) => Some(format!("no IPVS in this kernel ({err})")),
     })

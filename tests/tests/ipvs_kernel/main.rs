@@ -42,7 +42,7 @@ fn proxier_lifecycle(family: IpFamily, tag: &str) {
         &format!("{}{}", service(family), slice(family, &[pod1, pod2])),
         &[],
     );
-    in_netns(&cluster.node, || {
+    cluster.node.run(|| {
         let mut proxier = IpvsProxier::new(ipvs_config(), &mut ProcSysctl::default())
             .expect("ipvs proxier starts");
         let mut ipvs = IpvsSocket::open().unwrap();
@@ -193,7 +193,7 @@ fn switching_modes_leaves_no_leftovers() {
         &[],
     );
     let no_bpffs = Path::new("/nonexistent-bpffs-root");
-    in_netns(&cluster.node, || {
+    cluster.node.run(|| {
         let mut ipvs = IpvsSocket::open().unwrap();
         let mut route = RouteSocket::open().unwrap();
         let mut proxier = IpvsProxier::new(ipvs_config(), &mut ProcSysctl::default()).unwrap();

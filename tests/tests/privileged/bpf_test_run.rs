@@ -386,23 +386,6 @@ fn test_node() -> NodeContext {
     }
 }
 
-/// Runs `f` on a thread inside `ns` (the programs' FIB lookups and the test_run device
-/// are resolved in the caller's namespace), passing a panic on.
-fn in_ns<T: Send>(ns: &TempNetns, f: impl FnOnce() -> T + Send) -> T {
-    let path = ns.path();
-    std::thread::scope(|s| {
-        let handle = s.spawn(move || {
-            let file = std::fs::File::open(&path).expect("opening the namespace");
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        });
-        match handle.join() {
-            Ok(v) => v,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
-    })
-}
-
 /// The agent's object loaded in `ns` (which has only `lo` yet: the pod-side program
 /// attaches nowhere) with maps pinned under `bpffs`; None (after saying why) when the
 /// object is the build's stand-in.
@@ -414,7 +397,7 @@ fn load_in(
     maglev_table_size: u32,
     name: &str,
 ) -> Option<Loaded> {
-    let loaded = in_ns(ns, || {
+    let loaded = ns.run(|| {
         load_and_attach(&LoadOptions {
             bpffs_root: bpffs.path.clone(),
             cgroup: cgroup.path.clone(),
@@ -520,7 +503,7 @@ impl Dataplane {
         // struct __sk_buff up to `ifindex` (offset 40): the device the packet came in by.
         let mut ctx = [0u8; 44];
         ctx[40..44].copy_from_slice(&uplink.to_ne_bytes());
-        in_ns(ns, || run(program, frame, &ctx))
+        ns.run(|| run(program, frame, &ctx))
     }
 
     /// Runs the XDP program on `frame` arriving on the uplink: (verdict, frame out).
@@ -540,7 +523,7 @@ impl Dataplane {
         let mut ctx = [0u8; 24];
         ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
         ctx[12..16].copy_from_slice(&uplink.to_ne_bytes());
-        in_ns(ns, || run(program, frame, &ctx))
+        ns.run(|| run(program, frame, &ctx))
     }
 }
 

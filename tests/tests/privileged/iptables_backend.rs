@@ -6,27 +6,9 @@
 //! iptables-based mode and cleanup use) runs that backend's commands. The rules go away
 //! with the namespace, and are deleted first; the root namespace is never touched.
 
-use std::fs::File;
-
-use nix::sched::{CloneFlags, setns};
 use proxy_agent::proxier::iptables::CommandBackend;
 use proxy_agent::proxier::netfilter::{Variant, host_backend};
 use tests::{privileged::TempNetns, require_root};
-
-/// Runs `body` on a thread that lives in `ns` (the detection looks at the calling
-/// thread's namespace).
-fn in_netns<T: Send>(ns: &TempNetns, body: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let file = File::open(ns.path()).expect("open the namespace");
-                setns(file, CloneFlags::CLONE_NEWNET).expect("setns");
-                body()
-            })
-            .join()
-            .expect("the namespaced thread panicked")
-    })
-}
 
 fn sh(ns: &TempNetns, script: &str) {
     let out = ns.sh(script);
@@ -50,7 +32,7 @@ fn both_backends_installed(ns: &TempNetns) -> bool {
 
 /// What the agent detects in `ns`, uncached and through the cached entry point.
 fn detected(ns: &TempNetns) -> ((&'static str, &'static str), Variant) {
-    in_netns(ns, || {
+    ns.run(|| {
         let names = host_backend::decide();
         let backend = CommandBackend::detect().expect("detecting iptables");
         (names, backend.version.variant)

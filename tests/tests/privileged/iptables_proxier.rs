@@ -7,13 +7,11 @@
 //! deleted over netlink, and cleanup leaves nothing behind.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::process::Command;
 use std::time::Duration;
 
-use nix::sched::{CloneFlags, setns};
 use proxy_agent::k8s::convert::{ClusterObject, parse_objects};
 use proxy_agent::model::{EndpointsChangeTracker, IpFamily, NamespacedName, ServiceChangeTracker};
 use proxy_agent::node::{LocalDetector, NodeAddresses, ProcSysctl};
@@ -23,20 +21,6 @@ use proxy_agent::proxier::iptables::{
 };
 use proxy_agent::proxier::{FamilyState, NodeContext, Proxier, StaleConntrack, SyncRequest};
 use tests::{privileged::TempNetns, require_root};
-
-/// Runs `body` on a thread that lives in `ns`.
-fn in_netns<T: Send>(ns: &TempNetns, body: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let file = File::open(ns.path()).expect("open the namespace");
-                setns(file, CloneFlags::CLONE_NEWNET).expect("setns");
-                body()
-            })
-            .join()
-            .expect("the namespaced thread panicked")
-    })
-}
 
 /// A shell command in the calling thread's namespace (children inherit it).
 fn sh(script: &str) -> String {
@@ -230,7 +214,7 @@ fn save(binary: &str) -> String {
 fn sync_programs_the_chains_and_translates_connections() {
     require_root!();
     let ns = TempNetns::new("kpe-ipt-sync");
-    in_netns(&ns, || {
+    ns.run(|| {
         network();
         let mut world = World::new();
         let mut proxier = proxier();
@@ -292,7 +276,7 @@ fn sync_programs_the_chains_and_translates_connections() {
 fn a_partial_sync_swaps_one_endpoint() {
     require_root!();
     let ns = TempNetns::new("kpe-ipt-partial");
-    in_netns(&ns, || {
+    ns.run(|| {
         network();
         let mut world = World::new();
         let mut proxier = proxier();
@@ -341,7 +325,7 @@ fn a_partial_sync_swaps_one_endpoint() {
 fn a_flushed_nat_table_is_repaired_by_the_next_sync() {
     require_root!();
     let ns = TempNetns::new("kpe-ipt-flush");
-    in_netns(&ns, || {
+    ns.run(|| {
         network();
         let mut world = World::new();
         let mut proxier = proxier();
@@ -393,7 +377,7 @@ fn a_flushed_nat_table_is_repaired_by_the_next_sync() {
 fn stale_udp_conntrack_entries_are_deleted_over_netlink() {
     require_root!();
     let ns = TempNetns::new("kpe-ipt-ct");
-    in_netns(&ns, || {
+    ns.run(|| {
         network();
         let mut world = World::new();
         let mut proxier = proxier();
@@ -455,7 +439,7 @@ fn stale_udp_conntrack_entries_are_deleted_over_netlink() {
 fn cleanup_leaves_no_kube_chains_and_can_run_twice() {
     require_root!();
     let ns = TempNetns::new("kpe-ipt-clean");
-    in_netns(&ns, || {
+    ns.run(|| {
         network();
         let mut world = World::new();
         let mut proxier = proxier();

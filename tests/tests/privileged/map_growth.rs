@@ -489,20 +489,6 @@ fn in_process_node() -> proxy_agent::proxier::NodeContext {
     }
 }
 
-/// Runs `f` on a thread in a network namespace of its own (the pod-side program attaches
-/// to every device but lo).
-fn in_own_netns<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a netns");
-                f()
-            })
-            .join()
-            .expect("the thread in its own netns")
-    })
-}
-
 /// An in-process ebpf proxier with the default map size limits (the maps may grow).
 fn start_growable(
     opts: &proxy_agent::proxier::ebpf::LoadOptions,
@@ -528,7 +514,7 @@ fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
         model::{ClusterState, IpFamily},
         proxier::{Proxier, StaleConntrack, SyncRequest},
     };
-    use tests::privileged::{TempBpffs, TempCgroup, load_options};
+    use tests::privileged::{TempBpffs, TempCgroup, TempNetns, load_options};
     require_root!();
     let services: u32 = std::env::var("KPE_COLD_SERVICES")
         .ok()
@@ -553,7 +539,9 @@ fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
     let node = in_process_node();
     let stale = StaleConntrack::default();
     let opts = load_options(&bpffs, &cgroup);
-    let (started, synced, stats) = in_own_netns(|| {
+    // In a namespace of its own: the pod-side program attaches to every device but lo.
+    let netns = TempNetns::new("kpe-cold");
+    let (started, synced, stats) = netns.run(|| {
         let began = Instant::now();
         let mut proxier = start_growable(&opts);
         let started = began.elapsed();
@@ -592,7 +580,7 @@ fn a_big_partial_sync_written_ahead_into_growing_maps_leaves_nothing_for_a_full_
         model::{ClusterState, IpFamily},
         proxier::{Proxier, StaleConntrack, SyncRequest},
     };
-    use tests::privileged::{TempBpffs, TempCgroup, load_options};
+    use tests::privileged::{TempBpffs, TempCgroup, TempNetns, load_options};
     require_root!();
     const SERVICES: u32 = 6_000;
     const ENDPOINTS: u32 = 4;
@@ -605,7 +593,9 @@ fn a_big_partial_sync_written_ahead_into_growing_maps_leaves_nothing_for_a_full_
     let node = in_process_node();
     let stale = StaleConntrack::default();
     let mut cluster = ClusterState::new(&[IpFamily::V4], "node-a");
-    in_own_netns(|| {
+    // In a namespace of its own: the pod-side program attaches to every device but lo.
+    let netns = TempNetns::new("kpe-ahead");
+    netns.run(|| {
         let mut proxier = start_growable(&opts);
         let mut sync = |cluster: &mut ClusterState, full: bool| {
             let changes = cluster.apply_pending();
