@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, fmt::Debug, time::Duration};
 
 use proxy_agent::{
-    k8s::watch::{Change, ClusterEvent},
+    k8s::watch::ClusterEvent,
     model::{ClusterState, IpFamily, ObjectKind},
 };
 use tokio::sync::{mpsc, watch};
@@ -35,19 +35,15 @@ pub fn feed(mut rx: mpsc::Receiver<ClusterEvent>, render: fn(&ClusterState) -> M
         let (mut deleted, mut all_reports) = (0, Reports::new());
         while let Some(event) = rx.recv().await {
             match event {
-                ClusterEvent::Service(Change::Upsert(s)) => {
-                    state.service(&s, false);
+                ClusterEvent::Service(change) => {
+                    let (record, gone) = change.into_owned();
+                    deleted += usize::from(gone);
+                    state.service_record(record, gone);
                 }
-                ClusterEvent::Service(Change::Delete(s)) => {
-                    deleted += 1;
-                    state.service(&s, true);
-                }
-                ClusterEvent::EndpointSlice(Change::Upsert(s)) => {
-                    state.endpoint_slice(&s, false);
-                }
-                ClusterEvent::EndpointSlice(Change::Delete(s)) => {
-                    deleted += 1;
-                    state.endpoint_slice(&s, true);
+                ClusterEvent::EndpointSlice(change) => {
+                    let (record, gone) = change.into_owned();
+                    deleted += usize::from(gone);
+                    state.slice_record(record);
                 }
                 _ => {}
             }

@@ -1018,6 +1018,7 @@ async fn agent_client_paces_requests_by_qps_and_burst() {
 #[tokio::test]
 async fn agent_watchers_report_an_unserved_resource_and_ask_again_rarely() {
     use proxy_agent::k8s::watch::{ClusterEvent, ResourceKind, spawn_watchers};
+    use proxy_agent::model::IpFamily;
     use tests::apiserver::ServerConfig;
 
     init_tracing();
@@ -1029,7 +1030,12 @@ async fn agent_watchers_report_an_unserved_resource_and_ask_again_rarely() {
     .unwrap();
     server.create(&service("web", "10.0.0.10", &[])).unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);
-    spawn_watchers(server.client().unwrap(), "node-a", tx);
+    spawn_watchers(
+        server.client().unwrap(),
+        "node-a",
+        &[IpFamily::V4, IpFamily::V6],
+        tx,
+    );
     let mut services_synced = false;
     let mut cidrs_unserved = false;
     within("the first lists", async {

@@ -15,7 +15,7 @@ use proxy_agent::{
         fixtures::{mk_endpoint, mk_endpointslice, mk_node, mk_service},
         watch::spawn_watchers,
     },
-    model::{ClusterState, ObjectKind},
+    model::{ClusterState, IpFamily, ObjectKind},
 };
 use tests::{
     apiserver::TestApiServer,
@@ -335,7 +335,12 @@ async fn bad_objects_are_refused_once_and_good_ones_all_reach_the_model() {
     bad_objects(&server);
 
     let (tx, rx) = mpsc::channel(1024);
-    spawn_watchers(server.client().unwrap(), "node-a", tx);
+    spawn_watchers(
+        server.client().unwrap(),
+        "node-a",
+        &[IpFamily::V4, IpFamily::V6],
+        tx,
+    );
     let mut consumer = feed(rx, render);
     let mut want = expected_good();
     consumer.converged(&want, WAIT, "initial list").await;

@@ -102,14 +102,11 @@ impl EventLoop {
     /// Applies one event to the model. Returns whether a sync is needed.
     fn handle(&mut self, event: ClusterEvent) -> bool {
         match event {
-            ClusterEvent::Service(c) => match c {
-                Change::Upsert(s) => self.cluster.service(&s, false),
-                Change::Delete(s) => self.cluster.service(&s, true),
-            },
-            ClusterEvent::EndpointSlice(c) => match c {
-                Change::Upsert(s) => self.cluster.endpoint_slice(&s, false),
-                Change::Delete(s) => self.cluster.endpoint_slice(&s, true),
-            },
+            ClusterEvent::Service(change) => {
+                let (record, deleted) = change.into_owned();
+                self.cluster.service_record(record, deleted)
+            }
+            ClusterEvent::EndpointSlice(change) => self.cluster.slice_record(change.into_owned().0),
             ClusterEvent::Node(c) => match c {
                 Change::Upsert(n) => {
                     let taints: Vec<String> = n

@@ -96,7 +96,7 @@ pub async fn run(resolved: Resolved) -> Result<()> {
     let events = match &resolved.options.source_dir {
         Some(dir) => {
             info!(dir = %dir.display(), "reading cluster objects from a directory (--source)");
-            crate::source::dir::spawn(dir.clone(), node_name.clone(), tx);
+            crate::source::dir::spawn(dir.clone(), node_name.clone(), families.clone(), tx);
             EventSink::disabled()
         }
         None => {
@@ -113,7 +113,7 @@ pub async fn run(resolved: Resolved) -> Result<()> {
             })
             .await?;
             let events = EventSink::spawn(client.clone(), &node_name);
-            spawn_watchers(client, &node_name, tx);
+            spawn_watchers(client, &node_name, &families, tx);
             events
         }
     };

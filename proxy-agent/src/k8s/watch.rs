@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::tombstone::{Buried, Tombstone};
+use crate::model::{IpFamily, ServiceRecord, SliceRecord};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ResourceKind {
@@ -43,10 +44,35 @@ pub enum Change<T> {
     Delete(Arc<T>),
 }
 
+impl<T> Change<T> {
+    /// The same change of what `convert` makes of the object (told whether it is a
+    /// deletion).
+    pub fn convert<U>(self, convert: impl FnOnce(&T, bool) -> U) -> Change<U> {
+        match self {
+            Change::Upsert(object) => Change::Upsert(Arc::new(convert(&object, false))),
+            Change::Delete(object) => Change::Delete(Arc::new(convert(&object, true))),
+        }
+    }
+}
+
+impl<T: Clone> Change<T> {
+    /// The object, whether it was deleted: moved out when nothing else holds it (as
+    /// after a source sent it), copied otherwise.
+    pub fn into_owned(self) -> (T, bool) {
+        let (object, deleted) = match self {
+            Change::Upsert(object) => (object, false),
+            Change::Delete(object) => (object, true),
+        };
+        (Arc::unwrap_or_clone(object), deleted)
+    }
+}
+
+/// Services and EndpointSlices come already converted for the model (see
+/// [`crate::model::ServiceRecord`]); Nodes and ServiceCIDRs as the API sends them.
 #[derive(Clone, Debug)]
 pub enum ClusterEvent {
-    Service(Change<Service>),
-    EndpointSlice(Change<EndpointSlice>),
+    Service(Change<ServiceRecord>),
+    EndpointSlice(Change<SliceRecord>),
     Node(Change<Node>),
     ServiceCidr(Change<ServiceCIDR>),
     /// A resource's (re)list completed: from now on its state is complete.
@@ -193,7 +219,14 @@ fn slim<K: Resource>(obj: &mut K) {
 }
 
 /// Spawns one watcher task per resource; events go to `tx`. The tasks end when `tx` closes.
-pub fn spawn_watchers(client: kube::Client, node_name: &str, tx: mpsc::Sender<ClusterEvent>) {
+/// Services and EndpointSlices are converted on their watcher's task, Services for each of
+/// `families` (the node's).
+pub fn spawn_watchers(
+    client: kube::Client,
+    node_name: &str,
+    families: &[IpFamily],
+    tx: mpsc::Sender<ClusterEvent>,
+) {
     // Services (and their slices) that another proxy claims, and headless ones, are not
     // ours: upstream's informers filter them out by label.
     let proxyable =
@@ -203,14 +236,21 @@ pub fn spawn_watchers(client: kube::Client, node_name: &str, tx: mpsc::Sender<Cl
         proxyable.clone(),
         ResourceKind::Service,
         tx.clone(),
-        ClusterEvent::Service,
+        {
+            let families = families.to_vec();
+            move |change| {
+                ClusterEvent::Service(change.convert(|service, deleted| {
+                    crate::k8s::convert::service_record(service, &families, deleted)
+                }))
+            }
+        },
     );
     spawn_one(
         Api::<EndpointSlice>::all(client.clone()),
         proxyable,
         ResourceKind::EndpointSlice,
         tx.clone(),
-        ClusterEvent::EndpointSlice,
+        |change| ClusterEvent::EndpointSlice(change.convert(crate::k8s::convert::slice_record)),
     );
     spawn_one(
         Api::<Node>::all(client.clone()),
@@ -263,7 +303,7 @@ fn spawn_one<K>(
     config: watcher::Config,
     kind: ResourceKind,
     tx: mpsc::Sender<ClusterEvent>,
-    wrap: fn(Change<K>) -> ClusterEvent,
+    wrap: impl Fn(Change<K>) -> ClusterEvent + Send + 'static,
 ) where
     K: Resource + Clone + Buried + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default,

@@ -18,7 +18,7 @@ use k8s_openapi::api::{
 
 use super::{
     EndpointsChangeTracker, FamilyState, InvalidObject, IpFamily, NamespacedName,
-    ServiceChangeTracker, StaleConntrack,
+    ServiceChangeTracker, ServiceRecord, SliceRecord, StaleConntrack,
 };
 use crate::k8s::convert::parse_cidr_sloppy;
 
@@ -88,9 +88,18 @@ impl ClusterState {
         }
     }
 
-    /// A Service was added or changed (`Some`) or deleted (`None`, with its last version).
+    /// A Service was added or changed, or `deleted` (with its last version).
     pub fn service(&mut self, service: &Service, deleted: bool) -> bool {
-        let name = crate::k8s::convert::object_name(&service.metadata);
+        let families: Vec<IpFamily> = self.states.iter().map(|s| s.family).collect();
+        let record = crate::k8s::convert::service_record(service, &families, deleted);
+        self.service_record(record, deleted)
+    }
+
+    /// [`ClusterState::service`] for a Service already converted (for every family of
+    /// this state; a deletion's record needs only the name).
+    pub fn service_record(&mut self, record: ServiceRecord, deleted: bool) -> bool {
+        let mut record = record;
+        let name = std::mem::take(&mut record.name);
         let known = if deleted {
             self.services.remove(&name)
         } else {
@@ -100,7 +109,6 @@ impl ClusterState {
             // Never seen (or deleted twice): nothing to take away.
             return false;
         }
-        let current = (!deleted).then_some(service);
         let mut pending = false;
         for (t, state) in self.trackers.iter_mut().zip(&self.states) {
             let previous = || {
@@ -112,9 +120,8 @@ impl ClusterState {
                         .collect()
                 })
             };
-            pending |= t
-                .services
-                .update_from_model(name.clone(), current, previous);
+            let current = (!deleted).then(|| record.take_ports(state.family));
+            pending |= t.services.update_converted(name.clone(), current, previous);
         }
         pending
     }
@@ -125,6 +132,19 @@ impl ClusterState {
             pending |= t.endpoints.endpoint_slice_update(slice, deleted);
         }
         pending
+    }
+
+    /// [`ClusterState::endpoint_slice`] for a slice already converted: only its family's
+    /// tracker takes it.
+    pub fn slice_record(&mut self, record: SliceRecord) -> bool {
+        match self
+            .trackers
+            .iter_mut()
+            .find(|t| Some(t.endpoints.family()) == record.family)
+        {
+            Some(t) => t.endpoints.slice_record_update(record),
+            None => false,
+        }
     }
 
     /// This node's Node object. Returns whether its topology labels changed (which changes

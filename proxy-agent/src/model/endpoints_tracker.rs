@@ -12,7 +12,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use super::endpointslice_cache::EndpointSliceCache;
 use super::{
     Endpoint, InvalidObject, IpFamily, NamespacedName, ObjectKind, Protocol, Rejections,
-    ServicePortName, SliceInfo,
+    ServicePortName, SliceInfo, SliceRecord,
 };
 use crate::k8s::convert;
 
@@ -63,31 +63,37 @@ impl EndpointsChangeTracker {
     /// selector, or an invalid one, counts as removed; an invalid one is also reported
     /// through [`EndpointsChangeTracker::take_rejected`].
     pub fn endpoint_slice_update(&mut self, slice: &EndpointSlice, removed: bool) -> bool {
+        // A slice of the other family is not converted at all.
         if IpFamily::from_api(&slice.address_type) != Some(self.family) {
             return false;
         }
-        let Some((service, slice_name)) = convert::endpoint_slice_keys(slice) else {
+        self.slice_record_update(convert::slice_record(slice, removed))
+    }
+
+    /// [`EndpointsChangeTracker::endpoint_slice_update`] for a slice already converted
+    /// ([`convert::slice_record`]; a deletion's record holds no content).
+    pub fn slice_record_update(&mut self, record: SliceRecord) -> bool {
+        if record.family != Some(self.family) {
+            return false;
+        }
+        let Some((service, slice_name)) = record.owner else {
             tracing::warn!(
-                endpoint_slice = %convert::object_name(&slice.metadata),
+                endpoint_slice = %record.object,
                 label = convert::LABEL_SERVICE_NAME,
                 "ignoring EndpointSlice without a service name label"
             );
             return false;
         };
-        let object = convert::object_name(&slice.metadata);
-        let info = if removed || !convert::should_proxy_slice(slice) {
-            None
-        } else {
-            match convert::endpoint_slice_info(slice) {
-                Ok(info) => info,
-                Err(invalid) => {
-                    self.rejections.record(invalid);
-                    self.changes_total += 1;
-                    return self.update_slice(&service, &slice_name, None);
-                }
+        let info = match record.info {
+            Ok(info) => info,
+            Err(invalid) => {
+                self.rejections.record(invalid);
+                self.changes_total += 1;
+                return self.update_slice(&service, &slice_name, None);
             }
         };
-        self.rejections.clear(ObjectKind::EndpointSlice, &object);
+        self.rejections
+            .clear(ObjectKind::EndpointSlice, &record.object);
         self.changes_total += 1;
         self.update_slice(&service, &slice_name, info)
     }

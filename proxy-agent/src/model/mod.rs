@@ -3,8 +3,10 @@
 //! kube-proxy's change trackers and topology rules.
 //!
 //! Every type here is free of Kubernetes API types; conversion lives in
-//! [`crate::k8s::convert`]. The trackers' `update` / `endpoint_slice_update` entry points
-//! take API objects and convert them; everything else works on domain values. Each
+//! [`crate::k8s::convert`]. The sources hand the event loop objects already converted
+//! ([`ServiceRecord`], [`SliceRecord`]); the trackers' `update` / `endpoint_slice_update`
+//! entry points still take API objects (for tests and tools) and convert them; everything
+//! else works on domain values. Each
 //! tracker and map covers one IP family, as each upstream proxier does. [`ClusterState`]
 //! holds them all (every family's trackers and the maps they are applied to, a
 //! [`FamilyState`] each) for the event loop.
@@ -17,6 +19,7 @@ mod family;
 pub mod interner;
 mod invalid;
 mod names;
+mod records;
 mod service_port;
 mod service_tracker;
 pub mod topology;
@@ -31,10 +34,11 @@ pub use endpointslice_cache::{EndpointSliceCache, EndpointsChange, ServiceEndpoi
 pub use family::{FamilyState, StaleConntrack};
 pub use invalid::{InvalidObject, ObjectKind, Rejections};
 pub use names::{IpFamily, NamespacedName, PortRef, Protocol, ServicePortName};
+pub use records::{ServiceRecord, SliceRecord};
 pub use service_port::{
     LoadBalancerAlgorithm, LoadBalancerIngress, LoadBalancerIpMode, ServicePort, SessionAffinity,
 };
 pub use service_tracker::{
-    ServiceChangeTracker, ServicePortMap, ServicePorts, UpdateServiceMapResult,
+    ServiceChangeTracker, ServicePortMap, ServicePorts, UpdateServiceMapResult, service_ports,
 };
 pub use topology::{CategorizedEndpoints, categorize_endpoints};

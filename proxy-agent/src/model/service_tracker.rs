@@ -74,22 +74,33 @@ impl ServiceChangeTracker {
         current: Option<&Service>,
         previous: impl FnOnce() -> Option<ServicePorts>,
     ) -> bool {
+        let family = self.family;
+        let current = current.map(|svc| service_ports(svc, family));
+        self.update_converted(name, current, previous)
+    }
+
+    /// [`ServiceChangeTracker::update_from_model`] with the current version already
+    /// converted for this family ([`service_ports`]): its ports, or why it is refused.
+    pub fn update_converted(
+        &mut self,
+        name: NamespacedName,
+        current: Option<Result<ServicePorts, InvalidObject>>,
+        previous: impl FnOnce() -> Option<ServicePorts>,
+    ) -> bool {
         self.changes_total += 1;
         let current_ports = match current {
             None => {
                 self.rejections.clear(ObjectKind::Service, &name);
                 ServicePorts::new()
             }
-            Some(current) => match convert::service_ports(current, self.family) {
-                Ok(ports) => {
-                    self.rejections.clear(ObjectKind::Service, &name);
-                    into_service_ports(ports)
-                }
-                Err(invalid) => {
-                    self.rejections.record(invalid);
-                    ServicePorts::new()
-                }
-            },
+            Some(Ok(ports)) => {
+                self.rejections.clear(ObjectKind::Service, &name);
+                ports
+            }
+            Some(Err(invalid)) => {
+                self.rejections.record(invalid);
+                ServicePorts::new()
+            }
         };
         self.update_ports(name, previous, current_ports);
         !self.items.is_empty()
@@ -150,6 +161,12 @@ impl ServiceChangeTracker {
     pub fn rejected_count(&self) -> usize {
         self.rejections.active_count()
     }
+}
+
+/// The ports of `svc` for `family` as the tracker files them, or why it is refused (what
+/// [`crate::model::ServiceRecord`] carries per family).
+pub fn service_ports(svc: &Service, family: IpFamily) -> Result<ServicePorts, InvalidObject> {
+    convert::service_ports(svc, family).map(into_service_ports)
 }
 
 fn into_service_ports(ports: Vec<(ServicePortName, ServicePort)>) -> ServicePorts {

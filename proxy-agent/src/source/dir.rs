@@ -29,12 +29,16 @@ use tracing::{info, warn};
 
 use crate::{
     k8s::{
-        convert::objects::{
-            ClusterObject, parse_json_objects_fingerprinted, parse_objects_fingerprinted,
+        convert::{
+            self,
+            objects::{
+                ClusterObject, parse_json_objects_fingerprinted, parse_objects_fingerprinted,
+            },
         },
         tombstone::{Buried, Tombstone},
         watch::{Change, ClusterEvent, ResourceKind},
     },
+    model::{IpFamily, ServiceRecord, SliceRecord},
     sys::InotifyFd,
 };
 
@@ -91,46 +95,18 @@ impl DirWatch {
 /// Identity of an object across reads: kind, namespace, name.
 type ObjectId<'a> = (ResourceKind, &'a str, &'a str);
 
-/// One object as read, for the events of this read only: nothing keeps it afterwards
-/// (the consumers convert it and drop it).
+/// One object as read, for the events of this read only: nothing keeps it afterwards.
+/// Services and EndpointSlices are converted for the model as they are decoded (on the
+/// decoding threads; see [`crate::model::ServiceRecord`]).
 #[derive(Clone, Debug)]
 enum Fresh {
-    Service(Arc<Service>),
-    EndpointSlice(Arc<EndpointSlice>),
+    Service(Arc<ServiceRecord>),
+    EndpointSlice(Arc<SliceRecord>),
     Node(Arc<Node>),
     ServiceCidr(Arc<ServiceCIDR>),
 }
 
-impl From<ClusterObject> for Fresh {
-    fn from(o: ClusterObject) -> Self {
-        match o {
-            ClusterObject::Service(s) => Fresh::Service(Arc::new(s)),
-            ClusterObject::EndpointSlice(s) => Fresh::EndpointSlice(Arc::new(s)),
-            ClusterObject::Node(n) => Fresh::Node(Arc::new(n)),
-            ClusterObject::ServiceCidr(c) => Fresh::ServiceCidr(Arc::new(c)),
-        }
-    }
-}
-
 impl Fresh {
-    fn kind(&self) -> ResourceKind {
-        match self {
-            Fresh::Service(_) => ResourceKind::Service,
-            Fresh::EndpointSlice(_) => ResourceKind::EndpointSlice,
-            Fresh::Node(_) => ResourceKind::Node,
-            Fresh::ServiceCidr(_) => ResourceKind::ServiceCidr,
-        }
-    }
-
-    fn tombstone(&self) -> Tombstone {
-        match self {
-            Fresh::Service(s) => s.tombstone(),
-            Fresh::EndpointSlice(s) => s.tombstone(),
-            Fresh::Node(n) => n.tombstone(),
-            Fresh::ServiceCidr(c) => c.tombstone(),
-        }
-    }
-
     /// The upsert event, sharing the object's `Arc` (no copy).
     fn upsert(&self) -> ClusterEvent {
         match self {
@@ -163,13 +139,32 @@ struct ReadObject {
 }
 
 impl ReadObject {
-    fn new(object: ClusterObject, fingerprint: u64) -> Self {
-        let fresh = Fresh::from(object);
+    /// `object` as read, converted for `families` (the node's) when the model takes it in
+    /// converted. The API object goes here.
+    fn new(object: ClusterObject, fingerprint: u64, families: &[IpFamily]) -> Self {
+        let (kind, tombstone, fresh) = match object {
+            ClusterObject::Service(s) => (
+                ResourceKind::Service,
+                s.tombstone(),
+                Fresh::Service(Arc::new(convert::service_record(&s, families, false))),
+            ),
+            ClusterObject::EndpointSlice(s) => (
+                ResourceKind::EndpointSlice,
+                s.tombstone(),
+                Fresh::EndpointSlice(Arc::new(convert::slice_record(&s, false))),
+            ),
+            ClusterObject::Node(n) => (ResourceKind::Node, n.tombstone(), Fresh::Node(Arc::new(n))),
+            ClusterObject::ServiceCidr(c) => (
+                ResourceKind::ServiceCidr,
+                c.tombstone(),
+                Fresh::ServiceCidr(Arc::new(c)),
+            ),
+        };
         ReadObject {
-            kind: fresh.kind(),
+            kind,
             kept: Kept {
                 fingerprint,
-                tombstone: fresh.tombstone(),
+                tombstone,
             },
             fresh: Some(fresh),
         }
@@ -193,11 +188,13 @@ impl ReadObject {
     }
 }
 
-/// Reads every manifest of `dir` (sorted by file name). Files that fail to parse keep the
-/// objects they had in `previous_by_file` (as kept, without their content).
+/// Reads every manifest of `dir` (sorted by file name), converting Services for
+/// `families`. Files that fail to parse keep the objects they had in `previous_by_file`
+/// (as kept, without their content).
 fn read_dir(
     dir: &Path,
     previous_by_file: &HashMap<PathBuf, Vec<ReadObject>>,
+    families: &[IpFamily],
 ) -> std::io::Result<HashMap<PathBuf, Vec<ReadObject>>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -226,7 +223,7 @@ fn read_dir(
                 continue;
             }
         };
-        match parse_manifest(&file, &text) {
+        match parse_manifest(&file, &text, families) {
             Ok(mut objects) => {
                 objects.shrink_to_fit();
                 out.insert(file, objects);
@@ -246,13 +243,15 @@ fn read_dir(
 fn parse_manifest(
     file: &Path,
     text: &str,
+    families: &[IpFamily],
 ) -> Result<Vec<ReadObject>, crate::k8s::convert::objects::Error> {
+    let read = |object, fingerprint| ReadObject::new(object, fingerprint, families);
     if file.extension().is_some_and(|e| e == "json")
-        && let Ok(objects) = parse_json_objects_fingerprinted(text, ReadObject::new)
+        && let Ok(objects) = parse_json_objects_fingerprinted(text, read)
     {
         return Ok(objects);
     }
-    parse_objects_fingerprinted(text, ReadObject::new)
+    parse_objects_fingerprinted(text, read)
 }
 
 /// The events that turn `before` (the previous read) into `after` (this read).
@@ -284,8 +283,13 @@ fn deletion(kind: ResourceKind, tombstone: &Tombstone) -> ClusterEvent {
         Change::Delete(Arc::new(T::from_tombstone(tombstone)))
     }
     match kind {
-        ResourceKind::Service => ClusterEvent::Service(gone(tombstone)),
-        ResourceKind::EndpointSlice => ClusterEvent::EndpointSlice(gone(tombstone)),
+        ResourceKind::Service => ClusterEvent::Service(
+            gone::<Service>(tombstone)
+                .convert(|service, deleted| convert::service_record(service, &[], deleted)),
+        ),
+        ResourceKind::EndpointSlice => ClusterEvent::EndpointSlice(
+            gone::<EndpointSlice>(tombstone).convert(convert::slice_record),
+        ),
         ResourceKind::Node => ClusterEvent::Node(gone(tombstone)),
         ResourceKind::ServiceCidr => ClusterEvent::ServiceCidr(gone(tombstone)),
     }
@@ -324,8 +328,13 @@ fn forget_content(by_file: &mut HashMap<PathBuf, Vec<ReadObject>>) {
     }
 }
 
-/// Watches `dir` until `tx` closes.
-pub fn spawn(dir: PathBuf, node_name: String, tx: mpsc::Sender<ClusterEvent>) {
+/// Watches `dir` until `tx` closes, converting Services for `families` (the node's).
+pub fn spawn(
+    dir: PathBuf,
+    node_name: String,
+    families: Vec<IpFamily>,
+    tx: mpsc::Sender<ClusterEvent>,
+) {
     tokio::spawn(async move {
         // The previous read, without content: what the next one is compared with.
         let mut by_file: HashMap<PathBuf, Vec<ReadObject>> = HashMap::new();
@@ -336,7 +345,7 @@ pub fn spawn(dir: PathBuf, node_name: String, tx: mpsc::Sender<ClusterEvent>) {
             let now_stamp = dir_stamp(&dir);
             if stamp.as_ref() != Some(&now_stamp) || !synced {
                 stamp = Some(now_stamp);
-                match read_dir(&dir, &by_file) {
+                match read_dir(&dir, &by_file, &families) {
                     Ok(read) => {
                         let events = diff(
                             &index(&by_file, &node_name, false),
@@ -414,6 +423,7 @@ fn dir_stamp(dir: &Path) -> Vec<(PathBuf, SystemTime, u64)> {
 mod tests {
     use super::*;
 
+    const FAMILIES: &[IpFamily] = &[IpFamily::V4, IpFamily::V6];
     const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: ns}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
     const NODE_A: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\n";
     const NODE_B: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: node-b}\n";
@@ -422,12 +432,8 @@ mod tests {
         events
             .iter()
             .map(|e| match e {
-                ClusterEvent::Service(Change::Upsert(s)) => {
-                    format!("+svc {}", s.metadata.name.clone().unwrap_or_default())
-                }
-                ClusterEvent::Service(Change::Delete(s)) => {
-                    format!("-svc {}", s.metadata.name.clone().unwrap_or_default())
-                }
+                ClusterEvent::Service(Change::Upsert(s)) => format!("+svc {}", s.name.name()),
+                ClusterEvent::Service(Change::Delete(s)) => format!("-svc {}", s.name.name()),
                 ClusterEvent::Node(Change::Upsert(n)) => {
                     format!("+node {}", n.metadata.name.clone().unwrap_or_default())
                 }
@@ -488,7 +494,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("svc.yaml"), SVC).unwrap();
         let (tx, mut rx) = mpsc::channel(16);
-        spawn(dir.clone(), "node-a".into(), tx);
+        spawn(dir.clone(), "node-a".into(), FAMILIES.to_vec(), tx);
         let mut next = async || {
             tokio::time::timeout(Duration::from_secs(10), rx.recv())
                 .await
@@ -530,7 +536,7 @@ mod tests {
         ) -> BTreeMap<ObjectId<'_>, &ReadObject> {
             super::index(by_file, "node-a", true)
         }
-        let mut first = read_dir(&dir, &HashMap::new()).unwrap();
+        let mut first = read_dir(&dir, &HashMap::new(), FAMILIES).unwrap();
         assert_eq!(
             summary(&diff(&BTreeMap::new(), &index(&first))),
             vec!["+svc a", "+node node-a"]
@@ -540,26 +546,27 @@ mod tests {
 
         // A broken edit keeps the previous objects: no event.
         std::fs::write(dir.join("svc.yaml"), "kind: [").unwrap();
-        let second = read_dir(&dir, &first).unwrap();
+        let second = read_dir(&dir, &first, FAMILIES).unwrap();
         assert!(diff(&idx, &index(&second)).is_empty());
 
         // The same text read again: no event; a changed object: its upsert.
         std::fs::write(dir.join("svc.yaml"), SVC).unwrap();
-        let again = read_dir(&dir, &second).unwrap();
+        let again = read_dir(&dir, &second, FAMILIES).unwrap();
         assert!(diff(&idx, &index(&again)).is_empty());
         std::fs::write(dir.join("svc.yaml"), SVC.replace("port: 80", "port: 81")).unwrap();
-        let edited = read_dir(&dir, &again).unwrap();
+        let edited = read_dir(&dir, &again, FAMILIES).unwrap();
         assert_eq!(summary(&diff(&idx, &index(&edited))), vec!["+svc a"]);
 
         // Removing the file deletes its objects: the deletion carries the identity.
         std::fs::remove_file(dir.join("svc.yaml")).unwrap();
-        let third = read_dir(&dir, &second).unwrap();
+        let third = read_dir(&dir, &second, FAMILIES).unwrap();
         let events = diff(&idx, &index(&third));
         assert_eq!(summary(&events), vec!["-svc a"]);
         let ClusterEvent::Service(Change::Delete(gone)) = &events[0] else {
             panic!("{events:?}");
         };
-        assert_eq!(gone.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(gone.name.namespace(), "ns");
+        assert!(gone.ports.is_empty(), "a deletion carries only the name");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -575,7 +582,7 @@ mod tests {
         std::fs::write(dir.join("node.json"), NODE_A).unwrap();
         let index = |by_file| super::index(by_file, "node-a", true);
 
-        let first = read_dir(&dir, &HashMap::new()).unwrap();
+        let first = read_dir(&dir, &HashMap::new(), FAMILIES).unwrap();
         assert_eq!(
             summary(&diff(&BTreeMap::new(), &index(&first))),
             vec!["+svc a", "+node node-a"]
@@ -584,18 +591,20 @@ mod tests {
         // so one upsert.
         std::fs::remove_file(dir.join("svc.json")).unwrap();
         std::fs::write(dir.join("svc.yaml"), SVC).unwrap();
-        let second = read_dir(&dir, &first).unwrap();
+        let second = read_dir(&dir, &first, FAMILIES).unwrap();
         let events = diff(&index(&first), &index(&second));
         assert_eq!(summary(&events), vec!["+svc a"]);
         let ClusterEvent::Service(Change::Upsert(svc)) = &events[0] else {
             panic!("{events:?}");
         };
-        assert_eq!(
-            svc.spec
-                .as_ref()
-                .and_then(|spec| spec.cluster_ip.as_deref()),
-            Some("10.96.0.1")
-        );
+        // Converted for the node's families as it was read.
+        let families: Vec<IpFamily> = svc.ports.iter().map(|(family, _)| *family).collect();
+        assert_eq!(families, FAMILIES);
+        let mut svc = (**svc).clone();
+        let ports = svc.take_ports(IpFamily::V4).expect("a valid service");
+        let cluster_ips: Vec<String> = ports.values().map(|p| p.cluster_ip.to_string()).collect();
+        assert_eq!(cluster_ips, ["10.96.0.1"]);
+        assert_eq!(svc.take_ports(IpFamily::V6), Ok(Default::default()));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

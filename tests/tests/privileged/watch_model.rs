@@ -113,7 +113,12 @@ async fn watch_and_model_converge_through_changes_drops_outages_and_410() {
         .unwrap();
 
     let (tx, rx) = mpsc::channel(1024);
-    spawn_watchers(server.client().unwrap(), "node-a", tx);
+    spawn_watchers(
+        server.client().unwrap(),
+        "node-a",
+        &[IpFamily::V4, IpFamily::V6],
+        tx,
+    );
     let mut consumer = feed(rx, render);
     consumer
         .converged(&expected(&server), WAIT, "initial list")

@@ -8,14 +8,32 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::{
     ANNOTATION_LAST_CHANGE_TRIGGER_TIME, LABEL_SERVICE_NAME, object_name, parse_ip_sloppy, quoted,
+    should_proxy_slice,
 };
 use crate::model::interner::{self, NameInterner};
 use crate::model::{
     EndpointHints, HintNames, InvalidObject, IpFamily, NamespacedName, ObjectKind, Protocol,
-    SliceEndpoint, SliceInfo, SlicePort,
+    SliceEndpoint, SliceInfo, SlicePort, SliceRecord,
 };
 
 const ADDRESS_TYPE_FQDN: &str = "FQDN";
+
+/// What the model takes in of `slice` ([`SliceRecord`]). A deleted slice (`removed`) and
+/// one outside kube-proxy's label selector have no content; an FQDN slice has no family.
+pub fn slice_record(slice: &EndpointSlice, removed: bool) -> SliceRecord {
+    let family = IpFamily::from_api(&slice.address_type);
+    let info = if removed || family.is_none() || !should_proxy_slice(slice) {
+        Ok(None)
+    } else {
+        endpoint_slice_info(slice)
+    };
+    SliceRecord {
+        object: object_name(&slice.metadata),
+        family,
+        owner: endpoint_slice_keys(slice),
+        info,
+    }
+}
 
 /// The service a slice belongs to (from its `kubernetes.io/service-name` label) and the
 /// slice's own name: the keys of the EndpointSlice cache. `None` when the label is missing

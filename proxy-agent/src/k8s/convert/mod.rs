@@ -14,10 +14,10 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-pub use endpointslice::{endpoint_slice_info, endpoint_slice_keys};
+pub use endpointslice::{endpoint_slice_info, endpoint_slice_keys, slice_record};
 pub use ip::{parse_cidr_sloppy, parse_ip_sloppy};
 pub use objects::{ClusterObject, objects_from_value, parse_objects};
-pub use service::{LB_ALGORITHM_ANNOTATION, service_ports, service_ports_quietly};
+pub use service::{LB_ALGORITHM_ANNOTATION, service_ports, service_ports_quietly, service_record};
 
 use crate::model::NamespacedName;
 

@@ -98,9 +98,9 @@ pub fn parse_objects(yaml: &str) -> Result<Vec<ClusterObject>> {
 }
 
 /// [`parse_objects`], each object passed through `f` as soon as it is decoded. The
-/// directory source moves each object into its `Arc` this way: collecting a
-/// `Vec<ClusterObject>` first (every object inline, ~1.5 KiB, with doubling slack) costs
-/// ~300 MB of peak memory for a 50,000-service manifest.
+/// directory source converts each object for the model this way, and drops it:
+/// collecting a `Vec<ClusterObject>` first (every object inline, ~1.5 KiB, with doubling
+/// slack) costs ~300 MB of peak memory for a 50,000-service manifest.
 pub fn parse_objects_map<T>(yaml: &str, mut f: impl FnMut(ClusterObject) -> T) -> Result<Vec<T>> {
     parse_objects_fingerprinted(yaml, |object, _| f(object))
 }
@@ -137,7 +137,9 @@ pub fn parse_objects_fingerprinted<T>(
 /// order, and the error returned is the first one in that order. (Passing the decoded
 /// objects back to the calling thread first moved every one, ~1.5 KiB inline, twice more
 /// through fresh memory, on one thread while the others waited: a fifth of a 100,000-service
-/// manifest's reading.)
+/// manifest's reading.) The objects are made as the decoder makes them, lists with their
+/// doubling slack: the directory source converts each one and drops it on the same
+/// thread, so trimming them (a copy of each list) would only cost time.
 pub fn parse_json_objects_fingerprinted<T: Send>(
     json: &str,
     f: impl Fn(ClusterObject, u64) -> T + Sync,
@@ -388,54 +390,10 @@ fn decode_named<D: ObjectDecoder>(
 
 /// Decodes `object` as the type of `kind`.
 fn decode_as<D: ObjectDecoder>(kind: ObjectKind, object: D) -> Result<ClusterObject, D::Error> {
-    let mut decoded = match kind {
+    Ok(match kind {
         ObjectKind::Service => ClusterObject::Service(object.decode()?),
         ObjectKind::EndpointSlice => ClusterObject::EndpointSlice(object.decode()?),
         ObjectKind::Node => ClusterObject::Node(object.decode()?),
         ObjectKind::ServiceCidr => ClusterObject::ServiceCidr(object.decode()?),
-    };
-    decoded.compact();
-    Ok(decoded)
-}
-
-impl ClusterObject {
-    /// Gives back the spare room of the lists a decoder grew element by element. A text
-    /// does not say how long a list is, so each grows by doubling: an EndpointSlice of
-    /// ten endpoints holds room for sixteen (each endpoint some 340 bytes). A reader
-    /// keeps every object of a read until its events are out (100,000 slices: about
-    /// 200 MB of spare room, each page of it faulted in and cleared), and in the decoding
-    /// thread the copy is of memory it has just written.
-    fn compact(&mut self) {
-        match self {
-            ClusterObject::EndpointSlice(slice) => {
-                if let Some(endpoints) = &mut slice.endpoints {
-                    for endpoint in endpoints.iter_mut() {
-                        endpoint.addresses.shrink_to_fit();
-                    }
-                    endpoints.shrink_to_fit();
-                }
-                if let Some(ports) = &mut slice.ports {
-                    ports.shrink_to_fit();
-                }
-            }
-            ClusterObject::Service(service) => {
-                if let Some(spec) = &mut service.spec {
-                    for list in [
-                        &mut spec.cluster_ips,
-                        &mut spec.external_ips,
-                        &mut spec.ip_families,
-                    ]
-                    .into_iter()
-                    .flatten()
-                    {
-                        list.shrink_to_fit();
-                    }
-                    if let Some(ports) = &mut spec.ports {
-                        ports.shrink_to_fit();
-                    }
-                }
-            }
-            ClusterObject::Node(_) | ClusterObject::ServiceCidr(_) => {}
-        }
-    }
+    })
 }

@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use super::{object_name, parse_cidr_sloppy, parse_ip_sloppy, quoted, should_proxy_service};
 use crate::model::{
     InvalidObject, IpFamily, LoadBalancerAlgorithm, LoadBalancerIngress, LoadBalancerIpMode,
-    NamespacedName, ObjectKind, Protocol, ServicePort, ServicePortName, SessionAffinity,
+    NamespacedName, ObjectKind, Protocol, ServicePort, ServicePortName, ServiceRecord,
+    SessionAffinity,
 };
 
 const TYPE_CLUSTER_IP: &str = "ClusterIP";
@@ -37,6 +38,23 @@ pub fn service_ports(
     family: IpFamily,
 ) -> Result<Vec<(ServicePortName, ServicePort)>, InvalidObject> {
     convert(svc, family, true)
+}
+
+/// What the model takes in of `svc` ([`ServiceRecord`]): its ports for each of `families`
+/// (the node's), or only its name when it was `deleted`.
+pub fn service_record(svc: &Service, families: &[IpFamily], deleted: bool) -> ServiceRecord {
+    let ports = if deleted {
+        Vec::new()
+    } else {
+        families
+            .iter()
+            .map(|&family| (family, crate::model::service_ports(svc, family)))
+            .collect()
+    };
+    ServiceRecord {
+        name: object_name(&svc.metadata),
+        ports,
+    }
 }
 
 /// [`service_ports`] without its warnings about skipped entries: for the previous version

@@ -283,3 +283,29 @@ fn invalid_slices_are_refused_with_a_reason() {
         assert!(!err.reason.is_empty(), "{name}");
     }
 }
+
+/// What the sources hand the model: the slice converted once, with who it is and whose;
+/// a deletion and a slice another proxy claims carry no content, an FQDN slice no family.
+#[test]
+fn a_slice_record_carries_its_keys_and_content_once() {
+    use crate::k8s::convert::{LABEL_SERVICE_PROXY_NAME, slice_record};
+    let live = slice()
+        .port("http", 8080, "TCP")
+        .endpoint(mk_endpoint("10.0.0.1").build());
+    let record = slice_record(&live.clone().build(), false);
+    assert_eq!(record.object, NamespacedName::new("ns1", "svc1-abc"));
+    assert_eq!(record.family, Some(IpFamily::V4));
+    assert_eq!(
+        record.owner,
+        Some((NamespacedName::new("ns1", "svc1"), "svc1-abc".to_owned()))
+    );
+    assert_eq!(record.info, endpoint_slice_info(&live.clone().build()));
+    assert!(matches!(record.info, Ok(Some(_))));
+
+    let gone = slice_record(&live.clone().build(), true);
+    assert_eq!((gone.owner, gone.info), (record.owner, Ok(None)));
+    let claimed = live.label(LABEL_SERVICE_PROXY_NAME, "other").build();
+    assert_eq!(slice_record(&claimed, false).info, Ok(None));
+    let fqdn = mk_endpointslice("ns1", "svc1-f", "svc1", "FQDN").build();
+    assert_eq!(slice_record(&fqdn, false).family, None);
+}
