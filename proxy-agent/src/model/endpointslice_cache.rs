@@ -361,11 +361,49 @@ impl AddrText {
     fn of(addr: &SocketAddr) -> Self {
         use std::io::Write as _;
         let mut bytes = [0u8; Self::MAX];
-        let mut room = &mut bytes[..];
-        // Cannot fail: every socket address fits (see MAX).
-        let _ = write!(room, "{addr}");
+        match addr {
+            // By hand: the formatter's machinery was a sixth of a cold sync's model work
+            // (a million IPv4 endpoints).
+            SocketAddr::V4(v4) => {
+                let mut at = 0;
+                for (i, octet) in v4.ip().octets().into_iter().enumerate() {
+                    if i > 0 {
+                        bytes[at] = b'.';
+                        at += 1;
+                    }
+                    at = put_decimal(&mut bytes, at, u32::from(octet));
+                }
+                bytes[at] = b':';
+                put_decimal(&mut bytes, at + 1, u32::from(v4.port()));
+            }
+            SocketAddr::V6(_) => {
+                let mut room = &mut bytes[..];
+                // Cannot fail: every socket address fits (see MAX).
+                let _ = write!(room, "{addr}");
+            }
+        }
         Self { bytes }
     }
+}
+
+/// Writes `value` in decimal at `at` in `bytes`; returns where it ends. An IPv4 socket
+/// address's text (at most 21 bytes) always fits in [`AddrText::MAX`].
+fn put_decimal(bytes: &mut [u8; AddrText::MAX], at: usize, value: u32) -> usize {
+    let mut digits = [0u8; 10];
+    let mut count = 0;
+    let mut rest = value;
+    loop {
+        digits[count] = b'0' + (rest % 10) as u8;
+        count += 1;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for (i, digit) in digits[..count].iter().rev().enumerate() {
+        bytes[at + i] = *digit;
+    }
+    at + count
 }
 
 #[cfg(test)]
@@ -398,5 +436,23 @@ mod addr_text_tests {
             .parse()
             .unwrap();
         assert!(longest.to_string().len() < AddrText::MAX);
+    }
+
+    #[test]
+    fn an_ipv4_text_written_by_hand_is_the_formatters() {
+        for text in [
+            "0.0.0.0:0",
+            "10.0.1.10:80",
+            "9.9.9.9:1",
+            "100.64.255.7:8080",
+            "255.255.255.255:65535",
+            "1.20.199.200:10",
+        ] {
+            let addr: SocketAddr = text.parse().unwrap();
+            let written = AddrText::of(&addr);
+            let end = written.bytes.iter().position(|b| *b == 0).unwrap();
+            assert_eq!(std::str::from_utf8(&written.bytes[..end]), Ok(text));
+            assert!(written.bytes[end..].iter().all(|b| *b == 0), "{text}");
+        }
     }
 }
