@@ -515,6 +515,7 @@ impl EventLoop {
                     "synced"
                 );
                 service_health.sync(self.cluster.families(), &self.pending_changed, full);
+                proxier.after_sync(&request);
                 if full || self.pending_changed.len() >= RELEASE_MEMORY_AFTER_CHANGES {
                     // A full sync builds every mode's whole desired state (the ebpf mode
                     // also reads every map entry) and drops it; a big partial one (a cold

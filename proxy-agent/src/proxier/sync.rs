@@ -266,6 +266,12 @@ pub trait Proxier: Send {
     /// whatever happens: a failure part-way is repaired by the next (full) sync.
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError>;
 
+    /// What follows a successful sync once it is reported (its duration and timestamp
+    /// recorded): work the dataplane does not wait for. `request` is the sync's own. The
+    /// agent calls it right after each successful sync; a mode must still be right when
+    /// it is not called (its next sync then does that work itself).
+    fn after_sync(&mut self, _request: &SyncRequest<'_>) {}
+
     /// Periodic housekeeping between syncs (new devices, expired state).
     fn maintain(&mut self) {}
 

@@ -646,3 +646,121 @@ fn a_big_partial_sync_written_ahead_into_growing_maps_leaves_nothing_for_a_full_
         );
     });
 }
+
+/// A sync of thousands of services writes its service entries in two halves at once, and
+/// the names table after it is reported: the names come with `after_sync`, and when that
+/// is not called, the next sync writes every name itself. Nothing is lost either way: the
+/// full sync after finds every entry written (both halves), and the table names each
+/// frontend.
+#[test]
+fn a_big_sync_writes_its_entries_in_halves_and_its_names_after_it() {
+    use proxy_agent::{
+        model::{ClusterState, IpFamily},
+        proxier::{
+            Proxier, StaleConntrack, SyncRequest,
+            ebpf::{maps_dir, read_names},
+        },
+    };
+    use tests::privileged::{TempBpffs, TempCgroup, TempNetns, load_options};
+    require_root!();
+    // 12,000 services of 5 endpoints: 84,000 service entries, past the 65,536 a run of
+    // service puts needs to be written in halves.
+    const SERVICES: u32 = 12_000;
+    const ENDPOINTS: u32 = 5;
+    let bpffs = TempBpffs::new("kpe-halves");
+    let cgroup = TempCgroup::new("kpe-halves");
+    let opts = load_options(&bpffs, &cgroup);
+    let names_dir = maps_dir(&opts.bpffs_root);
+    let named = || {
+        let names = read_names(&names_dir).expect("the names table reads");
+        names
+            .values()
+            .map(|port| port.name.clone())
+            .collect::<BTreeSet<String>>()
+    };
+    let node = in_process_node();
+    let stale = StaleConntrack::default();
+    let mut cluster = ClusterState::new(&[IpFamily::V4], "node-a");
+    let netns = TempNetns::new("kpe-halves");
+    netns.run(|| {
+        let mut proxier = start_growable(&opts);
+        add_clusterip_service(&mut cluster, 0, ENDPOINTS);
+        let changes = cluster.apply_pending();
+        let request = SyncRequest {
+            families: cluster.families(),
+            node: &node,
+            full: true,
+            changed: &changes.changed,
+            stale: &stale,
+        };
+        proxier.sync(&request).expect("the first sync");
+        proxier.after_sync(&request);
+        assert_eq!(
+            named(),
+            BTreeSet::from(["svc0".to_string()]),
+            "a small sync names at once"
+        );
+
+        (1..=SERVICES).for_each(|i| add_clusterip_service(&mut cluster, i, ENDPOINTS));
+        let changes = cluster.apply_pending();
+        let request = SyncRequest {
+            families: cluster.families(),
+            node: &node,
+            full: false,
+            changed: &changes.changed,
+            stale: &stale,
+        };
+        let stats = proxier.sync(&request).expect("the big sync");
+        assert_eq!(stats.not_programmed, 0, "{:?}", stats.full_maps);
+        assert_eq!(named().len(), 1, "the big sync's names wait for after_sync");
+        proxier.after_sync(&request);
+        let all: BTreeSet<String> = (0..=SERVICES).map(|i| format!("svc{i}")).collect();
+        assert_eq!(named(), all, "after_sync names every frontend");
+
+        // A big sync whose after_sync never comes: the next sync names everything.
+        let more = SERVICES + 1..=SERVICES + 5_000;
+        more.clone()
+            .for_each(|i| add_clusterip_service(&mut cluster, i, ENDPOINTS));
+        let changes = cluster.apply_pending();
+        proxier
+            .sync(&SyncRequest {
+                families: cluster.families(),
+                node: &node,
+                full: false,
+                changed: &changes.changed,
+                stale: &stale,
+            })
+            .expect("another big sync");
+        assert_eq!(named(), all, "its names are not written yet");
+        add_clusterip_service(&mut cluster, SERVICES + 5_001, ENDPOINTS);
+        let changes = cluster.apply_pending();
+        let stats = proxier
+            .sync(&SyncRequest {
+                families: cluster.families(),
+                node: &node,
+                full: false,
+                changed: &changes.changed,
+                stale: &stale,
+            })
+            .expect("a small sync after it");
+        // Only the new service's entries: backends, reverse NAT, slot 0, slots, wildcard.
+        let one_service = ENDPOINTS as usize + 1 + (1 + ENDPOINTS as usize + 1);
+        assert_eq!(stats.written, one_service);
+        let every: BTreeSet<String> = (0..=SERVICES + 5_001).map(|i| format!("svc{i}")).collect();
+        assert_eq!(named(), every, "the small sync wrote every name");
+
+        // Both halves of the big sync's service entries are in: a full sync writes and
+        // deletes nothing.
+        let changes = cluster.apply_pending();
+        let again = proxier
+            .sync(&SyncRequest {
+                families: cluster.families(),
+                node: &node,
+                full: true,
+                changed: &changes.changed,
+                stale: &stale,
+            })
+            .expect("the full sync");
+        assert_eq!((again.written, again.deleted), (0, 0));
+    });
+}

@@ -663,6 +663,30 @@ fn deleted_entry(op: &Op) -> Option<(MapKind, IpFamily)> {
     }
 }
 
+/// The entries of the service puts among `ops`.
+fn svc_puts(ops: &[Op]) -> impl Iterator<Item = (&SvcEntryKey, &SvcValue)> {
+    ops.iter().filter_map(|op| match op {
+        Op::PutSvc(k, v) => Some((k, v)),
+        _ => None,
+    })
+}
+
+/// A run of service puts this long is written in two halves at once.
+const PARALLEL_SVC_WRITE_MIN: usize = 65_536;
+
+/// Where the second half of a run of service puts starts: the first entry of a frontend
+/// at or after the middle (a frontend's entries are together, see [`order_svc_puts`]).
+/// `None` when the run's last frontend starts before the middle.
+fn frontend_boundary(run: &[Op]) -> Option<usize> {
+    let frontend = |op: &Op| match op {
+        Op::PutSvc(k, _) => Some(k.frontend),
+        _ => None,
+    };
+    let middle = run.len() / 2;
+    let before = frontend(run.get(middle.checked_sub(1)?)?)?;
+    (middle..run.len()).find(|&at| frontend(&run[at]) != Some(before))
+}
+
 /// How many ops from the start of `ops` `matches` accepts.
 fn run_len(ops: &[Op], matches: impl Fn(&Op) -> bool) -> usize {
     ops.iter().take_while(|op| matches(op)).count()
@@ -678,10 +702,14 @@ fn execute(maps: &mut LbMaps, ops: &[Op], maglev_size: u32) -> Result<(usize, us
         let batched = match first {
             Op::PutSvc(..) => {
                 let n = run_len(rest, |op| matches!(op, Op::PutSvc(..)));
-                maps.put_svcs(rest[..n].iter().filter_map(|op| match op {
-                    Op::PutSvc(k, v) => Some((k, v)),
-                    _ => None,
-                }))?;
+                match frontend_boundary(&rest[..n]) {
+                    // Two halves at once (a cold sync's million entries): the order that
+                    // matters is within each frontend's entries, which stay together.
+                    Some(half) if n >= PARALLEL_SVC_WRITE_MIN => {
+                        maps.put_svcs_in_parts([svc_puts(&rest[..half]), svc_puts(&rest[half..n])])?
+                    }
+                    _ => maps.put_svcs(svc_puts(&rest[..n]))?,
+                }
                 n
             }
             Op::PutBackend(..) => {
@@ -1230,5 +1258,50 @@ impl ApplyState {
             plan.node_dels.push(Op::DelSvcCidr(*c));
         }
         plan.ordered().0
+    }
+}
+
+#[cfg(test)]
+mod boundary_tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use proxy_common::{SCOPE_EXTERNAL, SvcValue};
+
+    use super::{Op, frontend_boundary};
+    use crate::proxier::ebpf::{desired::FrontendKey, entries::SvcEntryKey};
+
+    /// A run of `sizes[i]` entries for frontend i (slots 1..n, then 0, as they are put).
+    fn run(sizes: &[u16]) -> Vec<Op> {
+        let mut ops = Vec::new();
+        for (i, size) in sizes.iter().enumerate() {
+            let frontend = FrontendKey {
+                addr: IpAddr::V4(Ipv4Addr::new(10, 96, 0, i as u8)),
+                port: 80,
+                proto: 6,
+            };
+            for slot in (1..*size).chain([0]) {
+                let key = SvcEntryKey {
+                    frontend,
+                    scope: SCOPE_EXTERNAL,
+                    slot,
+                };
+                ops.push(Op::PutSvc(key, SvcValue::default()));
+            }
+        }
+        ops
+    }
+
+    /// The halves of a run never split a frontend's entries: the second starts at the
+    /// first frontend that begins at or after the middle.
+    #[test]
+    fn halves_split_between_frontends() {
+        // Frontends of 3, 3, 3, 3: the middle (6) starts the third.
+        assert_eq!(frontend_boundary(&run(&[3, 3, 3, 3])), Some(6));
+        // 4, 5, 1: the middle (5) is inside the second, which starts at 4 and ends at 9.
+        assert_eq!(frontend_boundary(&run(&[4, 5, 1])), Some(9));
+        // One frontend, or the last one starting before the middle: no halves.
+        assert_eq!(frontend_boundary(&run(&[8])), None);
+        assert_eq!(frontend_boundary(&run(&[1, 7])), None);
+        assert_eq!(frontend_boundary(&[]), None);
     }
 }

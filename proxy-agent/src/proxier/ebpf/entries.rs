@@ -210,6 +210,32 @@ impl LbMaps {
         put_family_runs(entries, &mut self.svc4, &mut self.svc6)
     }
 
+    /// Writes service entries in `parts`: each part in order, the parts at once where the
+    /// maps allow (see [`KvMap::put_parts`]); each frontend's entries must be in one part.
+    pub fn put_svcs_in_parts<'a, P>(&mut self, parts: impl IntoIterator<Item = P>) -> Result<()>
+    where
+        P: IntoIterator<Item = (&'a SvcEntryKey, &'a SvcValue)>,
+    {
+        let mut v4: Vec<Vec<(Svc4Key, SvcValue)>> = Vec::new();
+        let mut v6: Vec<Vec<(Svc6Key, SvcValue)>> = Vec::new();
+        for part in parts {
+            let part = part.into_iter();
+            let (mut part4, mut part6) = (Vec::with_capacity(part.size_hint().0), Vec::new());
+            for (k, v) in part {
+                match k.frontend.addr {
+                    IpAddr::V4(a) => part4.push((svc4_key(k, a), *v)),
+                    IpAddr::V6(a) => part6.push((svc6_key(k, a), *v)),
+                }
+            }
+            v4.push(part4);
+            v6.push(part6);
+        }
+        self.svc4
+            .put_parts(&v4.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        self.svc6
+            .put_parts(&v6.iter().map(Vec::as_slice).collect::<Vec<_>>())
+    }
+
     /// Writes backend entries in order, in as few system calls as the maps allow.
     pub fn put_backends<'a>(
         &mut self,

@@ -581,7 +581,7 @@ fn replace_pinned_link(links_dir: &Path, name: &str, link: FdLink) -> Result<()>
     Ok(())
 }
 
-fn take_hash<K: aya::Pod + Send, V: aya::Pod + Send>(
+fn take_hash<K: aya::Pod + Send + Sync, V: aya::Pod + Send + Sync>(
     ebpf: &mut Ebpf,
     name: &'static str,
 ) -> Result<Box<KernelHash<K, V>>> {

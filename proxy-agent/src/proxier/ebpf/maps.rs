@@ -45,6 +45,12 @@ pub trait KvMap<K, V>: Send {
     fn put_many(&mut self, entries: &[(K, V)]) -> Result<()> {
         entries.iter().try_for_each(|(k, v)| self.put(k, v))
     }
+    /// Writes every entry of every part: each part in order, the parts in no particular
+    /// order (at once, on threads of their own, where the map allows). For entries whose
+    /// order matters only within a part.
+    fn put_parts(&mut self, parts: &[&[(K, V)]]) -> Result<()> {
+        parts.iter().try_for_each(|part| self.put_many(part))
+    }
     /// Deleting a missing key is not an error.
     fn delete(&mut self, key: &K) -> Result<()>;
     fn entries(&self) -> Result<Vec<(K, V)>>;
@@ -94,6 +100,55 @@ impl<K: aya::Pod, V: aya::Pod> KernelHash<K, V> {
             no_batch: false,
         }
     }
+
+    /// Writes `entries` one system call each: what batched updates left (a kernel
+    /// without them from now on, when there are any).
+    fn put_one_by_one(&mut self, entries: &[(K, V)]) -> Result<()> {
+        if !entries.is_empty() {
+            self.no_batch = true;
+        }
+        entries.iter().try_for_each(|(k, v)| {
+            self.map
+                .insert(k, v, 0)
+                .map_err(|e| kernel_err(self.name, "update", e))
+        })
+    }
+}
+
+/// Writes `entries` in order in batched updates of [`BATCH`] entries. Returns what is
+/// left when the kernel has no batched updates (for this map): from the first entry it
+/// did not write.
+fn put_batches<'a, K: aya::Pod, V: aya::Pod>(
+    name: &'static str,
+    map: &MapData,
+    entries: &'a [(K, V)],
+) -> Result<&'a [(K, V)]> {
+    let mut rest = entries;
+    while !rest.is_empty() {
+        let (chunk, after) = rest.split_at(rest.len().min(BATCH));
+        let keys: Vec<K> = chunk.iter().map(|(k, _)| *k).collect();
+        let values: Vec<V> = chunk.iter().map(|(_, v)| *v).collect();
+        match crate::sys::map_update_batch(map, &keys, &values) {
+            Ok(_) => rest = after,
+            // No batched updates in this kernel (or for this map).
+            Err((e, written))
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINVAL | ENOTSUPP | libc::EOPNOTSUPP)
+                ) =>
+            {
+                return Ok(&rest[(written as usize).min(chunk.len())..]);
+            }
+            Err((io_error, _)) => {
+                let source = MapError::SyscallError(aya::sys::SyscallError {
+                    call: "bpf_map_update_batch",
+                    io_error,
+                });
+                return Err(kernel_err(name, "update", source));
+            }
+        }
+    }
+    Ok(rest)
 }
 
 /// The kernel's own "operation not supported" (not in libc: it never reaches userspace
@@ -104,7 +159,7 @@ const ENOTSUPP: i32 = 524;
 /// small enough that the copies of keys and values stay small.
 const BATCH: usize = 8192;
 
-impl<K: aya::Pod + Send, V: aya::Pod + Send> KvMap<K, V> for KernelHash<K, V> {
+impl<K: aya::Pod + Send + Sync, V: aya::Pod + Send + Sync> KvMap<K, V> for KernelHash<K, V> {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -124,34 +179,41 @@ impl<K: aya::Pod + Send, V: aya::Pod + Send> KvMap<K, V> for KernelHash<K, V> {
             .map_err(|e| kernel_err(self.name, "update", e))
     }
     fn put_many(&mut self, entries: &[(K, V)]) -> Result<()> {
-        let mut rest = entries;
-        while !rest.is_empty() && !self.no_batch {
-            let (chunk, after) = rest.split_at(rest.len().min(BATCH));
-            let keys: Vec<K> = chunk.iter().map(|(k, _)| *k).collect();
-            let values: Vec<V> = chunk.iter().map(|(_, v)| *v).collect();
-            match crate::sys::map_update_batch(self.map.map(), &keys, &values) {
-                Ok(_) => rest = after,
-                // No batched updates in this kernel (or for this map): what is left goes
-                // one entry at a time, from the first the kernel did not write.
-                Err((e, written))
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINVAL | ENOTSUPP | libc::EOPNOTSUPP)
-                    ) =>
-                {
-                    self.no_batch = true;
-                    rest = &rest[(written as usize).min(chunk.len())..];
-                }
-                Err((io_error, _)) => {
-                    let source = MapError::SyscallError(aya::sys::SyscallError {
-                        call: "bpf_map_update_batch",
-                        io_error,
-                    });
-                    return Err(kernel_err(self.name, "update", source));
+        let rest = if self.no_batch {
+            entries
+        } else {
+            put_batches(self.name, self.map.map(), entries)?
+        };
+        self.put_one_by_one(rest)
+    }
+    fn put_parts(&mut self, parts: &[&[(K, V)]]) -> Result<()> {
+        let [first, others @ ..] = parts else {
+            return Ok(());
+        };
+        if self.no_batch || others.is_empty() {
+            return parts.iter().try_for_each(|part| self.put_many(part));
+        }
+        // The kernel takes concurrent updates of one hash map (its buckets have locks of
+        // their own), so the parts go in on as many threads.
+        let (name, map) = (self.name, self.map.map());
+        let left: Vec<Result<&[(K, V)]>> = std::thread::scope(|scope| {
+            let spawned: Vec<_> = others
+                .iter()
+                .map(|part| scope.spawn(move || put_batches(name, map, part)))
+                .collect();
+            let mut left = vec![put_batches(name, map, first)];
+            for thread in spawned {
+                match thread.join() {
+                    Ok(part_left) => left.push(part_left),
+                    Err(panic) => std::panic::resume_unwind(panic),
                 }
             }
+            left
+        });
+        for rest in left {
+            self.put_one_by_one(rest?)?;
         }
-        rest.iter().try_for_each(|(k, v)| self.put(k, v))
+        Ok(())
     }
     fn delete(&mut self, key: &K) -> Result<()> {
         match self.map.remove(key) {

@@ -37,6 +37,7 @@ pub use self::{
     handover::leave_new_flows_to_netfilter,
     loader::{LoadError, LoadOptions, Loaded, detect_cgroup2_root, load_and_attach},
     maglev::build_table as build_maglev_table,
+    names::read_pinned as read_names,
     pins::{MapSizes, links_dir, maps_dir, unpin_all},
     sockets::Unsupported as SocketSweepUnsupported,
 };
@@ -66,6 +67,20 @@ impl From<LoadError> for GrowError {
     }
 }
 
+/// A sync naming this many services or more writes the names table after it is
+/// reported ([`Proxier::after_sync`]) instead of during it: the table is for people reading
+/// the maps (`inspect`, `trace`), the programs never read it, and at 100,000 services it
+/// took as long as the kernel took the service entries (0.6 s), on the other core.
+const NAMES_AFTER_MIN: usize = 4_096;
+
+/// The names a sync left for after it: those of the services it was asked to sync
+/// (`SyncRequest::changed`, which `after_sync` gets again) and of `retried` ones.
+struct NamesDue {
+    /// Services refused before, tried again by that sync.
+    retried: Vec<crate::model::NamespacedName>,
+    full: bool,
+}
+
 /// The ebpf proxier: the loaded dataplane and the agent's memory of its maps.
 pub struct EbpfProxier {
     loaded: Loaded,
@@ -73,6 +88,8 @@ pub struct EbpfProxier {
     /// Service names of the frontends, for `inspect` and `trace` (None: could not be
     /// created; the dataplane works without it).
     names: Option<names::NamesTable>,
+    /// The names a big sync left for [`Proxier::after_sync`] (see [`NAMES_AFTER_MIN`]).
+    names_due: Option<NamesDue>,
     /// The runtime configuration as given at start; syncs add the node settings' flags.
     config: LbConfig,
     /// The configuration last written with the node settings (None before the first sync).
@@ -185,6 +202,7 @@ impl EbpfProxier {
             loaded,
             state,
             names,
+            names_due: None,
             config,
             written_config: None,
             connected_udp: sockets::ConnectedUdpTerminator::for_node(&loader::maps_dir(
@@ -489,6 +507,27 @@ impl Proxier for EbpfProxier {
         }
     }
 
+    /// Writes the names a big sync left for after it was reported (4,096 services or
+    /// more: the names table is not the dataplane).
+    fn after_sync(&mut self, request: &SyncRequest<'_>) {
+        let Some(due) = self.names_due.take() else {
+            return;
+        };
+        let Some(names) = self.names.as_mut() else {
+            return;
+        };
+        let began = Instant::now();
+        let touched = if due.retried.is_empty() {
+            std::borrow::Cow::Borrowed(request.changed)
+        } else {
+            let mut touched = request.changed.clone();
+            touched.extend(due.retried);
+            std::borrow::Cow::Owned(touched)
+        };
+        let written = names.sync(request.families, &self.state, &touched, due.full);
+        log_names_written(Some(written), began.elapsed());
+    }
+
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError> {
         // Services refused before are tried again: their names must follow if they get in.
         // (Without any, the changed ones as they are: a cold start changes 100,000.)
@@ -499,6 +538,9 @@ impl Proxier for EbpfProxier {
             touched.extend(self.state.deferred().cloned());
             std::borrow::Cow::Owned(touched)
         };
+        // Names an earlier sync left for `after_sync`, which was not called (a caller
+        // other than the agent): this sync writes every name.
+        let names_full = request.full || self.names_due.take().is_some();
         if request.full {
             // Before the services: a frontend must never be served under the defaults.
             self.sync_node_settings(request.node)?;
@@ -524,24 +566,45 @@ impl Proxier for EbpfProxier {
             }
         }
         let grown_at = began.elapsed();
-        // The names are written while the kernel takes the service entries (they need only
-        // the ids the plan handed out).
-        let names = &mut self.names;
-        let (executed, named) =
-            self.state
-                .execute_alongside(&mut self.loaded.maps, planned, |state| {
-                    let began = Instant::now();
-                    let written = names
-                        .as_mut()
-                        .map(|names| names.sync(request.families, state, &touched, request.full));
-                    (written, began.elapsed())
+        let named = if request.full {
+            request.families.iter().map(|f| f.services.len()).sum()
+        } else {
+            touched.len()
+        };
+        let executed = if named >= NAMES_AFTER_MIN {
+            let retried = match &touched {
+                std::borrow::Cow::Borrowed(_) => Vec::new(),
+                std::borrow::Cow::Owned(all) => all
+                    .iter()
+                    .filter(|s| !request.changed.contains(*s))
+                    .cloned()
+                    .collect(),
+            };
+            let executed = self.state.execute(&mut self.loaded.maps, planned);
+            if executed.is_ok() {
+                self.names_due = Some(NamesDue {
+                    retried,
+                    full: names_full,
                 });
-        let (names_written, names_took) = named;
-        if let Some(Err(e)) = names_written {
-            // Names are for people reading the maps, not for the dataplane. The next full
-            // sync writes them again.
-            warn!(error = %e, "writing the service names table");
-        }
+            }
+            executed
+        } else {
+            // The names are written while the kernel takes the service entries (they need
+            // only the ids the plan handed out).
+            let names = &mut self.names;
+            let (executed, named) =
+                self.state
+                    .execute_alongside(&mut self.loaded.maps, planned, |state| {
+                        let began = Instant::now();
+                        let written = names
+                            .as_mut()
+                            .map(|names| names.sync(request.families, state, &touched, names_full));
+                        (written, began.elapsed())
+                    });
+            let (names_written, names_took) = named;
+            log_names_written(names_written, names_took);
+            executed
+        };
         let mut stats = executed.map_err(|e| SyncError::new("ebpf", e))?;
         let written_at = began.elapsed();
         stats.map_growth = grown;
@@ -566,12 +629,22 @@ impl Proxier for EbpfProxier {
             plan_ms = ms(planned_at),
             grow_ms = ms(grown_at - planned_at),
             write_ms = ms(written_at - grown_at),
-            names_ms = ms(names_took),
             sweeps_ms = ms(swept_at - written_at),
             trim_ms = ms(began.elapsed() - swept_at),
             "ebpf sync phases"
         );
         Ok(stats)
+    }
+}
+
+/// Reports a write of the names table (`None`: there is no table).
+fn log_names_written(written: Option<Result<(), maps::MapOpError>>, took: std::time::Duration) {
+    match written {
+        // Names are for people reading the maps, not for the dataplane. The next full
+        // sync writes them again.
+        Some(Err(e)) => warn!(error = %e, "writing the service names table"),
+        Some(Ok(())) => debug!(ms = took.as_secs_f64() * 1e3, "service names written"),
+        None => {}
     }
 }
 

@@ -140,7 +140,7 @@ fn open(name: &'static str, path: &Path) -> Result<AyaMap, MapOpError> {
     AyaMap::from_map_data(MapData::from_pin(path).map_err(kernel)?).map_err(kernel)
 }
 
-fn open_hash<K: Pod + Send, V: Pod + Send>(
+fn open_hash<K: Pod + Send + Sync, V: Pod + Send + Sync>(
     name: &'static str,
     path: &Path,
 ) -> Result<KernelHash<K, V>, MapOpError> {
@@ -161,14 +161,14 @@ fn open_lpm<D: Pod + Send>(name: &'static str, path: &Path) -> Result<KernelLpm<
     Ok(KernelLpm::new(name, map))
 }
 
-fn count_hash<K: Pod + Send, V: Pod + Send>(
+fn count_hash<K: Pod + Send + Sync, V: Pod + Send + Sync>(
     name: &'static str,
     path: &Path,
 ) -> Result<usize, MapOpError> {
     Ok(open_hash::<K, V>(name, path)?.entries()?.len())
 }
 
-fn copy_hash<K: Pod + Send, V: Pod + Send>(
+fn copy_hash<K: Pod + Send + Sync, V: Pod + Send + Sync>(
     name: &'static str,
     from: &Path,
     to: &Path,
@@ -210,7 +210,7 @@ pub struct Resizable {
 }
 
 impl Resizable {
-    fn hash<K: Pod + Send, V: Pod + Send>(
+    fn hash<K: Pod + Send + Sync, V: Pod + Send + Sync>(
         name: &'static str,
         map_type: MapType,
         max_entries: u32,

@@ -22,7 +22,7 @@ fn open(dir: &Path, name: &'static str) -> Result<AyaMap, LiveError> {
     AyaMap::from_map_data(data).map_err(|source| LiveError::Map { name, source })
 }
 
-fn hash<K: aya::Pod + Send, V: aya::Pod + Send>(
+fn hash<K: aya::Pod + Send + Sync, V: aya::Pod + Send + Sync>(
     dir: &Path,
     name: &'static str,
 ) -> Result<Box<KernelHash<K, V>>, LiveError> {
