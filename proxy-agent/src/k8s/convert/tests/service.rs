@@ -655,3 +655,27 @@ fn the_lb_algorithm_annotation_chooses_the_algorithm_and_an_unknown_value_is_ign
         );
     }
 }
+
+/// A record holds each family it was converted for, once: taking a family's ports moves
+/// them out, and a family it was not converted for has none.
+#[test]
+fn a_service_record_gives_each_family_its_ports_once() {
+    use crate::k8s::convert::service_record;
+    use crate::model::{NamespacedName, ServicePorts};
+    let svc = mk_service("ns1", "web")
+        .cluster_ip("10.96.0.10")
+        .port("http", 80, "TCP")
+        .build();
+    let mut record = service_record(&svc, &[IpFamily::V4, IpFamily::V6], false);
+    assert_eq!(record.name, NamespacedName::new("ns1", "web"));
+    let v4 = record.take_ports(IpFamily::V4).expect("valid");
+    let ips: Vec<String> = v4.values().map(|p| p.cluster_ip.to_string()).collect();
+    assert_eq!(ips, ["10.96.0.10"]);
+    assert_eq!(record.take_ports(IpFamily::V4), Ok(ServicePorts::default()));
+    assert_eq!(record.take_ports(IpFamily::V6), Ok(ServicePorts::default()));
+
+    let only_v6 = service_record(&svc, &[IpFamily::V6], false);
+    assert_eq!(only_v6.ports.len(), 1);
+    let gone = service_record(&svc, &[IpFamily::V4], true);
+    assert!(gone.ports.is_empty(), "a deletion needs only the name");
+}
