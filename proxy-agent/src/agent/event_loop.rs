@@ -24,7 +24,7 @@ use crate::{
         events::{EventSink, NodeEvent},
         watch::{Change, ClusterEvent, ResourceKind},
     },
-    model::{ClusterState, IpFamily, NamespacedName, StaleConntrack},
+    model::{BatchRoom, ClusterState, IpFamily, NamespacedName, StaleConntrack},
     node::host_addresses,
     proxier::{self, HostLayout, ModeSettings, NodeContext, Proxier, SyncRequest, SyncStats},
     runner::SyncRunner,
@@ -134,17 +134,15 @@ impl EventLoop {
                 false
             }
             ClusterEvent::Batch(events) => {
-                let (services, slices) =
-                    events
-                        .iter()
-                        .fold((0, 0), |(services, slices), event| match event {
-                            ClusterEvent::Service(Change::Upsert(_)) => (services + 1, slices),
-                            ClusterEvent::EndpointSlice(Change::Upsert(_)) => {
-                                (services, slices + 1)
-                            }
-                            _ => (services, slices),
-                        });
-                self.cluster.make_room(services, slices);
+                let mut room = BatchRoom::default();
+                for event in &events {
+                    match event {
+                        ClusterEvent::Service(Change::Upsert(service)) => room.add_service(service),
+                        ClusterEvent::EndpointSlice(Change::Upsert(slice)) => room.add_slice(slice),
+                        _ => {}
+                    }
+                }
+                self.cluster.make_room(&room);
                 // Every event is handled, whatever the ones before returned.
                 let mut changed = false;
                 for event in events {

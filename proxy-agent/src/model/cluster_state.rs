@@ -29,6 +29,55 @@ struct Trackers {
     endpoints: EndpointsChangeTracker,
 }
 
+/// What a batch of changes adds or changes ([`ClusterState::make_room`]): Services, and
+/// per IP family the Services with ports of that family and the EndpointSlices of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchRoom {
+    pub services: usize,
+    pub v4: FamilyRoom,
+    pub v6: FamilyRoom,
+}
+
+/// One family's part of a [`BatchRoom`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FamilyRoom {
+    pub services: usize,
+    pub slices: usize,
+}
+
+impl BatchRoom {
+    fn of(&self, family: IpFamily) -> FamilyRoom {
+        match family {
+            IpFamily::V4 => self.v4,
+            IpFamily::V6 => self.v6,
+        }
+    }
+
+    fn of_mut(&mut self, family: IpFamily) -> &mut FamilyRoom {
+        match family {
+            IpFamily::V4 => &mut self.v4,
+            IpFamily::V6 => &mut self.v6,
+        }
+    }
+
+    /// Counts a Service the batch adds or changes, in each family it has ports of.
+    pub fn add_service(&mut self, record: &ServiceRecord) {
+        self.services += 1;
+        for (family, ports) in &record.ports {
+            if ports.as_ref().is_ok_and(|ports| !ports.is_empty()) {
+                self.of_mut(*family).services += 1;
+            }
+        }
+    }
+
+    /// Counts an EndpointSlice the batch adds or changes, in its family.
+    pub fn add_slice(&mut self, record: &SliceRecord) {
+        if let Some(family) = record.family {
+            self.of_mut(family).slices += 1;
+        }
+    }
+}
+
 /// What one [`ClusterState::apply_pending`] found.
 #[derive(Debug, Default)]
 pub struct AppliedChanges {
@@ -72,19 +121,22 @@ impl ClusterState {
         }
     }
 
-    /// Makes room for a batch that adds or changes `services` Services and `slices`
-    /// EndpointSlices (a directory read of a whole cluster), instead of the tables doubling
-    /// and rehashing every key a dozen times each while they come in. Room is made up to
-    /// what the tables will hold at least afterwards (every Service of the batch is known
-    /// then, each with a pending change at most), so none of it stays unused.
-    pub fn make_room(&mut self, services: usize, slices: usize) {
+    /// Makes room for a batch of changes (a directory read of a whole cluster), instead
+    /// of the tables doubling and rehashing every key a dozen times each while they come
+    /// in. Room is made up to what the tables will hold at least afterwards (every Service
+    /// of the batch is known then, each with a pending change at most), so none of it
+    /// stays unused; each family's tables get room for that family's objects only (a
+    /// dual-stack node's IPv6 tables kept room for every IPv4 service of the batch, and
+    /// these tables never shrink).
+    pub fn make_room(&mut self, batch: &BatchRoom) {
         self.services
-            .reserve(services.saturating_sub(self.services.len()));
+            .reserve(batch.services.saturating_sub(self.services.len()));
         for t in &mut self.trackers {
-            t.services.make_room(services);
+            let room = batch.of(t.services.family());
+            t.services.make_room(room.services);
             // A service's slices share its entries; a batch's slices mostly belong to its
             // services.
-            t.endpoints.make_room(slices.min(services));
+            t.endpoints.make_room(room.slices.min(room.services));
         }
     }
 
@@ -305,10 +357,22 @@ mod make_room_tests {
         }
     }
 
+    const BATCH: BatchRoom = BatchRoom {
+        services: 5_000,
+        v4: FamilyRoom {
+            services: 5_000,
+            slices: 5_000,
+        },
+        v6: FamilyRoom {
+            services: 0,
+            slices: 0,
+        },
+    };
+
     #[test]
     fn a_big_batch_finds_room_made_and_a_batch_of_known_services_makes_none() {
         let mut state = ClusterState::new(&[IpFamily::V4], "node-a");
-        state.make_room(5_000, 5_000);
+        state.make_room(&BATCH);
         let made = state.services.capacity();
         assert!(made >= 5_000, "room for the batch: {made}");
         services(&mut state, 5_000);
@@ -326,7 +390,39 @@ mod make_room_tests {
 
         // A read that changes the same services again makes no room: they are known, and
         // the tables keep their size (they never shrink, so room made then would stay).
-        state.make_room(5_000, 5_000);
+        state.make_room(&BATCH);
         assert_eq!(state.services.capacity(), made);
+    }
+
+    /// On a dual-stack node, a batch of IPv4 services makes no room in the IPv6 tables
+    /// (which would keep it: they never shrink). The batch is counted from its records.
+    #[test]
+    fn a_batch_makes_room_in_its_own_family_only() {
+        use crate::k8s::{
+            convert::{service_record, slice_record},
+            fixtures::{mk_endpoint, mk_endpointslice},
+        };
+        let mut state = ClusterState::new(&[IpFamily::V4, IpFamily::V6], "node-a");
+        let mut batch = BatchRoom::default();
+        let families = [IpFamily::V4, IpFamily::V6];
+        for i in 0..5_000 {
+            let name = format!("svc-{i}");
+            let service = mk_service("ns", &name)
+                .cluster_ip(&format!("10.96.{}.{}", i / 250, i % 250 + 1))
+                .port("http", 80, "TCP")
+                .build();
+            batch.add_service(&service_record(&service, &families, false));
+            let slice = mk_endpointslice("ns", &format!("{name}-1"), &name, "IPv4")
+                .port("http", 8080, "TCP")
+                .endpoint(mk_endpoint("10.0.0.1").build())
+                .build();
+            batch.add_slice(&slice_record(&slice, false));
+        }
+        assert_eq!(batch, BATCH);
+        state.make_room(&batch);
+        assert!(state.trackers[0].services.room() >= 5_000);
+        assert!(state.trackers[0].endpoints.room() >= 5_000);
+        assert_eq!(state.trackers[1].services.room(), 0);
+        assert_eq!(state.trackers[1].endpoints.room(), 0);
     }
 }

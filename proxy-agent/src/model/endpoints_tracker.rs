@@ -144,6 +144,12 @@ impl EndpointsChangeTracker {
         self.cache.make_room(services);
     }
 
+    /// How many services' slices the tracker has room for.
+    #[cfg(test)]
+    pub(crate) fn room(&self) -> usize {
+        self.cache.room()
+    }
+
     /// Slice events accepted so far (kubeproxy_sync_proxy_rules_endpoint_changes_total).
     pub fn changes_total(&self) -> u64 {
         self.changes_total

@@ -194,6 +194,12 @@ impl EndpointSliceCache {
     }
 
     /// Room for the slices of `services` services: a tracker each, and a pending mark.
+    /// How many services' slices the cache has room for.
+    #[cfg(test)]
+    pub(crate) fn room(&self) -> usize {
+        self.trackers.capacity()
+    }
+
     pub fn make_room(&mut self, services: usize) {
         self.trackers
             .reserve(services.saturating_sub(self.trackers.len()));

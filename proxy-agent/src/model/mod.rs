@@ -27,7 +27,7 @@ pub mod topology;
 #[cfg(test)]
 mod tests;
 
-pub use cluster_state::{AppliedChanges, ClusterState, union_into};
+pub use cluster_state::{AppliedChanges, BatchRoom, ClusterState, FamilyRoom, union_into};
 pub use endpoint::{Endpoint, EndpointHints, HintNames, SliceEndpoint, SliceInfo, SlicePort};
 pub use endpoints_tracker::{EndpointsChangeTracker, EndpointsMap, UpdateEndpointsMapResult};
 pub use endpointslice_cache::{EndpointSliceCache, EndpointsChange, ServiceEndpoints};

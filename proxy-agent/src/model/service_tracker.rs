@@ -147,6 +147,12 @@ impl ServiceChangeTracker {
             .reserve(services.saturating_sub(self.items.len()));
     }
 
+    /// How many pending changes the tracker has room for.
+    #[cfg(test)]
+    pub(crate) fn room(&self) -> usize {
+        self.items.capacity()
+    }
+
     /// Service events seen so far (kubeproxy_sync_proxy_rules_service_changes_total).
     pub fn changes_total(&self) -> u64 {
         self.changes_total
