@@ -157,7 +157,9 @@ pub struct NamesTable {
     /// The hasher's seed is random per process, so names cannot be chosen to collide.
     written: FastMap<u32, u64>,
     fingerprints: foldhash::quality::RandomState,
-    by_service: FastMap<(IpFamily, NamespacedName), Vec<u32>>,
+    /// The keys written for each service: a boxed slice, not a `Vec`, as the lists never
+    /// grow (8 bytes less in each of 50,000 entries).
+    by_service: FastMap<(IpFamily, NamespacedName), Box<[u32]>>,
     loaded: bool,
 }
 
