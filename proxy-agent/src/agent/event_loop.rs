@@ -514,7 +514,16 @@ impl EventLoop {
                 );
                 service_health.sync(self.cluster.families(), &self.pending_changed, full);
                 proxier.after_sync(&request);
-                if full || self.pending_changed.len() >= RELEASE_MEMORY_AFTER_CHANGES {
+                let big = self.pending_changed.len() >= RELEASE_MEMORY_AFTER_CHANGES;
+                if big {
+                    // Not cleared: a cleared set keeps its room (a cold start's 50,000
+                    // names: half a MiB) until the next cold start.
+                    self.pending_changed = HashSet::new();
+                } else {
+                    self.pending_changed.clear();
+                }
+                self.pending_stale = StaleConntrack::default();
+                if full || big {
                     // A full sync builds every mode's whole desired state (the ebpf mode
                     // also reads every map entry) and drops it; a big partial one (a cold
                     // start's objects arriving after the first sync) plans every entry of
@@ -523,8 +532,6 @@ impl EventLoop {
                     // within seconds anyway.
                     crate::sys::release_free_memory();
                 }
-                self.pending_changed.clear();
-                self.pending_stale = StaleConntrack::default();
                 true
             }
             Err(e) => {

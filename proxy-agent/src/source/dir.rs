@@ -336,7 +336,13 @@ fn index<'a, T: AsKept>(
 fn forget_content(by_file: HashMap<PathBuf, Vec<ReadObject>>) -> HashMap<PathBuf, Vec<Kept>> {
     by_file
         .into_iter()
-        .map(|(file, objects)| (file, objects.into_iter().map(|o| o.kept).collect()))
+        .map(|(file, objects)| {
+            let mut kept: Vec<Kept> = objects.into_iter().map(|o| o.kept).collect();
+            // Collected in place, into the read's own (larger) allocation: the room the
+            // content took is given back.
+            kept.shrink_to_fit();
+            (file, kept)
+        })
         .collect()
 }
 
