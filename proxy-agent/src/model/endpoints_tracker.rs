@@ -132,7 +132,7 @@ impl EndpointsChangeTracker {
 
     /// Services with changes not yet applied.
     pub fn pending_changes(&self) -> HashSet<NamespacedName> {
-        self.cache.pending_services().clone()
+        self.cache.pending_services().iter().cloned().collect()
     }
 
     pub fn pending_count(&self) -> usize {

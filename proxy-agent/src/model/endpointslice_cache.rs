@@ -12,7 +12,6 @@
 //! model would otherwise hold every endpoint twice (the slice's copy and the merged one),
 //! and every checkout of a service would build all its records again.
 
-use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -22,7 +21,10 @@ use super::{
 use crate::{parallel, sorted::SortedMap};
 
 /// The endpoints of one service, per service port.
-pub type ServiceEndpoints = HashMap<ServicePortName, Vec<Arc<Endpoint>>>;
+///
+/// foldhash, not SipHash: one is built for every changed service (all of them in a cold
+/// sync), and hashing the names with SipHash was a sixth of a cold sync's model work.
+pub type ServiceEndpoints = foldhash::HashMap<ServicePortName, Vec<Arc<Endpoint>>>;
 
 /// How one service's endpoints changed between two checkouts.
 #[derive(Debug, Default)]
@@ -177,7 +179,8 @@ pub struct EndpointSliceCache {
     node_name: String,
     /// foldhash: looked up for every slice change.
     trackers: foldhash::HashMap<NamespacedName, SliceTracker>,
-    pending_services: HashSet<NamespacedName>,
+    /// foldhash: every changed service is looked up in it at checkout.
+    pending_services: foldhash::HashSet<NamespacedName>,
 }
 
 impl EndpointSliceCache {
@@ -185,7 +188,7 @@ impl EndpointSliceCache {
         Self {
             node_name: node_name.into(),
             trackers: foldhash::HashMap::default(),
-            pending_services: HashSet::new(),
+            pending_services: foldhash::HashSet::default(),
         }
     }
 
@@ -288,7 +291,7 @@ impl EndpointSliceCache {
     }
 
     /// Services with slice updates not yet checked out.
-    pub fn pending_services(&self) -> &HashSet<NamespacedName> {
+    pub fn pending_services(&self) -> &foldhash::HashSet<NamespacedName> {
         &self.pending_services
     }
 
