@@ -502,6 +502,34 @@ fn start_growable(
     .expect("the dataplane loads")
 }
 
+/// Applies what is pending in `cluster` and syncs it in `proxier` (full or partial), as
+/// the agent does: `after` runs once the sync returned, then the proxier's `after_sync`;
+/// without `after` (None) there is no `after_sync`.
+fn sync_pending(
+    proxier: &mut proxy_agent::proxier::ebpf::EbpfProxier,
+    cluster: &mut proxy_agent::model::ClusterState,
+    full: bool,
+    after: Option<&mut dyn FnMut()>,
+) -> proxy_agent::proxier::SyncStats {
+    use proxy_agent::proxier::{Proxier, StaleConntrack, SyncRequest};
+    let changes = cluster.apply_pending();
+    let node = in_process_node();
+    let stale = StaleConntrack::default();
+    let request = SyncRequest {
+        families: cluster.families(),
+        node: &node,
+        full,
+        changed: &changes.changed,
+        stale: &stale,
+    };
+    let stats = proxier.sync(&request).expect("the sync succeeds");
+    if let Some(after) = after {
+        after();
+        proxier.after_sync(&request);
+    }
+    stats
+}
+
 /// Issue 20's scale target, measured in-process (run it in release:
 /// `cargo test --release -p tests --test privileged cold_sync -- --ignored --nocapture`):
 /// a cold start of the ebpf proxier from the default map sizes and limits, then the first
@@ -576,10 +604,7 @@ fn cold_sync_of_100k_services_of_10_endpoints_from_the_default_sizes() {
 /// backend included.
 #[test]
 fn a_big_partial_sync_written_ahead_into_growing_maps_leaves_nothing_for_a_full_sync() {
-    use proxy_agent::{
-        model::{ClusterState, IpFamily},
-        proxier::{Proxier, StaleConntrack, SyncRequest},
-    };
+    use proxy_agent::model::{ClusterState, IpFamily};
     use tests::privileged::{TempBpffs, TempCgroup, TempNetns, load_options};
     require_root!();
     const SERVICES: u32 = 6_000;
@@ -590,24 +615,13 @@ fn a_big_partial_sync_written_ahead_into_growing_maps_leaves_nothing_for_a_full_
     opts.map_sizes.services = 1_024;
     opts.map_sizes.backends = 1_024;
     opts.map_sizes.rev_nat = 1_024;
-    let node = in_process_node();
-    let stale = StaleConntrack::default();
     let mut cluster = ClusterState::new(&[IpFamily::V4], "node-a");
     // In a namespace of its own: the pod-side program attaches to every device but lo.
     let netns = TempNetns::new("kpe-ahead");
     netns.run(|| {
         let mut proxier = start_growable(&opts);
         let mut sync = |cluster: &mut ClusterState, full: bool| {
-            let changes = cluster.apply_pending();
-            proxier
-                .sync(&SyncRequest {
-                    families: cluster.families(),
-                    node: &node,
-                    full,
-                    changed: &changes.changed,
-                    stale: &stale,
-                })
-                .expect("the sync succeeds")
+            sync_pending(&mut proxier, cluster, full, Some(&mut || {}))
         };
         add_clusterip_service(&mut cluster, 0, ENDPOINTS);
         sync(&mut cluster, true);
@@ -656,10 +670,7 @@ fn a_big_partial_sync_written_ahead_into_growing_maps_leaves_nothing_for_a_full_
 fn a_big_sync_writes_its_entries_in_halves_and_its_names_after_it() {
     use proxy_agent::{
         model::{ClusterState, IpFamily},
-        proxier::{
-            Proxier, StaleConntrack, SyncRequest,
-            ebpf::{maps_dir, read_names},
-        },
+        proxier::ebpf::{maps_dir, read_names},
     };
     use tests::privileged::{TempBpffs, TempCgroup, TempNetns, load_options};
     require_root!();
@@ -678,89 +689,57 @@ fn a_big_sync_writes_its_entries_in_halves_and_its_names_after_it() {
             .map(|port| port.name.clone())
             .collect::<BTreeSet<String>>()
     };
-    let node = in_process_node();
-    let stale = StaleConntrack::default();
+    let services = |range: std::ops::RangeInclusive<u32>| -> BTreeSet<String> {
+        range.map(|i| format!("svc{i}")).collect()
+    };
     let mut cluster = ClusterState::new(&[IpFamily::V4], "node-a");
     let netns = TempNetns::new("kpe-halves");
     netns.run(|| {
         let mut proxier = start_growable(&opts);
         add_clusterip_service(&mut cluster, 0, ENDPOINTS);
-        let changes = cluster.apply_pending();
-        let request = SyncRequest {
-            families: cluster.families(),
-            node: &node,
-            full: true,
-            changed: &changes.changed,
-            stale: &stale,
-        };
-        proxier.sync(&request).expect("the first sync");
-        proxier.after_sync(&request);
-        assert_eq!(
-            named(),
-            BTreeSet::from(["svc0".to_string()]),
-            "a small sync names at once"
-        );
+        sync_pending(&mut proxier, &mut cluster, true, Some(&mut || {}));
+        assert_eq!(named(), services(0..=0), "a small sync names at once");
 
         (1..=SERVICES).for_each(|i| add_clusterip_service(&mut cluster, i, ENDPOINTS));
-        let changes = cluster.apply_pending();
-        let request = SyncRequest {
-            families: cluster.families(),
-            node: &node,
-            full: false,
-            changed: &changes.changed,
-            stale: &stale,
+        let mut before_after_sync = || {
+            assert_eq!(named().len(), 1, "the big sync's names wait for after_sync");
         };
-        let stats = proxier.sync(&request).expect("the big sync");
+        let stats = sync_pending(
+            &mut proxier,
+            &mut cluster,
+            false,
+            Some(&mut before_after_sync),
+        );
         assert_eq!(stats.not_programmed, 0, "{:?}", stats.full_maps);
-        assert_eq!(named().len(), 1, "the big sync's names wait for after_sync");
-        proxier.after_sync(&request);
-        let all: BTreeSet<String> = (0..=SERVICES).map(|i| format!("svc{i}")).collect();
-        assert_eq!(named(), all, "after_sync names every frontend");
+        assert_eq!(
+            named(),
+            services(0..=SERVICES),
+            "after_sync names every frontend"
+        );
 
         // A big sync whose after_sync never comes: the next sync names everything.
         let more = SERVICES + 1..=SERVICES + 5_000;
-        more.clone()
-            .for_each(|i| add_clusterip_service(&mut cluster, i, ENDPOINTS));
-        let changes = cluster.apply_pending();
-        proxier
-            .sync(&SyncRequest {
-                families: cluster.families(),
-                node: &node,
-                full: false,
-                changed: &changes.changed,
-                stale: &stale,
-            })
-            .expect("another big sync");
-        assert_eq!(named(), all, "its names are not written yet");
+        more.for_each(|i| add_clusterip_service(&mut cluster, i, ENDPOINTS));
+        sync_pending(&mut proxier, &mut cluster, false, None);
+        assert_eq!(
+            named(),
+            services(0..=SERVICES),
+            "its names are not written yet"
+        );
         add_clusterip_service(&mut cluster, SERVICES + 5_001, ENDPOINTS);
-        let changes = cluster.apply_pending();
-        let stats = proxier
-            .sync(&SyncRequest {
-                families: cluster.families(),
-                node: &node,
-                full: false,
-                changed: &changes.changed,
-                stale: &stale,
-            })
-            .expect("a small sync after it");
+        let stats = sync_pending(&mut proxier, &mut cluster, false, None);
         // Only the new service's entries: backends, reverse NAT, slot 0, slots, wildcard.
         let one_service = ENDPOINTS as usize + 1 + (1 + ENDPOINTS as usize + 1);
         assert_eq!(stats.written, one_service);
-        let every: BTreeSet<String> = (0..=SERVICES + 5_001).map(|i| format!("svc{i}")).collect();
-        assert_eq!(named(), every, "the small sync wrote every name");
+        assert_eq!(
+            named(),
+            services(0..=SERVICES + 5_001),
+            "the small sync wrote every name"
+        );
 
         // Both halves of the big sync's service entries are in: a full sync writes and
         // deletes nothing.
-        let changes = cluster.apply_pending();
-        let again = proxier
-            .sync(&SyncRequest {
-                families: cluster.families(),
-                node: &node,
-                full: true,
-                changed: &changes.changed,
-                stale: &stale,
-            })
-            .expect("the full sync");
+        let again = sync_pending(&mut proxier, &mut cluster, true, None);
         assert_eq!((again.written, again.deleted), (0, 0));
     });
 }
