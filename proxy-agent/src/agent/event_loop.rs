@@ -143,9 +143,18 @@ impl EventLoop {
                     }
                 }
                 self.cluster.make_room(&room);
-                // Every event is handled, whatever the ones before returned.
-                let mut changed = false;
+                // Services and slices are filed together (on two threads when there are
+                // many); every event is handled, whatever the ones before returned.
+                let (mut services, mut slices, mut others) = (Vec::new(), Vec::new(), Vec::new());
                 for event in events {
+                    match event {
+                        ClusterEvent::Service(change) => services.push(change.into_owned()),
+                        ClusterEvent::EndpointSlice(change) => slices.push(change.into_owned().0),
+                        other => others.push(other),
+                    }
+                }
+                let mut changed = self.cluster.take_records(services, slices);
+                for event in others {
                     changed |= self.handle(event);
                 }
                 changed
