@@ -428,6 +428,33 @@ mod make_room_tests {
         }
     }
 
+    /// `count` ClusterIP services `ns/svc-{i}` with one IPv4 slice of one endpoint each,
+    /// converted for a dual-stack node.
+    fn records(count: usize) -> (Vec<ServiceRecord>, Vec<SliceRecord>) {
+        use crate::k8s::{
+            convert::{service_record, slice_record},
+            fixtures::{mk_endpoint, mk_endpointslice},
+        };
+        let families = [IpFamily::V4, IpFamily::V6];
+        (0..count)
+            .map(|i| {
+                let name = format!("svc-{i}");
+                let service = mk_service("ns", &name)
+                    .cluster_ip(&format!("10.96.{}.{}", i / 250, i % 250 + 1))
+                    .port("http", 80, "TCP")
+                    .build();
+                let slice = mk_endpointslice("ns", &format!("{name}-1"), &name, "IPv4")
+                    .port("http", 8080, "TCP")
+                    .endpoint(mk_endpoint(&format!("10.1.{}.{}", i / 250, i % 250 + 1)).build())
+                    .build();
+                (
+                    service_record(&service, &families, false),
+                    slice_record(&slice, false),
+                )
+            })
+            .unzip()
+    }
+
     const BATCH: BatchRoom = BatchRoom {
         services: 5_000,
         v4: FamilyRoom {
@@ -469,26 +496,11 @@ mod make_room_tests {
     /// (which would keep it: they never shrink). The batch is counted from its records.
     #[test]
     fn a_batch_makes_room_in_its_own_family_only() {
-        use crate::k8s::{
-            convert::{service_record, slice_record},
-            fixtures::{mk_endpoint, mk_endpointslice},
-        };
         let mut state = ClusterState::new(&[IpFamily::V4, IpFamily::V6], "node-a");
         let mut batch = BatchRoom::default();
-        let families = [IpFamily::V4, IpFamily::V6];
-        for i in 0..5_000 {
-            let name = format!("svc-{i}");
-            let service = mk_service("ns", &name)
-                .cluster_ip(&format!("10.96.{}.{}", i / 250, i % 250 + 1))
-                .port("http", 80, "TCP")
-                .build();
-            batch.add_service(&service_record(&service, &families, false));
-            let slice = mk_endpointslice("ns", &format!("{name}-1"), &name, "IPv4")
-                .port("http", 8080, "TCP")
-                .endpoint(mk_endpoint("10.0.0.1").build())
-                .build();
-            batch.add_slice(&slice_record(&slice, false));
-        }
+        let (services, slices) = records(5_000);
+        services.iter().for_each(|s| batch.add_service(s));
+        slices.iter().for_each(|s| batch.add_slice(s));
         assert_eq!(batch, BATCH);
         state.make_room(&batch);
         assert!(state.trackers[0].services.room() >= 5_000);
@@ -503,28 +515,14 @@ mod make_room_tests {
     fn a_big_batch_filed_on_two_threads_is_filed_as_one_by_one() {
         use std::collections::BTreeMap;
 
-        use crate::k8s::{
-            convert::{service_record, slice_record},
-            fixtures::{mk_endpoint, mk_endpointslice},
-        };
         let families = [IpFamily::V4, IpFamily::V6];
-        let (mut services, mut slices) = (Vec::new(), Vec::new());
-        for i in 0..3_000 {
-            let name = format!("svc-{i}");
-            let service = mk_service("ns", &name)
-                .cluster_ip(&format!("10.96.{}.{}", i / 250, i % 250 + 1))
-                .port("http", 80, "TCP")
-                .build();
-            services.push((service_record(&service, &families, false), false));
-            let slice = mk_endpointslice("ns", &format!("{name}-1"), &name, "IPv4")
-                .port("http", 8080, "TCP")
-                .endpoint(mk_endpoint(&format!("10.1.{}.{}", i / 250, i % 250 + 1)).build())
-                .build();
-            slices.push(slice_record(&slice, false));
-        }
+        let (services, slices) = records(3_000);
+        let mut services: Vec<(ServiceRecord, bool)> =
+            services.into_iter().map(|s| (s, false)).collect();
         // A deletion of a service never seen changes nothing either way.
         let unseen = mk_service("ns", "unseen").cluster_ip("10.96.200.1").build();
-        services.push((service_record(&unseen, &families, true), true));
+        let gone = crate::k8s::convert::service_record(&unseen, &families, true);
+        services.push((gone, true));
         assert!(services.len() + slices.len() >= PARALLEL_INTAKE_MIN);
 
         let render = |state: &ClusterState| -> BTreeMap<String, String> {
