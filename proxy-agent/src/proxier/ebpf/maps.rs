@@ -100,18 +100,16 @@ impl<K: aya::Pod, V: aya::Pod> KernelHash<K, V> {
             no_batch: false,
         }
     }
+}
 
+impl<K: aya::Pod + Send + Sync, V: aya::Pod + Send + Sync> KernelHash<K, V> {
     /// Writes `entries` one system call each: what batched updates left (a kernel
     /// without them from now on, when there are any).
     fn put_one_by_one(&mut self, entries: &[(K, V)]) -> Result<()> {
         if !entries.is_empty() {
             self.no_batch = true;
         }
-        entries.iter().try_for_each(|(k, v)| {
-            self.map
-                .insert(k, v, 0)
-                .map_err(|e| kernel_err(self.name, "update", e))
-        })
+        entries.iter().try_for_each(|(k, v)| self.put(k, v))
     }
 }
 

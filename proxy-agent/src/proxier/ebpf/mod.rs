@@ -517,13 +517,7 @@ impl Proxier for EbpfProxier {
             return;
         };
         let began = Instant::now();
-        let touched = if due.retried.is_empty() {
-            std::borrow::Cow::Borrowed(request.changed)
-        } else {
-            let mut touched = request.changed.clone();
-            touched.extend(due.retried);
-            std::borrow::Cow::Owned(touched)
-        };
+        let touched = changed_and(request.changed, due.retried);
         let written = names.sync(request.families, &self.state, &touched, due.full);
         log_names_written(Some(written), began.elapsed());
     }
@@ -531,13 +525,8 @@ impl Proxier for EbpfProxier {
     fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncStats, SyncError> {
         // Services refused before are tried again: their names must follow if they get in.
         // (Without any, the changed ones as they are: a cold start changes 100,000.)
-        let touched = if self.state.deferred().next().is_none() {
-            std::borrow::Cow::Borrowed(request.changed)
-        } else {
-            let mut touched = request.changed.clone();
-            touched.extend(self.state.deferred().cloned());
-            std::borrow::Cow::Owned(touched)
-        };
+        let retried: Vec<crate::model::NamespacedName> = self.state.deferred().cloned().collect();
+        let touched = changed_and(request.changed, retried.iter().cloned());
         // Names an earlier sync left for `after_sync`, which was not called (a caller
         // other than the agent): this sync writes every name.
         let names_full = request.full || self.names_due.take().is_some();
@@ -572,14 +561,6 @@ impl Proxier for EbpfProxier {
             touched.len()
         };
         let executed = if named >= NAMES_AFTER_MIN {
-            let retried = match &touched {
-                std::borrow::Cow::Borrowed(_) => Vec::new(),
-                std::borrow::Cow::Owned(all) => all
-                    .iter()
-                    .filter(|s| !request.changed.contains(*s))
-                    .cloned()
-                    .collect(),
-            };
             let executed = self.state.execute(&mut self.loaded.maps, planned);
             if executed.is_ok() {
                 self.names_due = Some(NamesDue {
@@ -635,6 +616,21 @@ impl Proxier for EbpfProxier {
         );
         Ok(stats)
     }
+}
+
+/// The services a sync names: the `changed` ones and `more` (services refused before and
+/// tried again). Without any more, `changed` as it is: a cold start changes 100,000.
+fn changed_and<'a>(
+    changed: &'a std::collections::HashSet<crate::model::NamespacedName>,
+    more: impl IntoIterator<Item = crate::model::NamespacedName>,
+) -> std::borrow::Cow<'a, std::collections::HashSet<crate::model::NamespacedName>> {
+    let mut more = more.into_iter().peekable();
+    if more.peek().is_none() {
+        return std::borrow::Cow::Borrowed(changed);
+    }
+    let mut touched = changed.clone();
+    touched.extend(more);
+    std::borrow::Cow::Owned(touched)
 }
 
 /// Reports a write of the names table (`None`: there is no table).
