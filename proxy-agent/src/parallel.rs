@@ -70,6 +70,29 @@ pub fn map_each<T: Send, R: Send>(
     out
 }
 
+/// Runs `a` and `b`, at once on two threads when `parallel` (the calling thread runs `a`),
+/// one after the other otherwise: two big independent pieces of work, such as the
+/// services and the endpoint slices of a cold start, which go to tables of their own.
+/// A panic in `b` is raised again on the calling thread.
+pub fn both<A: Send, B: Send>(
+    parallel: bool,
+    a: impl FnOnce() -> A + Send,
+    b: impl FnOnce() -> B + Send,
+) -> (A, B) {
+    if !parallel {
+        let a = a();
+        return (a, b());
+    }
+    std::thread::scope(|scope| {
+        let b = scope.spawn(b);
+        let a = a();
+        match b.join() {
+            Ok(b) => (a, b),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +129,35 @@ mod tests {
         let mut items = vec![1, 2, 3];
         let threads = map_parts(&mut items, 1, |_| std::thread::current().id());
         assert_eq!(threads, vec![caller]);
+    }
+
+    #[test]
+    fn both_runs_each_once_on_its_own_thread_when_parallel() {
+        let caller = std::thread::current().id();
+        let (a, b) = both(
+            true,
+            || std::thread::current().id(),
+            || std::thread::current().id(),
+        );
+        assert_eq!(a, caller);
+        assert_ne!(b, caller);
+        let (a, b) = both(
+            false,
+            || std::thread::current().id(),
+            || std::thread::current().id(),
+        );
+        assert_eq!((a, b), (caller, caller));
+        let mut order = Vec::new();
+        let (x, y) = both(false, || 1, || 2);
+        order.push(x);
+        order.push(y);
+        assert_eq!(order, [1, 2]);
+    }
+
+    #[test]
+    #[should_panic(expected = "second failed")]
+    fn a_panic_in_the_second_reaches_the_caller() {
+        both(true, || 1, || -> u32 { panic!("second failed") });
     }
 
     #[test]

@@ -21,6 +21,7 @@ use super::{
     ServiceChangeTracker, ServiceRecord, SliceRecord, StaleConntrack,
 };
 use crate::k8s::convert::parse_cidr_sloppy;
+use crate::parallel;
 
 /// The change trackers of one family (its model is the `FamilyState` at the same index).
 #[derive(Debug)]
@@ -190,17 +191,8 @@ impl ClusterState {
                 pending | file_slice(&mut slice_trackers, record)
             })
         };
-        if !big {
-            return file_services() | file_slices();
-        }
-        std::thread::scope(|scope| {
-            let slices_filed = scope.spawn(file_slices);
-            let services_pending = file_services();
-            match slices_filed.join() {
-                Ok(slices_pending) => services_pending | slices_pending,
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        })
+        let (services_pending, slices_pending) = parallel::both(big, file_services, file_slices);
+        services_pending | slices_pending
     }
 
     pub fn endpoint_slice(&mut self, slice: &EndpointSlice, deleted: bool) -> bool {
@@ -310,8 +302,16 @@ impl ClusterState {
     pub fn apply_pending(&mut self) -> AppliedChanges {
         let mut out = AppliedChanges::default();
         for (t, state) in self.trackers.iter_mut().zip(&mut self.states) {
-            let svc = state.services.apply(&mut t.services);
-            let eps = state.endpoints.apply(&mut t.endpoints);
+            // The services and the endpoints go to tables of their own: a cold start's
+            // 100,000 of each are applied at once, on two threads.
+            let big =
+                t.services.pending_count() + t.endpoints.pending_count() >= PARALLEL_INTAKE_MIN;
+            let (services, endpoints) = (&mut state.services, &mut state.endpoints);
+            let (svc, eps) = parallel::both(
+                big,
+                || services.apply(&mut t.services),
+                || endpoints.apply(&mut t.endpoints),
+            );
             out.stale.record(&svc, &eps);
             union_into(&mut out.changed, svc.updated_services);
             union_into(&mut out.changed, eps.updated_services);
@@ -363,7 +363,8 @@ mod union_tests {
 }
 
 /// A batch of this many records or more is filed on two threads
-/// ([`ClusterState::take_records`]).
+/// ([`ClusterState::take_records`]), and as many pending changes are applied on two
+/// ([`ClusterState::apply_pending`]).
 const PARALLEL_INTAKE_MIN: usize = 4_096;
 
 /// Files a converted Service in each family's tracker; `known` is the set of Services seen
