@@ -172,13 +172,72 @@ const PARALLEL_DECODE_MIN: usize = 4_096;
 const DECODE_CHUNK: usize = 1_024;
 
 /// One object's text with where it was: (document, index in that document).
-type JsonItem<'a> = (usize, usize, &'a RawValue);
+pub(in crate::k8s::convert) type JsonItem<'a> = (usize, usize, &'a RawValue);
 
 /// The objects of a JSON text in order, and the error that stopped the scan, if one did
 /// (the objects before it are returned).
+///
+/// A big text is scanned in two halves at once, split where a line starts a top-level
+/// value (`{` or `[` right after a newline: one object per line, as tools write them). A
+/// newline is never inside a JSON string, so the split is sound exactly when the first
+/// half scans as whole values to its end; when it does not (the `{` was inside a value),
+/// or when either half meets an error (whose line and column must count from the start
+/// of the text), the text is scanned again whole. The scan of a 100,000-service manifest
+/// (100 MB) was a serial tenth of a second in its reading.
 fn json_items(json: &str) -> (Vec<JsonItem<'_>>, Option<Error>) {
+    json_items_split_from(json, PARALLEL_SCAN_MIN)
+}
+
+/// [`json_items`], splitting texts of `min` bytes or more.
+pub(in crate::k8s::convert) fn json_items_split_from(
+    json: &str,
+    min: usize,
+) -> (Vec<JsonItem<'_>>, Option<Error>) {
+    if parallel::workers_for(json.len(), min) > 1
+        && let Some(split) = top_level_split(json)
+    {
+        let (head, tail) = json.split_at(split);
+        let ((mut items, head_error, documents), (tail_items, tail_error, _)) =
+            parallel::both(true, || scan_documents(head), || scan_documents(tail));
+        if head_error.is_none() && tail_error.is_none() {
+            items.extend(
+                tail_items
+                    .into_iter()
+                    .map(|(document, index, item)| (document + documents, index, item)),
+            );
+            return (items, None);
+        }
+    }
+    let (items, error, _) = scan_documents(json);
+    (items, error)
+}
+
+/// Texts shorter than this are scanned on the calling thread alone (a few thousand
+/// objects).
+const PARALLEL_SCAN_MIN: usize = 4 << 20;
+/// How far past the middle of a text [`top_level_split`] looks for a line that starts a
+/// value (a text whose lines are indented has none: it is scanned whole).
+const SPLIT_SEARCH: usize = 64 << 10;
+
+/// Where a line starting with `{` or `[` begins, at or after the middle of `json` and
+/// within [`SPLIT_SEARCH`] bytes of it.
+pub(in crate::k8s::convert) fn top_level_split(json: &str) -> Option<usize> {
+    let bytes = json.as_bytes();
+    let middle = bytes.len() / 2;
+    let window = &bytes[middle..bytes.len().min(middle + SPLIT_SEARCH)];
+    window
+        .windows(2)
+        .position(|pair| pair[0] == b'\n' && matches!(pair[1], b'{' | b'['))
+        // Just past the newline: an ASCII byte, so a char boundary.
+        .map(|at| middle + at + 1)
+}
+
+/// The objects of the JSON values in `json`, numbered by value from 0, the error that
+/// stopped the scan if one did, and how many values were read.
+fn scan_documents(json: &str) -> (Vec<JsonItem<'_>>, Option<Error>, usize) {
     let mut out = Vec::new();
     let values = serde_json::Deserializer::from_str(json).into_iter::<&RawValue>();
+    let mut documents = 0;
     for (document, value) in values.enumerate() {
         match document_items(value, document) {
             Ok(items) => out.extend(
@@ -187,10 +246,11 @@ fn json_items(json: &str) -> (Vec<JsonItem<'_>>, Option<Error>) {
                     .enumerate()
                     .map(|(index, item)| (document, index, item)),
             ),
-            Err(error) => return (out, Some(error)),
+            Err(error) => return (out, Some(error), document),
         }
+        documents = document + 1;
     }
-    (out, None)
+    (out, None, documents)
 }
 
 /// The objects of one JSON value: itself, an array's elements, a `List`'s items, or none

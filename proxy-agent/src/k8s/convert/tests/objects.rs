@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //! parse_objects: YAML -> typed cluster objects.
 
-use crate::k8s::convert::objects::{Error, objects_from_value, parse_json_objects_fingerprinted};
+use crate::k8s::convert::objects::{
+    Error, json_items_split_from, objects_from_value, parse_json_objects_fingerprinted,
+    top_level_split,
+};
 use crate::k8s::convert::{ClusterObject, parse_objects};
 use crate::model::{NamespacedName, ObjectKind};
 
@@ -357,4 +360,68 @@ fn a_big_json_manifest_reports_the_first_error_in_text_order() {
             ..
         })
     ));
+}
+
+/// The objects' texts a scan finds (with their document and index) and its error, as text.
+fn scanned(text: &str, split_from: usize) -> (Vec<(usize, usize, &str)>, Option<String>) {
+    let (items, error) = json_items_split_from(text, split_from);
+    (
+        items
+            .into_iter()
+            .map(|(document, index, item)| (document, index, item.get()))
+            .collect(),
+        error.map(|e| e.to_string()),
+    )
+}
+
+#[test]
+fn a_text_scanned_in_halves_gives_what_one_scan_gives() {
+    let services = many_services_json(400, None);
+    let lines: Vec<&str> = services.lines().collect();
+    // Documents of every form, one per line: objects, arrays, Lists, nulls.
+    let mixed = lines
+        .chunks(3)
+        .enumerate()
+        .map(|(i, three)| match i % 4 {
+            0 => format!("[{}]", three.join(",")),
+            1 => format!(r#"{{"kind":"List","items":[{}]}}"#, three.join(",")),
+            2 => format!("{}\nnull", three.join("\n")),
+            _ => three.join("\n"),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    // A `{` that starts a line inside a value, at the middle: the split is not sound.
+    let inside = format!("[\n{}\n]", lines.join(",\n"));
+    // Errors in either half: their line and column count from the start of the text.
+    let broken_tail = format!("{services}\n{{\"apiVersion\": ");
+    let broken_head = format!("{{\"apiVersion\": \n{services}");
+    for (what, text, splits) in [
+        ("services", &services, true),
+        ("mixed", &mixed, true),
+        ("inside", &inside, true),
+        ("broken tail", &broken_tail, true),
+        ("broken head", &broken_head, true),
+        (
+            "indented",
+            &serde_json::to_string_pretty(
+                &serde_json::json!({"kind": "List", "items": [{"a": 1}, {"b": 2}]}),
+            )
+            .unwrap(),
+            false,
+        ),
+    ] {
+        assert_eq!(top_level_split(text).is_some(), splits, "{what}");
+        let whole = scanned(text, usize::MAX);
+        assert_eq!(scanned(text, 0), whole, "{what}");
+        assert!(!whole.0.is_empty() || what == "broken head", "{what}");
+    }
+    // What the halves give is the objects in order, numbered across the whole text.
+    let (items, error) = scanned(&mixed, 0);
+    assert_eq!(error, None);
+    assert_eq!(items.len(), 400);
+    assert!(
+        items.last().unwrap().0 > 200,
+        "documents numbered from the text's start"
+    );
+    assert!(scanned(&broken_tail, 0).1.unwrap().contains("line 401"));
 }
