@@ -256,13 +256,13 @@ impl ApplyState {
                     refused.map(|(_, s)| s.clone()).collect(),
                 )
             };
-            if !others.is_empty() {
-                // Only then can a service be there twice (the candidates are sorted below
-                // anyway: a cold sync of 100,000 changed services is not sorted twice).
-                services.extend(others);
-                services.sort_unstable();
-                services.dedup();
-            }
+            // In name order (each once): the candidates then come out in admission order
+            // when all are new to the maps, as in a cold sync, and `in_admission_order`
+            // finds them so. Sorting the names moves pointers; putting 100,000 candidates
+            // in order afterwards moved each one's whole desired state, twice.
+            services.extend(others);
+            services.sort_unstable();
+            services.dedup();
             // What each service should have depends on the model alone: a cold sync of
             // thousands works it out on every core.
             let workers = parallel::workers_for(services.len(), PARALLEL_DESIRED_MIN);
