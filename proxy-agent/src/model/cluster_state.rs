@@ -188,7 +188,7 @@ impl ClusterState {
         };
         let file_slices = move || {
             slices.into_iter().fold(false, |pending, record| {
-                pending | file_slice(&mut slice_trackers, record)
+                pending | file_slice(slice_trackers.iter_mut().map(|t| &mut **t), record)
             })
         };
         let (services_pending, slices_pending) = parallel::both(big, file_services, file_slices);
@@ -206,9 +206,7 @@ impl ClusterState {
     /// [`ClusterState::endpoint_slice`] for a slice already converted: only its family's
     /// tracker takes it.
     pub fn slice_record(&mut self, record: SliceRecord) -> bool {
-        let mut slice_trackers: Vec<&mut EndpointsChangeTracker> =
-            self.trackers.iter_mut().map(|t| &mut t.endpoints).collect();
-        file_slice(&mut slice_trackers, record)
+        file_slice(self.trackers.iter_mut().map(|t| &mut t.endpoints), record)
     }
 
     /// This node's Node object. Returns whether its topology labels changed (which changes
@@ -398,9 +396,12 @@ fn file_service(
 }
 
 /// Files a converted EndpointSlice in its family's tracker.
-fn file_slice(trackers: &mut [&mut EndpointsChangeTracker], record: SliceRecord) -> bool {
+fn file_slice<'t>(
+    trackers: impl IntoIterator<Item = &'t mut EndpointsChangeTracker>,
+    record: SliceRecord,
+) -> bool {
     match trackers
-        .iter_mut()
+        .into_iter()
         .find(|t| Some(t.family()) == record.family)
     {
         Some(tracker) => tracker.slice_record_update(record),

@@ -39,6 +39,7 @@ use crate::{
         watch::{Change, ClusterEvent, ResourceKind},
     },
     model::{IpFamily, ServiceRecord, SliceRecord},
+    parallel,
     sys::InotifyFd,
 };
 
@@ -257,14 +258,14 @@ fn read_text(file: &Path) -> std::io::Result<String> {
     use std::os::unix::fs::FileExt as _;
     let opened = std::fs::File::open(file)?;
     let len = usize::try_from(opened.metadata()?.len()).unwrap_or(usize::MAX);
-    if crate::parallel::workers_for(len, PARALLEL_READ_MIN) < 2 {
+    if parallel::workers_for(len, PARALLEL_READ_MIN) < 2 {
         return std::fs::read_to_string(file);
     }
     // Zeroed by the allocator's fresh pages, faulted in by the two readers.
     let mut bytes = vec![0u8; len];
     let (head, tail) = bytes.split_at_mut(len / 2);
     let at = head.len() as u64;
-    let (head_read, tail_read) = crate::parallel::both(
+    let (head_read, tail_read) = parallel::both(
         true,
         || opened.read_exact_at(head, 0),
         || opened.read_exact_at(tail, at),
