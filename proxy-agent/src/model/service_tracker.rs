@@ -280,6 +280,11 @@ impl ServicePortMap {
             .filter_map(|name| self.ports.get_key_value(name))
     }
 
+    /// Whether `service` has ports here.
+    pub fn has_ports(&self, service: &NamespacedName) -> bool {
+        self.by_service.contains_key(service)
+    }
+
     /// Every service that has ports.
     pub fn services(&self) -> impl Iterator<Item = &NamespacedName> {
         self.by_service.keys()

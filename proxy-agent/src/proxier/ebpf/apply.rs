@@ -190,6 +190,14 @@ pub struct PreparedSync {
     estimated_peak: PerMap,
 }
 
+/// What a sync read of the maps before looking at its services (see
+/// [`ApplyState::read_maps`]).
+pub struct MapsRead {
+    /// What the maps hold (a full sync only).
+    actual: Option<Snapshot>,
+    budget: Budget,
+}
+
 impl PreparedSync {
     /// The entries each budgeted map would hold at the peak of the sync if every service
     /// got in: what the maps hold plus what the services add beyond what they have. A
@@ -200,10 +208,13 @@ impl PreparedSync {
         &self.estimated_peak
     }
 
-    /// Whether its backend and reverse-NAT entries are worth writing while its services
-    /// are admitted (see the `ahead` module): a partial sync of many services.
-    pub fn writes_ahead(&self) -> bool {
-        self.actual.is_none() && self.candidates.len() >= WRITE_AHEAD_MIN
+    /// The services to admit, as `family/namespace/name`, in admission order.
+    #[cfg(test)]
+    pub fn candidate_names(&self) -> Vec<String> {
+        self.candidates
+            .iter()
+            .map(admission::Candidate::label)
+            .collect()
     }
 }
 
@@ -772,6 +783,22 @@ fn execute(maps: &mut LbMaps, ops: &[Op], maglev_size: u32) -> Result<(usize, us
     Ok((written, deleted))
 }
 
+/// What `candidates` add to each budgeted map beyond what they have (see
+/// [`admission::Candidate::added_entries`]; a backend two services share counts for
+/// each), and how many of them are services new to the maps.
+fn added_by(candidates: &[admission::Candidate]) -> (PerMap, usize) {
+    let mut added = PerMap::default();
+    let mut new_services = 0usize;
+    for candidate in candidates {
+        for (kind, family, n) in candidate.added_entries() {
+            added.add(kind, family, n);
+        }
+        let (desired, old) = candidate.desired_and_old();
+        new_services += usize::from(old.svc.is_empty() && !desired.frontends.is_empty());
+    }
+    (added, new_services)
+}
+
 /// Deletes affinity entries that could send a client to a backend its frontend no longer
 /// has (or to a frontend id that is gone and may be reused).
 fn clean_affinity(
@@ -825,12 +852,12 @@ impl ApplyState {
         Ok(self.admit_prepared(prepared, families, node))
     }
 
-    /// The part of [`ApplyState::plan`] that reads the maps: what they hold (a full sync)
-    /// and their capacity, and the services to look at with what each should have. The
-    /// maps are not read again until the plan is written: they may be replaced by bigger
-    /// ones holding the same entries (growing, see `PreparedSync::estimated_peak`)
-    /// while [`ApplyState::admit_prepared`] runs. The services to look at are taken out
-    /// of the state: what this returns must be given to `admit_prepared`.
+    /// The part of [`ApplyState::plan`] that reads the maps ([`ApplyState::read_maps`])
+    /// and finds the services to look at ([`ApplyState::prepare_read`]). The maps are
+    /// not read again until the plan is written: they may be replaced by bigger ones
+    /// holding the same entries (growing, see `PreparedSync::estimated_peak`) while
+    /// [`ApplyState::admit_prepared`] runs. The services to look at are taken out of the
+    /// state: what this returns must be given to `admit_prepared`.
     pub fn prepare(
         &mut self,
         maps: &LbMaps,
@@ -839,6 +866,13 @@ impl ApplyState {
         changed: &std::collections::HashSet<NamespacedName>,
         full: bool,
     ) -> Result<PreparedSync, ApplyError> {
+        let read = self.read_maps(maps, full)?;
+        Ok(self.prepare_read(read, families, node, changed, |_, _| {}))
+    }
+
+    /// What a sync needs of the maps before its services are looked at: what they hold
+    /// (a full sync, when it reads them all) and their capacity.
+    pub fn read_maps(&mut self, maps: &LbMaps, full: bool) -> Result<MapsRead, ApplyError> {
         let actual = if full { Some(maps.snapshot()?) } else { None };
         if let Some(actual) = &actual
             && !self.adopted
@@ -855,20 +889,43 @@ impl ApplyState {
             Some(ceilings) => Budget::up_to_ceilings(ceilings.room(&capacity), in_maps),
             None => Budget::new(capacity, in_maps),
         };
-        let candidates = self.candidates(families, node, changed, full, actual.as_ref());
-        let added = self.reserve_for(&candidates);
+        Ok(MapsRead { actual, budget })
+    }
+
+    /// The services to look at with what each should have, after [`ApplyState::read_maps`]
+    /// (a full sync when that read what the maps hold); without the maps. As soon as
+    /// the estimated peak (`PreparedSync::estimated_peak`) is known, and before the rest
+    /// (putting the services in admission order, making room in the tables), it is
+    /// given to `on_estimate` with whether the backend and reverse-NAT entries are worth
+    /// writing while the services are admitted (see the `ahead` module: a partial sync
+    /// of many services): the maps can start growing then.
+    pub fn prepare_read(
+        &mut self,
+        read: MapsRead,
+        families: &[FamilyState],
+        node: &NodeContext,
+        changed: &std::collections::HashSet<NamespacedName>,
+        on_estimate: impl FnOnce(&PerMap, bool),
+    ) -> PreparedSync {
+        let MapsRead { actual, budget } = read;
+        let candidates =
+            self.candidates(families, node, changed, actual.is_some(), actual.as_ref());
+        let (added, new_services) = added_by(&candidates);
         let mut estimated_peak = budget.used().clone();
         for kind in MapKind::ALL {
             for family in [IpFamily::V4, IpFamily::V6] {
                 estimated_peak.add(kind, family, added.get(kind, family));
             }
         }
-        Ok(PreparedSync {
+        let writes_ahead = actual.is_none() && candidates.len() >= WRITE_AHEAD_MIN;
+        on_estimate(&estimated_peak, writes_ahead);
+        self.reserve_for(&added, new_services);
+        PreparedSync {
             actual,
             budget,
-            candidates,
+            candidates: admission::in_admission_order(candidates),
             estimated_peak,
-        })
+        }
     }
 
     /// The rest of [`ApplyState::plan`]: admits the prepared services and plans the
@@ -1100,28 +1157,17 @@ impl ApplyState {
         })
     }
 
-    /// Grows the tables keyed by backend, frontend and service once for what `candidates`
-    /// add beyond what they had: a cold sync of 100,000 services otherwise rehashed each
-    /// table every time it doubled, a tenth of the planning. An estimate (shared backends
-    /// count once per service): a table reserved too big only holds spare room until the
-    /// next big change. Returns that estimate per map (see
-    /// [`admission::Candidate::added_entries`]).
-    fn reserve_for(&mut self, candidates: &[admission::Candidate]) -> PerMap {
-        let mut added = PerMap::default();
-        let mut services = 0usize;
-        for candidate in candidates {
-            for (kind, family, n) in candidate.added_entries() {
-                added.add(kind, family, n);
-            }
-            let (desired, old) = candidate.desired_and_old();
-            services += usize::from(old.svc.is_empty() && !desired.frontends.is_empty());
-        }
+    /// Grows the tables keyed by backend, frontend and service once for what a sync adds
+    /// (`added` entries, `new_services`, see [`added_by`]): a cold sync of 100,000
+    /// services otherwise rehashed each table every time it doubled, a tenth of the
+    /// planning. An estimate: a table reserved too big only holds spare room until the
+    /// next big change.
+    fn reserve_for(&mut self, added: &PerMap, new_services: usize) {
         let of_both = |kind| added.get(kind, IpFamily::V4) + added.get(kind, IpFamily::V6);
         self.backend_ids.reserve(of_both(MapKind::Backends));
         self.rev_nat_ids.reserve(of_both(MapKind::RevNat));
         self.owners.reserve(of_both(MapKind::RevNat));
-        self.services.reserve(services);
-        added
+        self.services.reserve(new_services);
     }
 
     /// Takes a service's record out (it is put back, or replaced, by [`Self::put_service`]).

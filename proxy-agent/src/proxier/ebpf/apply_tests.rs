@@ -832,3 +832,115 @@ fn work_beside_a_big_write_sees_every_admitted_service_and_a_small_one_runs_afte
     stats.unwrap();
     assert_eq!(thread, caller);
 }
+
+#[test]
+fn a_partial_sync_looks_at_a_service_in_the_families_that_have_it_or_had_it() {
+    let mut h = Harness::new();
+    h.cluster = ClusterState::new(&[IpFamily::V4, IpFamily::V6], "node-a");
+    let dual = |families: &[&str]| {
+        let ips: &[&str] = if families.len() == 2 {
+            &["172.30.0.7", "fd00:30::7"]
+        } else {
+            &["172.30.0.7"]
+        };
+        mk_service("ns1", "both")
+            .cluster_ips(ips)
+            .ip_families(families)
+            .port("http", 80, "TCP")
+            .build()
+    };
+    h.service(dual(&["IPv4", "IPv6"]));
+    h.service(
+        mk_service("ns1", "four")
+            .cluster_ip("172.30.0.8")
+            .port("http", 80, "TCP")
+            .build(),
+    );
+    for (name, family, ip) in [
+        ("both-4", "IPv4", "10.0.7.1"),
+        ("both-6", "IPv6", "fd00:7::1"),
+    ] {
+        h.slice(
+            mk_endpointslice("ns1", name, "both", family)
+                .port("http", 8080, "TCP")
+                .endpoint(mk_endpoint(ip).node("node-b").build())
+                .build(),
+        );
+    }
+    h.slice(
+        mk_endpointslice("ns1", "four-1", "four", "IPv4")
+            .port("http", 8080, "TCP")
+            .endpoint(mk_endpoint("10.0.8.1").node("node-b").build())
+            .build(),
+    );
+    // The IPv4-only service is nothing to the IPv6 maps: no candidate there.
+    let prepared = h.prepare_pending(false);
+    assert_eq!(
+        prepared.candidate_names(),
+        ["V4/ns1/both", "V4/ns1/four", "V6/ns1/both"]
+    );
+    let planned = h
+        .apply
+        .admit_prepared(prepared, h.cluster.families(), &h.node);
+    h.apply.execute(&mut h.maps, planned).unwrap();
+    let v6_entries = |h: &Harness| {
+        let snapshot = h.maps.snapshot().unwrap();
+        snapshot
+            .svc
+            .keys()
+            .filter(|k| k.frontend.addr.is_ipv6())
+            .count()
+    };
+    assert!(v6_entries(&h) > 0);
+
+    // Down to IPv4: the IPv6 family no longer has it but had it, and takes its entries out.
+    h.service(dual(&["IPv4"]));
+    let prepared = h.prepare_pending(false);
+    assert_eq!(prepared.candidate_names(), ["V4/ns1/both", "V6/ns1/both"]);
+    let planned = h
+        .apply
+        .admit_prepared(prepared, h.cluster.families(), &h.node);
+    h.apply.execute(&mut h.maps, planned).unwrap();
+    assert_eq!(v6_entries(&h), 0);
+}
+
+#[test]
+fn the_estimate_is_given_before_admission_with_whether_the_writes_go_ahead() {
+    // A partial sync of thousands of services writes ahead; a full one never does.
+    for full in [false, true] {
+        let mut h = harness_with_many_services();
+        let changes = h.cluster.apply_pending();
+        let read = h.apply.read_maps(&h.maps, full).unwrap();
+        let mut given = None;
+        let prepared = h.apply.prepare_read(
+            read,
+            h.cluster.families(),
+            &h.node,
+            &changes.changed,
+            |estimate, writes_ahead| given = Some((estimate.clone(), writes_ahead)),
+        );
+        let (estimate, writes_ahead) = given.expect("the estimate is given");
+        assert_eq!(&estimate, prepared.estimated_peak());
+        assert_eq!(estimate.get(MapKind::RevNat, IpFamily::V4), MANY);
+        assert_eq!(writes_ahead, !full, "full: {full}");
+    }
+    // A few services are written with the rest of their sync.
+    let mut h = Harness::new();
+    h.service(
+        mk_service("ns1", "one")
+            .cluster_ip("172.30.0.1")
+            .port("http", 80, "TCP")
+            .build(),
+    );
+    let changes = h.cluster.apply_pending();
+    let read = h.apply.read_maps(&h.maps, false).unwrap();
+    let mut writes_ahead = None;
+    h.apply.prepare_read(
+        read,
+        h.cluster.families(),
+        &h.node,
+        &changes.changed,
+        |_, ahead| writes_ahead = Some(ahead),
+    );
+    assert_eq!(writes_ahead, Some(false));
+}

@@ -334,103 +334,119 @@ impl EbpfProxier {
         )
     }
 
-    /// The growth `estimated_peak` (a prepared sync's, see [`ApplyState::prepare`]) asks
-    /// for: the maps' capacity and the steps, or None (nothing to grow, or not allowed).
-    fn growth_ahead(&self, estimated_peak: &PerMap) -> Option<(PerMap, Vec<growth::Step>)> {
-        let ceilings = self.ceilings.as_ref()?;
-        let capacity = PerMap::capacities(&self.loaded.maps).ok()?;
-        let steps = growth::plan(&capacity, estimated_peak, ceilings);
-        (!steps.is_empty()).then_some((capacity, steps))
-    }
-
     /// Plans the sync; when it is big enough to grow the maps, they grow on another
     /// thread meanwhile. Loading the programs against bigger maps takes the kernel a
     /// few tenths of a second for a cold start of 100,000 services (map allocation,
     /// the verifier), and admitting the services keeps one core busy as long: growing
-    /// only after the plan added the two. The growth is sized from the estimate; the
-    /// plan's own peak is checked after (see [`EbpfProxier::grow_for`]). A partial sync
-    /// of many services also writes its backend and reverse-NAT entries on that thread
-    /// as they are admitted, after the growth (see `apply::ahead`).
+    /// only after the plan added the two. The growth is sized from the estimate, and
+    /// starts as soon as that is known, before the services are put in admission order
+    /// (see [`ApplyState::prepare_read`]); the plan's own peak is checked after (see
+    /// [`EbpfProxier::grow_for`]). A partial sync of many services also writes its
+    /// backend and reverse-NAT entries on that thread as they are admitted, after the
+    /// growth (see `apply::ahead`).
     fn plan_growing(
         &mut self,
         request: &SyncRequest<'_>,
     ) -> Result<(PlannedSync, Vec<MapGrowth>), SyncError> {
-        let prepared = self
+        let read = self
             .state
-            .prepare(
-                &self.loaded.maps,
-                request.families,
-                request.node,
-                request.changed,
-                request.full,
-            )
+            .read_maps(&self.loaded.maps, request.full)
             .map_err(|e| SyncError::new("ebpf", e))?;
-        let growth = self.growth_ahead(prepared.estimated_peak());
-        let (sender, writer) = if prepared.writes_ahead() {
-            let (sender, writer) = apply::ahead::channel();
-            (Some(sender), Some(writer))
-        } else {
-            (None, None)
-        };
-        if growth.is_none() && writer.is_none() {
-            let planned = self
-                .state
-                .admit_prepared(prepared, request.families, request.node);
-            return Ok((planned, Vec::new()));
-        }
         let Self {
             state,
             loaded,
             names,
             opts,
+            ceilings,
             ..
         } = self;
-        let began = Instant::now();
-        let (mut planned, grown, ahead) = std::thread::scope(|scope| {
-            let helper = scope.spawn(|| {
-                let grown = growth.map(|(capacity, steps)| {
-                    let grown = grow_maps(opts, loaded, names, &capacity, &steps);
-                    (grown, began.elapsed())
-                });
-                // Into the grown maps only: after a failed growth the sync writes them,
-                // once it has grown the maps again.
-                let ahead = writer.map(|writer| match &grown {
-                    Some((Err(_), _)) => writer.give_back(),
-                    _ => writer.write(&mut loaded.maps),
-                });
-                (grown, ahead, began.elapsed())
-            });
-            let planned =
+        std::thread::scope(|scope| {
+            let mut helper = None;
+            let mut sender = None;
+            let prepared = state.prepare_read(
+                read,
+                request.families,
+                request.node,
+                request.changed,
+                |estimated_peak, writes_ahead| {
+                    let growth = growth_ahead(ceilings.as_ref(), &loaded.maps, estimated_peak);
+                    if growth.is_none() && !writes_ahead {
+                        return;
+                    }
+                    let writer = writes_ahead.then(|| {
+                        let (to_writer, writer) = apply::ahead::channel();
+                        sender = Some(to_writer);
+                        writer
+                    });
+                    let began = Instant::now();
+                    helper = Some((
+                        began,
+                        scope.spawn(move || {
+                            let grown = growth.map(|(capacity, steps)| {
+                                let grown = grow_maps(opts, loaded, names, &capacity, &steps);
+                                (grown, began.elapsed())
+                            });
+                            // Into the grown maps only: after a failed growth the sync
+                            // writes them, once it has grown the maps again.
+                            let ahead = writer.map(|writer| match &grown {
+                                Some((Err(_), _)) => writer.give_back(),
+                                _ => writer.write(&mut loaded.maps),
+                            });
+                            (grown, ahead, began.elapsed())
+                        }),
+                    ));
+                },
+            );
+            let Some((began, helper)) = helper else {
+                let planned = state.admit_prepared(prepared, request.families, request.node);
+                return Ok((planned, Vec::new()));
+            };
+            let admission_began = began.elapsed();
+            let mut planned =
                 state.admit_writing_ahead(prepared, request.families, request.node, sender);
             let admitted = began.elapsed();
-            match helper.join() {
-                Ok((grown, ahead, helped)) => {
-                    // Which of the two bounds the plan.
-                    debug!(
-                        admit_ms = admitted.as_secs_f64() * 1e3,
-                        grow_ms = grown.as_ref().map(|(_, took)| took.as_secs_f64() * 1e3),
-                        helper_ms = helped.as_secs_f64() * 1e3,
-                        "services admitted while the maps grew and took writes ahead"
-                    );
-                    (planned, grown.map(|(grown, _)| grown), ahead)
-                }
+            let (grown, ahead, helped) = match helper.join() {
+                Ok(done) => done,
                 Err(panic) => std::panic::resume_unwind(panic),
+            };
+            // Which of the two bounds the plan (the times count from the helper's start).
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            debug!(
+                head_start_ms = ms(admission_began),
+                admit_ms = ms(admitted - admission_began),
+                grow_ms = grown.as_ref().map(|(_, took)| ms(*took)),
+                helper_ms = ms(helped),
+                "services admitted while the maps grew and took writes ahead"
+            );
+            if let Some(ahead) = ahead {
+                planned.take_back(ahead);
             }
-        });
-        if let Some(ahead) = ahead {
-            planned.take_back(ahead);
-        }
-        match grown {
-            None => Ok((planned, Vec::new())),
-            Some(Ok(grown)) => Ok((planned, grown)),
-            Some(Err(e)) => {
-                // The plan did not count on it: the growth after the plan tries again
-                // (and, failing, reports it) for what the plan itself needs.
-                warn!(error = %e, "growing the BPF maps beside the plan failed; trying again after it");
-                Ok((planned, Vec::new()))
+            match grown.map(|(grown, _)| grown) {
+                None => Ok((planned, Vec::new())),
+                Some(Ok(grown)) => Ok((planned, grown)),
+                Some(Err(e)) => {
+                    // The plan did not count on it: the growth after the plan tries again
+                    // (and, failing, reports it) for what the plan itself needs.
+                    warn!(error = %e, "growing the BPF maps beside the plan failed; trying again after it");
+                    Ok((planned, Vec::new()))
+                }
             }
-        }
+        })
     }
+}
+
+/// The growth `estimated_peak` (a prepared sync's, see [`ApplyState::prepare_read`]) asks
+/// of `maps` within `ceilings`: their capacity and the steps, or None (nothing to grow, or
+/// not allowed).
+fn growth_ahead(
+    ceilings: Option<&Ceilings>,
+    maps: &maps::LbMaps,
+    estimated_peak: &PerMap,
+) -> Option<(PerMap, Vec<growth::Step>)> {
+    let ceilings = ceilings?;
+    let capacity = PerMap::capacities(maps).ok()?;
+    let steps = growth::plan(&capacity, estimated_peak, ceilings);
+    (!steps.is_empty()).then_some((capacity, steps))
 }
 
 /// Replaces the maps `steps` name by bigger ones holding the same entries, under the

@@ -45,6 +45,12 @@ pub(super) struct Candidate {
 }
 
 impl Candidate {
+    /// `family/namespace/name`.
+    #[cfg(test)]
+    pub(super) fn label(&self) -> String {
+        format!("{:?}/{}", self.family, self.service)
+    }
+
     /// What it should have, and what it has in the maps now.
     pub(super) fn desired_and_old(&self) -> (&DesiredService, &AppliedService) {
         (&self.desired, &self.old)
@@ -155,7 +161,7 @@ impl Refusals {
 /// candidates themselves followed four pointers per side and comparison, into records
 /// scattered over a cold start's memory: a third of a second for a hundred thousand), and
 /// each candidate is moved once after (a candidate is a few hundred bytes).
-fn in_admission_order(candidates: Vec<Candidate>) -> Vec<Candidate> {
+pub(super) fn in_admission_order(candidates: Vec<Candidate>) -> Vec<Candidate> {
     let mut keys: Vec<AdmissionKey<'_>> = candidates
         .iter()
         .enumerate()
@@ -224,7 +230,8 @@ fn family_of(addr: &std::net::IpAddr) -> IpFamily {
 
 impl ApplyState {
     /// The services this sync must look at (every one when `full`; otherwise the changed
-    /// ones and those refused before), with what each has in the maps, in admission order.
+    /// ones and those refused before), with what each has in the maps, in no particular
+    /// order (see [`in_admission_order`]).
     pub(super) fn candidates(
         &mut self,
         families: &[FamilyState],
@@ -251,14 +258,21 @@ impl ApplyState {
                 )
             } else {
                 let refused = self.deferred.iter().filter(|(f, _)| *f == family);
+                // A changed service this family neither has nor had is nothing to it: a
+                // cold start of 100,000 IPv4 services on a dual-stack node made as many
+                // empty IPv6 candidates, each sorted, worked out and admitted for nothing.
+                let concerned = |s: &&NamespacedName| {
+                    state.services.has_ports(s)
+                        || self.services.contains_key(&(family, (*s).clone()))
+                };
                 (
-                    changed.iter().cloned().collect(),
+                    changed.iter().filter(concerned).cloned().collect(),
                     refused.map(|(_, s)| s.clone()).collect(),
                 )
             };
             // In name order (each once): the candidates then come out in admission order
             // when all are new to the maps, as in a cold sync, and `in_admission_order`
-            // finds them so. Sorting the names moves pointers; putting 100,000 candidates
+            // (see `ApplyState::prepare_read`) finds them so. Sorting the names moves pointers; putting 100,000 candidates
             // in order afterwards moved each one's whole desired state, twice.
             services.extend(others);
             services.sort_unstable();
@@ -291,7 +305,7 @@ impl ApplyState {
                 });
             }
         }
-        in_admission_order(out)
+        out
     }
 
     /// Plans `candidate` if its entries fit in the room left, or keeps what it had.
@@ -545,10 +559,7 @@ mod tests {
     }
 
     fn names(candidates: &[Candidate]) -> Vec<String> {
-        candidates
-            .iter()
-            .map(|c| format!("{:?}/{}", c.family, c.service))
-            .collect()
+        candidates.iter().map(Candidate::label).collect()
     }
 
     #[test]
