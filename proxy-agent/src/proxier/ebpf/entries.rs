@@ -188,6 +188,95 @@ fn put_family_runs<K4: Copy, V4: Copy, K6: Copy, V6: Copy>(
     map6.put_many(&run6)
 }
 
+/// Writes `parts` into `map4` and `map6`: each part in order, the parts at once where the
+/// maps allow (see [`KvMap::put_parts`](super::maps::KvMap::put_parts)).
+fn put_family_parts<K4: Copy, V4: Copy, K6: Copy, V6: Copy, P>(
+    parts: impl IntoIterator<Item = P>,
+    map4: &mut Map<K4, V4>,
+    map6: &mut Map<K6, V6>,
+) -> Result<()>
+where
+    P: Iterator<Item = ByFamily<(K4, V4), (K6, V6)>>,
+{
+    let mut v4: Vec<Vec<(K4, V4)>> = Vec::new();
+    let mut v6: Vec<Vec<(K6, V6)>> = Vec::new();
+    for part in parts {
+        let (mut part4, mut part6) = (Vec::with_capacity(part.size_hint().0), Vec::new());
+        for entry in part {
+            match entry {
+                ByFamily::V4(item) => part4.push(item),
+                ByFamily::V6(item) => part6.push(item),
+            }
+        }
+        v4.push(part4);
+        v6.push(part6);
+    }
+    map4.put_parts(&v4.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+    map6.put_parts(&v6.iter().map(Vec::as_slice).collect::<Vec<_>>())
+}
+
+/// A service entry in its family's layout.
+fn svc_entry(k: &SvcEntryKey, v: &SvcValue) -> ByFamily<(Svc4Key, SvcValue), (Svc6Key, SvcValue)> {
+    match k.frontend.addr {
+        IpAddr::V4(a) => ByFamily::V4((svc4_key(k, a), *v)),
+        IpAddr::V6(a) => ByFamily::V6((svc6_key(k, a), *v)),
+    }
+}
+
+/// A backend entry in its family's layout.
+fn backend_entry(
+    id: u32,
+    b: &BackendEntry,
+) -> ByFamily<(u32, Backend4Value), (u32, Backend6Value)> {
+    let (port, proto, flags) = (b.addr.port.to_be(), b.addr.proto, backend_flags(b));
+    match b.addr.addr {
+        IpAddr::V4(a) => ByFamily::V4((
+            id,
+            Backend4Value {
+                addr: v4_raw(a),
+                port,
+                proto,
+                flags,
+            },
+        )),
+        IpAddr::V6(a) => ByFamily::V6((
+            id,
+            Backend6Value {
+                addr: a.octets(),
+                port,
+                proto,
+                flags,
+            },
+        )),
+    }
+}
+
+/// A reverse-NAT entry in its family's layout.
+fn rev_nat_entry(
+    id: u32,
+    addr: IpAddr,
+    port: u16,
+) -> ByFamily<(u32, RevNat4Value), (u32, RevNat6Value)> {
+    match addr {
+        IpAddr::V4(a) => ByFamily::V4((
+            id,
+            RevNat4Value {
+                addr: v4_raw(a),
+                port: port.to_be(),
+                _pad: 0,
+            },
+        )),
+        IpAddr::V6(a) => ByFamily::V6((
+            id,
+            RevNat6Value {
+                addr: a.octets(),
+                port: port.to_be(),
+                _pad: 0,
+            },
+        )),
+    }
+}
+
 /// Typed writes through [`LbMaps`].
 impl LbMaps {
     pub fn put_svc(&mut self, k: &SvcEntryKey, v: &SvcValue) -> Result<()> {
@@ -203,10 +292,7 @@ impl LbMaps {
         &mut self,
         entries: impl IntoIterator<Item = (&'a SvcEntryKey, &'a SvcValue)>,
     ) -> Result<()> {
-        let entries = entries.into_iter().map(|(k, v)| match k.frontend.addr {
-            IpAddr::V4(a) => ByFamily::V4((svc4_key(k, a), *v)),
-            IpAddr::V6(a) => ByFamily::V6((svc6_key(k, a), *v)),
-        });
+        let entries = entries.into_iter().map(|(k, v)| svc_entry(k, v));
         put_family_runs(entries, &mut self.svc4, &mut self.svc6)
     }
 
@@ -216,24 +302,10 @@ impl LbMaps {
     where
         P: IntoIterator<Item = (&'a SvcEntryKey, &'a SvcValue)>,
     {
-        let mut v4: Vec<Vec<(Svc4Key, SvcValue)>> = Vec::new();
-        let mut v6: Vec<Vec<(Svc6Key, SvcValue)>> = Vec::new();
-        for part in parts {
-            let part = part.into_iter();
-            let (mut part4, mut part6) = (Vec::with_capacity(part.size_hint().0), Vec::new());
-            for (k, v) in part {
-                match k.frontend.addr {
-                    IpAddr::V4(a) => part4.push((svc4_key(k, a), *v)),
-                    IpAddr::V6(a) => part6.push((svc6_key(k, a), *v)),
-                }
-            }
-            v4.push(part4);
-            v6.push(part6);
-        }
-        self.svc4
-            .put_parts(&v4.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
-        self.svc6
-            .put_parts(&v6.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        let parts = parts
+            .into_iter()
+            .map(|part| part.into_iter().map(|(k, v)| svc_entry(k, v)));
+        put_family_parts(parts, &mut self.svc4, &mut self.svc6)
     }
 
     /// Writes backend entries in order, in as few system calls as the maps allow.
@@ -241,30 +313,20 @@ impl LbMaps {
         &mut self,
         entries: impl IntoIterator<Item = (u32, &'a BackendEntry)>,
     ) -> Result<()> {
-        let entries = entries.into_iter().map(|(id, b)| {
-            let (port, proto, flags) = (b.addr.port.to_be(), b.addr.proto, backend_flags(b));
-            match b.addr.addr {
-                IpAddr::V4(a) => ByFamily::V4((
-                    id,
-                    Backend4Value {
-                        addr: v4_raw(a),
-                        port,
-                        proto,
-                        flags,
-                    },
-                )),
-                IpAddr::V6(a) => ByFamily::V6((
-                    id,
-                    Backend6Value {
-                        addr: a.octets(),
-                        port,
-                        proto,
-                        flags,
-                    },
-                )),
-            }
-        });
+        let entries = entries.into_iter().map(|(id, b)| backend_entry(id, b));
         put_family_runs(entries, &mut self.backends4, &mut self.backends6)
+    }
+
+    /// Writes backend entries in `parts`, at once where the maps allow (for entries nothing
+    /// refers to yet, whose order does not matter).
+    pub fn put_backends_in_parts<'a, P>(&mut self, parts: impl IntoIterator<Item = P>) -> Result<()>
+    where
+        P: IntoIterator<Item = (u32, &'a BackendEntry)>,
+    {
+        let parts = parts
+            .into_iter()
+            .map(|part| part.into_iter().map(|(id, b)| backend_entry(id, b)));
+        put_family_parts(parts, &mut self.backends4, &mut self.backends6)
     }
 
     /// Writes reverse-NAT entries in order, in as few system calls as the maps allow.
@@ -272,25 +334,23 @@ impl LbMaps {
         &mut self,
         entries: impl IntoIterator<Item = (u32, IpAddr, u16)>,
     ) -> Result<()> {
-        let entries = entries.into_iter().map(|(id, addr, port)| match addr {
-            IpAddr::V4(a) => ByFamily::V4((
-                id,
-                RevNat4Value {
-                    addr: v4_raw(a),
-                    port: port.to_be(),
-                    _pad: 0,
-                },
-            )),
-            IpAddr::V6(a) => ByFamily::V6((
-                id,
-                RevNat6Value {
-                    addr: a.octets(),
-                    port: port.to_be(),
-                    _pad: 0,
-                },
-            )),
-        });
+        let entries = entries
+            .into_iter()
+            .map(|(id, addr, port)| rev_nat_entry(id, addr, port));
         put_family_runs(entries, &mut self.rev_nat4, &mut self.rev_nat6)
+    }
+
+    /// Writes reverse-NAT entries in `parts`, at once where the maps allow (as
+    /// [`LbMaps::put_backends_in_parts`]).
+    pub fn put_rev_nats_in_parts<P>(&mut self, parts: impl IntoIterator<Item = P>) -> Result<()>
+    where
+        P: IntoIterator<Item = (u32, IpAddr, u16)>,
+    {
+        let parts = parts.into_iter().map(|part| {
+            part.into_iter()
+                .map(|(id, addr, port)| rev_nat_entry(id, addr, port))
+        });
+        put_family_parts(parts, &mut self.rev_nat4, &mut self.rev_nat6)
     }
 
     pub fn del_svc(&mut self, k: &SvcEntryKey) -> Result<()> {

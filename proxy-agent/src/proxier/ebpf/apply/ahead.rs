@@ -17,18 +17,34 @@
 //! to the front of the sync's writes, with every chunk after it, in their order; writing
 //! an entry twice is harmless. A chunk admission cannot send (the writer's thread is gone)
 //! stays in the plan.
+//!
+//! When admission is over before the thread has written everything (the maps grew first,
+//! for a few tenths of a second), the core admission used would only wait: what is left is
+//! written in two halves at once, the order of these entries mattering to nothing.
 
-use std::sync::mpsc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+    mpsc,
+};
 
 use super::{Op, PlannedSync, execute};
-use crate::proxier::ebpf::maps::LbMaps;
+use crate::proxier::ebpf::maps::{LbMaps, MapOpError};
 
 /// Backend and reverse-NAT writes sent on at a time: a few batches of the kernel's.
 const CHUNK: usize = 32_768;
 
+/// Writes sent on at once; the last one is admission's last.
+struct Chunk {
+    ops: Vec<Op>,
+    last: bool,
+}
+
 /// Admission's end of the channel.
 pub struct AheadSender {
-    chunks: mpsc::Sender<Vec<Op>>,
+    chunks: mpsc::Sender<Chunk>,
+    /// Set as the last chunk is sent.
+    admitted: Arc<AtomicBool>,
     /// Writes sent on at a time.
     chunk: usize,
     /// The writer is gone (its thread panicked): what is left stays in the plan.
@@ -38,7 +54,9 @@ pub struct AheadSender {
 /// The writing end: [`AheadWriter::write`] on the maps, or [`AheadWriter::give_back`] when
 /// they must not be written yet.
 pub struct AheadWriter {
-    chunks: mpsc::Receiver<Vec<Op>>,
+    chunks: mpsc::Receiver<Chunk>,
+    /// Admission is over: its last chunk is sent, or about to be.
+    admitted: Arc<AtomicBool>,
 }
 
 /// What an [`AheadWriter`] did: the entries it wrote, and the writes it leaves to the sync.
@@ -56,21 +74,26 @@ pub fn channel() -> (AheadSender, AheadWriter) {
 /// A channel sending `chunk` writes at a time.
 fn channel_of(chunk: usize) -> (AheadSender, AheadWriter) {
     let (chunks, receiver) = mpsc::channel();
+    let admitted = Arc::new(AtomicBool::new(false));
     (
         AheadSender {
             chunks,
+            admitted: admitted.clone(),
             chunk,
             closed: false,
         },
-        AheadWriter { chunks: receiver },
+        AheadWriter {
+            chunks: receiver,
+            admitted,
+        },
     )
 }
 
 impl AheadSender {
     /// Sends `backend_puts` and `rev_nat_puts` on (backends first, as the plan orders
-    /// them) once they make a chunk, or whatever they hold when `last`. A chunk that
-    /// cannot be sent goes back into `backend_puts`: the plan writes it first, as the
-    /// puts sent after it would have been.
+    /// them) once they make a chunk, or whatever they hold when `last` (then always: the
+    /// writer learns that admission is over). A chunk that cannot be sent goes back into
+    /// `backend_puts`: the plan writes it first, as the puts sent after it would have been.
     pub(super) fn offer(
         &mut self,
         backend_puts: &mut Vec<Op>,
@@ -78,35 +101,51 @@ impl AheadSender {
         last: bool,
     ) {
         let pending = backend_puts.len() + rev_nat_puts.len();
-        if self.closed || pending == 0 || (pending < self.chunk && !last) {
+        if self.closed || (pending < self.chunk && !last) {
             return;
         }
-        let mut chunk = std::mem::take(backend_puts);
-        chunk.append(rev_nat_puts);
-        if let Err(mpsc::SendError(chunk)) = self.chunks.send(chunk) {
-            *backend_puts = chunk;
+        let mut ops = std::mem::take(backend_puts);
+        ops.append(rev_nat_puts);
+        if last {
+            self.admitted.store(true, Ordering::Release);
+        }
+        if let Err(mpsc::SendError(chunk)) = self.chunks.send(Chunk { ops, last }) {
+            *backend_puts = chunk.ops;
             self.closed = true;
         }
     }
 }
 
 impl AheadWriter {
-    /// Writes each chunk as it comes, until admission is over. After a failed write it
-    /// writes nothing more: that chunk and the rest are left to the sync.
+    /// Writes each chunk as it comes, until admission is over; what is left then goes in
+    /// two halves at once. After a failed write it writes nothing more: those writes and
+    /// the rest are left to the sync.
     pub fn write(self, maps: &mut LbMaps) -> WrittenAhead {
         let mut out = WrittenAhead::default();
-        for chunk in self.chunks {
+        while let Ok(chunk) = self.chunks.recv() {
             if !out.unwritten.is_empty() {
-                out.unwritten.extend(chunk);
+                out.unwritten.extend(chunk.ops);
                 continue;
             }
-            // No Maglev table is in a chunk: the table size is not used.
-            match execute(maps, &chunk, 0) {
-                Ok((written, _)) => out.written += written,
-                Err(e) => {
-                    tracing::debug!(error = %e, entries = chunk.len(), "a write ahead of the plan failed: the sync writes it");
-                    out.unwritten = chunk;
+            if chunk.last || !self.admitted.load(Ordering::Acquire) {
+                // No Maglev table is in a chunk: the table size is not used.
+                if let Err(e) = execute(maps, &chunk.ops, 0).map(|(n, _)| out.written += n) {
+                    tracing::debug!(error = %e, entries = chunk.ops.len(), "a write ahead of the plan failed: the sync writes it");
+                    out.unwritten = chunk.ops;
                 }
+                continue;
+            }
+            // Everything up to the last chunk, which is sent or about to be.
+            let mut ops = chunk.ops;
+            for chunk in self.chunks.iter() {
+                ops.extend(chunk.ops);
+                if chunk.last {
+                    break;
+                }
+            }
+            if let Err(e) = write_in_halves(maps, &ops).map(|n| out.written += n) {
+                tracing::debug!(error = %e, entries = ops.len(), "a write ahead of the plan failed: the sync writes it");
+                out.unwritten = ops;
             }
         }
         out
@@ -116,9 +155,31 @@ impl AheadWriter {
     pub fn give_back(self) -> WrittenAhead {
         WrittenAhead {
             written: 0,
-            unwritten: self.chunks.into_iter().flatten().collect(),
+            unwritten: self.chunks.into_iter().flat_map(|c| c.ops).collect(),
         }
     }
+}
+
+/// Writes `ops` (backend and reverse-NAT puts, see [`AheadSender::offer`]) in two halves
+/// at once, each map's entries split in the middle; any other write goes in order after.
+/// The entries written.
+fn write_in_halves(maps: &mut LbMaps, ops: &[Op]) -> Result<usize, MapOpError> {
+    let mut backends = Vec::with_capacity(ops.len());
+    let mut rev_nats = Vec::new();
+    let mut others = Vec::new();
+    for op in ops {
+        match op {
+            Op::PutBackend(id, entry) => backends.push((*id, entry)),
+            Op::PutRevNat(id, addr, port) => rev_nats.push((*id, *addr, *port)),
+            other => others.push(other.clone()),
+        }
+    }
+    let (first, second) = backends.split_at(backends.len() / 2);
+    maps.put_backends_in_parts([first.iter().copied(), second.iter().copied()])?;
+    let (first, second) = rev_nats.split_at(rev_nats.len() / 2);
+    maps.put_rev_nats_in_parts([first.iter().copied(), second.iter().copied()])?;
+    let (written, _) = execute(maps, &others, 0)?;
+    Ok(backends.len() + rev_nats.len() + written)
 }
 
 impl PlannedSync {
@@ -263,6 +324,75 @@ mod tests {
                 .len()
                 == 5
         );
+    }
+
+    /// The same changes, synced plainly and written ahead only once admission is over:
+    /// every chunk is queued by then, and they go in two halves at once.
+    #[test]
+    fn what_is_left_when_admission_is_over_goes_in_halves_and_leaves_the_same_maps() {
+        let mut plain = Harness::new();
+        let mut ahead = Harness::new();
+        for h in [&mut plain, &mut ahead] {
+            (1..=6).for_each(|n| service(h, n, 3));
+        }
+        let (_, plain_stats) = plain.sync_with_stats(false);
+
+        let prepared = ahead.prepare_pending(false);
+        ahead.log.lock().unwrap().clear();
+        let (sender, writer) = channel_of(3);
+        let mut planned = ahead.apply.admit_writing_ahead(
+            prepared,
+            ahead.cluster.families(),
+            &ahead.node,
+            Some(sender),
+        );
+        let queued: Vec<Chunk> = writer.chunks.try_iter().collect();
+        assert!(queued.len() > 2, "several chunks wait");
+        assert_eq!(
+            queued.iter().map(|c| c.last).collect::<Vec<_>>(),
+            [vec![false; queued.len() - 1], vec![true]].concat(),
+            "the last chunk says so"
+        );
+        let (resend, writer) = channel_of(3);
+        for chunk in queued {
+            resend.chunks.send(chunk).unwrap();
+        }
+        // As the writer finds it when admission ended while it was busy.
+        resend.admitted.store(true, Ordering::Release);
+        drop(resend);
+        let written = writer.write(&mut ahead.maps);
+        // Six services of three backends and a reverse-NAT entry each.
+        assert_eq!(written.written, 24);
+        assert!(written.unwritten.is_empty());
+        // Each map's entries together (chunk by chunk, a chunk's reverse-NAT entries
+        // came before the next chunk's backends).
+        let log = ahead.log.lock().unwrap().clone();
+        let last_backend = log.iter().rposition(put_into(BACKENDS4)).unwrap();
+        let first_rev_nat = log.iter().position(put_into(REV_NAT4)).unwrap();
+        assert!(last_backend < first_rev_nat, "{log:#?}");
+        planned.take_back(written);
+        let stats = ahead.apply.execute(&mut ahead.maps, planned).unwrap();
+        assert_eq!(
+            ahead.maps.snapshot().unwrap(),
+            plain.maps.snapshot().unwrap()
+        );
+        assert_eq!(stats.written, plain_stats.written);
+    }
+
+    /// Eight backends left when admission is over, for a map with room for five: the
+    /// halves fail, and all eight go back to the sync (an entry written twice is harmless).
+    #[test]
+    fn halves_that_fail_go_back_whole() {
+        let (mut maps, _) = LbMaps::in_memory_with(|name| if name == BACKENDS4 { 5 } else { 1024 });
+        let (mut sender, writer) = channel_of(2);
+        let puts: Vec<Op> = (1..=8).map(backend_put).collect();
+        for (i, pair) in puts.chunks(2).enumerate() {
+            sender.offer(&mut pair.to_vec(), &mut Vec::new(), i == 3);
+        }
+        drop(sender);
+        let ahead = writer.write(&mut maps);
+        assert_eq!(ahead.written, 0);
+        assert_eq!(ahead.unwritten, puts);
     }
 
     fn backend_put(id: u32) -> Op {
