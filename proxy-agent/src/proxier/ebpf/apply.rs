@@ -908,8 +908,7 @@ impl ApplyState {
         on_estimate: impl FnOnce(&PerMap, bool),
     ) -> PreparedSync {
         let MapsRead { actual, budget } = read;
-        let candidates =
-            self.candidates(families, node, changed, actual.is_some(), actual.as_ref());
+        let candidates = self.candidates(families, node, changed, actual.as_ref());
         let (added, new_services) = added_by(&candidates);
         let mut estimated_peak = budget.used().clone();
         for kind in MapKind::ALL {

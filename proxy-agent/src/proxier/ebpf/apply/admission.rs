@@ -229,17 +229,17 @@ fn family_of(addr: &std::net::IpAddr) -> IpFamily {
 }
 
 impl ApplyState {
-    /// The services this sync must look at (every one when `full`; otherwise the changed
-    /// ones and those refused before), with what each has in the maps, in no particular
-    /// order (see [`in_admission_order`]).
+    /// The services this sync must look at (every one on a full sync, which reads what the
+    /// maps hold into `actual`; otherwise the changed ones and those refused before), with
+    /// what each has in the maps, in no particular order (see [`in_admission_order`]).
     pub(super) fn candidates(
         &mut self,
         families: &[FamilyState],
         node: &NodeContext,
         changed: &std::collections::HashSet<NamespacedName>,
-        full: bool,
         actual: Option<&Snapshot>,
     ) -> Vec<Candidate> {
+        let full = actual.is_some();
         let mut out = Vec::new();
         // The maps' service entries by frontend, sorted once for all the services to
         // adopt (a filter over every entry per service made a restart quadratic).
@@ -272,8 +272,9 @@ impl ApplyState {
             };
             // In name order (each once): the candidates then come out in admission order
             // when all are new to the maps, as in a cold sync, and `in_admission_order`
-            // (see `ApplyState::prepare_read`) finds them so. Sorting the names moves pointers; putting 100,000 candidates
-            // in order afterwards moved each one's whole desired state, twice.
+            // (see `ApplyState::prepare_read`) finds them so. Sorting the names moves
+            // pointers; putting 100,000 candidates in order afterwards moved each one's
+            // whole desired state, twice.
             services.extend(others);
             services.sort_unstable();
             services.dedup();
