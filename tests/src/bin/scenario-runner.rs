@@ -15,7 +15,7 @@ use tests::scenario::{
     http,
     probe::{ProbeSpec, probe},
     report::FlowReport,
-    run::{RunOptions, check_privileges, default_dirs, discover, run_scenario},
+    run::{ClusterApi, RunOptions, check_privileges, default_dirs, discover, run_scenario},
     stale::cleanup_stale,
 };
 
@@ -58,10 +58,12 @@ enum Command {
         /// Keep namespaces, cgroup, pins and files afterwards.
         #[arg(long)]
         keep: bool,
-        /// Feed the agent from a manifest directory (--source) instead of the test API
-        /// server.
-        #[arg(long)]
-        dir_source: bool,
+        /// Where the agent reads the objects from: `test` (the home-made test API server,
+        /// inside each node namespace), `dir` (a manifest directory, --source) or `real`
+        /// (upstream's kube-apiserver: the control plane named by KPE_CONTROL_PLANE, or
+        /// one this run starts and stops).
+        #[arg(long, default_value = "test", value_parser = ["test", "dir", "real"])]
+        api: String,
         /// Connect and answer timeout per attempt.
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
@@ -218,7 +220,7 @@ fn main() -> ExitCode {
             no_agent,
             agent_args,
             keep,
-            dir_source,
+            api,
             timeout_ms,
             ready_timeout_s,
             xdp_mode,
@@ -255,7 +257,7 @@ fn main() -> ExitCode {
                     runner_exe: std::env::current_exe().context("locating this binary")?,
                     timeout: Duration::from_millis(timeout_ms),
                     keep,
-                    dir_source,
+                    api: ClusterApi::TestServer,
                     trace_check,
                     only_proto,
                     only_external_clients,
@@ -265,7 +267,7 @@ fn main() -> ExitCode {
                 } else {
                     dirs
                 };
-                run_all(options, dirs, filter, files)
+                run_all(options, &api, dirs, filter, files)
             })
         }
     };
@@ -370,7 +372,8 @@ fn run_cleanup_stale() -> anyhow::Result<ExitCode> {
 }
 
 fn run_all(
-    options: RunOptions,
+    mut options: RunOptions,
+    api: &str,
     dirs: Vec<PathBuf>,
     filter: Option<String>,
     extra_files: Vec<PathBuf>,
@@ -382,6 +385,31 @@ fn run_all(
         bail!("no scenario files in {dirs:?} matching {filter:?}");
     }
     let runtime = tokio::runtime::Runtime::new()?;
+    // Started here, on the main thread, the control plane lives until this run ends (its
+    // components die with the thread that started them).
+    let mut own_plane = None;
+    options.api = match api {
+        "dir" => ClusterApi::Directory,
+        "real" => match std::env::var_os(testbed::SHARED_ENV) {
+            Some(dir) => ClusterApi::Real(PathBuf::from(dir)),
+            None => {
+                let dir =
+                    std::env::temp_dir().join(format!("kpe-control-plane-{}", std::process::id()));
+                println!("# starting upstream's control plane in {}", dir.display());
+                let plane = runtime
+                    .block_on(testbed::ControlPlane::start(testbed::Options::new(&dir)))
+                    .context("starting upstream's control plane (--api real)")?;
+                println!(
+                    "# {} ready: upstream {}",
+                    plane.server(),
+                    plane.state().version
+                );
+                own_plane = Some(plane);
+                ClusterApi::Real(dir)
+            }
+        },
+        _ => ClusterApi::TestServer,
+    };
     let totals = runtime.block_on(async move {
         tokio::select! {
             totals = replay(&options, &files) => Ok(totals),
@@ -389,6 +417,7 @@ fn run_all(
         }
     });
     // The replay future is gone here, so every namespace and process was cleaned up.
+    drop(own_plane);
     match totals {
         Ok(totals) => {
             println!("{totals}");

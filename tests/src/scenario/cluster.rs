@@ -46,7 +46,8 @@ pub trait ObjectStore {
 
 /// A [`ClusterSource`] over any [`ObjectStore`]: it remembers the state, so a new
 /// state touches only objects that changed (deletions first, so an address moving
-/// from one object to another never exists twice).
+/// from one object to another never exists twice). Objects go in by kind, in the order
+/// a real API server needs them ([`kind_order`]), and are deleted in the reverse order.
 #[derive(Debug)]
 pub struct Tracked<S> {
     store: S,
@@ -76,12 +77,14 @@ impl<S: ObjectStore> ClusterSource for Tracked<S> {
             }
             desired.push((r, object));
         }
-        let gone: Vec<ObjectRef> = self
+        let mut gone: Vec<ObjectRef> = self
             .current
             .keys()
             .filter(|r| !desired.iter().any(|(d, _)| d == *r))
             .cloned()
             .collect();
+        gone.sort_by_key(|r| std::cmp::Reverse(kind_order(&r.kind)));
+        desired.sort_by_key(|(r, _)| kind_order(&r.kind));
         for r in gone {
             self.store.remove(&r)?;
             self.current.remove(&r);
@@ -96,6 +99,8 @@ impl<S: ObjectStore> ClusterSource for Tracked<S> {
     }
 
     fn delete(&mut self, refs: &[ObjectRef]) -> Result<()> {
+        let mut refs: Vec<&ObjectRef> = refs.iter().collect();
+        refs.sort_by_key(|r| std::cmp::Reverse(kind_order(&r.kind)));
         for r in refs {
             if !self.current.contains_key(r) {
                 return Err(Error::Invalid(format!(
@@ -110,6 +115,22 @@ impl<S: ObjectStore> ClusterSource for Tracked<S> {
 
     fn connection(&self) -> AgentConnection {
         self.store.connection()
+    }
+}
+
+/// Where a kind goes in a change: a ServiceCIDR before the Services whose ClusterIPs it
+/// holds (the API server refuses a ClusterIP outside every ServiceCIDR), a Node before the
+/// Pods on it (the EndpointSlice controller skips pods of an unknown node), Services before
+/// their EndpointSlices and Pods. Deletions go the other way (stable within a kind: the
+/// file's order).
+pub fn kind_order(kind: &str) -> u8 {
+    match kind {
+        "ServiceCIDR" => 0,
+        "Node" => 1,
+        "Service" => 2,
+        "EndpointSlice" => 3,
+        "Pod" => 4,
+        _ => 5,
     }
 }
 

@@ -39,6 +39,7 @@ pub mod outcome;
 pub mod placement;
 pub mod probe;
 pub mod readiness;
+pub mod real_api;
 pub mod report;
 pub mod run;
 pub mod stale;

@@ -23,9 +23,23 @@ use super::{
     outcome::{Attempt, Judge},
     placement::Placement,
     readiness,
+    real_api::RealApiStore,
     report::{FlowReport, Status},
     topology::{Topology, Unbound},
 };
+
+/// Which API server holds a scenario's objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterApi {
+    /// The home-made test API server, inside the node namespace: fast, and the faults a
+    /// real server cannot be made to show.
+    TestServer,
+    /// A manifest directory the agent reads (`--source DIR`).
+    Directory,
+    /// Upstream's kube-apiserver of the control plane in this directory (`testbed`):
+    /// the real validation, defaulting and allocation, the agent with deploy/'s RBAC.
+    Real(PathBuf),
+}
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -40,9 +54,8 @@ pub struct RunOptions {
     pub timeout: Duration,
     /// Leave namespaces, cgroup and files in place afterwards.
     pub keep: bool,
-    /// Feed the agent from a manifest directory (`--source DIR`) instead of the test API
-    /// server.
-    pub dir_source: bool,
+    /// Where the agent reads the scenario's objects from.
+    pub api: ClusterApi,
     /// After each flow, ask the running agent's `proxy-agent trace` what it would do with
     /// the flow, and fail the flow when that disagrees with what the probes saw (ebpf and
     /// iptables modes).
@@ -66,7 +79,7 @@ impl RunOptions {
             runner_exe,
             timeout: Duration::from_secs(1),
             keep: false,
-            dir_source: false,
+            api: ClusterApi::TestServer,
             trace_check: false,
             only_proto: None,
             only_external_clients: false,
@@ -339,13 +352,19 @@ impl<'a> ScenarioEnv<'a> {
         let placement = Placement::plan(scenario)?;
         let mut topology = Topology::build(&scenario.node, &placement, options.keep)?;
         topology.start_listeners(&options.runner_exe, sctp)?;
-        let mut source: Box<dyn ClusterSource> = if options.dir_source {
-            Box::new(DirSource::in_dir(&topology.run_dir.join("objects"))?)
-        } else {
-            Box::new(Tracked::new(ApiServerStore::start(
+        let mut source: Box<dyn ClusterSource> = match &options.api {
+            ClusterApi::Directory => {
+                Box::new(DirSource::in_dir(&topology.run_dir.join("objects"))?)
+            }
+            ClusterApi::TestServer => Box::new(Tracked::new(ApiServerStore::start(
                 &topology.node_ns,
                 &topology.run_dir,
-            )?))
+            )?)),
+            ClusterApi::Real(plane) => Box::new(Tracked::new(RealApiStore::new(
+                plane,
+                &topology.node_ns,
+                &topology.run_dir,
+            )?)),
         };
         let initial = match &scenario.stages[0].change {
             Change::Replace(objects) => with_node(objects, &scenario.node),
@@ -720,7 +739,7 @@ flows:
             runner_exe: PathBuf::new(),
             timeout: Duration::from_secs(1),
             keep: false,
-            dir_source: false,
+            api: ClusterApi::TestServer,
             trace_check: false,
             only_proto,
             only_external_clients,

@@ -107,7 +107,7 @@ fn options(agent: Option<AgentOptions>) -> RunOptions {
         timeout: Duration::from_millis(1000),
         keep: false,
         // The stand-in agents below check the --source command line.
-        dir_source: true,
+        api: tests::scenario::run::ClusterApi::Directory,
         trace_check: false,
         only_proto: None,
         only_external_clients: false,

@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Command kube-apiserver is upstream's kube-apiserver, built from the published
+// k8s.io/kubernetes module for the project's tests.
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewAPIServerCommand()))
+}
