@@ -2,13 +2,24 @@
 //! Building the API client the way kube-proxy does: an explicit kubeconfig and/or master URL
 //! when given, otherwise the in-cluster service account; requests paced by
 //! `clientConnection.qps`/`.burst` (the `rate_limit` module).
+//!
+//! A connection that dies without a reset (an API VIP that fails over, a NAT or firewall
+//! that forgets the flow) must not leave the watches waiting forever: client-go pings its
+//! HTTP/2 connections (30 s idle, then 15 s for the answer). kube's client speaks HTTP/1.1
+//! and sets no TCP keepalive, so the connection stack is built here (as kube's own, with
+//! TCP keepalive and a user timeout on each socket): a silent connection is closed
+//! [`DEAD_CONNECTION_BOUND`] after the last byte from the server at the latest, and the
+//! watchers reconnect and resume or relist.
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
+use http_body_util::BodyExt as _;
+use hyper_util::{client::legacy::connect::HttpConnector, rt::TokioExecutor};
 use kube::{
-    client::ClientBuilder,
+    client::{Body, ClientBuilder, ConfigExt as _, DynBody},
     config::{KubeConfigOptions, Kubeconfig},
 };
+use tower::{BoxError, ServiceBuilder, ServiceExt as _, util::BoxService};
 use tracing::{info, warn};
 
 use super::rate_limit::{RateLimitLayer, TokenBucket};
@@ -28,6 +39,8 @@ pub enum ClientError {
     Master { url: String, reason: String },
     #[error("creating the API client: {0}")]
     Client(#[from] kube::Error),
+    #[error("the API client's TLS: {0}")]
+    Tls(#[from] kube::client::RustlsTlsError),
 }
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
@@ -112,7 +125,7 @@ pub async fn make_client(settings: &ConnectionSettings) -> Result<kube::Client> 
             info!("{note}");
         }
     }
-    let builder = ClientBuilder::try_from(config)?;
+    let builder = connection_stack(config)?;
     let now = tokio::time::Instant::now();
     Ok(match TokenBucket::new(settings.qps, settings.burst, now) {
         Some(bucket) => {
@@ -128,6 +141,63 @@ pub async fn make_client(settings: &ConnectionSettings) -> Result<kube::Client> 
             builder.build()
         }
     })
+}
+
+/// Idle time before the first keepalive probe.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// Between unanswered probes.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_PROBES: u32 = 3;
+/// How long sent data (a request, a keepalive probe) may go unacknowledged before the
+/// kernel closes the connection; with the keepalive above it also bounds a silent idle
+/// connection (TCP_USER_TIMEOUT overrides the probe count once probes are out).
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(45);
+/// The longest a connection whose peer went silent stays open: the keepalive idle time,
+/// then the user timeout's bound on the unanswered probes (client-go's HTTP/2 health check
+/// takes as long: 30 s + 15 s).
+pub const DEAD_CONNECTION_BOUND: Duration = Duration::from_secs(45);
+
+/// kube's client service, type-erased as kube's own builder erases it.
+type ApiService = BoxService<http::Request<Body>, http::Response<Box<DynBody>>, BoxError>;
+
+/// kube's default stack (base URI, authentication with token refresh, extra headers,
+/// retries of 429/503/504, TLS, timeouts) over connections with TCP keepalive and a user
+/// timeout. A proxy in the kubeconfig keeps kube's own stack, which speaks to proxies.
+fn connection_stack(config: kube::Config) -> Result<ClientBuilder<ApiService>> {
+    if config.proxy_url.is_some() {
+        info!("the kubeconfig names a proxy: connections get no TCP keepalive of ours");
+        return Ok(ClientBuilder::try_from(config)?);
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_keepalive(Some(KEEPALIVE_IDLE));
+    http.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+    http.set_keepalive_retries(Some(KEEPALIVE_PROBES));
+    http.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT));
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let mut connector = hyper_timeout::TimeoutConnector::new(https);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    let http_client: hyper_util::client::legacy::Client<_, Body> =
+        hyper_util::client::legacy::Builder::new(TokioExecutor::new()).build(connector);
+    let retry = config
+        .default_retry
+        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(http_client)
+        .map_response(|response| {
+            response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+        });
+    Ok(ClientBuilder::new(
+        BoxService::new(service),
+        config.default_namespace.clone(),
+    ))
 }
 
 fn parse_master(master: &str) -> Result<http::Uri> {
