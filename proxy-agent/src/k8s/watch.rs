@@ -25,7 +25,7 @@ use kube::{
 };
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::tombstone::{Buried, Tombstone};
 use crate::model::{IpFamily, ServiceRecord, SliceRecord};
@@ -287,15 +287,43 @@ fn reconnect_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
 
 /// How often a resource the API server does not serve (404) is asked for again.
 const NOT_SERVED_RETRY: Duration = Duration::from_secs(60);
+/// How often a resource the agent may not list or watch (403) is asked for again: soon
+/// enough to pick up fixed RBAC, rarely enough not to spend the client's qps on refusals.
+const FORBIDDEN_RETRY: Duration = Duration::from_secs(10);
 
-/// Whether the list or watch failed because the API server has no such resource.
-fn is_not_served(error: &watcher::Error) -> bool {
+/// The API server's status code for a failed list or watch, if it answered one.
+fn status_code(error: &watcher::Error) -> Option<u16> {
     match error {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 404,
-        _ => false,
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status.code),
+        _ => None,
     }
+}
+
+/// Whether the list or watch failed because the API server has no such resource.
+fn is_not_served(error: &watcher::Error) -> bool {
+    status_code(error) == Some(404)
+}
+
+/// The resource a watcher lists and watches, as RBAC names it (`resource.group`).
+fn rbac_resource(kind: ResourceKind) -> &'static str {
+    match kind {
+        ResourceKind::Service => "services",
+        ResourceKind::EndpointSlice => "endpointslices.discovery.k8s.io",
+        ResourceKind::Node => "nodes",
+        ResourceKind::ServiceCidr => "servicecidrs.networking.k8s.io",
+    }
+}
+
+/// The log line for a refused list or watch: what the agent needs, and where it is granted.
+fn forbidden_message(kind: ResourceKind) -> String {
+    format!(
+        "the API server forbids this agent to list and watch {}: its ServiceAccount needs the \
+         verbs list and watch on it (deploy/rbac.yaml grants them); nothing of this kind \
+         reaches the dataplane until it may",
+        rbac_resource(kind)
+    )
 }
 
 fn spawn_one<K>(
@@ -318,6 +346,7 @@ fn spawn_one<K>(
                 Ok(None) => break,
                 Err(error) => {
                     let not_served = is_not_served(&error);
+                    let forbidden = status_code(&error) == Some(403);
                     if not_served {
                         warn!(
                             ?kind,
@@ -325,6 +354,8 @@ fn spawn_one<K>(
                             retry_in = ?NOT_SERVED_RETRY,
                             "the API server does not serve this resource"
                         );
+                    } else if forbidden {
+                        error!(?kind, %error, retry_in = ?FORBIDDEN_RETRY, "{}", forbidden_message(kind));
                     } else {
                         warn!(?kind, %error, "watch failed; retrying with backoff");
                     }
@@ -341,6 +372,8 @@ fn spawn_one<K>(
                         // answers the same until it is upgraded, and each retry would spend
                         // the client's qps budget.
                         tokio::time::sleep(NOT_SERVED_RETRY).await;
+                    } else if forbidden {
+                        tokio::time::sleep(FORBIDDEN_RETRY).await;
                     }
                     continue;
                 }
@@ -398,6 +431,23 @@ mod tests {
                 Diffed::Synced => "synced".into(),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_refusal_names_the_resource_and_the_verbs() {
+        let message = forbidden_message(ResourceKind::EndpointSlice);
+        assert!(
+            message.contains("endpointslices.discovery.k8s.io"),
+            "{message}"
+        );
+        assert!(message.contains("list and watch"), "{message}");
+        let refused =
+            watcher::Error::InitialListFailed(kube::Error::Api(Box::new(kube::core::Status {
+                code: 403,
+                ..Default::default()
+            })));
+        assert_eq!(status_code(&refused), Some(403));
+        assert!(!is_not_served(&refused));
     }
 
     #[test]
