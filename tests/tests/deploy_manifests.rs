@@ -16,17 +16,14 @@ use k8s_openapi::{
     api::{
         apps::v1::DaemonSet,
         core::v1::{
-            ConfigMap, Container, Event, Node, PodSpec, Service, ServiceAccount, VolumeMount,
+            ConfigMap, Container, Node, Pod, PodSpec, Service, ServiceAccount, VolumeMount,
         },
         discovery::v1::EndpointSlice,
         networking::v1::ServiceCIDR,
         rbac::v1::{ClusterRole, ClusterRoleBinding},
     },
 };
-use proxy_agent::{
-    config::{self, ProxyMode},
-    k8s::convert::{ClusterObject, parse_objects},
-};
+use proxy_agent::config::{self, ProxyMode};
 use serde::{Deserialize as _, Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
@@ -697,7 +694,8 @@ fn rbac_grants_exactly_what_the_agent_uses() {
             }
         }
     }
-    // What the watchers list and watch, and the events the agent records (both APIs).
+    // What the watchers list and watch, and the events the agent records (events.k8s.io/v1,
+    // kube's Recorder).
     let mut expected = BTreeSet::new();
     for (group, resource) in [
         resource_of::<Service>(),
@@ -709,10 +707,7 @@ fn rbac_grants_exactly_what_the_agent_uses() {
             expected.insert((group.clone(), resource.clone(), verb.to_string()));
         }
     }
-    for (group, resource) in [
-        resource_of::<Event>(),
-        resource_of::<k8s_openapi::api::events::v1::Event>(),
-    ] {
+    for (group, resource) in [resource_of::<k8s_openapi::api::events::v1::Event>()] {
         for verb in ["create", "patch"] {
             expected.insert((group.clone(), resource.clone(), verb.to_string()));
         }
@@ -728,53 +723,106 @@ fn rbac_grants_exactly_what_the_agent_uses() {
     assert_eq!(subjects[0].namespace, sa.metadata.namespace);
 }
 
+/// deploy/examples/ is a small cluster for `cargo xtask demo`: one Node, Services whose
+/// selectors pick Pods on it (valid objects, each Pod with the status the demo writes in
+/// place of a kubelet: an address in the Node's podCIDR, a Ready condition), and a named
+/// targetPort that a Pod's container port resolves. Upstream's EndpointSlice controller
+/// makes the slices from them (the demo shows it); none is written by hand.
 #[test]
-fn demo_examples_are_what_the_agent_reads_from_a_directory() {
-    let mut objects = Vec::new();
+fn demo_examples_are_a_cluster_the_controller_makes_slices_for() {
+    let mut nodes = Vec::new();
+    let mut services = Vec::new();
+    let mut pods = Vec::new();
     for file in yaml_files(&deploy_dir().join("examples")) {
-        let text = std::fs::read_to_string(&file).unwrap();
-        let parsed = parse_objects(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        assert!(!parsed.is_empty(), "{} holds no object", file.display());
-        objects.extend(parsed);
-    }
-    let services: BTreeSet<(String, String)> = objects
-        .iter()
-        .filter_map(|o| match o {
-            ClusterObject::Service(s) => Some((
-                s.metadata.namespace.clone().unwrap_or_default(),
-                s.metadata.name.clone().unwrap_or_default(),
-            )),
-            _ => None,
-        })
-        .collect();
-    let nodes: Vec<&Node> = objects
-        .iter()
-        .filter_map(|o| match o {
-            ClusterObject::Node(n) => Some(n),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(nodes.len(), 1, "the demo runs one node");
-    let node_name = nodes[0].metadata.name.clone();
-    let mut slices = 0;
-    for object in &objects {
-        if let ClusterObject::EndpointSlice(slice) = object {
-            slices += 1;
-            let labels = slice.metadata.labels.as_ref().unwrap();
-            let service = (
-                slice.metadata.namespace.clone().unwrap_or_default(),
-                labels["kubernetes.io/service-name"].clone(),
-            );
-            assert!(services.contains(&service), "no Service {service:?}");
-            for endpoint in slice.endpoints.iter().flatten() {
-                assert_eq!(
-                    endpoint.node_name, node_name,
-                    "endpoints live on the demo node"
-                );
+        let documents = documents(&file);
+        assert!(!documents.is_empty(), "{} holds no object", file.display());
+        for document in documents {
+            match document["kind"].as_str() {
+                Some("Node") => nodes.push(typed::<Node>(&document, &file)),
+                Some("Service") => services.push(typed::<Service>(&document, &file)),
+                Some("Pod") => pods.push(typed::<Pod>(&document, &file)),
+                Some("Namespace") => {}
+                other => panic!("{}: a {other:?} in the demo's examples", file.display()),
             }
         }
     }
-    assert!(services.len() >= 2 && slices >= services.len());
+    let [node] = nodes.as_slice() else {
+        panic!("the demo runs one node, not {}", nodes.len());
+    };
+    let node_name = node.metadata.name.clone().unwrap();
+    let pod_cidr: ipnet::IpNet = node
+        .spec
+        .as_ref()
+        .unwrap()
+        .pod_cidr
+        .as_ref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    for pod in &pods {
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.node_name.as_ref(),
+            Some(&node_name),
+            "pods live on the demo node"
+        );
+        let status = pod.status.as_ref().expect("the status the demo writes");
+        let ip: std::net::IpAddr = status.pod_ip.as_ref().unwrap().parse().unwrap();
+        assert!(
+            pod_cidr.contains(&ip),
+            "{ip} outside the node's podCIDR {pod_cidr}"
+        );
+        assert!(
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready")
+        );
+    }
+    assert!(services.len() >= 2);
+    let mut named_port = false;
+    for service in &services {
+        let spec = service.spec.as_ref().unwrap();
+        let selector = spec
+            .selector
+            .as_ref()
+            .expect("the controller needs a selector");
+        let selected: Vec<&Pod> = pods
+            .iter()
+            .filter(|p| {
+                p.metadata.namespace == service.metadata.namespace
+                    && selector
+                        .iter()
+                        .all(|(k, v)| p.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v))
+            })
+            .collect();
+        assert!(
+            selected.len() >= 2,
+            "{:?} selects {} pods",
+            service.metadata.name,
+            selected.len()
+        );
+        for port in spec.ports.iter().flatten() {
+            if let Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(name)) =
+                &port.target_port
+            {
+                named_port = true;
+                for pod in &selected {
+                    let containers = &pod.spec.as_ref().unwrap().containers;
+                    assert!(
+                        containers
+                            .iter()
+                            .flat_map(|c| c.ports.iter().flatten())
+                            .any(|p| p.name.as_deref() == Some(name)),
+                        "{:?} has no container port named {name}",
+                        pod.metadata.name
+                    );
+                }
+            }
+        }
+    }
+    assert!(named_port, "one Service shows a named targetPort");
 }
 
 /// deploy/cleanup/: the rollback DaemonSet hands each node back to kube-proxy's mode
