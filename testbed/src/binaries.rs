@@ -24,10 +24,15 @@ pub enum BinariesError {
     Missing { missing: String, dir: PathBuf },
 }
 
-/// The workspace's root directory (this crate sits one below it).
+/// The workspace's root directory (this crate sits one below it): the checkout cargo
+/// runs this in (`CARGO_MANIFEST_DIR` of the running test or task), else the one it was
+/// compiled in.
 pub fn workspace_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
 /// The Go module that builds the binaries.

@@ -15,6 +15,7 @@ pub mod kubeconfig;
 pub mod objects;
 pub mod pki;
 pub mod process;
+pub mod relay;
 
 pub use self::{
     binaries::Binaries,

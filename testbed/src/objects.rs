@@ -142,6 +142,42 @@ impl Applier {
     }
 }
 
+/// The manifests of deploy/ that give the agent its identity and permissions, as deployed
+/// (ServiceAccount `kube-system/kube-proxy-ebpf`, its ClusterRole and binding).
+pub const AGENT_IDENTITY_MANIFESTS: &[&str] = &["deploy/serviceaccount.yaml", "deploy/rbac.yaml"];
+pub const AGENT_NAMESPACE: &str = "kube-system";
+pub const AGENT_SERVICE_ACCOUNT: &str = "kube-proxy-ebpf";
+
+/// Every object of the YAML files (multi-document) at these paths, in order.
+pub fn read_manifests(paths: &[std::path::PathBuf]) -> Result<Vec<Value>> {
+    let mut documents = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| other(&format!("reading {}", path.display()), e))?;
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value: Value = serde::Deserialize::deserialize(document)
+                .map_err(|e| other(&format!("parsing {}", path.display()), e))?;
+            if !value.is_null() {
+                documents.push(value);
+            }
+        }
+    }
+    Ok(documents)
+}
+
+/// Applies the agent's identity from deploy/ ([`AGENT_IDENTITY_MANIFESTS`]).
+pub async fn apply_agent_identity(applier: &mut Applier) -> Result<()> {
+    let root = crate::binaries::workspace_root();
+    let paths: Vec<std::path::PathBuf> = AGENT_IDENTITY_MANIFESTS
+        .iter()
+        .map(|m| root.join(m))
+        .collect();
+    for document in read_manifests(&paths)? {
+        applier.apply(&document).await?;
+    }
+    Ok(())
+}
+
 /// Creates the namespace unless it exists (namespaces are never deleted here: without
 /// the namespace controller a deleted one would stay Terminating).
 pub async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<()> {

@@ -2,8 +2,8 @@
 //! One sandbox node for agent-level tests that are not scenario replays (mode switches,
 //! drift, restarts): the scenario runner's topology (node namespace, pod namespaces, the
 //! node's own cgroup) built from a small object list, the test API server bound inside
-//! the node namespace, and the agent started in any mode with configuration overrides.
-//! Dropping it removes everything.
+//! the node namespace (or upstream's API server: [`TestNode::build_real`]), and the agent
+//! started in any mode with configuration overrides. Dropping it removes everything.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -17,10 +17,11 @@ use serde_json::{Map, Value};
 use crate::scenario::{
     Error, Mode, Result, Scenario,
     agent::{Agent, AgentOptions, ConfigInputs, bpffs_root},
-    cluster::{ApiServerStore, ClusterSource, Tracked},
+    cluster::{ApiServerStore, ClusterSource, ObjectStore, Tracked},
     netns::{Place, in_netns},
     placement::Placement,
     readiness::{Change, set_time_scale},
+    real_api::{RealApiStore, uncovered_cluster_ips},
     run::merged_config,
     topology::Topology,
 };
@@ -202,31 +203,61 @@ impl MapEntry {
 }
 
 /// The node, its cluster and its run directory.
-pub struct TestNode {
+pub struct TestNode<S: ObjectStore = ApiServerStore> {
     pub scenario: Scenario,
     pub topology: Topology,
-    pub source: Tracked<ApiServerStore>,
+    pub source: Tracked<S>,
     dir: PathBuf,
 }
 
+/// The scenario (written to `dir`), its placement and topology, before any store exists.
+fn build_parts(
+    name: &str,
+    header: &str,
+    objects: &str,
+    flows: &str,
+) -> Result<(PathBuf, Scenario, Topology, Vec<Value>)> {
+    let dir = std::env::temp_dir().join(format!("kpe-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    let indented: String = objects.lines().map(|l| format!("  {l}\n")).collect();
+    let text = format!("{header}\nobjects:\n{indented}flows:\n{flows}\n");
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, text).map_err(Error::io(format!("writing {}", path.display())))?;
+    // The runner's own waits (settling, links coming up) stretch like the tests'.
+    set_time_scale(time_scale());
+    let scenario = Scenario::load(&path)?;
+    let placement = Placement::plan(&scenario)?;
+    let topology = Topology::build(&scenario.node, &placement, false)?;
+    let values: Vec<Value> = serde_yaml::from_str(objects)?;
+    Ok((dir, scenario, topology, values))
+}
+
+/// The agent binary beside the test binary (target/debug/proxy-agent), or the one
+/// `PROXY_AGENT_BINARY` names: with a build dir apart from the target dir, test binaries
+/// are not beside the agent this tree built.
+pub fn agent_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("PROXY_AGENT_BINARY") {
+        return PathBuf::from(path);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().and_then(Path::parent).map(Path::to_path_buf))
+        .unwrap_or_default()
+        .join("proxy-agent")
+}
+
 impl TestNode {
+    /// See [`agent_binary`].
+    pub fn agent_binary() -> PathBuf {
+        agent_binary()
+    }
+
     /// Builds a node from a scenario `header` (name, node, config) and `objects` (a YAML
     /// list). `flows` (YAML list items, optionally followed by a `steps:` section) only
     /// place the pods; they are never replayed. Needs a tokio runtime (the API server).
     pub fn build(name: &str, header: &str, objects: &str, flows: &str) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("kpe-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
-        let indented: String = objects.lines().map(|l| format!("  {l}\n")).collect();
-        let text = format!("{header}\nobjects:\n{indented}flows:\n{flows}\n");
-        let path = dir.join(format!("{name}.yaml"));
-        std::fs::write(&path, text).map_err(Error::io(format!("writing {}", path.display())))?;
-        // The runner's own waits (settling, links coming up) stretch like the tests'.
-        set_time_scale(time_scale());
-        let scenario = Scenario::load(&path)?;
-        let placement = Placement::plan(&scenario)?;
-        let topology = Topology::build(&scenario.node, &placement, false)?;
+        let (dir, scenario, topology, values) = build_parts(name, header, objects, flows)?;
         let mut source = Tracked::new(ApiServerStore::start(&topology.node_ns, &topology.run_dir)?);
-        let values: Vec<Value> = serde_yaml::from_str(objects)?;
         source.apply_state(&values)?;
         Ok(Self {
             scenario,
@@ -235,21 +266,41 @@ impl TestNode {
             dir,
         })
     }
+}
 
-    /// The agent binary beside the test binary (target/debug/proxy-agent), or the one
-    /// `PROXY_AGENT_BINARY` names: with a build dir apart from the target dir, test
-    /// binaries are not beside the agent this tree built.
-    pub fn agent_binary() -> PathBuf {
-        if let Some(path) = std::env::var_os("PROXY_AGENT_BINARY") {
-            return PathBuf::from(path);
-        }
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().and_then(Path::parent).map(Path::to_path_buf))
-            .unwrap_or_default()
-            .join("proxy-agent")
+impl TestNode<RealApiStore> {
+    /// [`TestNode::build`] with the objects in upstream's API server of the control plane
+    /// in `plane_dir` (see [`RealApiStore`]: what an earlier user left there is removed),
+    /// which the agent reads with deploy/'s ServiceAccount and RBAC. `more_objects` are
+    /// objects of later changes whose ClusterIPs need a ServiceCIDR from the start.
+    pub fn build_real(
+        name: &str,
+        header: &str,
+        objects: &str,
+        flows: &str,
+        plane_dir: &Path,
+        more_objects: &[Value],
+    ) -> Result<Self> {
+        let (dir, scenario, topology, values) = build_parts(name, header, objects, flows)?;
+        let cluster_ips = uncovered_cluster_ips(values.iter().chain(more_objects));
+        let store = RealApiStore::new(
+            plane_dir,
+            &topology.node_ns,
+            &topology.run_dir,
+            &cluster_ips,
+        )?;
+        let mut source = Tracked::new(store);
+        source.apply_state(&values)?;
+        Ok(Self {
+            scenario,
+            topology,
+            source,
+            dir,
+        })
     }
+}
 
+impl<S: ObjectStore> TestNode<S> {
     pub fn bpffs_root(&self) -> PathBuf {
         bpffs_root(&self.topology.id)
     }
@@ -261,6 +312,19 @@ impl TestNode {
     /// Starts the agent in `mode` and waits for its first sync. `keep`: stopping or
     /// dropping it leaves its dataplane in place (a crash, or a hand-over to the next).
     pub async fn start_agent(
+        &self,
+        mode: Mode,
+        config_overrides: Map<String, Value>,
+        keep: bool,
+        runner_exe: &Path,
+    ) -> Result<Agent> {
+        let mut agent = self.spawn_agent(mode, config_overrides, keep, runner_exe)?;
+        agent.wait_first_sync().await?;
+        Ok(agent)
+    }
+
+    /// [`TestNode::start_agent`] without the wait for a first sync.
+    pub fn spawn_agent(
         &self,
         mode: Mode,
         config_overrides: Map<String, Value>,
@@ -279,22 +343,20 @@ impl TestNode {
             cgroup_root: &self.topology.cgroup,
         };
         let options = AgentOptions {
-            binary: Self::agent_binary(),
+            binary: agent_binary(),
             mode,
             extra_args: Vec::new(),
             config_overrides,
             ready_timeout: Duration::from_secs(20) * time_scale(),
         };
-        let mut agent = Agent::start(
+        Agent::start(
             &options,
             &inputs,
             self.node_place(),
             &self.topology.run_dir,
             runner_exe,
             keep,
-        )?;
-        agent.wait_first_sync().await?;
-        Ok(agent)
+        )
     }
 
     /// Makes `objects` the cluster's state and waits until `agent` synced it.
@@ -333,7 +395,7 @@ impl TestNode {
     }
 }
 
-impl TestNode {
+impl<S: ObjectStore> TestNode<S> {
     /// The path of one of the ebpf mode's pinned maps (e.g. `SVC4_V2`).
     pub fn pinned_map(&self, map: &str) -> PathBuf {
         self.bpffs_root().join("maps").join(map)
@@ -365,7 +427,7 @@ impl TestNode {
     }
 }
 
-impl TestNode {
+impl<S: ObjectStore> TestNode<S> {
     /// The node's IPVS table (`ipvsadm -Ln`, see [`IpvsLine`]).
     pub fn ipvs_table(&self) -> Result<BTreeSet<IpvsLine>> {
         let text = self.output("ipvsadm", &["-Ln"])?;
@@ -380,7 +442,7 @@ impl TestNode {
     }
 }
 
-impl Drop for TestNode {
+impl<S: ObjectStore> Drop for TestNode<S> {
     fn drop(&mut self) {
         self.topology.cleanup();
         // Pins left by kept agents (unpinning a link detaches its program).

@@ -11,7 +11,7 @@ use std::{
 };
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use tests::scenario::{Scenario, placement::Placement};
+use tests::scenario::{Scenario, placement::Placement, real_api::refused_by_real_api};
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 
@@ -79,7 +79,8 @@ const FALLBACK_FILES: &[&str] = &[
 
 /// Modes replayed on this host, as (test name, runner arguments, files). In ebpf,
 /// iptables and nftables modes every flow is also asked of `proxy-agent trace`, whose
-/// answer must agree with what the probes saw (`--trace-check`). `ebpf-xdp` is ebpf mode with XDP generic on
+/// answer must agree with what the probes saw (`--trace-check`). ebpf mode reads its
+/// objects from upstream's API server ([`api_args`]), the others from the test API server. `ebpf-xdp` is ebpf mode with XDP generic on
 /// the uplink in front of tc. ipvs needs a kernel with IPVS: where this one has none,
 /// `ipvs-fallback` starts the agent in ipvs mode, requires that it fell back to iptables
 /// (its /proxyMode) and judges the flows as iptables; the real ipvs runs are in the guest of
@@ -164,7 +165,18 @@ fn twin_of_an_own_file(file: &Path) -> bool {
 /// How much of the runner's and agent's log a failure shows.
 const AGENT_LOG_LINES: usize = 200;
 
-fn run(mode_args: &[&str], file: &Path) -> Result<(), Failed> {
+/// Where a mode's replay of `file` takes its objects from: ebpf mode from upstream's API
+/// server (the run's shared control plane, `KPE_CONTROL_PLANE`, or one the runner starts),
+/// except for the files it refuses (`REFUSED_BY_REAL_API`, replayed through the test API
+/// server); every other mode from the test API server.
+fn api_args(mode: &str, file: &Path) -> &'static [&'static str] {
+    match mode {
+        "ebpf" if refused_by_real_api(file).is_none() => &["--api", "real"],
+        _ => &["--api", "test"],
+    }
+}
+
+fn run(mode_args: &[&str], api: &[&str], file: &Path) -> Result<(), Failed> {
     let dir = file.parent().unwrap_or(file);
     let name = file
         .file_stem()
@@ -174,6 +186,7 @@ fn run(mode_args: &[&str], file: &Path) -> Result<(), Failed> {
     let out = Command::new(RUNNER)
         .arg("run")
         .args(mode_args)
+        .args(api)
         .arg("--dir")
         .arg(dir)
         .args(["--filter", &format!("{name}.yaml")])
@@ -218,7 +231,9 @@ fn main() {
                 .unwrap_or_default()
                 .to_string();
             let name = format!("{mode}::{stem}");
-            let trial = Trial::test(name, move || run(mode_args, &file)).with_ignored_flag(!root);
+            let api = api_args(mode, &file);
+            let trial =
+                Trial::test(name, move || run(mode_args, api, &file)).with_ignored_flag(!root);
             trials.push(trial);
         }
     }

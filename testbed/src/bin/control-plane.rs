@@ -7,6 +7,7 @@
 
 use std::{
     io::{BufRead as _, Write as _},
+    net::SocketAddr,
     path::PathBuf,
     sync::{
         Arc,
@@ -43,6 +44,18 @@ enum Command {
         /// Without kube-controller-manager (no controller-made EndpointSlices).
         #[arg(long)]
         no_controllers: bool,
+        /// `--service-cluster-ip-range` (repeatable, one per family; default: ranges no
+        /// scenario file uses).
+        #[arg(long = "service-cidr")]
+        service_cidrs: Vec<ipnet::IpNet>,
+        /// Also serve the API on ADDR (default 127.0.0.1:6443) inside network namespace
+        /// NETNS, through a relay: `NETNS` or `NETNS=ADDR`.
+        #[arg(long)]
+        relay: Option<String>,
+        /// Apply the agent's ServiceAccount and RBAC from deploy/ and write a kubeconfig
+        /// with its token here (pointing at the relay when there is one).
+        #[arg(long, value_name = "PATH")]
+        agent_kubeconfig: Option<PathBuf>,
     },
     /// Stop the control plane serving DIR and wait until it is gone.
     Stop {
@@ -58,16 +71,40 @@ fn main() -> anyhow::Result<()> {
             keep,
             until_stdin_closes,
             no_controllers,
-        } => serve(dir, keep, until_stdin_closes, !no_controllers),
+            service_cidrs,
+            relay,
+            agent_kubeconfig,
+        } => {
+            let mut options = Options::new(&dir);
+            options.keep = keep;
+            options.controllers = !no_controllers;
+            if !service_cidrs.is_empty() {
+                options.service_cidrs = service_cidrs;
+            }
+            let relay = relay.as_deref().map(parse_relay).transpose()?;
+            serve(options, until_stdin_closes, relay, agent_kubeconfig)
+        }
         Command::Stop { dir } => stop(&dir),
     }
 }
 
+/// `NETNS` or `NETNS=IP:PORT`.
+fn parse_relay(text: &str) -> anyhow::Result<(String, SocketAddr)> {
+    match text.split_once('=') {
+        Some((netns, addr)) => Ok((
+            netns.to_string(),
+            addr.parse()
+                .with_context(|| format!("--relay {text}: {addr} is not IP:PORT"))?,
+        )),
+        None => Ok((text.to_string(), SocketAddr::from(([127, 0, 0, 1], 6443)))),
+    }
+}
+
 fn serve(
-    dir: PathBuf,
-    keep: bool,
+    options: Options,
     until_stdin_closes: bool,
-    controllers: bool,
+    relay: Option<(String, SocketAddr)>,
+    agent_kubeconfig: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [
@@ -96,13 +133,42 @@ fn serve(
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let mut options = Options::new(&dir);
-    options.keep = keep;
-    options.controllers = controllers;
     let started = Instant::now();
     let mut plane = runtime
         .block_on(ControlPlane::start(options))
         .context("starting the control plane")?;
+    let mut server = plane.server().to_string();
+    if let Some((netns, addr)) = &relay {
+        let _guard = runtime.enter();
+        let listener = testbed::relay::listen_in(netns, *addr)
+            .with_context(|| format!("listening on {addr} in network namespace {netns}"))?;
+        let upstream = SocketAddr::from(([127, 0, 0, 1], plane.state().apiserver_port));
+        runtime.spawn(testbed::relay::relay(listener, upstream));
+        server = format!("https://{addr}");
+        println!("the API server is also at {server} inside network namespace {netns}");
+    }
+    if let Some(path) = &agent_kubeconfig {
+        runtime
+            .block_on(async {
+                let mut applier = testbed::objects::Applier::new(plane.admin_client().await?);
+                testbed::objects::apply_agent_identity(&mut applier).await?;
+                plane
+                    .write_service_account_kubeconfig(
+                        testbed::objects::AGENT_NAMESPACE,
+                        testbed::objects::AGENT_SERVICE_ACCOUNT,
+                        &server,
+                        path,
+                    )
+                    .await
+            })
+            .context("the agent's identity and kubeconfig")?;
+        println!(
+            "the agent's kubeconfig (ServiceAccount {}/{} of deploy/): {}",
+            testbed::objects::AGENT_NAMESPACE,
+            testbed::objects::AGENT_SERVICE_ACCOUNT,
+            path.display()
+        );
+    }
     println!(
         "READY {} (upstream {}, {} in {:.1} s)",
         plane.dir().display(),
@@ -111,9 +177,12 @@ fn serve(
         started.elapsed().as_secs_f64()
     );
     std::io::stdout().flush().ok();
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // The relay's tasks run on this runtime while it waits.
+    runtime.block_on(async {
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
     plane.stop();
     Ok(())
 }

@@ -23,7 +23,7 @@ use super::{
     outcome::{Attempt, Judge},
     placement::Placement,
     readiness,
-    real_api::RealApiStore,
+    real_api::{RealApiStore, uncovered_cluster_ips},
     report::{FlowReport, Status},
     topology::{Topology, Unbound},
 };
@@ -360,11 +360,21 @@ impl<'a> ScenarioEnv<'a> {
                 &topology.node_ns,
                 &topology.run_dir,
             )?)),
-            ClusterApi::Real(plane) => Box::new(Tracked::new(RealApiStore::new(
-                plane,
-                &topology.node_ns,
-                &topology.run_dir,
-            )?)),
+            ClusterApi::Real(plane) => {
+                let every_stage = scenario
+                    .stages
+                    .iter()
+                    .flat_map(|stage| match &stage.change {
+                        Change::Replace(objects) => objects.as_slice(),
+                        Change::Delete(_) => &[],
+                    });
+                Box::new(Tracked::new(RealApiStore::new(
+                    plane,
+                    &topology.node_ns,
+                    &topology.run_dir,
+                    &uncovered_cluster_ips(every_stage),
+                )?))
+            }
         };
         let initial = match &scenario.stages[0].change {
             Change::Replace(objects) => with_node(objects, &scenario.node),

@@ -33,5 +33,6 @@ mod nftables_fallback;
 mod node_events;
 mod northsouth;
 mod operator_settings;
+mod real_apiserver;
 mod scenario_runner;
 mod watch_model;

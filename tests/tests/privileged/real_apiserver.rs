@@ -1,0 +1,915 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The agent against upstream's own kube-apiserver, etcd and EndpointSlice controller
+//! (v1.37, the `testbed` control plane), with exactly the ServiceAccount and RBAC of
+//! deploy/: it lists and watches every kind it needs (EndpointSlices hand-made and made by
+//! the controller from Pods), a permission it lacks is named in its log, the Events it
+//! writes are accepted, and it survives what a real control plane does to its clients: a
+//! compacted history (410 Gone), an API server restart and a connection that goes silent
+//! without a reset. It notices each, relists or resumes, and converges without a Service
+//! flapping (the model's change counters grow by the real changes only, and a Service
+//! nobody touched never leaves the maps).
+//!
+//! Tests that only read and write objects use the run's shared control plane
+//! (`KPE_CONTROL_PLANE`, started by `cargo xtask test`); those that restart the API server
+//! or compact etcd start their own. Without the shared one, each test starts its own.
+
+use std::{
+    collections::BTreeSet,
+    ffi::OsString,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use serde_json::{Map, Value, json};
+use testbed::{ControlPlane, Options, control_plane::client_from_kubeconfig, objects::Applier};
+use tests::scenario::cluster::ClusterSource as _;
+use tests::{
+    node_harness::{MapEntry, TestNode, node_yaml, scenario_header, service_yaml},
+    require_root,
+    scenario::{
+        Mode,
+        agent::{Agent, ConfigInputs, HEALTHZ_BIND, Launch, METRICS_BIND, get_in},
+        real_api::{AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, RealApiStore},
+        run::merged_config,
+    },
+};
+
+use super::nftables_fallback::OldNft;
+
+const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
+const NODE: &str = "real-node";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Where a test's control plane comes from.
+enum Plane {
+    /// The run's, which other tests use too (one at a time).
+    Shared(PathBuf),
+    /// This test's own, stopped when it ends.
+    Own(ControlPlane),
+}
+
+impl Plane {
+    /// The shared control plane unless `own` or there is none; else one of this test's.
+    async fn get(own: bool, tag: &str) -> Self {
+        if !own && let Some(dir) = std::env::var_os(testbed::SHARED_ENV) {
+            return Plane::Shared(PathBuf::from(dir));
+        }
+        let dir = std::env::temp_dir().join(format!("kpe-cp-{tag}-{}", std::process::id()));
+        Plane::Own(
+            ControlPlane::start(Options::new(&dir))
+                .await
+                .expect("upstream's control plane starts"),
+        )
+    }
+
+    fn dir(&self) -> &Path {
+        match self {
+            Plane::Shared(dir) => dir,
+            Plane::Own(plane) => plane.dir(),
+        }
+    }
+
+    fn owned(&mut self) -> &mut ControlPlane {
+        match self {
+            Plane::Own(plane) => plane,
+            Plane::Shared(_) => unreachable!("asked for with own = true"),
+        }
+    }
+
+    async fn admin(&self) -> Applier {
+        let kubeconfig = self.dir().join("admin.kubeconfig");
+        Applier::new(
+            client_from_kubeconfig(&kubeconfig)
+                .await
+                .expect("the admin client"),
+        )
+    }
+}
+
+/// The backends (`ip:port`) the services map holds for frontend `vip:port`, over every
+/// scope.
+fn backends(node: &TestNode<RealApiStore>, vip: [u8; 4], port: u16) -> BTreeSet<String> {
+    let addr = u64::from(u32::from_ne_bytes(vip));
+    let dport = u64::from(u16::from_ne_bytes(port.to_be_bytes()));
+    // Before the agent pinned its maps there is nothing.
+    let Ok(services) = node.map_entries("SVC4_V2") else {
+        return BTreeSet::new();
+    };
+    let ids: BTreeSet<u64> = services
+        .iter()
+        .filter(|e| e.key["addr"] == addr && e.key["dport"] == dport && e.key["slot"] != 0)
+        .filter_map(|e| e.value["backend_id"].as_u64())
+        .collect();
+    node.map_entries("BACKENDS4_V1")
+        .unwrap()
+        .iter()
+        .filter(|e| e.key.as_u64().is_some_and(|id| ids.contains(&id)))
+        .map(|e| {
+            let raw = e.value["addr"].as_u64().unwrap_or_default() as u32;
+            let ip = std::net::Ipv4Addr::from(raw.to_ne_bytes());
+            let port = u16::from_be_bytes(
+                (e.value["port"].as_u64().unwrap_or_default() as u16).to_ne_bytes(),
+            );
+            format!("{ip}:{port}")
+        })
+        .collect()
+}
+
+fn has_frontend(node: &TestNode<RealApiStore>, vip: [u8; 4]) -> bool {
+    let addr = u64::from(u32::from_ne_bytes(vip));
+    node.map_entries("SVC4_V2")
+        .unwrap()
+        .iter()
+        .any(|e: &MapEntry| e.key["addr"] == addr)
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// Waits until `condition` holds (checked off the runtime's threads: it runs bpftool).
+async fn eventually(
+    what: &str,
+    within: Duration,
+    agent: &Agent,
+    mut condition: impl FnMut() -> bool,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        if tokio::task::block_in_place(&mut condition) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "{what}: not within {within:?}\n--- agent ---\n{}",
+            agent.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A counter of the agent's /metrics (summed over its labels).
+fn counter(node: &TestNode<RealApiStore>, name: &str) -> f64 {
+    let response = get_in(
+        &node.topology.node_ns,
+        &format!("http://{METRICS_BIND}/metrics"),
+        Duration::from_secs(2),
+    )
+    .expect("the agent's /metrics answers");
+    response
+        .body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+const SERVICE_CHANGES: &str = "kubeproxy_sync_proxy_rules_service_changes_total";
+
+fn healthz(node: &TestNode<RealApiStore>) -> u16 {
+    get_in(
+        &node.topology.node_ns,
+        &format!("http://{HEALTHZ_BIND}/healthz"),
+        Duration::from_secs(2),
+    )
+    .map(|r| r.status)
+    .unwrap_or(0)
+}
+
+/// Objects as JSON from YAML list items.
+fn values(yaml: &str) -> Vec<Value> {
+    serde_yaml::from_str(yaml).unwrap()
+}
+
+fn node_object(zone: Option<&str>) -> Value {
+    let mut labels = json!({"kubernetes.io/hostname": NODE});
+    if let Some(zone) = zone {
+        labels["topology.kubernetes.io/zone"] = json!(zone);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "labels": labels},
+        "spec": {"podCIDRs": ["10.0.0.0/8"]},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]},
+    })
+}
+
+/// A Service that selects its endpoints (the controller writes its slices).
+fn selecting_service(name: &str, vip: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "ns1"},
+        "spec": {
+            "clusterIP": vip,
+            "selector": {"app": name},
+            "ports": [{"name": "p", "port": 80, "targetPort": 9000, "protocol": "TCP"}],
+        },
+    })
+}
+
+/// A Service whose endpoints carry zone hints (topology-aware routing), with its slice:
+/// 10.183.0.3 for zone-a, 10.183.0.4 for zone-b.
+fn zoned_service() -> Vec<Value> {
+    vec![
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "zoned", "namespace": "ns1",
+                         "annotations": {"service.kubernetes.io/topology-mode": "Auto"}},
+            "spec": {"clusterIP": "172.30.0.83",
+                     "ports": [{"name": "p", "port": 80, "targetPort": 9000, "protocol": "TCP"}]},
+        }),
+        json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"name": "zoned-1", "namespace": "ns1",
+                         "labels": {"kubernetes.io/service-name": "zoned"}},
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.183.0.3"], "nodeName": NODE, "zone": "zone-a",
+                 "conditions": {"ready": true}, "hints": {"forZones": [{"name": "zone-a"}]}},
+                {"addresses": ["10.183.0.4"], "nodeName": NODE, "zone": "zone-b",
+                 "conditions": {"ready": true}, "hints": {"forZones": [{"name": "zone-b"}]}},
+            ],
+            "ports": [{"name": "p", "port": 9000, "protocol": "TCP"}],
+        }),
+    ]
+}
+
+fn service_cidr(name: &str, cidr: &str) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+           "metadata": {"name": name}, "spec": {"cidrs": [cidr]}})
+}
+
+/// The hex of an IPv4 LPM trie key (prefix length, little-endian u32, then the address).
+fn lpm_key(prefix: u8, addr: [u8; 4]) -> Vec<String> {
+    [prefix, 0, 0, 0]
+        .iter()
+        .chain(&addr)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The first stage's objects: the node, and `steady` (172.30.0.81 -> 10.183.0.1), a
+/// Service nobody changes.
+fn first_objects() -> String {
+    node_yaml(NODE, "192.168.0.2")
+        + &service_yaml("steady", "172.30.0.81", "TCP", "10.183.0.1", NODE, None)
+}
+
+const FLOWS: &str = "- {from: 10.0.0.2, to: \"172.30.0.81:80\", expect: [\"10.183.0.1:9000\"]}";
+
+/// An agent in ebpf mode without periodic full syncs, so that what moves the counters and
+/// the maps is the watch alone, logging at V(4) (what its watchers report).
+async fn start_agent(node: &TestNode<RealApiStore>) -> Agent {
+    let mut overrides = Map::new();
+    overrides.insert("iptables".into(), json!({"syncPeriod": "1h"}));
+    overrides.insert("logging".into(), json!({"verbosity": 4}));
+    node.start_agent(Mode::Ebpf, overrides, false, Path::new(RUNNER))
+        .await
+        .expect("the agent syncs from the real API server")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_follows_every_kind_through_the_real_server() {
+    require_root!();
+    let plane = Plane::get(false, "follow").await;
+    let later: Vec<Value> = [selecting_service("picked", "172.30.0.82")]
+        .into_iter()
+        .chain(zoned_service())
+        .collect();
+    let node = TestNode::build_real(
+        "real-follow",
+        &scenario_header("real-follow", NODE),
+        &first_objects(),
+        FLOWS,
+        plane.dir(),
+        &later,
+    )
+    .unwrap();
+    let agent = start_agent(&node).await;
+    assert_eq!(
+        backends(&node, [172, 30, 0, 81], 80),
+        set(&["10.183.0.1:9000"])
+    );
+    let mut admin = plane.admin().await;
+
+    // A Service with a selector: upstream's EndpointSlice controller writes its slice from
+    // the Pod, and the endpoint follows the Pod's readiness.
+    admin.apply(&later[0]).await.unwrap();
+    let pod = |ready| {
+        testbed::objects::pod(
+            "ns1",
+            "picked-1",
+            &json!({"app": "picked"}),
+            NODE,
+            &["10.183.0.2".into()],
+            ready,
+        )
+    };
+    admin.apply(&pod(true)).await.unwrap();
+    eventually("the controller's slice in the maps", WAIT, &agent, || {
+        backends(&node, [172, 30, 0, 82], 80) == set(&["10.183.0.2:9000"])
+    })
+    .await;
+    admin.apply(&pod(false)).await.unwrap();
+    eventually("the unready pod out of the maps", WAIT, &agent, || {
+        backends(&node, [172, 30, 0, 82], 80).is_empty()
+    })
+    .await;
+
+    // A ServiceCIDR: its range is where unallocated addresses are dropped.
+    admin
+        .apply(&service_cidr("real-follow-extra", "172.31.9.0/24"))
+        .await
+        .unwrap();
+    let key = lpm_key(24, [172, 31, 9, 0]);
+    eventually("the new ServiceCIDR in the maps", WAIT, &agent, || {
+        node.map_entries("SVC_CIDRS4_V1")
+            .unwrap()
+            .iter()
+            .any(|e| e.raw_key == key)
+    })
+    .await;
+
+    // The Node: its zone picks which hinted endpoints serve.
+    admin.apply(&node_object(Some("zone-a"))).await.unwrap();
+    for object in zoned_service() {
+        admin.apply(&object).await.unwrap();
+    }
+    eventually("zone-a's endpoint", WAIT, &agent, || {
+        backends(&node, [172, 30, 0, 83], 80) == set(&["10.183.0.3:9000"])
+    })
+    .await;
+    admin.apply(&node_object(Some("zone-b"))).await.unwrap();
+    eventually(
+        "zone-b's endpoint after the Node moved",
+        WAIT,
+        &agent,
+        || backends(&node, [172, 30, 0, 83], 80) == set(&["10.183.0.4:9000"]),
+    )
+    .await;
+
+    // Deletions.
+    admin.delete(&later[0]).await.unwrap();
+    eventually("the deleted Service out of the maps", WAIT, &agent, || {
+        !has_frontend(&node, [172, 30, 0, 82])
+    })
+    .await;
+    admin
+        .delete(&service_cidr("real-follow-extra", "172.31.9.0/24"))
+        .await
+        .unwrap();
+    eventually(
+        "the deleted ServiceCIDR out of the maps",
+        WAIT,
+        &agent,
+        || {
+            !node
+                .map_entries("SVC_CIDRS4_V1")
+                .unwrap()
+                .iter()
+                .any(|e| e.raw_key == key)
+        },
+    )
+    .await;
+    assert_eq!(
+        backends(&node, [172, 30, 0, 81], 80),
+        set(&["10.183.0.1:9000"])
+    );
+    drop(agent);
+}
+
+/// deploy/rbac.yaml's ClusterRole as JSON.
+fn deployed_role() -> Value {
+    let text =
+        std::fs::read_to_string(testbed::binaries::workspace_root().join("deploy/rbac.yaml"))
+            .unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+        .find(|v| v["kind"] == "ClusterRole")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_the_agent_lacks_is_named_and_its_return_is_picked_up() {
+    require_root!();
+    let plane = Plane::get(false, "rbac").await;
+    let node = TestNode::build_real(
+        "real-rbac",
+        &scenario_header("real-rbac", NODE),
+        &first_objects(),
+        FLOWS,
+        plane.dir(),
+        &[],
+    )
+    .unwrap();
+    let mut admin = plane.admin().await;
+    let full = deployed_role();
+    let mut without_slices = full.clone();
+    without_slices["rules"] = json!(
+        full["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| !r["resources"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("endpointslices")))
+            .cloned()
+            .collect::<Vec<_>>()
+    );
+    admin.apply(&without_slices).await.unwrap();
+
+    let agent = node
+        .spawn_agent(Mode::Ebpf, Map::new(), false, Path::new(RUNNER))
+        .unwrap();
+    let named =
+        "the API server forbids this agent to list and watch endpointslices.discovery.k8s.io";
+    eventually("the refusal named in the log", WAIT, &agent, || {
+        std::fs::read_to_string(&agent.log)
+            .unwrap_or_default()
+            .contains(named)
+    })
+    .await;
+    assert!(
+        backends(&node, [172, 30, 0, 81], 80).is_empty(),
+        "no endpoint without the slices"
+    );
+
+    admin.apply(&full).await.unwrap();
+    eventually(
+        "the slices once the permission is back",
+        WAIT + Duration::from_secs(10),
+        &agent,
+        || backends(&node, [172, 30, 0, 81], 80) == set(&["10.183.0.1:9000"]),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_events_are_accepted_by_the_server() {
+    require_root!();
+    let plane = Plane::get(false, "events").await;
+    let node = TestNode::build_real(
+        "real-events",
+        &scenario_header("real-events", NODE),
+        &first_objects(),
+        FLOWS,
+        plane.dir(),
+        &[],
+    )
+    .unwrap();
+    // nftables mode with an nft too old: the agent falls back to iptables and posts a
+    // Warning ProxyModeFallback on its Node.
+    let old_nft = OldNft::new("real-events");
+    let connection = node.source.connection();
+    let bpffs = node.bpffs_root();
+    let fragment = merged_config(&node.scenario.config, &Map::new());
+    let inputs = ConfigInputs {
+        fragment: &fragment,
+        mode: Mode::Nftables,
+        node_name: NODE,
+        connection: &connection,
+        bpffs_root: &bpffs,
+        cgroup_root: &node.topology.cgroup,
+    };
+    let agent_binary = TestNode::agent_binary();
+    let agent = Agent::launch(&Launch {
+        binary: &agent_binary,
+        mode: Mode::Nftables,
+        inputs: &inputs,
+        node: node.node_place(),
+        config: node.topology.run_dir.join("agent-events.yaml"),
+        log: node.topology.run_dir.join("agent-events.log"),
+        extra_args: Vec::new(),
+        env: vec![(OsString::from("PATH"), old_nft.path())],
+        ready_timeout: WAIT,
+        keep: false,
+    })
+    .unwrap();
+    let client = client_from_kubeconfig(&plane.dir().join("admin.kubeconfig"))
+        .await
+        .unwrap();
+    let events = kube::Api::<k8s_openapi::api::events::v1::Event>::all(client);
+    let started = Instant::now();
+    let event = loop {
+        let list = events.list(&Default::default()).await.unwrap();
+        let found = list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("ProxyModeFallback")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE)
+        });
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "no ProxyModeFallback event on the server:\n{}",
+            agent.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        event.reporting_controller.as_deref(),
+        Some("kube-proxy-ebpf")
+    );
+    let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
+    assert!(
+        !log.contains("forbidden") && !log.contains("Forbidden"),
+        "the agent's writes were refused:\n{log}"
+    );
+    // Only the ServiceAccount of deploy/ was used.
+    let kubeconfig = std::fs::read_to_string(node.topology.run_dir.join("kubeconfig")).unwrap();
+    assert!(kubeconfig.contains(&format!(
+        "system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_SERVICE_ACCOUNT}"
+    )));
+}
+
+/// The moving Service's two states (172.30.0.92, its port 80 then 81).
+fn moving(port: u16) -> Vec<Value> {
+    let mut objects = values(&service_yaml(
+        "moving",
+        "172.30.0.92",
+        "TCP",
+        "10.183.0.2",
+        NODE,
+        None,
+    ));
+    objects[0]["spec"]["ports"][0]["port"] = json!(port);
+    objects
+}
+
+/// What shows a flap, before a fault, to compare with after: the model's count of
+/// Service changes (no Service but `moving` changes: default/kubernetes's Service is
+/// never touched, its EndpointSlice is when the API server restarts), and how often the
+/// watchers reported `steady`'s Service or slice (their debug lines, V(4)).
+struct Counters {
+    services: f64,
+    steady_reports: usize,
+}
+
+fn steady_reports(agent: &Agent) -> usize {
+    std::fs::read_to_string(&agent.log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            (l.contains("\"upsert\"") || l.contains("\"delete\"")) && l.contains("name=\"steady")
+        })
+        .count()
+}
+
+fn counters(node: &TestNode<RealApiStore>, agent: &Agent) -> Counters {
+    Counters {
+        services: counter(node, SERVICE_CHANGES),
+        steady_reports: steady_reports(agent),
+    }
+}
+
+/// After a fault during which `moving` changed once: the agent converged to it, counted
+/// that one Service change, and never reported the untouched `steady` again (a relist
+/// replayed as deletions and additions would count and report every object again).
+async fn converged_without_flapping(
+    node: &TestNode<RealApiStore>,
+    agent: &Agent,
+    before: &Counters,
+    within: Duration,
+) {
+    eventually("the change made during the fault", within, agent, || {
+        backends(node, [172, 30, 0, 92], 81) == set(&["10.183.0.2:9000"])
+    })
+    .await;
+    let after = counters(node, agent);
+    assert_eq!(
+        after.services - before.services,
+        1.0,
+        "one Service change, counted once:\n{}",
+        agent.log_tail(60)
+    );
+    assert!(
+        before.steady_reports >= 2,
+        "the first list reported steady's Service and slice"
+    );
+    assert_eq!(
+        after.steady_reports,
+        before.steady_reports,
+        "steady reported again:\n{}",
+        agent.log_tail(60)
+    );
+    assert_eq!(
+        backends(node, [172, 30, 0, 81], 80),
+        set(&["10.183.0.1:9000"])
+    );
+    assert_eq!(healthz(node), 200);
+}
+
+/// Polls that `steady` stays in the maps until the returned guard is dropped; the guard
+/// says how often it was found missing.
+struct SteadyWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl SteadyWatch {
+    fn start(node: &TestNode<RealApiStore>) -> Self {
+        let pin = node.pinned_map("SVC4_V2");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let addr = u64::from(u32::from_ne_bytes([172, 30, 0, 81]));
+        let thread = std::thread::spawn(move || {
+            let mut missing = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let out = std::process::Command::new("bpftool")
+                    .args(["-j", "map", "dump", "pinned"])
+                    .arg(&pin)
+                    .output();
+                if let Ok(out) = out {
+                    let entries: Vec<Value> =
+                        serde_json::from_slice(&out.stdout).unwrap_or_default();
+                    if !entries
+                        .iter()
+                        .any(|e| e["formatted"]["key"]["addr"] == addr)
+                    {
+                        missing += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            missing
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn missing(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().map(|t| t.join().unwrap()).unwrap_or(0)
+    }
+}
+
+fn signal(agent: &Agent, signal: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(agent.pid().unwrap() as i32);
+    nix::sys::signal::kill(pid, signal).unwrap();
+}
+
+fn log_has(agent: &Agent, needle: &str) -> bool {
+    std::fs::read_to_string(&agent.log)
+        .unwrap_or_default()
+        .contains(needle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_history_is_relisted_without_flapping() {
+    require_root!();
+    let mut plane = Plane::get(true, "gone").await;
+    let objects =
+        first_objects() + &service_yaml("moving", "172.30.0.92", "TCP", "10.183.0.2", NODE, None);
+    let node = TestNode::build_real(
+        "real-gone",
+        &scenario_header("real-gone", NODE),
+        &objects,
+        FLOWS,
+        plane.dir(),
+        &[],
+    )
+    .unwrap();
+    let agent = start_agent(&node).await;
+    let before = counters(&node, &agent);
+    let steady = SteadyWatch::start(&node);
+
+    // The agent falls behind (stopped, as a starved process would be) while the Service
+    // changes and the history it knows is compacted away; the API server restarts, so its
+    // watch cache starts after the compaction too, and closes the agent's connections.
+    signal(&agent, nix::sys::signal::Signal::SIGSTOP);
+    let mut admin = plane.admin().await;
+    admin.apply(&moving(81)[0]).await.unwrap();
+    let compacted = plane.owned().compact_etcd().unwrap();
+    plane.owned().restart_apiserver().await.unwrap();
+    signal(&agent, nix::sys::signal::Signal::SIGCONT);
+
+    converged_without_flapping(&node, &agent, &before, WAIT).await;
+    assert!(
+        log_has(&agent, "410") || log_has(&agent, "Expired") || log_has(&agent, "too old"),
+        "the resumed watch was not answered 410 Gone (compacted at revision {compacted}):\n{}",
+        agent.log_tail(60)
+    );
+    assert_eq!(steady.missing(), 0, "the untouched Service left the maps");
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_restart_is_ridden_out() {
+    require_root!();
+    let mut plane = Plane::get(true, "restart").await;
+    let objects =
+        first_objects() + &service_yaml("moving", "172.30.0.92", "TCP", "10.183.0.2", NODE, None);
+    let node = TestNode::build_real(
+        "real-restart",
+        &scenario_header("real-restart", NODE),
+        &objects,
+        FLOWS,
+        plane.dir(),
+        &[],
+    )
+    .unwrap();
+    let agent = start_agent(&node).await;
+    let before = counters(&node, &agent);
+    let steady = SteadyWatch::start(&node);
+
+    plane.owned().stop_apiserver().unwrap();
+    // While it is away, the dataplane stays and the agent stays healthy: nothing it was
+    // given is left unapplied.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(healthz(&node), 200, "{}", agent.log_tail(20));
+    plane.owned().start_apiserver().await.unwrap();
+    let mut admin = plane.admin().await;
+    admin.apply(&moving(81)[0]).await.unwrap();
+
+    converged_without_flapping(&node, &agent, &before, WAIT).await;
+    assert!(
+        log_has(&agent, "watch failed"),
+        "the restart went unnoticed:\n{}",
+        agent.log_tail(40)
+    );
+    assert_eq!(steady.missing(), 0, "the untouched Service left the maps");
+    drop(agent);
+}
+
+/// Drops every packet to and from the relay's port in the node namespace (no reset, no
+/// ICMP): the agent's connections to the API server go silent.
+struct SilentCut {
+    ns: String,
+}
+
+impl SilentCut {
+    const TABLE: &'static str = "kpe_silent_cut";
+
+    fn start(node: &TestNode<RealApiStore>) -> Self {
+        let port = node.source.store().relay().port();
+        let ns = node.topology.node_ns.clone();
+        let script = format!(
+            "table inet {t} {{\n  chain input {{\n    type filter hook input priority -400;\n    \
+             tcp dport {port} drop\n    tcp sport {port} drop\n  }}\n}}\n",
+            t = Self::TABLE
+        );
+        let status = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write as _;
+                child.stdin.take().unwrap().write_all(script.as_bytes())?;
+                child.wait()
+            })
+            .unwrap();
+        assert!(status.success(), "nft -f of the cut");
+        Self { ns }
+    }
+}
+
+impl Drop for SilentCut {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns,
+                "nft",
+                "delete",
+                "table",
+                "inet",
+                Self::TABLE,
+            ])
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_connection_is_noticed_and_replaced() {
+    require_root!();
+    let plane = Plane::get(false, "cut").await;
+    let objects =
+        first_objects() + &service_yaml("moving", "172.30.0.92", "TCP", "10.183.0.2", NODE, None);
+    let node = TestNode::build_real(
+        "real-cut",
+        &scenario_header("real-cut", NODE),
+        &objects,
+        FLOWS,
+        plane.dir(),
+        &[],
+    )
+    .unwrap();
+    let agent = start_agent(&node).await;
+    let before = counters(&node, &agent);
+    let steady = SteadyWatch::start(&node);
+    let failures_before = std::fs::read_to_string(&agent.log)
+        .unwrap_or_default()
+        .matches("watch failed")
+        .count();
+
+    let cut = SilentCut::start(&node);
+    let cut_at = Instant::now();
+    let mut admin = plane.admin().await;
+    admin.apply(&moving(81)[0]).await.unwrap();
+    // The bound of the agent's API connections (k8s/client.rs: 30 s idle, then 15 s of
+    // unanswered keepalive probes), with slack for a loaded machine.
+    let bound = proxy_agent::k8s::client::DEAD_CONNECTION_BOUND + Duration::from_secs(15);
+    let noticed = eventually("the silent connection noticed", bound, &agent, || {
+        std::fs::read_to_string(&agent.log)
+            .unwrap_or_default()
+            .matches("watch failed")
+            .count()
+            > failures_before
+    })
+    .await;
+    eprintln!("the dead connection was noticed {noticed:?} after the cut");
+    assert_eq!(
+        healthz(&node),
+        200,
+        "healthz during the cut:\n{}",
+        agent.log_tail(20)
+    );
+    drop(cut);
+    let restored = Instant::now();
+    converged_without_flapping(&node, &agent, &before, Duration::from_secs(40)).await;
+    eprintln!(
+        "converged {:?} after the network came back ({:?} after the cut)",
+        restored.elapsed(),
+        cut_at.elapsed()
+    );
+    assert_eq!(steady.missing(), 0, "the untouched Service left the maps");
+    drop(agent);
+}
+
+#[test]
+fn deploy_is_accepted_by_the_real_server_in_a_server_side_dry_run() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plane = runtime.block_on(Plane::get(false, "dryrun"));
+    let deploy = testbed::binaries::workspace_root().join("deploy");
+    let output = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(plane.dir().join("admin.kubeconfig"))
+        .args(["apply", "--server-side", "--dry-run=server", "-k"])
+        .arg(&deploy)
+        .output()
+        .expect("kubectl runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "kubectl refused deploy/:\n{stdout}\n{stderr}"
+    );
+    for kind in [
+        "serviceaccount",
+        "clusterrole",
+        "clusterrolebinding",
+        "configmap",
+        "daemonset",
+    ] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(kind) && l.contains("(server dry run)")),
+            "no {kind} in the dry run:\n{stdout}"
+        );
+    }
+    drop(plane);
+}
+
+/// Every file listed as refused by the real API server still is, with the stated reason
+/// (once the server, or the file, changes, the entry must go and the file replays through
+/// the real server again).
+#[test]
+fn the_files_listed_as_refused_by_the_real_server_still_are() {
+    require_root!();
+    let root = testbed::binaries::workspace_root();
+    for (file, reason) in tests::scenario::real_api::REFUSED_BY_REAL_API {
+        let path = [
+            root.join("../shared/scenarios").join(file),
+            root.join("tests/scenarios").join(file),
+        ]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{file} is listed as refused but exists nowhere"));
+        let output = std::process::Command::new(RUNNER)
+            .args(["run", "--mode", "ebpf", "--api", "real", "--file"])
+            .arg(&path)
+            .output()
+            .expect("the runner runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout.lines().any(|l| l.starts_with("FAIL")
+                && l.contains("the API server refused")
+                && l.contains(reason)),
+            "{file} is listed as refused ({reason}) but the real API server took it:\n{stdout}"
+        );
+    }
+}
