@@ -39,6 +39,12 @@ const APT_PACKAGES: &[&str] = &[
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The test runner (`cargo xtask test` runs the suite with it: its test groups keep the
+/// privileged tests one at a time). Built from source: crates.io is what these machines
+/// reach; the newest release that builds on rustc 1.95.
+const CARGO_NEXTEST_VERSION: &str = "0.9.151";
+/// The Go toolchain upstream's v1.37 binaries are built with (their go.mod's `go` line).
+const GO_MINOR_NEEDED: u32 = 26;
 /// The unused-dependency check of `cargo xtask lint`. cargo-shear's current releases need a
 /// newer rustc than 1.95 (rust-analyzer crates); cargo-machete 0.9.2 builds on it.
 const CARGO_MACHETE_VERSION: &str = "0.9.2";
@@ -117,6 +123,34 @@ pub fn run(args: &SetupArgs) -> anyhow::Result<()> {
         }
     }
 
+    step(&format!("cargo-nextest {CARGO_NEXTEST_VERSION}"));
+    if has_cargo_nextest() {
+        println!("    installed");
+    } else if args.check {
+        println!("    missing");
+    } else {
+        println!("    building it (several minutes on 2 cores)");
+        run_cmd(crate::util::cargo().args([
+            "install",
+            &format!("cargo-nextest@{CARGO_NEXTEST_VERSION}"),
+            "--locked",
+            "--force",
+        ]))?;
+        if !has_cargo_nextest() {
+            bail!("cargo-nextest still not usable after installing it");
+        }
+    }
+
+    step("upstream's etcd, kube-apiserver, kube-controller-manager and kube-proxy (testbed/k8s)");
+    match upstream_binaries_state()? {
+        UpstreamState::UpToDate => println!("    built, sources unchanged"),
+        state if args.check => println!("    {state:?}"),
+        state => {
+            println!("    {state:?}: building them (10-15 minutes cold; Go's caches make it 1-2)");
+            build_upstream_binaries()?;
+        }
+    }
+
     step("bpffs at /sys/fs/bpf");
     if bpffs_mounted() {
         println!("    mounted");
@@ -136,6 +170,8 @@ pub fn ensure_ready() -> anyhow::Result<()> {
         && missing_components().is_empty()
         && bpf_linker_state() == LinkerState::Good
         && has_cargo_machete()
+        && has_cargo_nextest()
+        && matches!(upstream_binaries_state(), Ok(UpstreamState::UpToDate))
         && bpffs_mounted()
     {
         return Ok(());
@@ -182,6 +218,111 @@ fn has_cargo_machete() -> bool {
         list.lines()
             .any(|l| l.starts_with(&format!("cargo-machete v{CARGO_MACHETE_VERSION}:")))
     })
+}
+
+fn has_cargo_nextest() -> bool {
+    output(crate::util::cargo().args(["nextest", "--version"]))
+        .is_some_and(|v| v.contains(CARGO_NEXTEST_VERSION))
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum UpstreamState {
+    UpToDate,
+    NotBuilt,
+    SourcesChanged,
+}
+
+/// The files the upstream binaries are built from (the Go module of testbed/k8s).
+fn upstream_sources() -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let module = crate::util::workspace_root().join("testbed/k8s");
+    let mut files: Vec<std::path::PathBuf> = ["go.mod", "go.sum", "build.sh"]
+        .iter()
+        .map(|f| module.join(f))
+        .collect();
+    let cmd = module.join("cmd");
+    for entry in std::fs::read_dir(&cmd).with_context(|| format!("reading {}", cmd.display()))? {
+        let main = entry?.path().join("main.go");
+        if main.is_file() {
+            files.push(main);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// A fingerprint of the sources (FNV-1a over names and contents): the build is redone
+/// exactly when it changes.
+fn sources_fingerprint() -> anyhow::Result<String> {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for path in upstream_sources()? {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let contents =
+            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        for byte in name.as_bytes().iter().chain(&contents) {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    Ok(format!("{hash:016x}"))
+}
+
+fn upstream_bin_dir() -> std::path::PathBuf {
+    crate::util::workspace_root().join("target/k8s-testbed")
+}
+
+const FINGERPRINT_FILE: &str = "SOURCES";
+
+fn upstream_binaries_state() -> anyhow::Result<UpstreamState> {
+    let dir = upstream_bin_dir();
+    let built = [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-proxy",
+    ]
+    .iter()
+    .all(|b| dir.join(b).is_file());
+    if !built {
+        return Ok(UpstreamState::NotBuilt);
+    }
+    let recorded = std::fs::read_to_string(dir.join(FINGERPRINT_FILE)).unwrap_or_default();
+    Ok(if recorded.trim() == sources_fingerprint()? {
+        UpstreamState::UpToDate
+    } else {
+        UpstreamState::SourcesChanged
+    })
+}
+
+/// Go `1.N.x` as N, from `go version`.
+fn go_minor() -> Option<u32> {
+    let version = output(Command::new("go").arg("version"))?;
+    let number = version.split_whitespace().nth(2)?.strip_prefix("go1.")?;
+    number.split('.').next()?.parse().ok()
+}
+
+fn build_upstream_binaries() -> anyhow::Result<()> {
+    match go_minor() {
+        Some(minor) if minor >= GO_MINOR_NEEDED => {}
+        Some(minor) => bail!(
+            "Go 1.{minor} is installed; upstream's v1.37 binaries need Go 1.{GO_MINOR_NEEDED} \
+             or newer (testbed/k8s/go.mod)"
+        ),
+        None => bail!(
+            "no Go toolchain on PATH: upstream's control plane and kube-proxy (testbed/k8s) \
+             are built with Go 1.{GO_MINOR_NEEDED}"
+        ),
+    }
+    let fingerprint = sources_fingerprint()?;
+    let dir = upstream_bin_dir();
+    run_cmd(
+        Command::new(crate::util::workspace_root().join("testbed/k8s/build.sh")).env("OUT", &dir),
+    )?;
+    std::fs::write(dir.join(FINGERPRINT_FILE), fingerprint)
+        .with_context(|| format!("writing {}", dir.join(FINGERPRINT_FILE).display()))?;
+    Ok(())
 }
 
 #[derive(Debug, PartialEq, Eq)]
