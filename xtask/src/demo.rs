@@ -1,15 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `cargo xtask demo`: the agent in ebpf mode on a sandbox node, start to finish.
+//! `cargo xtask demo`: the agent in ebpf mode on a sandbox node of a real control plane,
+//! start to finish.
 //!
-//! Setup when needed, build, then a node network namespace with one namespace per pod
-//! (each running a tiny HTTP server that answers with its pod's name), the agent started in
-//! that namespace and in a cgroup of its own with `--source deploy/examples/`, requests to
-//! the ClusterIPs from the same place, the services map, and everything removed again, on
-//! success, failure or Ctrl-C alike. The host's interfaces, cgroups and processes are never
-//! touched: the socket programs attach to the demo's cgroup, the tc programs to the
-//! sandbox node's uplink, the maps are pinned under a bpffs directory of the demo's own.
+//! Setup when needed, build, then a node network namespace, upstream's control plane
+//! (etcd, kube-apiserver, kube-controller-manager v1.37, `testbed`), deploy/examples/
+//! applied with kubectl (Services with selectors, Pods whose status the demo writes as no
+//! kubelet runs: the real EndpointSlice controller makes the slices), one namespace per
+//! pod (each running a tiny HTTP server that answers with its pod's name), the agent
+//! started in the node namespace and a cgroup of its own with deploy/'s ServiceAccount,
+//! requests to the ClusterIPs from the same place, the services map, and everything
+//! removed again, on success, failure or Ctrl-C alike. With `--keep` it all stays (the
+//! kubeconfig is printed, to add Services of one's own); `--stop` removes it. The host's
+//! interfaces, cgroups and processes are never touched: the socket programs attach to the
+//! demo's cgroup, the tc programs to the sandbox node's uplink, the maps are pinned under
+//! a bpffs directory of the demo's own, the API server listens on 127.0.0.1.
 
 mod backend;
+mod cluster;
 mod examples;
 mod maps;
 mod sandbox;
@@ -42,9 +49,16 @@ pub struct DemoArgs {
     /// Build and run the agent with the release profile.
     #[arg(long)]
     pub release: bool,
+    /// Leave the control plane, the sandbox node, its pods and the agent running, and print
+    /// how to reach them (`cargo xtask demo --stop` removes them).
+    #[arg(long, conflicts_with = "stop")]
+    pub keep: bool,
+    /// Remove what `--keep` left running.
+    #[arg(long)]
+    pub stop: bool,
 }
 
-const STEPS: usize = 8;
+const STEPS: usize = 10;
 /// Requests sent to each ClusterIP.
 const REQUESTS: usize = 10;
 /// The agent's servers, inside the node namespace.
@@ -113,22 +127,34 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<()> {
         );
     }
     catch_signals()?;
+    if args.stop {
+        step(1, "removing what `cargo xtask demo --keep` left running");
+        cluster::stop(&cluster::dir_in(&work_dir()))?;
+        return Sandbox::remove_leftovers(&target_dir().join("debug/proxy-agent"), true);
+    }
 
     step(
         1,
-        "toolchain (cargo xtask setup runs only when something is missing)",
+        "toolchain (cargo xtask setup runs only when something is missing: Rust, LLVM, \
+         bpf-linker, and upstream's control plane built from Go modules)",
     );
     crate::setup::ensure_ready()?;
     println!("    ready");
     check_interrupted()?;
 
-    step(2, "building proxy-agent, its eBPF object included");
+    step(
+        2,
+        "building proxy-agent (its eBPF object included) and testbed's control-plane",
+    );
     let agent = build_agent(args.release)?;
+    let control_plane = build_control_plane()?;
     check_interrupted()?;
 
-    let examples = examples::load(&workspace_root().join("deploy/examples"))?;
+    let examples_dir = workspace_root().join("deploy/examples");
+    let (examples, objects) = examples::load(&examples_dir)?;
     step(3, "sandbox node");
-    Sandbox::remove_leftovers(&agent)?;
+    cluster::stop(&cluster::dir_in(&work_dir()))?;
+    Sandbox::remove_leftovers(&agent, false)?;
     let mut sandbox = Sandbox::create(&agent, examples.node_address)?;
     println!(
         "    network namespace {}: eth0 {}/24, uplink to {}-outside",
@@ -138,22 +164,62 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<()> {
     );
     println!("    cgroup {}", sandbox.cgroup.display());
 
-    let outcome = show(&mut sandbox, &examples, &agent);
+    let outcome = show(&mut sandbox, &examples, &objects, &agent, &control_plane);
     if outcome.is_err() && check_interrupted().is_ok() {
         print_agent_log_tail();
     }
-    step(8, "removing everything the demo created");
-    let cleanup = sandbox.teardown();
-    outcome?;
-    cleanup?;
-    println!("\ndemo finished");
-    Ok(())
+    match outcome {
+        Ok(cluster) if args.keep => {
+            step(10, "left running (--keep)");
+            let cgroup = sandbox.cgroup.clone();
+            sandbox.keep();
+            print_kept(&cluster, &agent, &cgroup);
+            Ok(())
+        }
+        outcome => {
+            step(10, "removing everything the demo created");
+            let stopped = cluster::stop(&cluster::dir_in(&work_dir()));
+            let cleanup = sandbox.teardown();
+            outcome?;
+            stopped?;
+            cleanup?;
+            println!("\ndemo finished");
+            Ok(())
+        }
+    }
 }
 
-/// Steps 4 to 7, on a sandbox that exists.
-fn show(sandbox: &mut Sandbox, examples: &Examples, agent: &Path) -> anyhow::Result<()> {
+/// Steps 4 to 9, on a sandbox that exists; the cluster they ran on.
+fn show(
+    sandbox: &mut Sandbox,
+    examples: &Examples,
+    objects: &[serde_yaml::Value],
+    agent: &Path,
+    control_plane: &Path,
+) -> anyhow::Result<cluster::Cluster> {
     step(
         4,
+        "upstream's control plane: etcd, kube-apiserver (RBAC on), kube-controller-manager \
+         (its EndpointSlice controllers)",
+    );
+    let cluster = cluster::start(control_plane, &work_dir())?;
+    check_interrupted()?;
+
+    step(
+        5,
+        "deploy/examples/ through the API: Services with selectors, Pods and their status",
+    );
+    cluster.apply_examples(&examples.dir, objects)?;
+    let ready: Vec<String> = examples
+        .pods
+        .iter()
+        .filter(|p| p.ready)
+        .map(|p| p.address.to_string())
+        .collect();
+    cluster.wait_for_slices("demo", &ready)?;
+
+    step(
+        6,
         "pods: one network namespace each, a backend answering with the pod's name",
     );
     for (index, pod) in examples.pods.iter().enumerate() {
@@ -164,14 +230,14 @@ fn show(sandbox: &mut Sandbox, examples: &Examples, agent: &Path) -> anyhow::Res
     wait_for_backends(sandbox, examples)?;
 
     step(
-        5,
-        "the agent: ebpf mode, --source deploy/examples/, in the node namespace and cgroup",
+        7,
+        "the agent: ebpf mode, deploy/'s ServiceAccount, in the node namespace and cgroup",
     );
-    start_agent(sandbox, examples, agent)?;
+    start_agent(sandbox, examples, agent, &cluster)?;
     wait_for_sync(sandbox)?;
 
     step(
-        6,
+        8,
         "requests to the ClusterIPs, from the node namespace and cgroup",
     );
     for frontend in &examples.frontends {
@@ -179,9 +245,54 @@ fn show(sandbox: &mut Sandbox, examples: &Examples, agent: &Path) -> anyhow::Res
         request_spread(sandbox, examples, frontend)?;
     }
 
-    step(7, "the services map");
+    step(9, "the services map");
     show_services_map(agent, examples)?;
-    Ok(())
+    Ok(cluster)
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+fn build_control_plane() -> anyhow::Result<PathBuf> {
+    run_cmd(cargo().args(["build", "--package", "testbed", "--bin", "control-plane"]))?;
+    let binary = target_dir().join("debug/control-plane");
+    if !binary.exists() {
+        bail!("the build left no binary at {}", binary.display());
+    }
+    Ok(binary)
+}
+
+/// What `--keep` leaves, and how to use it.
+fn print_kept(cluster: &cluster::Cluster, agent: &Path, cgroup: &Path) {
+    let kubeconfig = cluster.admin_kubeconfig.display();
+    let root = bpffs_root();
+    println!(
+        "    The control plane, the sandbox node {node}, its pods and the agent keep running.
+    Talk to the cluster (kubectl, admin):
+      export KUBECONFIG={kubeconfig}
+      kubectl get services,endpointslices -A
+    Add a Service of your own (it selects the hello pods) and watch the agent take it:
+      kubectl apply -f - <<'EOF'
+      apiVersion: v1
+      kind: Service
+      metadata: {{name: mine, namespace: demo}}
+      spec: {{clusterIP: 10.96.0.99, selector: {{app: hello}}, ports: [{{port: 8080, targetPort: 8080}}]}}
+      EOF
+      {agent} inspect services --bpffs-root {root}
+      nsenter --net=/run/netns/{node} {agent} trace --bpffs-root {root} --from 10.244.1.11 --to 10.96.0.99:8080
+    Request it from the node, inside the demo's cgroup (where the socket programs are):
+      nsenter --net=/run/netns/{node} sh -c 'echo $$ > {cgroup}/cgroup.procs; exec curl -s http://10.96.0.99:8080/'
+    The agent's log: {log}
+    Remove it all: cargo xtask demo --stop",
+        node = node_ns(),
+        agent = agent.display(),
+        root = root.display(),
+        log = work_dir().join("agent.log").display(),
+        cgroup = cgroup.display(),
+    );
 }
 
 fn build_agent(release: bool) -> anyhow::Result<PathBuf> {
@@ -195,10 +306,7 @@ fn build_agent(release: bool) -> anyhow::Result<PathBuf> {
         check_interrupted()?;
         return Err(e);
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let binary = target
+    let binary = target_dir()
         .join(if release { "release" } else { "debug" })
         .join("proxy-agent");
     if !binary.exists() {
@@ -255,12 +363,15 @@ fn wait_for_backends(sandbox: &mut Sandbox, examples: &Examples) -> anyhow::Resu
 
 /// The configuration the agent runs with: the node and servers of the sandbox, the demo's
 /// bpffs directory and cgroup, and no conntrack sysctls (some of them are global).
-fn agent_config(examples: &Examples, cgroup: &Path) -> String {
+fn agent_config(examples: &Examples, cgroup: &Path, kubeconfig: &Path) -> String {
     format!(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: ebpf
 hostnameOverride: {node}
+# deploy/'s ServiceAccount, through the API server's relay on the node's 127.0.0.1:6443.
+clientConnection:
+  kubeconfig: {kubeconfig}
 # Local traffic is the Node's podCIDRs (deploy/examples/node.yaml).
 detectLocalMode: NodeCIDR
 healthzBindAddress: {HEALTHZ}
@@ -280,29 +391,32 @@ ebpf:
         node = examples.node_name,
         bpffs = bpffs_root().display(),
         cgroup = cgroup.display(),
+        kubeconfig = kubeconfig.display(),
     )
 }
 
-fn start_agent(sandbox: &mut Sandbox, examples: &Examples, agent: &Path) -> anyhow::Result<()> {
+fn start_agent(
+    sandbox: &mut Sandbox,
+    examples: &Examples,
+    agent: &Path,
+    cluster: &cluster::Cluster,
+) -> anyhow::Result<()> {
     let config = work_dir().join("config.yaml");
-    fs::write(&config, agent_config(examples, &sandbox.cgroup))
-        .with_context(|| format!("writing {}", config.display()))?;
+    let text = agent_config(examples, &sandbox.cgroup, &cluster.agent_kubeconfig);
+    fs::write(&config, &text).with_context(|| format!("writing {}", config.display()))?;
     let log = work_dir().join("agent.log");
     let out = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone().context("agent log")?;
     let config_arg = config.display().to_string();
-    let source_arg = examples.dir.display().to_string();
     let args = [
         "--config",
         config_arg.as_str(),
-        "--source",
-        source_arg.as_str(),
         // Exit rather than fall back to iptables: the demo is about ebpf mode.
         "--strict-mode",
     ];
     println!("    proxy-agent {}", args.join(" "));
     println!("    configuration {}:", config.display());
-    for line in agent_config(examples, &sandbox.cgroup).lines() {
+    for line in text.lines() {
         println!("      {line}");
     }
     let child = command_in(&node_ns(), Some(&sandbox.cgroup), agent, &args)
@@ -501,8 +615,12 @@ mod tests {
     #[test]
     fn the_agent_configuration_points_at_the_sandbox() {
         let dir = workspace_root().join("deploy/examples");
-        let examples = examples::load(&dir).unwrap();
-        let text = agent_config(&examples, Path::new("/sys/fs/cgroup/kpdemo"));
+        let (examples, _) = examples::load(&dir).unwrap();
+        let text = agent_config(
+            &examples,
+            Path::new("/sys/fs/cgroup/kpdemo"),
+            Path::new("/tmp/kpdemo/agent.kubeconfig"),
+        );
         let value: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
         assert_eq!(value["mode"].as_str(), Some("ebpf"));
         assert_eq!(value["hostnameOverride"].as_str(), Some("demo-node"));
@@ -515,5 +633,9 @@ mod tests {
             Some("/sys/fs/bpf/kpdemo")
         );
         assert_eq!(value["conntrack"]["maxPerCore"].as_i64(), Some(0));
+        assert_eq!(
+            value["clientConnection"]["kubeconfig"].as_str(),
+            Some("/tmp/kpdemo/agent.kubeconfig")
+        );
     }
 }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-//! What the demo builds, read from the example manifests the agent is given (deploy/examples/):
-//! the Node's InternalIP becomes the sandbox node's address, every EndpointSlice endpoint a
-//! pod namespace with a backend at its address and ports, every Service ClusterIP a target
-//! for requests. Editing the manifests changes the demo; nothing is duplicated here.
+//! What the demo builds, read from the example manifests it applies to the control plane
+//! (deploy/examples/): the Node's InternalIP becomes the sandbox node's address, every Pod
+//! a pod namespace with a backend at its address and container ports, every Service
+//! ClusterIP a target for requests, answered by the pods its selector picks. Editing the
+//! manifests changes the demo; nothing is duplicated here.
 
 use std::{
     collections::BTreeMap,
@@ -20,8 +21,11 @@ pub struct Pod {
     pub name: String,
     pub address: Ipv4Addr,
     pub ports: Vec<u16>,
-    /// Listed as ready in its EndpointSlice: the proxy sends it traffic.
+    /// Its Ready condition is True: the EndpointSlice controller lists it as ready and
+    /// the proxy sends it traffic.
     pub ready: bool,
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A Service frontend the demo sends requests to.
@@ -64,6 +68,18 @@ fn port_of(value: &Value, key: &str) -> Option<u16> {
         .and_then(|p| u16::try_from(p).ok())
 }
 
+fn labels_at(value: &Value, path: &[&str]) -> BTreeMap<String, String> {
+    path.iter()
+        .try_fold(value, |v, key| v.get(*key))
+        .and_then(Value::as_mapping)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn namespaced(object: &Value) -> String {
     format!(
         "{}/{}",
@@ -96,9 +112,12 @@ fn objects_in(dir: &Path) -> anyhow::Result<Vec<Value>> {
 }
 
 /// Reads the examples and checks they describe something the demo can build: one Node
-/// with an IPv4 InternalIP, and IPv4 ClusterIP Services with TCP endpoints.
-pub fn load(dir: &Path) -> anyhow::Result<Examples> {
-    parse(dir, &objects_in(dir)?)
+/// with an IPv4 InternalIP, and IPv4 ClusterIP Services selecting Pods with IPv4 addresses
+/// and TCP container ports.
+/// Returns the objects too, as they are applied.
+pub fn load(dir: &Path) -> anyhow::Result<(Examples, Vec<Value>)> {
+    let objects = objects_in(dir)?;
+    Ok((parse(dir, &objects)?, objects))
 }
 
 fn parse(dir: &Path, objects: &[Value]) -> anyhow::Result<Examples> {
@@ -124,70 +143,33 @@ fn parse(dir: &Path, objects: &[Value]) -> anyhow::Result<Examples> {
         .find_map(|a| str_at(a, &["address"])?.parse::<Ipv4Addr>().ok())
         .context("the Node has no IPv4 InternalIP")?;
 
-    // Pods by name, in order of first appearance; and the pods behind each Service.
     let mut pods: Vec<Pod> = Vec::new();
-    let mut pods_of_service: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for slice in by_kind("EndpointSlice") {
-        let service = format!(
-            "{}/{}",
-            str_at(slice, &["metadata", "namespace"]).unwrap_or("default"),
-            str_at(slice, &["metadata", "labels", "kubernetes.io/service-name"]).with_context(
-                || format!(
-                    "EndpointSlice {} has no service-name label",
-                    namespaced(slice)
-                )
-            )?
-        );
-        let ports: Vec<u16> = seq_at(slice, &["ports"])
+    for pod in by_kind("Pod") {
+        let name = str_at(pod, &["metadata", "name"])
+            .context("a Pod has no name")?
+            .to_string();
+        let address: Ipv4Addr = str_at(pod, &["status", "podIP"])
+            .and_then(|a| a.parse().ok())
+            .with_context(|| format!("Pod {}: no IPv4 status.podIP", namespaced(pod)))?;
+        let ports: Vec<u16> = seq_at(pod, &["spec", "containers"])
             .iter()
+            .flat_map(|c| seq_at(c, &["ports"]))
             .filter(|p| str_at(p, &["protocol"]).unwrap_or("TCP") == "TCP")
-            .filter_map(|p| port_of(p, "port"))
+            .filter_map(|p| port_of(p, "containerPort"))
             .collect();
-        for endpoint in seq_at(slice, &["endpoints"]) {
-            for address in seq_at(endpoint, &["addresses"]) {
-                let address: Ipv4Addr = address
-                    .as_str()
-                    .and_then(|a| a.parse().ok())
-                    .with_context(|| {
-                        format!(
-                            "EndpointSlice {}: not an IPv4 address: {address:?}",
-                            namespaced(slice)
-                        )
-                    })?;
-                let name = str_at(endpoint, &["targetRef", "name"])
-                    .map_or_else(|| format!("pod-{address}"), str::to_string);
-                // Upstream treats a missing ready condition as ready.
-                let ready = endpoint
-                    .get("conditions")
-                    .and_then(|c| c.get("ready"))
-                    .and_then(Value::as_bool)
-                    .unwrap_or(true);
-                match pods.iter_mut().find(|p| p.name == name) {
-                    Some(pod) if pod.address != address => bail!(
-                        "pod {name} appears with two addresses ({} and {address})",
-                        pod.address
-                    ),
-                    Some(pod) => {
-                        for port in &ports {
-                            if !pod.ports.contains(port) {
-                                pod.ports.push(*port);
-                            }
-                        }
-                        pod.ready &= ready;
-                    }
-                    None => pods.push(Pod {
-                        name: name.clone(),
-                        address,
-                        ports: ports.clone(),
-                        ready,
-                    }),
-                }
-                let behind = pods_of_service.entry(service.clone()).or_default();
-                if !behind.contains(&name) {
-                    behind.push(name);
-                }
-            }
-        }
+        let ready = seq_at(pod, &["status", "conditions"]).iter().any(|c| {
+            str_at(c, &["type"]) == Some("Ready") && str_at(c, &["status"]) == Some("True")
+        });
+        pods.push(Pod {
+            name,
+            address,
+            ports,
+            ready,
+            namespace: str_at(pod, &["metadata", "namespace"])
+                .unwrap_or("default")
+                .to_string(),
+            labels: labels_at(pod, &["metadata", "labels"]),
+        });
     }
 
     let mut frontends = Vec::new();
@@ -203,8 +185,22 @@ fn parse(dir: &Path, objects: &[Value]) -> anyhow::Result<Examples> {
             .filter(|p| str_at(p, &["protocol"]).unwrap_or("TCP") == "TCP")
             .find_map(|p| port_of(p, "port"))
             .with_context(|| format!("Service {name} has no TCP port"))?;
+        let namespace = str_at(service, &["metadata", "namespace"]).unwrap_or("default");
+        let selector = labels_at(service, &["spec", "selector"]);
+        let selected: Vec<String> = pods
+            .iter()
+            .filter(|p| {
+                !selector.is_empty()
+                    && p.namespace == namespace
+                    && selector.iter().all(|(k, v)| p.labels.get(k) == Some(v))
+            })
+            .map(|p| p.name.clone())
+            .collect();
+        if selected.is_empty() {
+            bail!("Service {name} selects no Pod of the examples");
+        }
         frontends.push(Frontend {
-            pods: pods_of_service.remove(&name).unwrap_or_default(),
+            pods: selected,
             service: name,
             cluster_ip,
             port,
@@ -239,7 +235,7 @@ mod tests {
     #[test]
     fn the_shipped_examples_describe_a_demo() {
         let dir = crate::util::workspace_root().join("deploy/examples");
-        let examples = load(&dir).unwrap();
+        let (examples, _) = load(&dir).unwrap();
         assert_eq!(examples.node_name, "demo-node");
         assert_eq!(examples.node_address, Ipv4Addr::new(192, 168, 77, 2));
         let hello = examples
@@ -265,7 +261,7 @@ mod tests {
     }
 
     #[test]
-    fn merges_a_pod_listed_by_two_slices_and_skips_headless_services() {
+    fn services_get_the_pods_their_selector_picks_and_headless_ones_are_skipped() {
         let yaml = "
 kind: Node
 metadata: {name: n}
@@ -273,36 +269,33 @@ status: {addresses: [{type: Hostname, address: n}, {type: InternalIP, address: 1
 ---
 kind: Service
 metadata: {name: a, namespace: x}
-spec: {clusterIP: 10.96.0.1, ports: [{port: 53, protocol: UDP}, {port: 80}]}
+spec: {clusterIP: 10.96.0.1, selector: {app: a}, ports: [{port: 53, protocol: UDP}, {port: 80}]}
 ---
 kind: Service
 metadata: {name: headless, namespace: x}
-spec: {clusterIP: None, ports: [{port: 80}]}
+spec: {clusterIP: None, selector: {app: a}, ports: [{port: 80}]}
 ---
-kind: EndpointSlice
-metadata: {name: a-1, namespace: x, labels: {kubernetes.io/service-name: a}}
-endpoints: [{addresses: [10.1.0.5], targetRef: {name: p}}]
-ports: [{port: 8080}]
+kind: Pod
+metadata: {name: p, namespace: x, labels: {app: a, tier: web}}
+spec: {containers: [{name: c, ports: [{containerPort: 8080}, {containerPort: 53, protocol: UDP}]}]}
+status: {podIP: 10.1.0.5, conditions: [{type: Ready, status: 'False'}]}
 ---
-kind: EndpointSlice
-metadata: {name: a-2, namespace: x, labels: {kubernetes.io/service-name: a}}
-endpoints: [{addresses: [10.1.0.5], targetRef: {name: p}, conditions: {ready: false}}]
-ports: [{port: 9090}, {port: 53, protocol: UDP}]
+kind: Pod
+metadata: {name: other, namespace: y, labels: {app: a}}
+spec: {containers: [{name: c, ports: [{containerPort: 8080}]}]}
+status: {podIP: 10.1.0.6, conditions: [{type: Ready, status: 'True'}]}
 ";
         let objects: Vec<Value> = serde_yaml::Deserializer::from_str(yaml)
             .map(|d| Value::deserialize(d).unwrap())
             .collect();
         let examples = parse(Path::new("x"), &objects).unwrap();
         assert_eq!(examples.node_address, Ipv4Addr::new(10, 0, 0, 1));
+        let p = &examples.pods[0];
         assert_eq!(
-            examples.pods,
-            [Pod {
-                name: "p".into(),
-                address: Ipv4Addr::new(10, 1, 0, 5),
-                ports: vec![8080, 9090],
-                ready: false,
-            }]
+            (p.address, p.ports.clone(), p.ready),
+            (Ipv4Addr::new(10, 1, 0, 5), vec![8080], false)
         );
+        assert!(examples.pods[1].ready);
         assert_eq!(
             examples.frontends,
             [Frontend {

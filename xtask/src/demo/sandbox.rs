@@ -105,8 +105,9 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    /// Removes what an earlier, killed demo left behind. Refuses when a demo still runs.
-    pub fn remove_leftovers(agent_binary: &Path) -> anyhow::Result<()> {
+    /// Removes what an earlier, killed (or kept: `always`) demo left behind. Refuses when a
+    /// demo still runs.
+    pub fn remove_leftovers(agent_binary: &Path, always: bool) -> anyhow::Result<()> {
         let pid_file = work_dir().join("demo.pid");
         if let Ok(pid) = fs::read_to_string(&pid_file) {
             let pid = pid.trim();
@@ -123,7 +124,9 @@ impl Sandbox {
             || bpffs_root().exists()
             || work_dir().exists();
         if leftovers {
-            println!("    removing what an interrupted demo left behind");
+            if !always {
+                println!("    removing what an interrupted or kept demo left behind");
+            }
             let mut stale = Sandbox {
                 cgroup,
                 agent_binary: agent_binary.to_path_buf(),
@@ -134,8 +137,18 @@ impl Sandbox {
                 torn_down: false,
             };
             stale.teardown()?;
+        } else if always {
+            println!("    nothing to remove");
         }
         Ok(())
+    }
+
+    /// Leaves everything running: the sandbox is not torn down when dropped, and its
+    /// processes (the agent, the backends) outlive the demo.
+    pub fn keep(mut self) {
+        self.torn_down = true;
+        self.agent = None;
+        self.backends.clear();
     }
 
     /// The node namespace (uplink to an outside namespace, node address, default route)
