@@ -45,7 +45,7 @@ enum Plane {
     /// The run's, which other tests use too (one at a time).
     Shared(PathBuf),
     /// This test's own, stopped when it ends.
-    Own(ControlPlane),
+    Own(Box<ControlPlane>),
 }
 
 impl Plane {
@@ -55,11 +55,11 @@ impl Plane {
             return Plane::Shared(PathBuf::from(dir));
         }
         let dir = std::env::temp_dir().join(format!("kpe-cp-{tag}-{}", std::process::id()));
-        Plane::Own(
+        Plane::Own(Box::new(
             ControlPlane::start(Options::new(&dir))
                 .await
                 .expect("upstream's control plane starts"),
-        )
+        ))
     }
 
     fn dir(&self) -> &Path {
