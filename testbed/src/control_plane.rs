@@ -21,10 +21,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    binaries::{Binaries, BinariesError},
+    binaries::Binaries,
     kubeconfig::{self, Credentials},
-    pki::{self, Authority, Identity, PkiError},
-    process::{Component, ProcessError},
+    pki::{self, Authority, Identity},
+    process::Component,
 };
 
 /// The directory of a control plane shared by every test of a run (set by `cargo xtask
@@ -35,41 +35,7 @@ pub const SHARED_ENV: &str = "KPE_CONTROL_PLANE";
 /// Fairness exempts, so bulk loads are never throttled.
 pub const ADMIN_USER: &str = "testbed-admin";
 
-#[derive(Debug, thiserror::Error)]
-pub enum ControlPlaneError {
-    #[error(transparent)]
-    Binaries(#[from] BinariesError),
-    #[error(transparent)]
-    Pki(#[from] PkiError),
-    #[error(transparent)]
-    Process(#[from] ProcessError),
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "{component} did not become ready within {waited:?}: {why}\n--- last lines of {log} ---\n{tail}"
-    )]
-    NotReady {
-        component: String,
-        waited: Duration,
-        why: String,
-        log: PathBuf,
-        tail: String,
-    },
-    #[error("the API client: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("the kubeconfig: {0}")]
-    Kubeconfig(#[from] kube::config::KubeconfigError),
-    #[error("{path}: {reason}")]
-    State { path: PathBuf, reason: String },
-    #[error("{0}")]
-    Other(String),
-}
-
-pub type Result<T, E = ControlPlaneError> = std::result::Result<T, E>;
+pub use crate::error::{ControlPlaneError, Result};
 
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> ControlPlaneError {
     let context = context.into();

@@ -11,6 +11,7 @@
 
 pub mod binaries;
 pub mod control_plane;
+pub mod error;
 pub mod kubeconfig;
 pub mod objects;
 pub mod pki;

@@ -19,7 +19,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-use crate::control_plane::{ControlPlaneError, Result};
+use crate::error::{ControlPlaneError, Result};
 
 /// The field manager of everything the harness writes.
 pub const FIELD_MANAGER: &str = "testbed";

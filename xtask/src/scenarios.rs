@@ -58,6 +58,11 @@ pub struct ScenariosArgs {
     /// probes saw (ebpf, iptables and nftables modes).
     #[arg(long)]
     pub trace_check: bool,
+    /// Where the agent reads each file's objects from: `test` (the home-made test API
+    /// server), `dir` (a manifest directory, --source) or `real` (upstream's kube-apiserver
+    /// v1.37 with its EndpointSlice controller, started for the run; this host only).
+    #[arg(long, default_value = "test", value_parser = ["test", "dir", "real"])]
+    pub api: String,
 }
 
 /// How long the agent may take to sync a change inside the VM: everything runs 10-20
@@ -82,6 +87,10 @@ fn in_vm(args: &ScenariosArgs) -> anyhow::Result<bool> {
         args.mode == "ipvs" && args.expect_fallback.is_none() && !vm::host_kernel_has_ipvs();
     if !(args.vm || ipvs_needs_vm) {
         return Ok(false);
+    }
+    if args.api == "real" {
+        // The guest has no network device and no Go toolchain's binaries of its own.
+        bail!("--api real runs on this host only; the test VM replays through the test API server");
     }
     if args.expect_fallback.is_some() {
         bail!("--expect-fallback judges the fallback on this host; it does not combine with --vm");
@@ -242,6 +251,7 @@ pub fn run(args: &ScenariosArgs) -> anyhow::Result<()> {
     if args.trace_check {
         words.push("--trace-check".into());
     }
+    words.extend(["--api".into(), args.api.clone()]);
     if !guest {
         if args.keep {
             words.push("--keep".into());
