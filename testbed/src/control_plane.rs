@@ -745,9 +745,14 @@ fn write_kubeconfig(path: &Path, text: &str) -> Result<PathBuf> {
     Ok(pki::write_private(dir, name, text)?)
 }
 
-/// The first address of a service range: the one the API server gives default/kubernetes.
+/// The first address of a service range after its network address: the one the API server
+/// gives default/kubernetes (in both families).
 fn first_service_ip(cidr: &IpNet) -> Option<IpAddr> {
-    cidr.hosts().next().or(Some(cidr.network()))
+    match cidr.network() {
+        IpAddr::V4(net) => u32::from(net).checked_add(1).map(|n| IpAddr::V4(n.into())),
+        IpAddr::V6(net) => u128::from(net).checked_add(1).map(|n| IpAddr::V6(n.into())),
+    }
+    .filter(|ip| cidr.contains(ip))
 }
 
 /// A client from a kubeconfig file.

@@ -475,12 +475,33 @@ async fn reset_cluster(client: &kube::Client) -> testbed::control_plane::Result<
                 .delete(&n.metadata.name.unwrap_or_default(), &now)
                 .await;
         }
+        // The ServiceCIDR controller holds a deleted range for 10 s (its deletionGracePeriod,
+        // for allocations racing the deletion) before it drops the finalizer. Every Service
+        // is gone first here, so nothing can be allocated from it: the harness drops the
+        // finalizer itself instead of waiting, or each file would wait 10 s.
+        let no_finalizers = kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}}));
+        let services_left = !services
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .all(|s| {
+                own(
+                    s.metadata.namespace.as_deref(),
+                    s.metadata.name.as_deref().unwrap_or_default(),
+                )
+            });
         for c in cidrs.list(&ListParams::default()).await? {
             let name = c.metadata.name.unwrap_or_default();
             if name != "kubernetes" {
                 left += 1;
                 if c.metadata.deletion_timestamp.is_none() {
                     let _ = cidrs.delete(&name, &now).await;
+                }
+                if !services_left {
+                    let _ = cidrs
+                        .patch(&name, &Default::default(), &no_finalizers)
+                        .await;
                 }
             }
         }
