@@ -129,12 +129,17 @@ pub fn run(args: &SetupArgs) -> anyhow::Result<()> {
     } else if args.check {
         println!("    missing");
     } else {
-        println!("    building it (several minutes on 2 cores)");
+        println!("    building it (about 5 minutes on 2 cores)");
         run_cmd(crate::util::cargo().args([
             "install",
             &format!("cargo-nextest@{CARGO_NEXTEST_VERSION}"),
             "--locked",
             "--force",
+            // Without self-update (and its HTTP and TLS stack): crates.io builds it, and
+            // setup updates it.
+            "--no-default-features",
+            "--features",
+            "default-no-update",
         ]))?;
         if !has_cargo_nextest() {
             bail!("cargo-nextest still not usable after installing it");
