@@ -56,7 +56,8 @@ pub struct LbConfig {
     pub ct_tcp_lifetime: u32,
     pub ct_udp_lifetime: u32,
     pub ct_closing_lifetime: u32,
-    /// Ports SNAT falls back to when the client's own port is taken.
+    /// The ports north-south SNAT picks from (host order), outside the kernel's ephemeral
+    /// range: a masqueraded flow never holds a port a node socket may get.
     pub snat_port_min: u16,
     pub snat_port_max: u16,
 }

@@ -114,8 +114,11 @@ pub fn forward_key<F: PacketFamily>(v: &CtValue, p: u8) -> F::CtKey {
     )
 }
 
-/// Picks the SNAT port: the client's own when no flow to the same backend uses it, else a
-/// random one from the configured range. `None` when every try collides.
+/// Picks the SNAT port: a random one of the configured range that no flow to the same
+/// backend uses. Never the client's own port, which may be one the kernel gives the node's
+/// own sockets: a node process connecting to the same backend from it would have its
+/// replies taken for the masqueraded flow's (the agent keeps the range outside the
+/// kernel's `ip_local_port_range`). `None` when every try collides.
 #[inline(never)]
 pub fn snat_port<F: PacketFamily>(
     cfg: &LbConfig,
@@ -124,14 +127,11 @@ pub fn snat_port<F: PacketFamily>(
     p: u8,
 ) -> Option<u16> {
     let backend = F::from16(&flow.backend_addr);
-    let (backend_port, client_port) = (flow.backend_port, flow.client_port);
+    let backend_port = flow.backend_port;
     let free = |port: u16| {
         let key = F::ct_key(backend, snat, backend_port, port, p, CT_DIR_REPLY);
         F::ct_get(&key).is_none()
     };
-    if free(client_port) {
-        return Some(client_port);
-    }
     let (min, max) = if cfg.snat_port_min != 0 && cfg.snat_port_max > cfg.snat_port_min {
         (cfg.snat_port_min, cfg.snat_port_max)
     } else {

@@ -657,6 +657,13 @@ fn nat_flow(proto: u8, v6: bool, xdp: bool) {
         ((node(v6), snat_port), (backend(v6), target_port)),
         "DNAT to the backend, SNAT to the node"
     );
+    // Never the client's own port (40000 is one the node's kernel may give its own sockets
+    // to the same backend, whose replies would be taken for this flow's): one of the SNAT
+    // range, outside the kernel's ephemeral ports.
+    assert!(
+        (61_000..=65_535).contains(&snat_port),
+        "SNAT source port {snat_port}, not from the SNAT range"
+    );
     assert_eq!(seen.proto, proto);
     if xdp {
         // Back out of the uplink to the remote node, with the FIB lookup's addresses.

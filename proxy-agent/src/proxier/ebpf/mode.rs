@@ -5,7 +5,9 @@ use std::path::Path;
 
 use tracing::{info, warn};
 
-use super::{EbpfProxier, attached, inspect, kernel, loader, loader::LoadOptions, pins, trace};
+use super::{
+    EbpfProxier, attached, inspect, kernel, loader, loader::LoadOptions, node_settings, pins, trace,
+};
 use crate::{
     config::{EbpfConntrack, ProxyMode, XdpMode},
     proxier::{
@@ -84,22 +86,43 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
         .load_balancer_algorithm()
         .map_err(|e| e.to_string())?;
     let cookie = crate::sys::current_netns_cookie().map_err(|e| format!("netns cookie: {e}"))?;
+    let ephemeral =
+        crate::node::Sysctl::read(&crate::node::ProcSysctl::default(), EPHEMERAL_PORTS_SYSCTL)
+            .ok()
+            .and_then(|text| node_settings::parse_port_range(&text));
+    let snat = node_settings::snat_ports(ephemeral);
+    if snat.shared_with_kernel {
+        warn!(
+            ephemeral = ?ephemeral,
+            snat_ports = ?(snat.min, snat.max),
+            "the kernel's ephemeral ports (net.ipv4.ip_local_port_range) leave no range of \
+             1024 ports apart for north-south SNAT: a node process connecting to a backend \
+             from a port a masqueraded flow holds loses its replies to that flow; narrow \
+             ip_local_port_range to leave one"
+        );
+    } else {
+        info!(ephemeral = ?ephemeral, snat_ports = ?(snat.min, snat.max), "north-south SNAT ports, apart from the kernel's");
+    }
     let proxier = EbpfProxier::start_with_limits(
         &opts,
         &config.ebpf.map_size_limits,
-        lb_config(cookie, settings.node, &config.ebpf.conntrack),
+        lb_config(cookie, settings.node, &config.ebpf.conntrack, snat),
         algorithm,
     )
     .map_err(|e| e.to_string())?;
     Ok(Box::new(proxier))
 }
 
-/// The dataplane's runtime configuration: the node's namespace, its masquerade addresses,
-/// how long idle north-south flows are remembered.
+/// Where the kernel's range of ports for sockets that bind none is.
+const EPHEMERAL_PORTS_SYSCTL: &str = "net/ipv4/ip_local_port_range";
+
+/// The dataplane's runtime configuration: the node's namespace, its masquerade addresses
+/// and SNAT ports, how long idle north-south flows are remembered.
 fn lb_config(
     host_netns_cookie: u64,
     node: &NodeContext,
     conntrack: &EbpfConntrack,
+    snat: node_settings::SnatPorts,
 ) -> proxy_common::LbConfig {
     // Validation keeps these within u32 seconds; saturate rather than wrap regardless.
     let secs = |d: crate::config::Duration| u32::try_from(d.to_std().as_secs()).unwrap_or(u32::MAX);
@@ -108,6 +131,8 @@ fn lb_config(
         ct_tcp_lifetime: secs(conntrack.tcp_timeout),
         ct_closing_lifetime: secs(conntrack.tcp_closing_timeout),
         ct_udp_lifetime: secs(conntrack.udp_timeout),
+        snat_port_min: snat.min,
+        snat_port_max: snat.max,
         ..Default::default()
     };
     for ip in node.primary_ips.iter() {
@@ -196,7 +221,8 @@ mod tests {
             tcp_closing_timeout: crate::config::Duration::from_secs(7),
             udp_timeout: crate::config::Duration::from_secs(45),
         };
-        let cfg = lb_config(42, &node, &conntrack);
+        let snat = node_settings::snat_ports(Some((32_768, 60_999)));
+        let cfg = lb_config(42, &node, &conntrack, snat);
         assert_eq!(cfg.host_netns_cookie, 42);
         assert_eq!(cfg.masq4, u32::from_ne_bytes([192, 168, 0, 2]));
         assert_eq!(
@@ -211,5 +237,6 @@ mod tests {
             ),
             (7200, 7, 45)
         );
+        assert_eq!((cfg.snat_port_min, cfg.snat_port_max), (61_000, 65_535));
     }
 }

@@ -22,6 +22,74 @@ use proxy_common::{LB_CFG_LOCAL_DETECTOR, LB_CFG_MASQUERADE_ALL};
 use super::maps::{KvMap, Prefix, Result};
 use crate::proxier::NodeContext;
 
+/// The ports north-south SNAT gives the flows it masquerades, when the kernel's own
+/// ephemeral range leaves them free: 61000-65535, just above Linux's default
+/// `ip_local_port_range` (32768-60999).
+pub const DEFAULT_SNAT_PORTS: (u16, u16) = (61_000, 65_535);
+/// The fewest ports a range apart from the kernel's may have before SNAT shares the
+/// kernel's instead.
+const MIN_SNAT_PORTS: u32 = 1_024;
+
+/// Where north-south SNAT takes its source ports from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnatPorts {
+    pub min: u16,
+    pub max: u16,
+    /// The kernel may give the same ports to the node's own sockets: a node process talking
+    /// to a backend from a port a masqueraded flow holds would have its replies taken for
+    /// that flow's.
+    pub shared_with_kernel: bool,
+}
+
+/// The SNAT port range for a node whose kernel gives its own sockets `ephemeral` (its
+/// `ip_local_port_range`, when known). A masqueraded flow and a node socket to the same
+/// backend must never hold the same port: the tc programs would take the socket's replies
+/// for the flow's (netfilter checks its conntrack, which knows local connections too; the
+/// BPF conntrack does not know the node's sockets). So the range lies outside the kernel's:
+/// the default when it is free, else the larger free span above or below it (never the
+/// privileged ports below 1024), else the default, shared, with a warning.
+pub fn snat_ports(ephemeral: Option<(u16, u16)>) -> SnatPorts {
+    let default = SnatPorts {
+        min: DEFAULT_SNAT_PORTS.0,
+        max: DEFAULT_SNAT_PORTS.1,
+        shared_with_kernel: false,
+    };
+    let Some((low, high)) = ephemeral else {
+        return default;
+    };
+    if high < default.min || low > default.max {
+        return default;
+    }
+    let above = (high < u16::MAX).then(|| (high + 1, u16::MAX));
+    let below = (low > 1_025).then(|| (1_024, low - 1));
+    let size = |(a, b): (u16, u16)| u32::from(b) - u32::from(a) + 1;
+    match [above, below]
+        .into_iter()
+        .flatten()
+        .filter(|r| size(*r) >= MIN_SNAT_PORTS)
+        .max_by_key(|r| size(*r))
+    {
+        Some((min, max)) => SnatPorts {
+            min,
+            max,
+            shared_with_kernel: false,
+        },
+        None => SnatPorts {
+            shared_with_kernel: true,
+            ..default
+        },
+    }
+}
+
+/// `net.ipv4.ip_local_port_range` as `(low, high)`.
+pub fn parse_port_range(text: &str) -> Option<(u16, u16)> {
+    let mut words = text.split_whitespace().map(|w| w.parse::<u16>().ok());
+    match (words.next()?, words.next()?) {
+        (Some(low), Some(high)) if low <= high => Some((low, high)),
+        _ => None,
+    }
+}
+
 /// The `LbConfig::flags` bits that follow from the node's settings.
 pub fn config_flags(node: &NodeContext) -> u32 {
     let mut flags = 0;
@@ -124,6 +192,55 @@ mod tests {
     use super::*;
     use crate::node::LocalDetector;
     use crate::proxier::ebpf::maps::{MemMap, OpLog};
+
+    fn ports(min: u16, max: u16, shared: bool) -> SnatPorts {
+        SnatPorts {
+            min,
+            max,
+            shared_with_kernel: shared,
+        }
+    }
+
+    #[test]
+    fn snat_ports_stay_out_of_the_kernels_ephemeral_range() {
+        // Linux's default leaves 61000-65535 free.
+        assert_eq!(
+            snat_ports(Some((32_768, 60_999))),
+            ports(61_000, 65_535, false)
+        );
+        assert_eq!(snat_ports(None), ports(61_000, 65_535, false));
+        // A range reaching the top: the span below it.
+        assert_eq!(
+            snat_ports(Some((40_000, 65_535))),
+            ports(1_024, 39_999, false)
+        );
+        // A range overlapping the default from below: what is left above it.
+        assert_eq!(
+            snat_ports(Some((20_000, 63_000))),
+            ports(1_024, 19_999, false)
+        );
+        assert_eq!(
+            snat_ports(Some((3_000, 62_000))),
+            ports(62_001, 65_535, false)
+        );
+        // Everything taken: shared, and said so.
+        assert_eq!(
+            snat_ports(Some((1_024, 65_535))),
+            ports(61_000, 65_535, true)
+        );
+        assert_eq!(
+            snat_ports(Some((1_500, 65_000))),
+            ports(61_000, 65_535, true)
+        );
+    }
+
+    #[test]
+    fn the_kernels_port_range_is_read_as_it_prints_it() {
+        assert_eq!(parse_port_range("32768\t60999"), Some((32_768, 60_999)));
+        assert_eq!(parse_port_range("1024 65535\n"), Some((1_024, 65_535)));
+        assert_eq!(parse_port_range("60999 32768"), None);
+        assert_eq!(parse_port_range("x y"), None);
+    }
 
     fn node(detector: LocalDetector, masquerade_all: bool) -> NodeContext {
         NodeContext {
