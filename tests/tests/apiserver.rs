@@ -1011,6 +1011,62 @@ async fn agent_client_paces_requests_by_qps_and_burst() {
     );
 }
 
+/// While the API server is away (a minute here: connections refused), the agent's four
+/// watchers retry with a doubling, jittered delay that stops growing at 5-10 s, as
+/// client-go's reflector backs off, rather than every few hundred milliseconds: about a
+/// dozen attempts each, where the sub-second retries of before made several hundred. Once
+/// it is back, a change reaches them within the bound of one delay.
+#[tokio::test]
+async fn agent_watchers_back_off_while_the_api_server_is_away() {
+    use proxy_agent::k8s::watch::{ClusterEvent, RECONNECT_BOUND, ResourceKind, spawn_watchers};
+    use proxy_agent::model::IpFamily;
+
+    init_tracing();
+    let server = TestApiServer::start().await.unwrap();
+    server.create(&service("web", "10.0.0.10", &[])).unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    spawn_watchers(server.client().unwrap(), "node-a", &[IpFamily::V4], tx);
+    within("the first lists", async {
+        while !matches!(
+            rx.recv().await,
+            Some(ClusterEvent::Synced(ResourceKind::Service))
+        ) {}
+    })
+    .await;
+
+    let outage = Duration::from_secs(60);
+    server.set_outage(Outage::ConnectionsClosed);
+    tokio::time::sleep(outage).await;
+    let attempts = server.refused_connections();
+    // Four watchers; each delay at least doubles from 0.2 s to 5 s, then 5-10 s each.
+    assert!(
+        (4 * 5..=4 * 17).contains(&attempts),
+        "{attempts} connection attempts in {outage:?} by four watchers"
+    );
+
+    // Back: a Service made now reaches the watchers within one delay.
+    server.set_outage(Outage::None);
+    while rx.try_recv().is_ok() {}
+    let back = std::time::Instant::now();
+    server.create(&service("late", "10.0.0.11", &[])).unwrap();
+    tokio::time::timeout(RECONNECT_BOUND + Duration::from_secs(5), async {
+        loop {
+            if let Some(ClusterEvent::Service(change)) = rx.recv().await
+                && format!("{change:?}").contains("late")
+            {
+                break;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the new Service never came, {:?} after the outage",
+            back.elapsed()
+        )
+    });
+}
+
 /// An API server older than Kubernetes 1.33 has no ServiceCIDR API. The agent's watchers
 /// report it (the event loop then runs without service CIDRs instead of waiting for them)
 /// and ask again only after a long pause, not at the sub-second reconnect pace, which would
@@ -1054,7 +1110,8 @@ async fn agent_watchers_report_an_unserved_resource_and_ask_again_rarely() {
         }
     })
     .await;
-    // Three seconds: the reconnect backoff (at most 0.3 s) would have asked about ten times.
+    // Three seconds: the reconnect backoff (0.2 s, 0.4 s, 0.8 s, ...) would have asked three
+    // or four times.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let asked = server.request_count(Verb::List, "servicecidrs");
     assert_eq!(asked, 1, "ServiceCIDRs listed {asked} times in 3 s");

@@ -268,17 +268,28 @@ pub fn spawn_watchers(
     );
 }
 
-/// How soon a failed list/watch is retried. client-go's reflector (kube-rs's default) backs
-/// off to 30 s, so a node could serve a stale dataplane for half a minute after the API
-/// server comes back; a node proxy should converge within a second instead. The price is
-/// a retry every 0.3-0.6 s per watcher (four per node) while the API server is away, each
-/// a connection attempt that a dead server or its load balancer refuses at once; the
-/// jitter keeps nodes from retrying in step, and a stream that has worked for two minutes
-/// starts again from the shortest delay.
+/// The first delay before a failed list/watch is retried; each failure doubles it.
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(200);
+/// The delay stops doubling here; the jitter adds up to as much again.
+const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
+/// The longest a watcher waits between two attempts (the largest delay with its jitter):
+/// once the API server is back, every watcher has tried again within this.
+pub const RECONNECT_BOUND: Duration = Duration::from_secs(10);
+
+/// How soon a failed list/watch is retried: from 0.2 s, doubling to 5 s, each delay with a
+/// random jitter of up to itself (so 5-10 s once it stopped growing), starting again from
+/// the shortest once a stream has worked for two minutes.
+///
+/// An API server that restarts in a second or two is back in the agent's watches within a
+/// few seconds, and a long outage costs each watcher (four per node) an attempt every 5-10 s
+/// rather than several a second: a control plane recovering from an outage is not met by
+/// every node of a big cluster at once (client-go's reflector backs off from 0.8 s to 30 s;
+/// the lower ceiling here bounds how long a node's dataplane stays behind after the API
+/// server is back, [`RECONNECT_BOUND`]). The jitter keeps nodes from retrying in step.
 fn reconnect_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
     let builder = backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(50))
-        .with_max_delay(Duration::from_millis(300))
+        .with_min_delay(RECONNECT_MIN_DELAY)
+        .with_max_delay(RECONNECT_MAX_DELAY)
         .with_factor(2.0)
         .with_jitter()
         .without_max_times();
@@ -431,6 +442,34 @@ mod tests {
                 Diffed::Synced => "synced".into(),
             })
             .collect()
+    }
+
+    #[test]
+    fn reconnects_back_off_to_a_bound_and_spare_a_recovering_server() {
+        let mut backoff = reconnect_backoff();
+        let delays: Vec<Duration> = (0..40).map(|_| backoff.next().unwrap()).collect();
+        assert!(
+            delays[0] >= RECONNECT_MIN_DELAY && delays[0] < RECONNECT_MIN_DELAY * 2,
+            "{delays:?}"
+        );
+        assert!(delays.iter().all(|d| *d <= RECONNECT_BOUND), "{delays:?}");
+        assert!(
+            delays[20..].iter().all(|d| *d >= RECONNECT_MAX_DELAY),
+            "a long outage is met every 5-10 s: {delays:?}"
+        );
+        // Attempts of one watcher in a minute away: a handful, not hundreds.
+        let mut elapsed = Duration::ZERO;
+        let attempts = delays
+            .iter()
+            .take_while(|d| {
+                elapsed += **d;
+                elapsed <= Duration::from_secs(60)
+            })
+            .count();
+        assert!(
+            (6..=17).contains(&attempts),
+            "{attempts} attempts in 60 s: {delays:?}"
+        );
     }
 
     #[test]

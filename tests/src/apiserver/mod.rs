@@ -126,6 +126,8 @@ pub(crate) struct Shared {
     outage: Mutex<Outage>,
     /// Bumped to cut every open connection.
     cut_connections: tokio::sync::watch::Sender<u64>,
+    /// Connections closed as soon as accepted ([`Outage::ConnectionsClosed`]).
+    refused_connections: std::sync::atomic::AtomicUsize,
     requests: Mutex<Vec<RecordedRequest>>,
     bookmarks: AtomicU64,
 }
@@ -145,6 +147,10 @@ impl Shared {
 
     fn outage(&self) -> Outage {
         *self.outage.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn count_refused_connection(&self) {
+        self.refused_connections.fetch_add(1, Ordering::Relaxed);
     }
 
     fn cut_all_connections(&self) {
@@ -246,6 +252,7 @@ impl TestApiServer {
             config,
             outage: Mutex::new(Outage::None),
             cut_connections: tokio::sync::watch::Sender::new(0),
+            refused_connections: std::sync::atomic::AtomicUsize::new(0),
             requests: Mutex::new(Vec::new()),
             bookmarks: AtomicU64::new(0),
         });
@@ -464,6 +471,12 @@ impl TestApiServer {
     }
 
     // ---- observation ----
+
+    /// Connections accepted and closed at once during [`Outage::ConnectionsClosed`]: each
+    /// is a client's attempt to reach the server while it is away.
+    pub fn refused_connections(&self) -> usize {
+        self.shared.refused_connections.load(Ordering::Relaxed)
+    }
 
     /// Open watches on a type (its plural, any group).
     pub fn open_watches(&self, resource: &str) -> usize {

@@ -25,6 +25,7 @@ pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         if shared.outage() == Outage::ConnectionsClosed {
             // Accept and close at once: the client sees the connection reset, as
             // when the apiserver process is gone.
+            shared.count_refused_connection();
             drop(stream);
             continue;
         }
