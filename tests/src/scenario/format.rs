@@ -3,7 +3,7 @@
 //! checked form the runner works with.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fmt,
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
@@ -421,6 +421,9 @@ impl Scenario {
                 flows: flows(step.flows, n + 1)?,
             });
         }
+        for stage in &stages {
+            check_mode_coverage(&stage.flows)?;
+        }
         Ok(Scenario {
             name: raw.name,
             about: raw.about,
@@ -443,6 +446,44 @@ impl Scenario {
             Change::Delete(_) => &[],
         })
     }
+}
+
+/// Refuses a stage whose flows judge a packet (client, destination, protocol) in some modes
+/// and leave others without an expectation: a file that splits a packet by `modes:` must
+/// say what every mode does with it, or that mode's replay silently checks nothing.
+fn check_mode_coverage(flows: &[Flow]) -> Result<()> {
+    let mut judged: BTreeMap<(IpAddr, SocketAddr, &'static str), (usize, BTreeSet<Mode>)> =
+        BTreeMap::new();
+    for flow in flows {
+        let entry = judged
+            .entry((flow.from, flow.to, flow.proto.as_str()))
+            .or_insert_with(|| (flow.index, BTreeSet::new()));
+        match &flow.modes {
+            Some(modes) => entry.1.extend(modes.iter().copied()),
+            None => entry.1.extend(Mode::ALL),
+        }
+    }
+    for ((from, to, proto), (index, modes)) in judged {
+        let missing: Vec<&str> = Mode::ALL
+            .into_iter()
+            .filter(|m| !modes.contains(m))
+            .map(Mode::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::Invalid(format!(
+                "flow #{index}: {proto} {from} -> {to} has an expectation in {} mode but none \
+                 in {} mode: give every mode an outcome for the packet (a flow per outcome, \
+                 each with its `modes:`)",
+                modes
+                    .iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                missing.join(", ")
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn check_flow(raw: RawFlow, index: usize, step: usize) -> Result<Flow> {
@@ -575,7 +616,9 @@ objects: []
 flows: [{from: 10.0.0.2, to: '1.2.3.4:80', expect: DROP}]
 steps:
 - delete: [EndpointSlice/ns1/a, ServiceCIDR/kubernetes]
-  flows: [{from: 10.0.0.2, to: '[fd00::1]:53', proto: udp, expect: ['[fd00::2]:53'], modes: [ebpf]}]
+  flows:
+  - {from: 10.0.0.2, to: '[fd00::1]:53', proto: udp, expect: ['[fd00::2]:53'], modes: [ebpf]}
+  - {from: 10.0.0.2, to: '[fd00::1]:53', proto: udp, expect: DROP, modes: [iptables, ipvs, nftables]}
 - objects: []
 "#,
         )
@@ -649,6 +692,7 @@ flows:
 - {from: 10.0.0.2, to: '172.30.0.41:80', expect: DROP, modes: [ebpf, nftables]}
 - {from: 10.0.0.2, to: '172.30.0.41:80', expect: REJECT, modes: [iptables, ipvs]}
 - {from: 10.0.0.2, to: '172.30.0.41:81', expect: REJECT, modes: [nftables]}
+- {from: 10.0.0.2, to: '172.30.0.41:81', expect: DROP, modes: [ebpf, iptables, ipvs]}
 "#,
         )
         .unwrap();
@@ -661,9 +705,9 @@ flows:
                 .map(|f| f.index)
                 .collect()
         };
-        assert_eq!(applying(Mode::Ebpf), [1]);
-        assert_eq!(applying(Mode::Iptables), [2]);
-        assert_eq!(applying(Mode::Ipvs), [2]);
+        assert_eq!(applying(Mode::Ebpf), [1, 4]);
+        assert_eq!(applying(Mode::Iptables), [2, 4]);
+        assert_eq!(applying(Mode::Ipvs), [2, 4]);
         assert_eq!(applying(Mode::Nftables), [1, 3]);
         assert_eq!("nftables".parse::<Mode>().unwrap(), Mode::Nftables);
     }
@@ -686,5 +730,47 @@ flows:
                 "{body} accepted"
             );
         }
+    }
+
+    /// A packet judged in some modes must be judged in all: a split that leaves a mode
+    /// out is refused, naming the flow and the mode; other packets, other protocols and
+    /// other steps are apart.
+    #[test]
+    fn a_split_that_leaves_a_mode_out_is_refused() {
+        let parse = |flows: &str| {
+            let text = format!(
+                "name: x\nnode: {{name: n, addresses: [192.168.0.2/24], podCIDR: 10.0.0.0/8}}\nflows:\n{flows}"
+            );
+            let raw: RawScenario = serde_yaml::from_str(&text).unwrap();
+            Scenario::from_raw(raw, Path::new("x"))
+        };
+        let err = parse(
+            "- {from: 10.0.0.2, to: '172.30.0.41:80', expect: DROP, modes: [ebpf]}\n\
+             - {from: 10.0.0.2, to: '172.30.0.41:80', expect: REJECT, modes: [iptables, ipvs]}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("flow #1") && err.contains("none in nftables mode"),
+            "{err}"
+        );
+        assert!(
+            parse(
+                "- {from: 10.0.0.2, to: '172.30.0.41:80', expect: DROP, modes: [ebpf, nftables]}\n\
+                 - {from: 10.0.0.2, to: '172.30.0.41:80', expect: REJECT, modes: [iptables, ipvs]}\n\
+                 - {from: 10.0.0.2, to: '172.30.0.41:80', proto: udp, expect: DROP}\n",
+            )
+            .is_ok()
+        );
+        let err = parse(
+            "- {from: 10.0.0.2, to: '172.30.0.41:80', expect: DROP}\n\
+             - {from: 10.0.0.2, to: '172.30.0.41:80', proto: udp, expect: DROP, modes: [ipvs]}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("flow #2") && err.contains("ebpf, iptables, nftables"),
+            "{err}"
+        );
     }
 }

@@ -599,7 +599,7 @@ steps:
   flows:
   - {from: 192.168.0.2, to: '192.168.0.2:30001', expect: LOCAL}
   - {from: 192.168.0.2, to: '192.168.0.2:30000', expect: UNTOUCHED}
-  - {from: 127.0.0.1, to: '127.0.0.1:30001', expect: UNTOUCHED, modes: [ipvs]}
+  - {from: 127.0.0.1, to: '127.0.0.1:30001', expect: UNTOUCHED}
 "#;
 
     #[test]
@@ -663,8 +663,8 @@ steps:
                 "external tcp 127.0.0.1:5556 (witness)",
             ]
         );
-        // Step 2: 30001 became the proxy's: the runner tries its loopback address once (an
-        // ipvs flow says it is untouched there), without waiting for the proxy to free it,
+        // Step 2: 30001 became the proxy's: the runner tries its loopback address once (a flow
+        // says it is untouched there), without waiting for the proxy to free it,
         // and keeps no witness on 30001 (192.168.0.2:30001 of step 0).
         let step2 = listeners(&p, 2);
         assert_eq!(
