@@ -2,7 +2,14 @@
 //! In ipvs mode, what `ipvsadm -Ln` shows after each stage: every ClusterIP and externalIP
 //! port of the stage's Services must be a virtual server. Read from the kernel's own tool,
 //! not the agent's netlink code, and expected from the scenario's objects, not the agent's
-//! model. (Which real servers a virtual server gets is what the flows judge.)
+//! model, by the rules upstream's IPVS proxier follows (which real servers a virtual server
+//! gets is what the flows judge):
+//! - a Service labelled `service.kubernetes.io/service-proxy-name` or
+//!   `service.kubernetes.io/headless` is not watched at all (the label selector of
+//!   kube-proxy's informer), an ExternalName or headless one (no ClusterIP) is skipped;
+//! - each IP family's proxier serves a Service only through a ClusterIP of its family, and
+//!   takes only the externalIPs of that family: an externalIP of a family the Service has
+//!   no ClusterIP of gets no virtual server, even on a dual-stack node.
 
 use std::{
     collections::BTreeSet,
@@ -11,8 +18,12 @@ use std::{
 
 use serde_json::Value;
 
-/// The label that hands a Service to another proxy (the agent then ignores it).
-const SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// The labels whose Services kube-proxy does not watch: one handing the Service to another
+/// proxy, and the one the control plane puts on headless Services.
+const UNWATCHED_LABELS: [&str; 2] = [
+    "service.kubernetes.io/service-proxy-name",
+    "service.kubernetes.io/headless",
+];
 
 /// `PROTO address:port` of every virtual server the stage's Services should have, for a
 /// node of the given address families (`true` = IPv6).
@@ -20,24 +31,35 @@ pub fn expected_virtual_servers(objects: &[Value], families: &BTreeSet<bool>) ->
     let mut out = BTreeSet::new();
     for svc in objects.iter().filter(|o| o["kind"] == "Service") {
         let spec = &svc["spec"];
+        let labels = &svc["metadata"]["labels"];
         if spec["type"] == "ExternalName"
-            || svc["metadata"]["labels"].get(SERVICE_PROXY_NAME).is_some()
+            || UNWATCHED_LABELS.iter().any(|l| labels.get(l).is_some())
         {
             continue;
         }
-        let cluster_ips: Vec<&Value> = match spec["clusterIPs"].as_array() {
+        let cluster_ips: Vec<IpAddr> = match spec["clusterIPs"].as_array() {
             Some(ips) => ips.iter().collect(),
             None => vec![&spec["clusterIP"]],
-        };
-        let external: Vec<&Value> = spec["externalIPs"]
+        }
+        .into_iter()
+        .filter_map(|v| v.as_str()?.parse().ok())
+        .collect();
+        // The families this node's proxiers serve the Service in: those of its ClusterIPs.
+        let served: BTreeSet<bool> = cluster_ips
+            .iter()
+            .map(IpAddr::is_ipv6)
+            .filter(|v6| families.contains(v6))
+            .collect();
+        let external = spec["externalIPs"]
             .as_array()
-            .map(|ips| ips.iter().collect())
-            .unwrap_or_default();
-        let addresses: Vec<IpAddr> = cluster_ips
             .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str()?.parse::<IpAddr>().ok());
+        let addresses: Vec<IpAddr> = cluster_ips
+            .iter()
+            .copied()
             .chain(external)
-            .filter_map(|v| v.as_str()?.parse().ok())
-            .filter(|ip: &IpAddr| families.contains(&ip.is_ipv6()))
+            .filter(|ip| served.contains(&ip.is_ipv6()))
             .collect();
         for port in spec["ports"].as_array().into_iter().flatten() {
             let Some(number) = port["port"].as_u64().and_then(|p| u16::try_from(p).ok()) else {
@@ -102,6 +124,12 @@ mod tests {
 - kind: Service
   metadata: {name: name, namespace: ns1}
   spec: {type: ExternalName, externalName: example.com}
+- kind: Service
+  metadata: {name: labelled-headless, namespace: ns1, labels: {service.kubernetes.io/headless: ""}}
+  spec: {clusterIP: 172.30.0.44, ports: [{port: 80}]}
+- kind: Service
+  metadata: {name: headless-with-external, namespace: ns1}
+  spec: {clusterIP: None, externalIPs: [192.168.99.12], ports: [{port: 80}]}
 - kind: EndpointSlice
   metadata: {name: a-1, namespace: ns1}
 "#,
@@ -124,7 +152,9 @@ mod tests {
         );
         let dual = expected_virtual_servers(&objects(), &BTreeSet::from([false, true]));
         assert!(dual.contains("SCTP [fd00:30::42]:53"));
-        assert!(dual.contains("TCP [fd00::99]:80"));
+        // Service `a` is IPv4 only: its IPv6 externalIP is no proxier's, even here.
+        assert!(!dual.iter().any(|vs| vs.contains("fd00::99")), "{dual:?}");
+        assert_eq!(dual.len(), 6, "{dual:?}");
     }
 
     #[test]

@@ -25,11 +25,13 @@ impl fmt::Display for Status {
     }
 }
 
-/// One flow's result: `PASS <scenario> #<n> <from> -> <to>/<proto>: <what happened>`.
+/// One flow's result: `PASS <scenario> #<n> <from> -> <to>/<proto>: <what happened>`; or a
+/// failed check of a whole step (index 0): `FAIL <scenario> step <n>: <what is wrong>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlowReport {
     pub status: Status,
     pub scenario: String,
+    /// The flow's 1-based index in its file; 0 for a step's check.
     pub index: usize,
     pub from: IpAddr,
     pub to: SocketAddr,
@@ -37,8 +39,27 @@ pub struct FlowReport {
     pub text: String,
 }
 
+impl FlowReport {
+    /// A failed check of step `step` (0: the initial objects) that no single flow owns,
+    /// e.g. the IPVS table lacking a virtual server.
+    pub fn check(scenario: &str, step: usize, text: String) -> Self {
+        Self {
+            status: Status::Fail,
+            scenario: scenario.to_string(),
+            index: 0,
+            from: IpAddr::from([0, 0, 0, 0]),
+            to: SocketAddr::from(([0, 0, 0, 0], 0)),
+            proto: Proto::Tcp,
+            text: format!("step {step}: {text}"),
+        }
+    }
+}
+
 impl fmt::Display for FlowReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.index == 0 {
+            return write!(f, "{} {} {}", self.status, self.scenario, self.text);
+        }
         write!(
             f,
             "{} {} #{} {} -> {}/{}: {}",
@@ -98,5 +119,11 @@ mod tests {
             totals.add(s);
         }
         assert_eq!(totals.to_string(), "2 passed, 1 failed, 1 skipped");
+        let check = FlowReport::check("c1", 2, "ipvsadm -Ln lacks virtual servers [..]".into());
+        assert_eq!(check.status, Status::Fail);
+        assert_eq!(
+            check.to_string(),
+            "FAIL c1 step 2: ipvsadm -Ln lacks virtual servers [..]"
+        );
     }
 }
