@@ -148,6 +148,7 @@ impl BenchAgent {
             binary,
             mode: spec.mode,
             inputs: &ConfigInputs {
+                proxy: tests::scenario::agent::Proxy::Ours,
                 fragment: spec.fragment,
                 mode: spec.mode,
                 node_name: NODE_NAME,

@@ -178,6 +178,46 @@ pub async fn apply_agent_identity(applier: &mut Applier) -> Result<()> {
     Ok(())
 }
 
+/// Upstream's kube-proxy as kubeadm deploys it: ServiceAccount `kube-system/kube-proxy`,
+/// bound to the API server's bootstrap ClusterRole `system:node-proxier` by the
+/// ClusterRoleBinding kubeadm names `kubeadm:node-proxier`.
+pub const UPSTREAM_NAMESPACE: &str = "kube-system";
+pub const UPSTREAM_SERVICE_ACCOUNT: &str = "kube-proxy";
+
+/// The objects of upstream kube-proxy's identity ([`UPSTREAM_SERVICE_ACCOUNT`]).
+pub fn upstream_identity() -> Vec<Value> {
+    vec![
+        json!({
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"namespace": UPSTREAM_NAMESPACE, "name": UPSTREAM_SERVICE_ACCOUNT},
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "kubeadm:node-proxier"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "system:node-proxier",
+            },
+            "subjects": [{
+                "kind": "ServiceAccount",
+                "namespace": UPSTREAM_NAMESPACE,
+                "name": UPSTREAM_SERVICE_ACCOUNT,
+            }],
+        }),
+    ]
+}
+
+/// Applies upstream kube-proxy's identity ([`upstream_identity`]).
+pub async fn apply_upstream_identity(applier: &mut Applier) -> Result<()> {
+    for object in upstream_identity() {
+        applier.apply(&object).await?;
+    }
+    Ok(())
+}
+
 /// Creates the namespace unless it exists (namespaces are never deleted here: without
 /// the namespace controller a deleted one would stay Terminating).
 pub async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<()> {

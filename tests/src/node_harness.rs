@@ -335,6 +335,7 @@ impl<S: ObjectStore> TestNode<S> {
         let bpffs = self.bpffs_root();
         let fragment = merged_config(&self.scenario.config, &config_overrides);
         let inputs = ConfigInputs {
+            proxy: crate::scenario::agent::Proxy::Ours,
             fragment: &fragment,
             mode,
             node_name: &self.scenario.node.name,
@@ -343,6 +344,7 @@ impl<S: ObjectStore> TestNode<S> {
             cgroup_root: &self.topology.cgroup,
         };
         let options = AgentOptions {
+            proxy: crate::scenario::agent::Proxy::Ours,
             binary: agent_binary(),
             mode,
             extra_args: Vec::new(),

@@ -2,6 +2,8 @@
 //! `cargo xtask scenarios --mode <ebpf|iptables|ipvs|nftables> [--dir DIR]... [--filter NAME]`:
 //! builds the agent and the scenario runner, then replays the scenario files on this host,
 //! or, for ipvs on a kernel without IPVS, inside the test VM (one boot for every file).
+//! `--mode upstream-iptables|upstream-nftables` replays them against upstream's kube-proxy
+//! instead (the one `cargo xtask setup` built), through upstream's API server.
 //! The binaries are the ones cargo reports (wherever its target directory is), the runner
 //! is given the agent's path, and a checkout or target directory the guest cannot see
 //! (under its own /tmp, /run, ...) is refused before anything is built or booted.
@@ -28,8 +30,9 @@ use crate::{
 
 #[derive(Args)]
 pub struct ScenariosArgs {
-    /// The dataplane mode the agent runs and the flows are judged in.
-    #[arg(long, value_parser = ["ebpf", "iptables", "ipvs", "nftables"])]
+    /// The dataplane mode the agent runs and the flows are judged in; `upstream-X` runs
+    /// upstream's kube-proxy in mode X instead, and judges the flows as X.
+    #[arg(long, value_parser = MODES)]
     pub mode: String,
     /// Scenario directories (default: ../shared/scenarios and tests/scenarios).
     #[arg(long = "dir")]
@@ -61,8 +64,35 @@ pub struct ScenariosArgs {
     /// Where the agent reads each file's objects from: `test` (the home-made test API
     /// server), `dir` (a manifest directory, --source) or `real` (upstream's kube-apiserver
     /// v1.37 with its EndpointSlice controller, started for the run; this host only).
-    #[arg(long, default_value = "test", value_parser = ["test", "dir", "real"])]
-    pub api: String,
+    /// Default: `test`; `real` for an upstream mode, the only one it can use.
+    #[arg(long, value_parser = ["test", "dir", "real"])]
+    pub api: Option<String>,
+}
+
+/// The modes a replay can run: ours, and upstream kube-proxy's.
+const MODES: [&str; 7] = [
+    "ebpf",
+    "iptables",
+    "ipvs",
+    "nftables",
+    "upstream-iptables",
+    "upstream-nftables",
+    "upstream-ipvs",
+];
+
+impl ScenariosArgs {
+    fn upstream(&self) -> bool {
+        self.mode.starts_with("upstream-")
+    }
+
+    /// Where each file's objects come from (see [`ScenariosArgs::api`]).
+    fn api(&self) -> &str {
+        match &self.api {
+            Some(api) => api,
+            None if self.upstream() => "real",
+            None => "test",
+        }
+    }
 }
 
 /// How long the agent may take to sync a change inside the VM: everything runs 10-20
@@ -83,12 +113,19 @@ pub fn default_dirs() -> Vec<PathBuf> {
 
 /// Where the run happens, or why the mode cannot run here at all.
 fn in_vm(args: &ScenariosArgs) -> anyhow::Result<bool> {
-    let ipvs_needs_vm =
-        args.mode == "ipvs" && args.expect_fallback.is_none() && !vm::host_kernel_has_ipvs();
+    let ipvs = args.mode == "ipvs" || args.mode == "upstream-ipvs";
+    let ipvs_needs_vm = ipvs && args.expect_fallback.is_none() && !vm::host_kernel_has_ipvs();
     if !(args.vm || ipvs_needs_vm) {
         return Ok(false);
     }
-    if args.api == "real" {
+    if args.upstream() {
+        bail!(
+            "{} needs IPVS, which this kernel lacks, and upstream's kube-proxy runs against \
+             upstream's API server, which the test VM does not run yet",
+            args.mode
+        );
+    }
+    if args.api() == "real" {
         // The guest has no network device and no Go toolchain's binaries of its own.
         bail!("--api real runs on this host only; the test VM replays through the test API server");
     }
@@ -232,9 +269,10 @@ pub fn run(args: &ScenariosArgs) -> anyhow::Result<()> {
         "run".into(),
         "--mode".into(),
         args.mode.clone(),
-        "--agent".into(),
-        built.agent.display().to_string(),
     ];
+    if !args.upstream() {
+        words.extend(["--agent".into(), built.agent.display().to_string()]);
+    }
     for dir in &dirs {
         words.extend(["--dir".into(), dir.display().to_string()]);
     }
@@ -251,7 +289,7 @@ pub fn run(args: &ScenariosArgs) -> anyhow::Result<()> {
     if args.trace_check {
         words.push("--trace-check".into());
     }
-    words.extend(["--api".into(), args.api.clone()]);
+    words.extend(["--api".into(), args.api().to_string()]);
     if !guest {
         if args.keep {
             words.push("--keep".into());

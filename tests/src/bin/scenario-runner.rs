@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use tests::scenario::{
     Mode, Proto, Scenario, Status, Totals,
-    agent::AgentOptions,
+    agent::{AgentOptions, Proxy, ProxyMode},
     echo::{self, ListenSpec},
     http,
     probe::{ProbeSpec, probe},
@@ -28,10 +28,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run scenario files against the agent in one dataplane mode.
+    /// Run scenario files against the agent in one dataplane mode, or against upstream's
+    /// kube-proxy in one of its modes (`upstream-iptables`, `upstream-nftables`,
+    /// `upstream-ipvs`: the judge of the files, through upstream's API server).
     Run {
-        #[arg(long, value_parser = parse_mode)]
-        mode: Mode,
+        #[arg(long, value_parser = parse_proxy_mode)]
+        mode: ProxyMode,
         /// Scenario directories (default: ../shared/scenarios and tests/scenarios).
         #[arg(long = "dir")]
         dirs: Vec<PathBuf>,
@@ -46,7 +48,8 @@ enum Command {
         /// runner's settle and grace waits (the emulated test VM sets 10).
         #[arg(long, env = "SCENARIO_TIME_SCALE", default_value_t = 1)]
         time_scale: u32,
-        /// The agent binary (default: proxy-agent beside this binary).
+        /// The agent binary (default: proxy-agent beside this binary; for an upstream mode,
+        /// the kube-proxy `cargo xtask setup` built).
         #[arg(long, conflicts_with = "no_agent")]
         agent: Option<PathBuf>,
         /// Run without an agent: only flows that need no proxy can pass.
@@ -61,9 +64,10 @@ enum Command {
         /// Where the agent reads the objects from: `test` (the home-made test API server,
         /// inside each node namespace), `dir` (a manifest directory, --source) or `real`
         /// (upstream's kube-apiserver: the control plane named by KPE_CONTROL_PLANE, or
-        /// one this run starts and stops).
-        #[arg(long, default_value = "test", value_parser = ["test", "dir", "real"])]
-        api: String,
+        /// one this run starts and stops). Default: `test`, and `real` for an upstream mode
+        /// (the only one upstream's kube-proxy can use).
+        #[arg(long, value_parser = ["test", "dir", "real"])]
+        api: Option<String>,
         /// Connect and answer timeout per attempt.
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
@@ -154,6 +158,10 @@ fn parse_proto(s: &str) -> Result<Proto, String> {
     s.parse().map_err(|e: tests::scenario::Error| e.to_string())
 }
 
+fn parse_proxy_mode(s: &str) -> Result<ProxyMode, String> {
+    s.parse().map_err(|e: tests::scenario::Error| e.to_string())
+}
+
 fn parse_mode(s: &str) -> Result<Mode, String> {
     s.parse().map_err(|e: tests::scenario::Error| e.to_string())
 }
@@ -230,18 +238,26 @@ fn main() -> ExitCode {
             only_external_clients,
         } => {
             tests::scenario::readiness::set_time_scale(time_scale);
+            let ProxyMode { proxy, mode } = mode;
+            let api = api.unwrap_or_else(|| match proxy {
+                Proxy::Ours => "test".into(),
+                Proxy::Upstream => "real".into(),
+            });
             let agent = if no_agent {
                 Ok(None)
             } else {
-                agent_binary(agent).map(|binary| {
-                    Some(AgentOptions {
-                        binary,
-                        mode,
-                        extra_args: agent_args,
-                        config_overrides: xdp_overrides(xdp_mode.as_deref()),
-                        ready_timeout: Duration::from_secs(ready_timeout_s),
+                check_upstream_options(proxy, &api, trace_check, expect_fallback, &xdp_mode)
+                    .and_then(|()| proxy_binary(proxy, agent))
+                    .map(|binary| {
+                        Some(AgentOptions {
+                            proxy,
+                            binary,
+                            mode,
+                            extra_args: agent_args,
+                            config_overrides: xdp_overrides(xdp_mode.as_deref()),
+                            ready_timeout: Duration::from_secs(ready_timeout_s),
+                        })
                     })
-                })
             };
             agent.and_then(|agent| {
                 let judged = expect_fallback.unwrap_or(mode);
@@ -277,6 +293,45 @@ fn main() -> ExitCode {
             eprintln!("scenario-runner: {err:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// What an upstream mode cannot do: read anything but an API server, be traced by our
+/// `trace`, fall back (upstream exits instead), or run XDP.
+fn check_upstream_options(
+    proxy: Proxy,
+    api: &str,
+    trace_check: bool,
+    expect_fallback: Option<Mode>,
+    xdp_mode: &Option<String>,
+) -> anyhow::Result<()> {
+    if proxy == Proxy::Ours {
+        return Ok(());
+    }
+    if api != "real" {
+        bail!("upstream's kube-proxy runs against upstream's API server only (--api real)");
+    }
+    if trace_check {
+        bail!("--trace-check asks proxy-agent's `trace`; upstream's kube-proxy has none");
+    }
+    if expect_fallback.is_some() {
+        bail!("upstream's kube-proxy does not fall back to another mode (--expect-fallback)");
+    }
+    if xdp_mode.is_some() {
+        bail!("--xdp-mode is ebpf mode's; upstream's kube-proxy has no ebpf mode");
+    }
+    Ok(())
+}
+
+/// The binary of `proxy`: `given`, else ours beside this binary, or upstream's kube-proxy
+/// where `cargo xtask setup` built it.
+fn proxy_binary(proxy: Proxy, given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match (proxy, given) {
+        (Proxy::Upstream, None) => {
+            let binaries = testbed::Binaries::locate()?;
+            Ok(binaries.kube_proxy())
+        }
+        (_, given) => agent_binary(given),
     }
 }
 

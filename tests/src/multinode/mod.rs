@@ -153,6 +153,7 @@ impl Cluster {
             fragment.insert(key.clone(), value.clone());
         }
         let inputs = ConfigInputs {
+            proxy: crate::scenario::agent::Proxy::Ours,
             fragment: &fragment,
             mode,
             node_name: &node.name,

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Running the agent under test inside the node namespace and cgroup: its
-//! configuration, start, readiness (via /healthz `lastUpdated`), stop and cleanup.
+//! Running the proxy under test inside the node namespace and cgroup: its
+//! configuration, start, readiness (via its sync metrics or /healthz), stop and cleanup.
+//! The proxy is ours (proxy-agent) or upstream's kube-proxy ([`Proxy`]), the judge of the
+//! scenario files: both take the same KubeProxyConfiguration, serve the same /healthz,
+//! metrics and /proxyMode, and are driven by the runner alike.
 
 use std::{
     ffi::OsString,
-    fs,
+    fmt, fs,
     path::{Path, PathBuf},
     process::{Child, ExitStatus, Stdio},
     thread,
@@ -22,6 +25,91 @@ use super::{
     readiness::{Change, judge_healthz, judge_metrics, parse_sync_times},
 };
 
+/// Whose proxy runs in the node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Proxy {
+    /// This project's proxy-agent.
+    #[default]
+    Ours,
+    /// Upstream's kube-proxy (built by `testbed`): what the scenario files restate.
+    Upstream,
+}
+
+impl Proxy {
+    /// The IP families whose first sync a start must show. Upstream's kube-proxy runs a
+    /// proxier per family whenever the node's kernel has both (the node's addresses only
+    /// choose the primary one), each syncing on its own; ours syncs every family it runs
+    /// at once, and shows them from the start.
+    pub fn families_synced_at_start(self) -> &'static [&'static str] {
+        match self {
+            Proxy::Ours => &[],
+            Proxy::Upstream => &["IPv4", "IPv6"],
+        }
+    }
+
+    /// The first part of the names of its configuration and log in the run directory.
+    pub fn file_stem(self) -> &'static str {
+        match self {
+            Proxy::Ours => "agent",
+            Proxy::Upstream => "kube-proxy",
+        }
+    }
+}
+
+/// A runner mode: a dataplane mode of ours (`iptables`) or of upstream's kube-proxy
+/// (`upstream-iptables`). Flows are judged by [`ProxyMode::mode`] either way: a flow's
+/// `modes:` applies to upstream-X as to X.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyMode {
+    pub proxy: Proxy,
+    pub mode: Mode,
+}
+
+/// The prefix naming upstream's kube-proxy in a runner mode.
+const UPSTREAM_PREFIX: &str = "upstream-";
+
+impl ProxyMode {
+    pub fn ours(mode: Mode) -> Self {
+        Self {
+            proxy: Proxy::Ours,
+            mode,
+        }
+    }
+
+    pub fn upstream(mode: Mode) -> Self {
+        Self {
+            proxy: Proxy::Upstream,
+            mode,
+        }
+    }
+}
+
+impl fmt::Display for ProxyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.proxy {
+            Proxy::Ours => write!(f, "{}", self.mode),
+            Proxy::Upstream => write!(f, "{UPSTREAM_PREFIX}{}", self.mode),
+        }
+    }
+}
+
+impl std::str::FromStr for ProxyMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let Some(upstream) = s.strip_prefix(UPSTREAM_PREFIX) else {
+            return Ok(Self::ours(s.parse()?));
+        };
+        let mode: Mode = upstream.parse()?;
+        if mode == Mode::Ebpf {
+            return Err(Error::Invalid(format!(
+                "{s}: upstream's kube-proxy has no ebpf mode (upstream-iptables, \
+                 upstream-nftables or upstream-ipvs)"
+            )));
+        }
+        Ok(Self::upstream(mode))
+    }
+}
+
 pub const HEALTHZ_BIND: &str = "127.0.0.1:10256";
 pub const METRICS_BIND: &str = "127.0.0.1:10249";
 
@@ -38,6 +126,7 @@ pub fn service_map_pin(bpffs_root: &Path) -> PathBuf {
 #[derive(Debug, Clone)]
 pub struct ConfigInputs<'a> {
     pub fragment: &'a Map<String, Value>,
+    pub proxy: Proxy,
     pub mode: Mode,
     pub node_name: &'a str,
     pub connection: &'a AgentConnection,
@@ -57,7 +146,24 @@ fn merge_into(map: &mut Map<String, Value>, key: &str, entries: Vec<(&str, Value
     map.insert(key.to_string(), Value::Object(inner));
 }
 
-/// The KubeProxyConfiguration YAML the agent is started with.
+/// What upstream's kube-proxy is told about conntrack: leave the node's settings alone
+/// (zero is "do not set"), as a kube-proxy in a shared network namespace must; the
+/// nf_conntrack sysctls it would set are the host's, not the node's.
+fn upstream_conntrack() -> Value {
+    json!({
+        "maxPerCore": 0,
+        "min": 0,
+        "tcpEstablishedTimeout": "0s",
+        "tcpCloseWaitTimeout": "0s",
+        "udpTimeout": "0s",
+        "udpStreamTimeout": "0s",
+    })
+}
+
+/// The KubeProxyConfiguration YAML the proxy is started with: the file's fragment with
+/// what the runner sets over it (node name, where to serve, how to reach the API server);
+/// for ours the `ebpf` pins, for upstream's kube-proxy conntrack left alone and nothing of
+/// ours (it knows no `ebpf` section).
 pub fn render_config(inputs: &ConfigInputs<'_>) -> Result<String> {
     let mut config = Map::new();
     config.insert(
@@ -79,19 +185,29 @@ pub fn render_config(inputs: &ConfigInputs<'_>) -> Result<String> {
             vec![("kubeconfig", json!(path))],
         );
     }
-    merge_into(
-        &mut config,
-        "ebpf",
-        vec![
-            ("bpffsRoot", json!(inputs.bpffs_root)),
-            ("cgroupRoot", json!(inputs.cgroup_root)),
-        ],
-    );
+    match inputs.proxy {
+        Proxy::Ours => merge_into(
+            &mut config,
+            "ebpf",
+            vec![
+                ("bpffsRoot", json!(inputs.bpffs_root)),
+                ("cgroupRoot", json!(inputs.cgroup_root)),
+            ],
+        ),
+        Proxy::Upstream => {
+            config.remove("ebpf");
+            config.insert("conntrack".into(), upstream_conntrack());
+            // Verbose enough to show each sync and why a rule was skipped.
+            merge_into(&mut config, "logging", vec![("verbosity", json!(2))]);
+        }
+    }
     Ok(serde_yaml::to_string(&Value::Object(config))?)
 }
 
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
+    /// Whose proxy [`AgentOptions::binary`] is.
+    pub proxy: Proxy,
     pub binary: PathBuf,
     /// The mode the agent is asked to run. The runner requires it to run
     /// [`RunOptions::mode`](super::RunOptions) (the mode flows are judged in): the same
@@ -136,6 +252,7 @@ pub struct Agent {
     pub config: PathBuf,
     binary: PathBuf,
     env: Vec<(OsString, OsString)>,
+    proxy: Proxy,
     /// The mode the agent was asked to run.
     requested: Mode,
     bpffs_root: PathBuf,
@@ -164,8 +281,16 @@ impl Agent {
             mode: options.mode,
             inputs,
             node,
-            config: run_dir.join(format!("agent-{}.yaml", options.mode)),
-            log: run_dir.join(format!("agent-{}.log", options.mode)),
+            config: run_dir.join(format!(
+                "{}-{}.yaml",
+                options.proxy.file_stem(),
+                options.mode
+            )),
+            log: run_dir.join(format!(
+                "{}-{}.log",
+                options.proxy.file_stem(),
+                options.mode
+            )),
             extra_args: options.extra_args.clone(),
             env: Vec::new(),
             ready_timeout: options.ready_timeout,
@@ -190,6 +315,12 @@ impl Agent {
         let err = out.try_clone().map_err(Error::io("agent log"))?;
         let mut args = vec!["--config".to_string(), config.display().to_string()];
         if let AgentConnection::SourceDir(dir) = inputs.connection {
+            if inputs.proxy == Proxy::Upstream {
+                return Err(Error::Setup(
+                    "upstream's kube-proxy reads the cluster from an API server only (--api real)"
+                        .into(),
+                ));
+            }
             args.extend(["--source".to_string(), dir.display().to_string()]);
         }
         args.extend(launch.extra_args.iter().cloned());
@@ -207,6 +338,7 @@ impl Agent {
             config: config.clone(),
             binary: binary.to_path_buf(),
             env: launch.env.clone(),
+            proxy: inputs.proxy,
             requested: launch.mode,
             bpffs_root: inputs.bpffs_root.to_path_buf(),
             probe_place: Place {
@@ -255,13 +387,20 @@ impl Agent {
             let verdict = match self.get(&format!("http://{METRICS_BIND}/metrics")).await {
                 Ok(metrics)
                     if metrics.status == 200
-                        && parse_sync_times(&metrics.body).last_sync.is_some() =>
+                        && !parse_sync_times(&metrics.body).families.is_empty() =>
                 {
-                    judge_metrics(parse_sync_times(&metrics.body), change, SystemTime::now())
+                    judge_metrics(
+                        &parse_sync_times(&metrics.body),
+                        change,
+                        SystemTime::now(),
+                        self.proxy.families_synced_at_start(),
+                    )
                 }
-                // Only an agent that serves metrics without the sync gauges is judged by
+                // Only a proxy that serves metrics without the sync gauges is judged by
                 // /healthz: one whose metrics server is not up yet is simply not ready
-                // (its /healthz says "healthy" while starting, as upstream's does).
+                // (its /healthz says "healthy" while starting, as upstream's does), and one
+                // that shows only the queued gauge has not synced yet (upstream's kube-proxy
+                // shows the sync gauge from its first sync on).
                 Ok(_) => match self.get(&format!("http://{HEALTHZ_BIND}/healthz")).await {
                     Ok(healthz) => judge_healthz(&healthz, change),
                     Err(err) => Err(err),
@@ -372,6 +511,11 @@ impl Agent {
         if !self.terminate() || self.keep {
             return;
         }
+        if self.proxy == Proxy::Upstream {
+            // Its rules live in the node's namespace only, which goes with the run; nothing
+            // of upstream's is pinned or attached outside it.
+            return;
+        }
 
         let args = vec![
             "--cleanup".to_string(),
@@ -465,6 +609,7 @@ mod tests {
     ) -> ConfigInputs<'a> {
         ConfigInputs {
             fragment,
+            proxy: Proxy::Ours,
             mode: Mode::Ipvs,
             node_name: "test-node",
             connection,
@@ -521,5 +666,40 @@ mod tests {
         let back: Value =
             serde_yaml::from_str(&render_config(&inputs(&Map::new(), &dir)).unwrap()).unwrap();
         assert!(back.get("clientConnection").is_none());
+    }
+
+    #[test]
+    fn upstream_gets_the_files_config_without_ours_and_conntrack_left_alone() {
+        let fragment: Map<String, Value> = serde_yaml::from_str(
+            "clusterCIDR: 10.0.0.0/8\nebpf: {xdpMode: generic}\nnftables: {masqueradeAll: true}\n",
+        )
+        .unwrap();
+        let connection = AgentConnection::Kubeconfig("/tmp/k/kubeconfig".into());
+        let mut upstream = inputs(&fragment, &connection);
+        upstream.proxy = Proxy::Upstream;
+        upstream.mode = Mode::Nftables;
+        let back: Value = serde_yaml::from_str(&render_config(&upstream).unwrap()).unwrap();
+        assert!(back.get("ebpf").is_none(), "{back}");
+        assert_eq!(back["mode"], "nftables");
+        assert_eq!(back["clusterCIDR"], "10.0.0.0/8");
+        assert_eq!(back["nftables"]["masqueradeAll"], true);
+        assert_eq!(back["hostnameOverride"], "test-node");
+        assert_eq!(back["clientConnection"]["kubeconfig"], "/tmp/k/kubeconfig");
+        assert_eq!(back["conntrack"]["maxPerCore"], 0);
+        assert_eq!(back["conntrack"]["tcpEstablishedTimeout"], "0s");
+        assert_eq!(back["conntrack"]["tcpCloseWaitTimeout"], "0s");
+    }
+
+    #[test]
+    fn runner_modes_name_whose_proxy_runs() {
+        let upstream: ProxyMode = "upstream-nftables".parse().unwrap();
+        assert_eq!(upstream, ProxyMode::upstream(Mode::Nftables));
+        assert_eq!(upstream.to_string(), "upstream-nftables");
+        let ours: ProxyMode = "ipvs".parse().unwrap();
+        assert_eq!(ours, ProxyMode::ours(Mode::Ipvs));
+        assert_eq!(ours.to_string(), "ipvs");
+        assert!("upstream-ebpf".parse::<ProxyMode>().is_err());
+        assert!("upstream-".parse::<ProxyMode>().is_err());
+        assert!("upstream-userspace".parse::<ProxyMode>().is_err());
     }
 }

@@ -8,6 +8,7 @@
 //! /healthz is only the fallback for an agent without those metrics.
 
 use std::{
+    collections::BTreeMap,
     sync::atomic::{AtomicU32, Ordering},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -21,12 +22,56 @@ pub const LAST_QUEUED: &str = "kubeproxy_sync_proxy_rules_last_queued_timestamp_
 /// needed none (e.g. it did not touch anything the proxy uses).
 pub const NOTHING_QUEUED_GRACE: Duration = Duration::from_secs(3);
 
-/// The sync gauges, in seconds since the epoch; with several IP families, the newest
-/// of each (a family without services may not sync at all).
+/// One IP family's sync gauges, in seconds since the epoch.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct SyncTimes {
+pub struct FamilyTimes {
     pub last_sync: Option<f64>,
     pub last_queued: Option<f64>,
+}
+
+impl FamilyTimes {
+    fn synced(&self) -> bool {
+        self.last_sync.is_some_and(|t| t > 0.0)
+    }
+
+    /// Something was queued after the last sync finished (or before any sync).
+    fn pending(&self) -> bool {
+        self.last_queued.unwrap_or(0.0) > self.last_sync.unwrap_or(0.0)
+    }
+}
+
+/// The sync gauges by their `ip_family` label (`""` for unlabelled ones). Each family is
+/// its own proxier upstream: one family's sync says nothing of the other's, and a family
+/// a change did not touch queues nothing and keeps its old stamps.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SyncTimes {
+    pub families: BTreeMap<String, FamilyTimes>,
+}
+
+impl SyncTimes {
+    /// The newest sync of any family.
+    pub fn last_sync(&self) -> Option<f64> {
+        self.families
+            .values()
+            .filter_map(|f| f.last_sync)
+            .reduce(f64::max)
+    }
+
+    /// The newest queueing of any family.
+    pub fn last_queued(&self) -> Option<f64> {
+        self.families
+            .values()
+            .filter_map(|f| f.last_queued)
+            .reduce(f64::max)
+    }
+}
+
+/// The value of label `name` in a series' label text (`a="x",b="y"`).
+fn label_value<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    labels.split(',').find_map(|pair| {
+        let (key, value) = pair.split_once('=')?;
+        (key.trim() == name).then(|| value.trim().trim_matches('"'))
+    })
 }
 
 /// Reads the two gauges from Prometheus text exposition.
@@ -35,9 +80,9 @@ pub fn parse_sync_times(text: &str) -> SyncTimes {
     for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
         let name_end = line.find(['{', ' ']).unwrap_or(line.len());
         let name = &line[..name_end];
-        let rest = match line[name_end..].strip_prefix('{') {
-            Some(labelled) => labelled.split_once('}').map_or("", |(_, v)| v),
-            None => &line[name_end..],
+        let (labels, rest) = match line[name_end..].strip_prefix('{') {
+            Some(labelled) => labelled.split_once('}').unwrap_or(("", "")),
+            None => ("", &line[name_end..]),
         };
         let Some(value) = rest
             .split_whitespace()
@@ -46,11 +91,14 @@ pub fn parse_sync_times(text: &str) -> SyncTimes {
         else {
             continue;
         };
-        if name == LAST_SYNC {
-            times.last_sync = Some(times.last_sync.map_or(value, |t| t.max(value)));
-        } else if name == LAST_QUEUED {
-            times.last_queued = Some(times.last_queued.map_or(value, |t| t.max(value)));
-        }
+        let slot: fn(&mut FamilyTimes) -> &mut Option<f64> = match name {
+            LAST_SYNC => |f: &mut FamilyTimes| &mut f.last_sync,
+            LAST_QUEUED => |f: &mut FamilyTimes| &mut f.last_queued,
+            _ => continue,
+        };
+        let family = label_value(labels, "ip_family").unwrap_or_default();
+        let entry = slot(times.families.entry(family.to_string()).or_default());
+        *entry = Some(entry.map_or(value, |t: f64| t.max(value)));
     }
     times
 }
@@ -89,26 +137,47 @@ pub fn scaled(wait: Duration) -> Duration {
     wait * TIME_SCALE.load(Ordering::Relaxed)
 }
 
-/// `Ok` when the agent has applied the change; otherwise why not yet.
+/// `Ok` when the proxy has applied the change; otherwise why not yet.
 ///
-/// The agent queues a sync whenever it hears of a change and stamps the queue time; once
-/// the change has settled, it is applied when something was queued since the change began
-/// and a sync finished after the last queueing. A change the agent needs no sync for
-/// queues nothing: after a grace period the last sync counts.
-pub fn judge_metrics(times: SyncTimes, change: Change, now: SystemTime) -> Result<(), String> {
-    let Some(synced) = times.last_sync.filter(|t| *t > 0.0) else {
+/// The proxy queues a sync whenever it hears of a change and stamps the queue time, per
+/// IP family; once the change has settled, it is applied when something was queued since
+/// the change began and no family has a sync queued that has not finished. A change the
+/// proxy needs no sync for queues nothing: after a grace period the last sync counts. The
+/// first sync after a start must be seen in every family of `required` (upstream's
+/// kube-proxy shows a family's gauges only from its first sync on, and its families sync
+/// one after the other).
+pub fn judge_metrics(
+    times: &SyncTimes,
+    change: Change,
+    now: SystemTime,
+    required: &[&str],
+) -> Result<(), String> {
+    if !times.families.values().any(FamilyTimes::synced) {
         return Err("no sync yet".into());
-    };
-    let queued = times.last_queued.unwrap_or(0.0);
-    if queued > synced {
+    }
+    if let Some(family) = required
+        .iter()
+        .find(|f| !times.families.get(**f).is_some_and(FamilyTimes::synced))
+    {
+        return Err(format!("no {family} sync yet"));
+    }
+    if let Some((family, pending)) = times.families.iter().find(|(_, f)| f.pending()) {
+        let family = if family.is_empty() {
+            ""
+        } else {
+            family.as_str()
+        };
         return Err(format!(
-            "a sync is queued ({:.3} s after the last one)",
-            queued - synced
+            "a sync is queued{}{} ({:.3} s after the last one)",
+            if family.is_empty() { "" } else { " for " },
+            family,
+            pending.last_queued.unwrap_or(0.0) - pending.last_sync.unwrap_or(0.0)
         ));
     }
     if change.initial {
         return Ok(());
     }
+    let queued = times.last_queued().unwrap_or(0.0);
     let since_write = now.duration_since(change.at).unwrap_or_default();
     if since_write < scaled(SETTLE) {
         return Err("the change is settling".into());
@@ -187,8 +256,10 @@ mod tests {
              {LAST_SYNC}_other 5\n"
         );
         let times = parse_sync_times(&text);
-        assert_eq!(times.last_sync, Some(1.7500000015e9));
-        assert_eq!(times.last_queued, Some(1.75e9));
+        assert_eq!(times.last_sync(), Some(1.7500000015e9));
+        assert_eq!(times.last_queued(), Some(1.75e9));
+        assert_eq!(times.families["IPv6"].last_sync, Some(1.7500000012e9));
+        assert_eq!(times.families[""].last_queued, Some(1.75e9));
         assert_eq!(parse_sync_times("up 1\n"), SyncTimes::default());
     }
 
@@ -200,9 +271,15 @@ mod tests {
             initial: false,
         };
         let times = |sync: f64, queued: f64| SyncTimes {
-            last_sync: Some(sync),
-            last_queued: Some(queued),
+            families: BTreeMap::from([(
+                "IPv4".to_string(),
+                FamilyTimes {
+                    last_sync: Some(sync),
+                    last_queued: Some(queued),
+                },
+            )]),
         };
+        let judge_metrics = |t: SyncTimes, c, now| super::judge_metrics(&t, c, now, &[]);
         let soon = at(T + 0.5);
         assert!(judge_metrics(times(T + 0.2, T + 0.1), change, soon).is_ok());
         // The agent heard of the change while it was being written and synced before the
@@ -223,17 +300,56 @@ mod tests {
             initial: true,
         };
         assert!(judge_metrics(times(T + 0.3, 0.0), start, soon).is_ok());
-        assert!(
-            judge_metrics(
-                SyncTimes {
-                    last_sync: Some(0.0),
-                    last_queued: None
-                },
-                start,
-                soon
-            )
-            .is_err()
-        );
+        let never = SyncTimes {
+            families: BTreeMap::from([("IPv4".to_string(), FamilyTimes::default())]),
+        };
+        assert!(judge_metrics(never, start, soon).is_err());
+    }
+
+    /// Upstream's families are two proxiers: IPv4 synced says nothing of IPv6, which may
+    /// not even show its gauges yet; one family queued and not synced keeps the change
+    /// pending though the other synced since.
+    #[test]
+    fn every_family_counts() {
+        let family = |sync: f64, queued: Option<f64>| FamilyTimes {
+            last_sync: Some(sync),
+            last_queued: queued,
+        };
+        let start = Change {
+            started: at(T),
+            at: at(T),
+            initial: true,
+        };
+        let both = ["IPv4", "IPv6"];
+        let v4_only = SyncTimes {
+            families: BTreeMap::from([("IPv4".to_string(), family(T + 0.1, None))]),
+        };
+        let err = judge_metrics(&v4_only, start, at(T + 0.5), &both).unwrap_err();
+        assert_eq!(err, "no IPv6 sync yet");
+        assert!(judge_metrics(&v4_only, start, at(T + 0.5), &[]).is_ok());
+
+        let change = Change {
+            started: at(T - 0.1),
+            at: at(T),
+            initial: false,
+        };
+        let mut times = SyncTimes {
+            families: BTreeMap::from([
+                ("IPv4".to_string(), family(T + 0.3, Some(T + 0.2))),
+                ("IPv6".to_string(), family(T - 9.0, Some(T + 0.1))),
+            ]),
+        };
+        let err = judge_metrics(&times, change, at(T + 0.5), &both).unwrap_err();
+        assert!(err.starts_with("a sync is queued for IPv6"), "{err}");
+        times
+            .families
+            .insert("IPv6".into(), family(T + 0.4, Some(T + 0.1)));
+        assert!(judge_metrics(&times, change, at(T + 0.5), &both).is_ok());
+        // A family the change did not touch keeps its old stamps.
+        times
+            .families
+            .insert("IPv6".into(), family(T - 9.0, Some(T - 9.5)));
+        assert!(judge_metrics(&times, change, at(T + 0.5), &both).is_ok());
     }
 
     #[test]

@@ -37,13 +37,16 @@ use serde_json::{Value, json};
 use testbed::{ControlPlane, objects::Applier};
 
 use super::{
+    agent::Proxy,
     cluster::{AgentConnection, ObjectStore},
     error::{Error, Result},
     format::ObjectRef,
 };
 
-/// The ServiceAccount the agent runs as, from deploy/serviceaccount.yaml.
-pub use testbed::objects::{AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT};
+/// The ServiceAccounts the agent (deploy/serviceaccount.yaml) and upstream kube-proxy run as.
+pub use testbed::objects::{
+    AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, UPSTREAM_NAMESPACE, UPSTREAM_SERVICE_ACCOUNT,
+};
 /// What a file's ServiceCIDR `kubernetes` is called on the real server, whose own one
 /// (from `--service-cluster-ip-range`) is immutable: the name means nothing to a proxy.
 const RENAMED_DEFAULT_CIDR: &str = "scenario-kubernetes";
@@ -221,6 +224,18 @@ impl RealApiStore {
         run_dir: &Path,
         cluster_ips: &BTreeSet<IpAddr>,
     ) -> Result<Self> {
+        Self::for_proxy(Proxy::Ours, plane_dir, node_ns, run_dir, cluster_ips)
+    }
+
+    /// [`RealApiStore::new`] for `proxy`: ours with the identity deploy/ gives it, or
+    /// upstream's kube-proxy with the one kubeadm gives it (`system:node-proxier`).
+    pub fn for_proxy(
+        proxy: Proxy,
+        plane_dir: &Path,
+        node_ns: &str,
+        run_dir: &Path,
+        cluster_ips: &BTreeSet<IpAddr>,
+    ) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("real-api")
@@ -245,12 +260,16 @@ impl RealApiStore {
         };
         store.reset()?;
         store.cover(cluster_ips)?;
-        store.apply_identity()?;
+        store.apply_identity(proxy)?;
         store.start_relay(node_ns)?;
         let server = format!("https://{}", store.relay);
+        let (namespace, account) = match proxy {
+            Proxy::Ours => (AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT),
+            Proxy::Upstream => (UPSTREAM_NAMESPACE, UPSTREAM_SERVICE_ACCOUNT),
+        };
         let written = store.block(store.plane.write_service_account_kubeconfig(
-            AGENT_NAMESPACE,
-            AGENT_SERVICE_ACCOUNT,
+            namespace,
+            account,
             &server,
             &store.kubeconfig,
         ));
@@ -286,13 +305,15 @@ impl RealApiStore {
         self.relay
     }
 
-    fn apply_identity(&mut self) -> Result<()> {
+    fn apply_identity(&mut self, proxy: Proxy) -> Result<()> {
         let applier = &mut self.applier;
-        on(
-            self.runtime.as_ref().unwrap_or_else(|| unreachable!()),
-            testbed::objects::apply_agent_identity(applier),
-        )
-        .map_err(|e| setup("applying the agent's identity from deploy/", e))
+        let runtime = self.runtime.as_ref().unwrap_or_else(|| unreachable!());
+        match proxy {
+            Proxy::Ours => on(runtime, testbed::objects::apply_agent_identity(applier))
+                .map_err(|e| setup("applying the agent's identity from deploy/", e)),
+            Proxy::Upstream => on(runtime, testbed::objects::apply_upstream_identity(applier))
+                .map_err(|e| setup("applying upstream kube-proxy's identity", e)),
+        }
     }
 
     fn start_relay(&mut self, node_ns: &str) -> Result<()> {

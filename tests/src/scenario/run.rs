@@ -13,7 +13,7 @@ use std::{
 use serde_json::Value;
 
 use super::{
-    agent::{Agent, AgentOptions, ConfigInputs, bpffs_root},
+    agent::{Agent, AgentOptions, ConfigInputs, Proxy, bpffs_root},
     cluster::{ApiServerStore, ClusterSource, DirSource, Tracked},
     echo::sctp_supported,
     error::{Error, Result},
@@ -369,7 +369,9 @@ impl<'a> ScenarioEnv<'a> {
                         Change::Replace(objects) => objects.as_slice(),
                         Change::Delete(_) => &[],
                     });
-                Box::new(Tracked::new(RealApiStore::new(
+                let proxy = options.agent.as_ref().map_or(Proxy::Ours, |a| a.proxy);
+                Box::new(Tracked::new(RealApiStore::for_proxy(
+                    proxy,
                     plane,
                     &topology.node_ns,
                     &topology.run_dir,
@@ -394,6 +396,7 @@ impl<'a> ScenarioEnv<'a> {
                 let bpffs = bpffs_root(&topology.id);
                 let fragment = merged_config(&scenario.config, &agent_options.config_overrides);
                 let inputs = ConfigInputs {
+                    proxy: agent_options.proxy,
                     fragment: &fragment,
                     mode: agent_options.mode,
                     node_name: &scenario.node.name,

@@ -49,6 +49,7 @@ fn options_for(mode: Mode) -> Option<RunOptions> {
         return None;
     }
     let agent = AgentOptions {
+        proxy: tests::scenario::agent::Proxy::Ours,
         binary,
         mode,
         extra_args: vec!["--strict-mode".into()],

@@ -419,6 +419,7 @@ fn prepare(xdp_mode: Option<&str>) -> Option<(Scenario, RunOptions)> {
     let raw: RawScenario = serde_yaml::from_str(SCENARIO).unwrap();
     let scenario = Scenario::from_raw(raw, Path::new("northsouth.yaml")).unwrap();
     let agent = AgentOptions {
+        proxy: tests::scenario::agent::Proxy::Ours,
         binary,
         mode: Mode::Ebpf,
         // Fail rather than fall back to iptables mode.

@@ -31,6 +31,7 @@ async fn without_a_healthz_server_the_agent_still_serves_services() {
     }
     let scenario = Scenario::load(&file).unwrap();
     let agent = AgentOptions {
+        proxy: tests::scenario::agent::Proxy::Ours,
         binary,
         mode: Mode::Iptables,
         extra_args: vec!["--healthz-port=0".into(), "--strict-mode".into()],

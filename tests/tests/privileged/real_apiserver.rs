@@ -470,6 +470,7 @@ async fn the_agents_events_are_accepted_by_the_server() {
     let bpffs = node.bpffs_root();
     let fragment = merged_config(&node.scenario.config, &Map::new());
     let inputs = ConfigInputs {
+        proxy: tests::scenario::agent::Proxy::Ours,
         fragment: &fragment,
         mode: Mode::Nftables,
         node_name: NODE,

@@ -316,6 +316,7 @@ async fn run_with_fake_agent(metrics: bool) {
         return;
     };
     let agent = AgentOptions {
+        proxy: tests::scenario::agent::Proxy::Ours,
         binary,
         mode: Mode::Iptables,
         extra_args: vec!["--v=2".into()],
