@@ -17,6 +17,7 @@ use tests::scenario::{
     report::FlowReport,
     run::{ClusterApi, RunOptions, check_privileges, default_dirs, discover, run_scenario},
     stale::cleanup_stale,
+    upstream_outcomes::UpstreamOutcomes,
 };
 
 #[derive(Parser)]
@@ -267,7 +268,10 @@ fn main() -> ExitCode {
                          back to {judged} (checked on /proxyMode); flows are judged as {judged}"
                     );
                 }
+                let upstream_outcomes =
+                    UpstreamOutcomes::load(&testbed::binaries::workspace_root())?;
                 let options = RunOptions {
+                    upstream_outcomes,
                     mode: judged,
                     agent,
                     runner_exe: std::env::current_exe().context("locating this binary")?,

@@ -197,6 +197,20 @@ pub fn render_config(inputs: &ConfigInputs<'_>) -> Result<String> {
         Proxy::Upstream => {
             config.remove("ebpf");
             config.insert("conntrack".into(), upstream_conntrack());
+            // A change that lands while a sync runs is applied by the next sync, which
+            // upstream holds back for minSyncPeriod (1 s by default); the sync metrics
+            // stamp a sync's end, not its start, so the change looks applied a second
+            // early. A millisecond (zero means the default) runs the next sync at once;
+            // it changes when rules are written, not what they say.
+            for section in ["iptables", "ipvs", "nftables"] {
+                let has_own = config
+                    .get(section)
+                    .and_then(|s| s.get("minSyncPeriod"))
+                    .is_some();
+                if !has_own {
+                    merge_into(&mut config, section, vec![("minSyncPeriod", json!("1ms"))]);
+                }
+            }
             // Verbose enough to show each sync and why a rule was skipped.
             merge_into(&mut config, "logging", vec![("verbosity", json!(2))]);
         }
@@ -688,6 +702,8 @@ mod tests {
         assert_eq!(back["conntrack"]["maxPerCore"], 0);
         assert_eq!(back["conntrack"]["tcpEstablishedTimeout"], "0s");
         assert_eq!(back["conntrack"]["tcpCloseWaitTimeout"], "0s");
+        assert_eq!(back["nftables"]["minSyncPeriod"], "1ms");
+        assert_eq!(back["iptables"]["minSyncPeriod"], "1ms");
     }
 
     #[test]

@@ -486,20 +486,18 @@ fn check_mode_coverage(flows: &[Flow]) -> Result<()> {
     Ok(())
 }
 
-fn check_flow(raw: RawFlow, index: usize, step: usize) -> Result<Flow> {
-    let what = |msg: String| Error::Invalid(format!("flow #{index}: {msg}"));
-    let from = parse_ip(&raw.from).map_err(|e| what(e.to_string()))?;
-    let to = parse_socket_addr(&raw.to).map_err(|e| what(e.to_string()))?;
-    let expect = match raw.expect {
+/// An `expect:` as written: a backend list, or one of the outcome keywords.
+pub fn parse_expectation(raw: &RawExpect) -> Result<Expectation, String> {
+    Ok(match raw {
         RawExpect::Backends(list) => {
             if list.is_empty() {
-                return Err(what("empty backend list".into()));
+                return Err("empty backend list".into());
             }
             Expectation::Backends(
                 list.iter()
                     .map(|b| parse_socket_addr(b))
                     .collect::<Result<_>>()
-                    .map_err(|e| what(e.to_string()))?,
+                    .map_err(|e| e.to_string())?,
             )
         }
         RawExpect::Keyword(word) => match word.as_str() {
@@ -507,9 +505,16 @@ fn check_flow(raw: RawFlow, index: usize, step: usize) -> Result<Flow> {
             "DROP" => Expectation::Drop,
             "LOCAL" => Expectation::Local,
             "UNTOUCHED" => Expectation::Untouched,
-            other => return Err(what(format!("unknown expectation {other:?}"))),
+            other => return Err(format!("unknown expectation {other:?}")),
         },
-    };
+    })
+}
+
+fn check_flow(raw: RawFlow, index: usize, step: usize) -> Result<Flow> {
+    let what = |msg: String| Error::Invalid(format!("flow #{index}: {msg}"));
+    let from = parse_ip(&raw.from).map_err(|e| what(e.to_string()))?;
+    let to = parse_socket_addr(&raw.to).map_err(|e| what(e.to_string()))?;
+    let expect = parse_expectation(&raw.expect).map_err(what)?;
     let modes = raw
         .modes
         .map(|m| m.iter().map(|s| s.parse()).collect::<Result<_>>())

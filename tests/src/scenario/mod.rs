@@ -45,6 +45,7 @@ pub mod run;
 pub mod stale;
 pub mod topology;
 pub mod trace;
+pub mod upstream_outcomes;
 
 pub use self::{
     error::{Error, Result},

@@ -26,6 +26,7 @@ use super::{
     real_api::{RealApiStore, uncovered_cluster_ips},
     report::{FlowReport, Status},
     topology::{Topology, Unbound},
+    upstream_outcomes::UpstreamOutcomes,
 };
 
 /// Which API server holds a scenario's objects.
@@ -67,6 +68,9 @@ pub struct RunOptions {
     /// XDP trial replays these: XDP sits on the uplink, and the node's own and its pods'
     /// flows would replay the plain ebpf run.
     pub only_external_clients: bool,
+    /// Upstream's outcomes where they are not the files' (`tests/upstream-outcomes.yaml`):
+    /// what upstream's kube-proxy is judged by for a listed flow.
+    pub upstream_outcomes: UpstreamOutcomes,
 }
 
 impl RunOptions {
@@ -83,7 +87,13 @@ impl RunOptions {
             trace_check: false,
             only_proto: None,
             only_external_clients: false,
+            upstream_outcomes: UpstreamOutcomes::default(),
         }
+    }
+
+    /// Whose proxy runs the replay (ours without an agent: nothing is upstream's).
+    pub fn proxy(&self) -> Proxy {
+        self.agent.as_ref().map_or(Proxy::Ours, |a| a.proxy)
     }
 
     /// Whether `flow` is replayed in this run; `external_clients` are the file's clients
@@ -293,7 +303,23 @@ pub async fn run_scenario(
                     format!("step {n} not applied: {}", first_line(err)),
                 ),
                 Ok(addrs) => {
-                    let (status, text) = env.run_flow(flow, addrs).await;
+                    let (judged, listed) = match options.proxy() {
+                        Proxy::Upstream => options.upstream_outcomes.judged_by_upstream(
+                            &scenario.path,
+                            flow,
+                            options.mode,
+                        ),
+                        Proxy::Ours => (flow.clone(), None),
+                    };
+                    let (status, mut text) = env.run_flow(&judged, addrs).await;
+                    if let Some(entry) = listed {
+                        text.push_str(&format!(
+                            " (judged by upstream's outcome {}, listed as {:?} in {})",
+                            entry.expect,
+                            entry.kind,
+                            super::upstream_outcomes::PATH
+                        ));
+                    }
                     report(scenario, flow, status, text)
                 }
             };
@@ -369,7 +395,7 @@ impl<'a> ScenarioEnv<'a> {
                         Change::Replace(objects) => objects.as_slice(),
                         Change::Delete(_) => &[],
                     });
-                let proxy = options.agent.as_ref().map_or(Proxy::Ours, |a| a.proxy);
+                let proxy = options.proxy();
                 Box::new(Tracked::new(RealApiStore::for_proxy(
                     proxy,
                     plane,
@@ -748,6 +774,7 @@ flows:
     /// Options of an ebpf-mode run without agent, filtering flows as given.
     fn filtering_options(only_proto: Option<Proto>, only_external_clients: bool) -> RunOptions {
         RunOptions {
+            upstream_outcomes: UpstreamOutcomes::default(),
             mode: Mode::Ebpf,
             agent: None,
             runner_exe: PathBuf::new(),

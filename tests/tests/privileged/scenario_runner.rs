@@ -101,6 +101,7 @@ fn live_runs_of_this_process() -> BTreeSet<String> {
 
 fn options(agent: Option<AgentOptions>) -> RunOptions {
     RunOptions {
+        upstream_outcomes: Default::default(),
         mode: Mode::Iptables,
         agent,
         runner_exe: PathBuf::from(RUNNER),
