@@ -11,7 +11,10 @@ use std::{
 };
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use tests::scenario::{Scenario, placement::Placement, real_api::refused_by_real_api};
+use tests::scenario::{
+    Scenario, placement::Placement, real_api::refused_by_real_api,
+    upstream_outcomes::UpstreamOutcomes,
+};
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 
@@ -64,6 +67,11 @@ enum Files {
     /// proxier, whose outcomes the `iptables` trial already judges on every file; what this
     /// mode adds is the fallback itself.
     Fallback,
+    /// Only the files with a flow in tests/upstream-outcomes.yaml, for upstream's
+    /// kube-proxy: each listed flow is judged by its stated upstream outcome, so the list
+    /// cannot go stale in CI; `cargo xtask scenarios --mode upstream-<mode>` replays every
+    /// file (six minutes a mode here).
+    UpstreamListed,
 }
 
 /// The shared files the ipvs fallback replays: every kind of service address (ClusterIP,
@@ -80,8 +88,10 @@ const FALLBACK_FILES: &[&str] = &[
 /// Modes replayed on this host, as (test name, runner arguments, files). In ebpf,
 /// iptables and nftables modes every flow is also asked of `proxy-agent trace`, whose
 /// answer must agree with what the probes saw (`--trace-check`). ebpf mode reads its
-/// objects from upstream's API server ([`api_args`]), the others from the test API server. `ebpf-xdp` is ebpf mode with XDP generic on
-/// the uplink in front of tc. ipvs needs a kernel with IPVS: where this one has none,
+/// objects from upstream's API server ([`api_args`]), the others from the test API server;
+/// upstream's kube-proxy (`upstream-*`) replays the files with upstream outcomes listed
+/// ([`Files::UpstreamListed`]). `ebpf-xdp` is ebpf mode with XDP generic on the uplink in
+/// front of tc. ipvs needs a kernel with IPVS: where this one has none,
 /// `ipvs-fallback` starts the agent in ipvs mode, requires that it fell back to iptables
 /// (its /proxyMode) and judges the flows as iptables; the real ipvs runs are in the guest of
 /// tests/tests/vm_guest.rs.
@@ -119,6 +129,16 @@ fn modes() -> Vec<(&'static str, &'static [&'static str], Files)> {
             Files::AllButOwnTwins,
         ),
         ipvs,
+        (
+            "upstream-iptables",
+            &["--mode", "upstream-iptables"],
+            Files::UpstreamListed,
+        ),
+        (
+            "upstream-nftables",
+            &["--mode", "upstream-nftables"],
+            Files::UpstreamListed,
+        ),
     ]
 }
 
@@ -135,6 +155,10 @@ fn selected(files: Files, file: &Path) -> bool {
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| FALLBACK_FILES.contains(&n))
         }
+        Files::UpstreamListed => {
+            let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            upstream_listed().iter().any(|listed| listed == name)
+        }
         Files::SharedWithExternalClients if !is_shared(file) => false,
         Files::SharedWithExternalClients => match Scenario::load(file) {
             Ok(scenario) => Placement::plan(&scenario)
@@ -143,6 +167,14 @@ fn selected(files: Files, file: &Path) -> bool {
             Err(_) => true,
         },
     }
+}
+
+/// The files tests/upstream-outcomes.yaml names (none if it does not load: its unit test
+/// says why).
+fn upstream_listed() -> Vec<String> {
+    UpstreamOutcomes::load(&workspace())
+        .map(|list| list.0.into_iter().map(|entry| entry.file).collect())
+        .unwrap_or_default()
 }
 
 /// Whether `file` is one of ../shared/scenarios.
@@ -172,6 +204,7 @@ const AGENT_LOG_LINES: usize = 200;
 fn api_args(mode: &str, file: &Path) -> &'static [&'static str] {
     match mode {
         "ebpf" if refused_by_real_api(file).is_none() => &["--api", "real"],
+        upstream if upstream.starts_with("upstream-") => &["--api", "real"],
         _ => &["--api", "test"],
     }
 }
