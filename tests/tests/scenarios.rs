@@ -156,7 +156,10 @@ fn selected(files: Files, file: &Path) -> bool {
                     .is_some_and(|n| FALLBACK_FILES.contains(&n))
         }
         Files::UpstreamListed => {
-            let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let name = file
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
             upstream_listed().iter().any(|listed| listed == name)
         }
         Files::SharedWithExternalClients if !is_shared(file) => false,
