@@ -189,7 +189,7 @@ impl BenchAgent {
     /// Waits until the agent's sync metrics show `change` applied.
     pub fn wait_synced(&mut self, change: Change, timeout: Duration) -> Result<()> {
         self.wait_metrics(timeout, |body, now| {
-            judge_metrics(parse_sync_times(body), change, now)
+            judge_metrics(&parse_sync_times(body), change, now, &[])
         })
     }
 

@@ -177,7 +177,7 @@ impl ScaleArgs {
 }
 
 /// What the agent's metrics say at one moment (pure).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct AgentSample {
     pub times: SyncTimes,
     /// Service and EndpointSlice changes applied by the last sync that started.
@@ -237,7 +237,7 @@ pub fn judge_scale_sync(
              {services} EndpointSlice changes"
         ));
     }
-    judge_metrics(now.times, change, at)
+    judge_metrics(&now.times, change, at, &[])
 }
 
 /// One scale run's measurements.
@@ -410,7 +410,7 @@ pub(super) fn measure_scale(opts: &MemoryOptions, id: &str, rep: u32) -> Result<
         }
     };
     let probes = probes?;
-    let cold_sync = after.times.last_sync.unwrap_or(0.0) - epoch_secs(visible);
+    let cold_sync = after.times.last_sync().unwrap_or(0.0) - epoch_secs(visible);
     if cold_sync <= 0.0 {
         return Err(agent.failure(format!(
             "the last sync ended {:.3} s before the services were written",
@@ -470,7 +470,7 @@ fn wait_out_min_sync_period(agent: &BenchAgent) -> Result<()> {
         .min_sync
         .to_std();
     let last_sync = parse_sync_times(&agent.metrics().map_err(Error::Agent)?)
-        .last_sync
+        .last_sync()
         .ok_or_else(|| agent.failure("no sync before the scale run".into()))?;
     let free_at = last_sync + min_sync.as_secs_f64();
     let now = epoch_secs(SystemTime::now());

@@ -109,8 +109,8 @@ fn a_sample_reads_the_counters_once_per_sync_whatever_the_families() {
     assert_eq!(sample.endpoint_changes, 50_001.0);
     assert_eq!(sample.map_growths, 3.0);
     assert_eq!(sample.not_programmed, 0.0);
-    assert_eq!(sample.times.last_sync, Some(1_700_000_010.25));
-    assert_eq!(sample.times.last_queued, Some(1_700_000_009.0));
+    assert_eq!(sample.times.last_sync(), Some(1_700_000_010.25));
+    assert_eq!(sample.times.last_queued(), Some(1_700_000_009.0));
     let empty = AgentSample::parse("");
     assert_eq!(empty, AgentSample::default());
     assert_eq!(format!("{:.0}", empty.map_growths), "0", "not -0");
@@ -144,7 +144,7 @@ fn the_sync_is_done_once_every_change_is_applied_and_nothing_is_queued() {
     let part = AgentSample {
         service_changes: 4097.0,
         endpoint_changes: 1.0,
-        ..done
+        ..done.clone()
     };
     let why = judge_scale_sync(&before, &part, 50_000, change, later).unwrap_err();
     assert!(
@@ -155,10 +155,16 @@ fn the_sync_is_done_once_every_change_is_applied_and_nothing_is_queued() {
     // Every change read by a sync still running (queued after the last sync ended).
     let running = AgentSample {
         times: SyncTimes {
-            last_sync: Some(1_700_000_001.0),
-            last_queued: Some(1_700_000_002.0),
+            families: [(
+                "IPv4".to_string(),
+                ::tests::scenario::readiness::FamilyTimes {
+                    last_sync: Some(1_700_000_001.0),
+                    last_queued: Some(1_700_000_002.0),
+                },
+            )]
+            .into(),
         },
-        ..done
+        ..done.clone()
     };
     let why = judge_scale_sync(&before, &running, 50_000, change, later).unwrap_err();
     assert!(why.contains("queued"), "{why}");
