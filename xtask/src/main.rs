@@ -2,6 +2,7 @@
 //! Project tasks. `cargo xtask <task>`; see `cargo xtask --help`.
 
 mod bench;
+mod conformance;
 mod demo;
 mod lint;
 mod scenarios;
@@ -50,6 +51,9 @@ enum Task {
     /// Replay the behaviour scenarios (../shared/scenarios, tests/scenarios) in one mode
     /// with the scenario runner; ipvs on a kernel without IPVS runs in the test VM.
     Scenarios(scenarios::ScenariosArgs),
+    /// Replay the scenarios through one of our modes and through upstream's kube-proxy,
+    /// and print the flows they saw differently outside the documented divergences.
+    Conformance(conformance::ConformanceArgs),
     /// Run a command as root in a throw-away qemu guest whose kernel has IPVS (the host's
     /// files read-only, no network device); exits with the command's status.
     Vm(vm_cmd::VmArgs),
@@ -87,6 +91,7 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => bench::run(&args),
         Task::Demo(args) => demo::run(&args),
         Task::Scenarios(args) => scenarios::run(&args),
+        Task::Conformance(args) => conformance::run(&args),
         Task::Vm(args) => vm_cmd::run(&args),
         Task::Image(args) => {
             let agent = match args.agent_binary {

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use tests::scenario::{
     Mode, Proto, Scenario, Status, Totals,
     agent::{AgentOptions, Proxy, ProxyMode},
+    conformance::{ObservedFlow, compare},
     echo::{self, ListenSpec},
     http,
     probe::{ProbeSpec, probe},
@@ -97,6 +98,22 @@ enum Command {
         /// every stage is still applied.
         #[arg(long)]
         only_external_clients: bool,
+        /// Append what each flow's attempts showed to this file, one JSON line a flow
+        /// (for `diff`).
+        #[arg(long)]
+        observations: Option<PathBuf>,
+    },
+    /// Compare two replays' observations (`run --observations`): ours in a mode and
+    /// upstream's kube-proxy in the mode it is judged against; prints each flow they saw
+    /// differently and fails on any not listed in tests/upstream-outcomes.yaml.
+    Diff {
+        #[arg(long)]
+        ours: PathBuf,
+        #[arg(long)]
+        upstream: PathBuf,
+        /// Upstream's mode (iptables, ipvs, nftables): whose listed outcomes apply.
+        #[arg(long, value_parser = parse_mode)]
+        upstream_mode: Mode,
     },
     /// Serve echo/plain listeners (`echo/tcp/10.0.0.1:80`, `plain/udp/[fd00::1]:53`);
     /// prints READY once all are bound.
@@ -219,6 +236,11 @@ fn main() -> ExitCode {
             })()
         }
         Command::CleanupStale => run_cleanup_stale(),
+        Command::Diff {
+            ours,
+            upstream,
+            upstream_mode,
+        } => run_diff(&ours, &upstream, upstream_mode),
         Command::Run {
             mode,
             dirs,
@@ -237,6 +259,7 @@ fn main() -> ExitCode {
             trace_check,
             only_proto,
             only_external_clients,
+            observations,
         } => {
             tests::scenario::readiness::set_time_scale(time_scale);
             let ProxyMode { proxy, mode } = mode;
@@ -270,8 +293,13 @@ fn main() -> ExitCode {
                 }
                 let upstream_outcomes =
                     UpstreamOutcomes::load(&testbed::binaries::workspace_root())?;
+                if let Some(path) = &observations {
+                    // Each replay writes its own file from the start.
+                    let _ = std::fs::remove_file(path);
+                }
                 let options = RunOptions {
                     upstream_outcomes,
+                    observations,
                     mode: judged,
                     agent,
                     runner_exe: std::env::current_exe().context("locating this binary")?,
@@ -420,6 +448,48 @@ fn run_http_get(url: &str, timeout_ms: u64) -> anyhow::Result<ExitCode> {
     let response = http::get(url, Duration::from_millis(timeout_ms))?;
     println!("{}", serde_json::to_string(&response)?);
     Ok(ExitCode::SUCCESS)
+}
+
+fn read_observations(path: &std::path::Path) -> anyhow::Result<Vec<ObservedFlow>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("a line of {}", path.display())))
+        .collect()
+}
+
+fn run_diff(
+    ours: &std::path::Path,
+    upstream: &std::path::Path,
+    mode: Mode,
+) -> anyhow::Result<ExitCode> {
+    let outcomes = UpstreamOutcomes::load(&testbed::binaries::workspace_root())?;
+    let found = compare(
+        &read_observations(ours)?,
+        &read_observations(upstream)?,
+        &outcomes,
+        mode,
+    );
+    for listed in &found.documented {
+        println!("DOCUMENTED {listed}");
+    }
+    for difference in &found.differences {
+        println!("{difference}");
+    }
+    println!(
+        "{} flows compared, {} differ ({} documented in {}), {} replayed by one side only (the files' modes: splits)",
+        found.compared,
+        found.differences.len() + found.documented.len(),
+        found.documented.len(),
+        tests::scenario::upstream_outcomes::PATH,
+        found.split
+    );
+    Ok(if found.differences.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn run_cleanup_stale() -> anyhow::Result<ExitCode> {

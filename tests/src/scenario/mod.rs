@@ -26,6 +26,7 @@
 pub mod addr;
 pub mod agent;
 pub mod cluster;
+pub mod conformance;
 pub mod echo;
 pub mod error;
 pub mod format;

@@ -15,6 +15,7 @@ use serde_json::Value;
 use super::{
     agent::{Agent, AgentOptions, ConfigInputs, Proxy, bpffs_root},
     cluster::{ApiServerStore, ClusterSource, DirSource, Tracked},
+    conformance::{Observation, ObservedFlow},
     echo::sctp_supported,
     error::{Error, Result},
     format::{Change, Expectation, Flow, Mode, Proto, Scenario},
@@ -71,6 +72,9 @@ pub struct RunOptions {
     /// Upstream's outcomes where they are not the files' (`tests/upstream-outcomes.yaml`):
     /// what upstream's kube-proxy is judged by for a listed flow.
     pub upstream_outcomes: UpstreamOutcomes,
+    /// Where each flow's observation is appended, one JSON line a flow, for a differential
+    /// replay ([`super::conformance`]).
+    pub observations: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -88,6 +92,7 @@ impl RunOptions {
             only_proto: None,
             only_external_clients: false,
             upstream_outcomes: UpstreamOutcomes::default(),
+            observations: None,
         }
     }
 
@@ -311,7 +316,10 @@ pub async fn run_scenario(
                         ),
                         Proxy::Ours => (flow.clone(), None),
                     };
-                    let (status, mut text) = env.run_flow(&judged, addrs).await;
+                    let (status, mut text, observed) = env.run_flow_observed(&judged, addrs).await;
+                    if let (Some(path), Some(observed)) = (&options.observations, observed) {
+                        record_observation(path, scenario, flow, observed);
+                    }
                     if let Some(entry) = listed {
                         text.push_str(&format!(
                             " (judged by upstream's outcome {}, listed as {:?} in {})",
@@ -342,6 +350,30 @@ pub async fn run_scenario(
         eprintln!("{}", agent.log_tail(30));
     }
     out
+}
+
+/// Appends what `flow` of `scenario` showed to `path` (see [`RunOptions::observations`]); a
+/// line that cannot be written is reported and the replay goes on.
+fn record_observation(path: &Path, scenario: &Scenario, flow: &Flow, observed: Observation) {
+    use std::io::Write as _;
+    let file = scenario
+        .path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let line = ObservedFlow::new(file, flow, observed);
+    let written = serde_json::to_string(&line)
+        .map_err(std::io::Error::other)
+        .and_then(|text| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .and_then(|mut f| writeln!(f, "{text}"))
+        });
+    if let Err(err) = written {
+        eprintln!("observations: writing {}: {err}", path.display());
+    }
 }
 
 /// Everything one scenario run holds: the namespaces with their listeners, the cluster
@@ -582,7 +614,17 @@ impl<'a> ScenarioEnv<'a> {
         flow: &Flow,
         node_addresses: &BTreeSet<IpAddr>,
     ) -> (Status, String) {
-        let (status, text) = self.probe_and_judge(flow, node_addresses).await;
+        let (status, text, _) = self.run_flow_observed(flow, node_addresses).await;
+        (status, text)
+    }
+
+    /// [`ScenarioEnv::run_flow`], with what the attempts showed (none if no probe ran).
+    pub async fn run_flow_observed(
+        &mut self,
+        flow: &Flow,
+        node_addresses: &BTreeSet<IpAddr>,
+    ) -> (Status, String, Option<Observation>) {
+        let (status, text, observed) = self.probe_and_judge(flow, node_addresses).await;
         match self.unbound_for(flow) {
             Some(u) => (
                 status,
@@ -590,8 +632,9 @@ impl<'a> ScenarioEnv<'a> {
                     "{text}; the runner's plain listener {} was not placed: {}",
                     u.spec, u.reason
                 ),
+                observed,
             ),
-            None => (status, text),
+            None => (status, text, observed),
         }
     }
 
@@ -599,9 +642,10 @@ impl<'a> ScenarioEnv<'a> {
         &mut self,
         flow: &Flow,
         node_addresses: &BTreeSet<IpAddr>,
-    ) -> (Status, String) {
+    ) -> (Status, String, Option<Observation>) {
         match self.probe(flow).await {
             Ok(attempts) => {
+                let observed = Observation::of(&attempts, node_addresses);
                 let verdict = Judge {
                     flow,
                     node_addresses,
@@ -619,11 +663,12 @@ impl<'a> ScenarioEnv<'a> {
                     Some(why) => (
                         Status::Fail,
                         format!("{}; trace disagrees: {why}", verdict.text),
+                        Some(observed),
                     ),
-                    None => (status, verdict.text),
+                    None => (status, verdict.text, Some(observed)),
                 }
             }
-            Err(err) => (Status::Fail, format!("probe failed: {err}")),
+            Err(err) => (Status::Fail, format!("probe failed: {err}"), None),
         }
     }
 
@@ -775,6 +820,7 @@ flows:
     fn filtering_options(only_proto: Option<Proto>, only_external_clients: bool) -> RunOptions {
         RunOptions {
             upstream_outcomes: UpstreamOutcomes::default(),
+            observations: None,
             mode: Mode::Ebpf,
             agent: None,
             runner_exe: PathBuf::new(),

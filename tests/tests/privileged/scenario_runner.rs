@@ -102,6 +102,7 @@ fn live_runs_of_this_process() -> BTreeSet<String> {
 fn options(agent: Option<AgentOptions>) -> RunOptions {
     RunOptions {
         upstream_outcomes: Default::default(),
+        observations: None,
         mode: Mode::Iptables,
         agent,
         runner_exe: PathBuf::from(RUNNER),
