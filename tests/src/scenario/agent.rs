@@ -47,6 +47,15 @@ impl Proxy {
         }
     }
 
+    /// Whether a sync that looks like the change's must still be the newest a moment
+    /// later. Upstream stamps a sync when it ends: a change it heard while the sync ran
+    /// (queued before that stamp) is written by the next sync, which starts at once (the
+    /// runner's minSyncPeriod) but has not ended yet. Ours hears of changes and syncs on
+    /// one task: nothing is queued while a sync runs.
+    pub fn confirms_quiet(self) -> bool {
+        self == Proxy::Upstream
+    }
+
     /// The first part of the names of its configuration and log in the run directory.
     pub fn file_stem(self) -> &'static str {
         match self {
@@ -111,6 +120,10 @@ impl std::str::FromStr for ProxyMode {
 }
 
 pub const HEALTHZ_BIND: &str = "127.0.0.1:10256";
+
+/// How long an upstream sync that looks like the change's must stay the newest (see
+/// [`Proxy::confirms_quiet`]): longer than one sync of a scenario's few services takes.
+const QUIET_CONFIRMATION: Duration = Duration::from_millis(200);
 pub const METRICS_BIND: &str = "127.0.0.1:10249";
 
 pub fn bpffs_root(run_id: &str) -> PathBuf {
@@ -392,19 +405,25 @@ impl Agent {
     /// those, by /healthz (see [`readiness`](super::readiness)).
     pub async fn wait_synced(&mut self, change: Change) -> Result<()> {
         let deadline = Instant::now() + self.ready_timeout;
+        // Upstream's kube-proxy: the sync stamp at which the change looked applied, which
+        // must still be the newest one a moment later (see `Proxy::confirms_quiet`).
+        let mut candidate: Option<Option<f64>> = None;
         loop {
             if let Some(child) = &mut self.child
                 && let Ok(Some(status)) = child.try_wait()
             {
                 return Err(self.failure(format!("exited ({status})")));
             }
+            let mut newest_sync = None;
             let verdict = match self.get(&format!("http://{METRICS_BIND}/metrics")).await {
                 Ok(metrics)
                     if metrics.status == 200
                         && !parse_sync_times(&metrics.body).families.is_empty() =>
                 {
+                    let times = parse_sync_times(&metrics.body);
+                    newest_sync = times.last_sync();
                     judge_metrics(
-                        &parse_sync_times(&metrics.body),
+                        &times,
                         change,
                         SystemTime::now(),
                         self.proxy.families_synced_at_start(),
@@ -422,8 +441,17 @@ impl Agent {
                 Err(err) => Err(err),
             };
             let last = match verdict {
-                Ok(()) => return Ok(()),
-                Err(why) => why,
+                Ok(()) if !self.proxy.confirms_quiet() => return Ok(()),
+                Ok(()) if candidate == Some(newest_sync) => return Ok(()),
+                Ok(()) => {
+                    candidate = Some(newest_sync);
+                    tokio::time::sleep(QUIET_CONFIRMATION).await;
+                    continue;
+                }
+                Err(why) => {
+                    candidate = None;
+                    why
+                }
             };
             if Instant::now() >= deadline {
                 return Err(self.failure(format!(
