@@ -246,16 +246,21 @@ mod tests {
         let a = observed("c1.yaml", 1, &[echo("10.180.0.1:80", "10.0.0.2")], &set);
         let b = observed("c1.yaml", 1, &[echo("10.180.0.2:80", "10.0.0.2")], &set);
         let none = UpstreamOutcomes::default();
-        let same = compare(&[a.clone()], &[b], &none, Mode::Nftables);
+        let same = compare(std::slice::from_ref(&a), &[b], &none, Mode::Nftables);
         assert_eq!((same.compared, same.differences.len()), (1, 0));
 
         let masqueraded = observed("c1.yaml", 1, &[echo("10.180.0.1:80", "192.168.0.2")], &set);
-        let found = compare(&[a.clone()], &[masqueraded], &none, Mode::Nftables);
+        let found = compare(
+            std::slice::from_ref(&a),
+            &[masqueraded],
+            &none,
+            Mode::Nftables,
+        );
         assert_eq!(found.differences.len(), 1, "{found:?}");
         assert!(found.differences[0].what.contains("node address"));
 
         let refused = observed("c1.yaml", 1, &[Attempt::new(Outcome::Refused, 0)], &set);
-        let found = compare(&[a.clone()], &[refused], &none, Mode::Nftables);
+        let found = compare(std::slice::from_ref(&a), &[refused], &none, Mode::Nftables);
         assert!(
             found.differences[0]
                 .to_string()
