@@ -3,7 +3,8 @@
 //! packets by the scenario runner, once per dataplane mode this machine can run: one test
 //! per (mode, file), failing with the runner's FAIL lines. Needs root; without it each test
 //! is ignored with the reason. Which files each mode replays here is [`Files`]' choice (the
-//! CI time budget); `cargo xtask scenarios --mode <mode>` replays every file.
+//! CI time budget); `cargo xtask scenarios --mode <mode>` replays every file. Beside them,
+//! one differential fuzzing test per pair of our mode and upstream's ([`FUZZ_PAIRS`]).
 
 use std::{
     path::{Path, PathBuf},
@@ -255,10 +256,118 @@ fn run(mode_args: &[&str], api: &[&str], file: &Path) -> Result<(), Failed> {
     )))
 }
 
+/// The differential fuzzing CI runs: a fixed seed (so a run judges the same clusters as the
+/// one before it), each pair on its own; `cargo xtask conformance --diff MODE --fuzz
+/// --cases N --seed S` runs more.
+const FUZZ_SEED: u64 = 1;
+const FUZZ_CASES: usize = 20;
+
+/// Our mode and upstream's mode it is judged against, per fuzzing trial.
+const FUZZ_PAIRS: &[(&str, &str)] = &[
+    ("iptables", "iptables"),
+    ("nftables", "nftables"),
+    ("ebpf", "nftables"),
+];
+
+/// Replays [`FUZZ_CASES`] random clusters through our `ours` mode and upstream's
+/// `upstream` mode (both through upstream's API server) and fails on any undocumented
+/// difference, naming the scenario files that reproduce each.
+fn fuzz(ours: &str, upstream: &str) -> Result<(), Failed> {
+    let dir = std::env::temp_dir().join(format!("kpe-fuzz-{ours}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cases = dir.join("cases");
+    let runner = |args: &[&std::ffi::OsStr]| -> Result<(bool, String, String), Failed> {
+        let out = Command::new(RUNNER)
+            .args(args)
+            .output()
+            .map_err(|e| Failed::from(format!("starting the runner: {e}")))?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    };
+    let os = |s: &str| std::ffi::OsString::from(s);
+    let (ok, _, err) = runner(&[
+        &os("fuzz-generate"),
+        &os("--seed"),
+        &os(&FUZZ_SEED.to_string()),
+        &os("--cases"),
+        &os(&FUZZ_CASES.to_string()),
+        &os("--out"),
+        cases.as_os_str(),
+    ])?;
+    if !ok {
+        return Err(format!("generating the cases: {err}").into());
+    }
+    let mut replays = Vec::new();
+    for (mode, name) in [
+        (ours.to_string(), "ours.jsonl"),
+        (format!("upstream-{upstream}"), "upstream.jsonl"),
+    ] {
+        let observations = dir.join(name);
+        let (_, stdout, stderr) = runner(&[
+            &os("run"),
+            &os("--mode"),
+            &os(&mode),
+            &os("--api"),
+            &os("real"),
+            &os("--timeout-ms"),
+            &os("500"),
+            &os("--dir"),
+            cases.as_os_str(),
+            &os("--observations"),
+            observations.as_os_str(),
+        ])?;
+        // The runner's own verdicts do not matter here (the fuzzed expectations only bound
+        // random choices); a replay that set nothing up does.
+        if !observations.is_file() {
+            let tail: Vec<&str> = stderr.lines().rev().take(AGENT_LOG_LINES).collect();
+            return Err(format!(
+                "{mode} observed nothing: {}\n{}",
+                stdout.lines().last().unwrap_or_default(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+            .into());
+        }
+        replays.push(observations);
+    }
+    let found = dir.join("found");
+    let (ok, stdout, stderr) = runner(&[
+        &os("diff"),
+        &os("--ours"),
+        replays[0].as_os_str(),
+        &os("--upstream"),
+        replays[1].as_os_str(),
+        &os("--ours-mode"),
+        &os(ours),
+        &os("--upstream-mode"),
+        &os(upstream),
+        &os("--cases-dir"),
+        cases.as_os_str(),
+        &os("--repro-dir"),
+        found.as_os_str(),
+    ])?;
+    if ok {
+        println!("{}", stdout.lines().last().unwrap_or_default());
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
+    Err(format!(
+        "{stdout}{stderr}(cases, replays and reproducing files kept in {})",
+        dir.display()
+    )
+    .into())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let root = nix::unistd::Uid::effective().is_root();
     let mut trials = Vec::new();
+    for &(ours, upstream) in FUZZ_PAIRS {
+        let name = format!("fuzz::{ours}-vs-upstream-{upstream}");
+        trials.push(Trial::test(name, move || fuzz(ours, upstream)).with_ignored_flag(!root));
+    }
     for (mode, mode_args, files) in modes() {
         for file in scenario_files().into_iter().filter(|f| selected(files, f)) {
             let stem = file

@@ -11,8 +11,9 @@ use clap::{Parser, Subcommand};
 use tests::scenario::{
     Mode, Proto, Scenario, Status, Totals,
     agent::{AgentOptions, Proxy, ProxyMode},
-    conformance::{ObservedFlow, compare},
+    conformance::{Difference, ObservedFlow, compare},
     echo::{self, ListenSpec},
+    fuzz::{self, FuzzOptions},
     http,
     probe::{ProbeSpec, probe},
     report::FlowReport,
@@ -111,9 +112,32 @@ enum Command {
         ours: PathBuf,
         #[arg(long)]
         upstream: PathBuf,
+        /// Our mode the `--ours` replay ran in (ebpf entries of the list apply to ebpf).
+        #[arg(long, value_parser = parse_mode)]
+        ours_mode: Mode,
         /// Upstream's mode (iptables, ipvs, nftables): whose listed outcomes apply.
         #[arg(long, value_parser = parse_mode)]
         upstream_mode: Mode,
+        /// Where the replayed files are, for `--repro-dir`.
+        #[arg(long, requires = "repro_dir")]
+        cases_dir: Option<PathBuf>,
+        /// Write a scenario file reproducing each undocumented difference of a file in
+        /// `--cases-dir` here (fuzz::repro).
+        #[arg(long, requires = "cases_dir")]
+        repro_dir: Option<PathBuf>,
+    },
+    /// Write random scenario files for a differential replay (tests/src/scenario/fuzz.rs).
+    FuzzGenerate {
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 100)]
+        cases: usize,
+        #[arg(long, default_value_t = FuzzOptions::default().cases_per_file)]
+        cases_per_file: usize,
+        #[arg(long, default_value_t = FuzzOptions::default().flows_per_case)]
+        flows_per_case: usize,
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Serve echo/plain listeners (`echo/tcp/10.0.0.1:80`, `plain/udp/[fd00::1]:53`);
     /// prints READY once all are bound.
@@ -239,8 +263,32 @@ fn main() -> ExitCode {
         Command::Diff {
             ours,
             upstream,
+            ours_mode,
             upstream_mode,
-        } => run_diff(&ours, &upstream, upstream_mode),
+            cases_dir,
+            repro_dir,
+        } => run_diff(
+            &ours,
+            &upstream,
+            ours_mode,
+            upstream_mode,
+            cases_dir.zip(repro_dir),
+        ),
+        Command::FuzzGenerate {
+            seed,
+            cases,
+            cases_per_file,
+            flows_per_case,
+            out,
+        } => run_fuzz_generate(
+            &FuzzOptions {
+                seed,
+                cases,
+                cases_per_file,
+                flows_per_case,
+            },
+            &out,
+        ),
         Command::Run {
             mode,
             dirs,
@@ -462,20 +510,28 @@ fn read_observations(path: &std::path::Path) -> anyhow::Result<Vec<ObservedFlow>
 fn run_diff(
     ours: &std::path::Path,
     upstream: &std::path::Path,
-    mode: Mode,
+    ours_mode: Mode,
+    upstream_mode: Mode,
+    repro: Option<(PathBuf, PathBuf)>,
 ) -> anyhow::Result<ExitCode> {
     let outcomes = UpstreamOutcomes::load(&testbed::binaries::workspace_root())?;
     let found = compare(
         &read_observations(ours)?,
         &read_observations(upstream)?,
         &outcomes,
-        mode,
+        ours_mode,
+        upstream_mode,
     );
     for listed in &found.documented {
         println!("DOCUMENTED {listed}");
     }
     for difference in &found.differences {
         println!("{difference}");
+    }
+    if let Some((cases, out)) = &repro {
+        for path in write_repros(&found.differences, cases, out, ours_mode)? {
+            println!("REPRO {}", path.display());
+        }
     }
     println!(
         "{} flows compared, {} differ ({} documented in {}), {} replayed by one side only (the files' modes: splits)",
@@ -490,6 +546,60 @@ fn run_diff(
     } else {
         ExitCode::FAILURE
     })
+}
+
+fn run_fuzz_generate(options: &FuzzOptions, out: &std::path::Path) -> anyhow::Result<ExitCode> {
+    std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
+    let files = fuzz::generate(options);
+    for file in &files {
+        let path = out.join(&file.name);
+        std::fs::write(&path, &file.text).with_context(|| path.display().to_string())?;
+    }
+    println!(
+        "{} cases in {} files under {}",
+        options.cases,
+        files.len(),
+        out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A file reproducing each difference of a file under `cases` (fuzz::repro).
+fn write_repros(
+    differences: &[Difference],
+    cases: &std::path::Path,
+    out: &std::path::Path,
+    ours_mode: Mode,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    for difference in differences {
+        let path = cases.join(&difference.file);
+        if !path.is_file() {
+            continue;
+        }
+        let scenario = Scenario::load(&path)?;
+        let Some(flow) = scenario.flows().find(|f| f.index == difference.index) else {
+            continue;
+        };
+        let Some(text) = fuzz::repro(
+            &scenario,
+            flow,
+            &difference.upstream,
+            &difference.what,
+            ours_mode,
+        ) else {
+            println!(
+                "NO REPRO {} #{}: upstream's answers were mixed",
+                difference.file, difference.index
+            );
+            continue;
+        };
+        std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
+        let target = out.join(format!("{}-flow{}.yaml", scenario.name, flow.index));
+        std::fs::write(&target, text).with_context(|| target.display().to_string())?;
+        written.push(target);
+    }
+    Ok(written)
 }
 
 fn run_cleanup_stale() -> anyhow::Result<ExitCode> {

@@ -22,8 +22,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     format::{Expectation, Flow, Mode},
+    fuzz,
     outcome::{AnswerKind, Attempt, Outcome},
-    upstream_outcomes::UpstreamOutcomes,
+    upstream_outcomes::{Aspect, Listed, UpstreamOutcomes},
 };
 
 /// What a flow's attempts showed, as far as two proxies are compared.
@@ -74,6 +75,9 @@ pub struct ObservedFlow {
     pub expected_backends: BTreeSet<SocketAddr>,
     #[serde(default)]
     pub sticky: bool,
+    /// The flow's note (a fuzzed flow's `fuzz:` tags name its known classes).
+    #[serde(default)]
+    pub note: String,
     pub observed: Observation,
 }
 
@@ -88,6 +92,7 @@ impl ObservedFlow {
                 _ => BTreeSet::new(),
             },
             sticky: flow.sticky,
+            note: flow.note.clone(),
             observed,
         }
     }
@@ -114,33 +119,77 @@ impl std::fmt::Display for Difference {
     }
 }
 
-/// Why two observations of one flow differ, if they do (see the module doc).
-pub fn differs(flow: &ObservedFlow, ours: &Observation, upstream: &Observation) -> Option<String> {
+/// How two observations of one flow differ, aspect by aspect (see the module doc); empty
+/// when they agree.
+pub fn differs(
+    flow: &ObservedFlow,
+    ours: &Observation,
+    upstream: &Observation,
+) -> Vec<(Aspect, String)> {
+    let mut out = Vec::new();
     if ours.kinds != upstream.kinds {
-        return Some(format!(
-            "answers {:?} against upstream's {:?}",
-            ours.kinds, upstream.kinds
+        out.push((
+            Aspect::Answers,
+            format!(
+                "answers {:?} against upstream's {:?}",
+                ours.kinds, upstream.kinds
+            ),
         ));
     }
     if ours.masq != upstream.masq {
-        return Some(format!(
-            "endpoints saw a node address {:?} against upstream's {:?}",
-            ours.masq, upstream.masq
+        out.push((
+            Aspect::Masq,
+            format!(
+                "endpoints saw a node address {:?} against upstream's {:?}",
+                ours.masq, upstream.masq
+            ),
         ));
     }
     let within = |o: &Observation| o.backends.is_subset(&flow.expected_backends);
     let backends_agree = ours.backends == upstream.backends
         || (!flow.expected_backends.is_empty() && within(ours) && within(upstream));
     if !backends_agree {
-        return Some(format!(
-            "endpoints {:?} against upstream's {:?}",
-            ours.backends, upstream.backends
+        out.push((
+            Aspect::Endpoints,
+            format!(
+                "endpoints {:?} against upstream's {:?}",
+                ours.backends, upstream.backends
+            ),
         ));
     }
     if flow.sticky && (ours.backends.len() > 1) != (upstream.backends.len() > 1) {
-        return Some("stickiness".into());
+        out.push((Aspect::Stickiness, "stickiness".into()));
     }
-    None
+    out
+}
+
+/// Whether the list documents `aspects` of the flow differing between ours in
+/// `ours_mode` and upstream in `upstream_mode`.
+fn documented(
+    outcomes: &UpstreamOutcomes,
+    flow: &ObservedFlow,
+    aspects: &[(Aspect, String)],
+    ours_mode: Mode,
+    upstream_mode: Mode,
+) -> bool {
+    let file = std::path::Path::new(&flow.file);
+    if outcomes.find(file, flow.index, upstream_mode).is_some() {
+        return true;
+    }
+    let only: Vec<Aspect> = aspects.iter().map(|(a, _)| *a).collect();
+    if fuzz::known_class(&flow.note, ours_mode, &only).is_some() {
+        return true;
+    }
+    if ours_mode != Mode::Ebpf {
+        return false;
+    }
+    match outcomes.find(file, flow.index, Mode::Ebpf) {
+        Some(entry) => match entry.listed {
+            Listed::EbpfAspect(allowed) => aspects.iter().all(|(a, _)| *a == allowed),
+            Listed::Outcome { .. } => false,
+        },
+        None => false,
+    }
 }
 
 /// What the comparison of two replays found.
@@ -159,6 +208,7 @@ pub fn compare(
     ours: &[ObservedFlow],
     upstream: &[ObservedFlow],
     outcomes: &UpstreamOutcomes,
+    ours_mode: Mode,
     upstream_mode: Mode,
 ) -> Comparison {
     let key = |f: &ObservedFlow| (f.file.clone(), f.index);
@@ -173,20 +223,26 @@ pub fn compare(
         };
         seen.insert(key(flow));
         out.compared += 1;
-        if let Some(what) = differs(flow, &flow.observed, &other.observed) {
-            let difference = Difference {
-                file: flow.file.clone(),
-                index: flow.index,
-                packet: flow.packet.clone(),
-                ours: flow.observed.clone(),
-                upstream: other.observed.clone(),
-                what,
-            };
-            let listed = outcomes.find(std::path::Path::new(&flow.file), flow.index, upstream_mode);
-            match listed {
-                Some(_) => out.documented.push(difference),
-                None => out.differences.push(difference),
-            }
+        let aspects = differs(flow, &flow.observed, &other.observed);
+        if aspects.is_empty() {
+            continue;
+        }
+        let difference = Difference {
+            file: flow.file.clone(),
+            index: flow.index,
+            packet: flow.packet.clone(),
+            ours: flow.observed.clone(),
+            upstream: other.observed.clone(),
+            what: aspects
+                .iter()
+                .map(|(_, what)| what.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
+        };
+        if documented(outcomes, flow, &aspects, ours_mode, upstream_mode) {
+            out.documented.push(difference);
+        } else {
+            out.differences.push(difference);
         }
     }
     out.split += upstream.iter().filter(|f| !seen.contains(&key(f))).count();
@@ -218,6 +274,7 @@ mod tests {
             packet: "tcp 10.0.0.2 -> 172.30.0.41:80".into(),
             expected_backends: expected.iter().map(|b| b.parse().unwrap()).collect(),
             sticky: false,
+            note: String::new(),
             observed: Observation::of(attempts, &node()),
         }
     }
@@ -246,7 +303,13 @@ mod tests {
         let a = observed("c1.yaml", 1, &[echo("10.180.0.1:80", "10.0.0.2")], &set);
         let b = observed("c1.yaml", 1, &[echo("10.180.0.2:80", "10.0.0.2")], &set);
         let none = UpstreamOutcomes::default();
-        let same = compare(std::slice::from_ref(&a), &[b], &none, Mode::Nftables);
+        let same = compare(
+            std::slice::from_ref(&a),
+            &[b],
+            &none,
+            Mode::Nftables,
+            Mode::Nftables,
+        );
         assert_eq!((same.compared, same.differences.len()), (1, 0));
 
         let masqueraded = observed("c1.yaml", 1, &[echo("10.180.0.1:80", "192.168.0.2")], &set);
@@ -255,12 +318,19 @@ mod tests {
             &[masqueraded],
             &none,
             Mode::Nftables,
+            Mode::Nftables,
         );
         assert_eq!(found.differences.len(), 1, "{found:?}");
         assert!(found.differences[0].what.contains("node address"));
 
         let refused = observed("c1.yaml", 1, &[Attempt::new(Outcome::Refused, 0)], &set);
-        let found = compare(std::slice::from_ref(&a), &[refused], &none, Mode::Nftables);
+        let found = compare(
+            std::slice::from_ref(&a),
+            &[refused],
+            &none,
+            Mode::Nftables,
+            Mode::Nftables,
+        );
         assert!(
             found.differences[0]
                 .to_string()
@@ -274,7 +344,13 @@ mod tests {
         )
         .unwrap();
         let refused = observed("c1.yaml", 1, &[Attempt::new(Outcome::Refused, 0)], &set);
-        let found = compare(&[a, split], &[refused], &listed, Mode::Nftables);
+        let found = compare(
+            &[a, split],
+            &[refused],
+            &listed,
+            Mode::Nftables,
+            Mode::Nftables,
+        );
         assert_eq!(
             (
                 found.compared,
@@ -284,5 +360,31 @@ mod tests {
             ),
             (1, 1, 1, 0)
         );
+    }
+
+    #[test]
+    fn an_ebpf_divergence_covers_its_aspect_only_and_only_for_ebpf() {
+        let set = ["10.180.0.1:80", "10.180.0.2:80"];
+        let plain = observed("n1.yaml", 9, &[echo("10.180.0.1:80", "10.0.0.2")], &set);
+        let masqueraded = observed("n1.yaml", 9, &[echo("10.180.0.1:80", "192.168.0.2")], &set);
+        let elsewhere = observed("n1.yaml", 9, &[echo("10.180.0.9:80", "192.168.0.2")], &set);
+        let listed = UpstreamOutcomes::parse(
+            "- {file: n1.yaml, flow: 9, modes: [ebpf], kind: ebpf-divergence, differs_in: masq, why: x}",
+        )
+        .unwrap();
+        let count = |ours: &ObservedFlow, theirs: &ObservedFlow, mode: Mode| {
+            let found = compare(
+                std::slice::from_ref(ours),
+                std::slice::from_ref(theirs),
+                &listed,
+                mode,
+                Mode::Nftables,
+            );
+            (found.documented.len(), found.differences.len())
+        };
+        assert_eq!(count(&plain, &masqueraded, Mode::Ebpf), (1, 0));
+        assert_eq!(count(&plain, &masqueraded, Mode::Nftables), (0, 1));
+        // Another aspect differing as well is not covered.
+        assert_eq!(count(&plain, &elsewhere, Mode::Ebpf), (0, 1));
     }
 }

@@ -30,6 +30,7 @@ pub mod conformance;
 pub mod echo;
 pub mod error;
 pub mod format;
+pub mod fuzz;
 pub mod http;
 pub mod ipvs_check;
 /// The namespaces, cgroups and commands the harness builds nodes with (its own crate, shared

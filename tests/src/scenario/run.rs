@@ -323,7 +323,7 @@ pub async fn run_scenario(
                     if let Some(entry) = listed {
                         text.push_str(&format!(
                             " (judged by upstream's outcome {}, listed as {:?} in {})",
-                            entry.expect,
+                            judged.expect,
                             entry.kind,
                             super::upstream_outcomes::PATH
                         ));

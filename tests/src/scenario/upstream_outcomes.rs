@@ -26,12 +26,30 @@ use super::{
 pub const PATH: &str = "tests/upstream-outcomes.yaml";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Kind {
     /// Ours differs from upstream on purpose; the file states ours.
     Divergence,
     /// Ours differs from upstream and should not: to be closed.
     Pending,
+    /// Our ebpf mode, compared with upstream's nftables (which it follows elsewhere),
+    /// differs on purpose in one aspect of what the flow observes, where the file leaves
+    /// that aspect unasserted (socket-level translation needs no hairpin masquerade).
+    EbpfDivergence,
+}
+
+/// What of a flow's observation two replays may see differently (`conformance::differs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Aspect {
+    /// Which kinds of answer came (echo, refusal, no answer...).
+    Answers,
+    /// Whether the endpoints saw an address of the node.
+    Masq,
+    /// Which endpoints answered.
+    Endpoints,
+    /// Whether a sticky flow stayed on one endpoint.
+    Stickiness,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -41,7 +59,10 @@ struct RawEntry {
     flow: usize,
     modes: Vec<String>,
     kind: Kind,
-    upstream: RawUpstream,
+    #[serde(default)]
+    upstream: Option<RawUpstream>,
+    #[serde(default)]
+    differs_in: Option<Aspect>,
     why: String,
 }
 
@@ -53,7 +74,20 @@ struct RawUpstream {
     masq: Option<bool>,
 }
 
-/// One listed flow: in `modes`, upstream's kube-proxy shows `expect` (and `masq`).
+/// What a listed flow is judged by.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Listed {
+    /// In `modes` (upstream's), upstream's kube-proxy shows `expect` (and `masq`).
+    Outcome {
+        expect: Expectation,
+        masq: Option<bool>,
+    },
+    /// Our ebpf mode and upstream's nftables may observe `aspect` differently; the rest
+    /// of the observation must agree.
+    EbpfAspect(Aspect),
+}
+
+/// One listed flow.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamOutcome {
     /// The scenario file's name (`a1-overall.yaml`), in either scenario directory.
@@ -62,8 +96,7 @@ pub struct UpstreamOutcome {
     pub flow: usize,
     pub modes: BTreeSet<Mode>,
     pub kind: Kind,
-    pub expect: Expectation,
-    pub masq: Option<bool>,
+    pub listed: Listed,
     pub why: String,
 }
 
@@ -85,17 +118,40 @@ impl UpstreamOutcomes {
                 .map(|m| m.parse::<Mode>())
                 .collect::<Result<BTreeSet<_>>>()
                 .map_err(|e| what(e.to_string()))?;
-            if modes.is_empty() || modes.contains(&Mode::Ebpf) {
-                return Err(what(
-                    "modes must name upstream's modes (iptables, ipvs, nftables)".into(),
-                ));
-            }
             if entry.why.trim().is_empty() {
                 return Err(what("says no why".into()));
             }
+            let listed = match (entry.kind, &entry.upstream, entry.differs_in) {
+                (Kind::EbpfDivergence, None, Some(aspect)) => {
+                    if modes != BTreeSet::from([Mode::Ebpf]) {
+                        return Err(what("an ebpf-divergence names the ebpf mode only".into()));
+                    }
+                    Listed::EbpfAspect(aspect)
+                }
+                (Kind::EbpfDivergence, _, _) => {
+                    return Err(what(
+                        "an ebpf-divergence gives differs_in and no upstream outcome".into(),
+                    ));
+                }
+                (_, Some(upstream), None) => {
+                    if modes.is_empty() || modes.contains(&Mode::Ebpf) {
+                        return Err(what(
+                            "modes must name upstream's modes (iptables, ipvs, nftables)".into(),
+                        ));
+                    }
+                    Listed::Outcome {
+                        expect: parse_expectation(&upstream.expect).map_err(what)?,
+                        masq: upstream.masq,
+                    }
+                }
+                (_, _, _) => {
+                    return Err(what(
+                        "gives upstream's outcome (upstream:) and no differs_in".into(),
+                    ));
+                }
+            };
             out.push(UpstreamOutcome {
-                expect: parse_expectation(&entry.upstream.expect).map_err(what)?,
-                masq: entry.upstream.masq,
+                listed,
                 file: entry.file,
                 flow: entry.flow,
                 modes,
@@ -133,14 +189,19 @@ impl UpstreamOutcomes {
         mode: Mode,
     ) -> (Flow, Option<&UpstreamOutcome>) {
         match self.find(file, flow.index, mode) {
-            Some(entry) => {
+            Some(
+                entry @ UpstreamOutcome {
+                    listed: Listed::Outcome { expect, masq },
+                    ..
+                },
+            ) => {
                 let mut judged = flow.clone();
-                judged.expect = entry.expect.clone();
-                judged.masq = entry.masq;
+                judged.expect = expect.clone();
+                judged.masq = *masq;
                 judged.sticky = false;
                 (judged, Some(entry))
             }
-            None => (flow.clone(), None),
+            _ => (flow.clone(), None),
         }
     }
 }
@@ -202,6 +263,21 @@ mod tests {
     }
 
     #[test]
+    fn an_ebpf_divergence_names_ebpf_and_one_aspect() {
+        let list = UpstreamOutcomes::parse(
+            "- {file: v6-n1.yaml, flow: 9, modes: [ebpf], kind: ebpf-divergence, differs_in: masq, why: x}",
+        )
+        .unwrap();
+        let entry = list.find(Path::new("v6-n1.yaml"), 9, Mode::Ebpf).unwrap();
+        assert_eq!(entry.listed, Listed::EbpfAspect(Aspect::Masq));
+        // Upstream's replays are never judged by it.
+        let (judged, listed) =
+            list.judged_by_upstream(Path::new("v6-n1.yaml"), &flow(9), Mode::Nftables);
+        assert!(listed.is_none());
+        assert_eq!(judged, flow(9));
+    }
+
+    #[test]
     fn entries_must_name_upstream_modes_and_say_why() {
         for bad in [
             LIST.replace("[iptables, nftables]", "[ebpf]"),
@@ -209,6 +285,12 @@ mod tests {
             LIST.replace("hairpin only for local endpoints", "''"),
             LIST.replace("kind: pending", "kind: maybe"),
             LIST.replace("{expect: DROP}", "{expect: SOMETIMES}"),
+            LIST.replace("{expect: DROP}", "{expect: DROP}\n  differs_in: masq"),
+            LIST.replace("kind: pending", "kind: ebpf-divergence"),
+            LIST.replace(
+                "kind: pending\n  upstream: {expect: DROP}",
+                "kind: ebpf-divergence\n  differs_in: masq",
+            ),
         ] {
             assert!(UpstreamOutcomes::parse(&bad).is_err(), "{bad}");
         }
@@ -254,13 +336,37 @@ mod tests {
                     entry.flow
                 );
             }
-            assert!(
-                flow.expect != entry.expect || flow.masq != entry.masq,
-                "{} #{}: the file already states upstream's outcome; remove the entry",
-                entry.file,
-                entry.flow
-            );
-            let kind = format!("{:?}", entry.kind).to_lowercase();
+            match &entry.listed {
+                Listed::Outcome { expect, masq } => assert!(
+                    flow.expect != *expect || flow.masq != *masq,
+                    "{} #{}: the file already states upstream's outcome; remove the entry",
+                    entry.file,
+                    entry.flow
+                ),
+                // Compared with upstream's nftables, the file must judge it there too and
+                // leave the aspect open (else the file, not the list, is where it belongs).
+                Listed::EbpfAspect(aspect) => {
+                    assert!(
+                        flow.applies_to(Mode::Nftables),
+                        "{} #{} is no nftables flow to compare ebpf with",
+                        entry.file,
+                        entry.flow
+                    );
+                    if *aspect == Aspect::Masq {
+                        assert!(
+                            flow.masq.is_none(),
+                            "{} #{} asserts masq: split it in the file instead",
+                            entry.file,
+                            entry.flow
+                        );
+                    }
+                }
+            }
+            let kind = match entry.kind {
+                Kind::Divergence => "divergence",
+                Kind::Pending => "pending",
+                Kind::EbpfDivergence => "ebpf-divergence",
+            };
             assert!(
                 readme.contains(&format!("`{kind}`")),
                 "README explains no `{kind}`"
