@@ -2,10 +2,12 @@
 //! Reading and writing the configuration file.
 //!
 //! Decoding is upstream's: strict first ([`parse_str`]: an unknown or duplicated field is an
-//! error naming the field's path); when the only trouble is fields this version does not
-//! know, the file is decoded again without them and each is named in a warning
-//! ([`parse_lenient`]), so that a newer kubeadm's configuration does not crash-loop the
-//! proxy. Any other error (a bad value, a wrong kind) still refuses the file.
+//! error naming the field's path); when the trouble is fields this version does not know or
+//! a field written twice, the file is decoded again leniently, as kube-proxy's lenient
+//! decoder does: without the unknown fields, each named in a warning, and with the last
+//! value of a duplicated field ([`parse_lenient`]), so that a newer kubeadm's (or a
+//! hand-merged) configuration does not crash-loop the proxy. Any other error (a bad value, a
+//! wrong kind) still refuses the file.
 //! JSON documents go through serde_json (better error positions), everything else through
 //! serde_yaml, which also reads JSON.
 
@@ -45,10 +47,24 @@ pub fn parse_lenient(text: &str, origin: &Path) -> Result<(KubeProxyConfiguratio
         Err(err) => err,
     };
     let is_unknown_field = |message: &str| message.starts_with("unknown field");
-    match &strict {
-        ConfigError::Decode { message, .. } if is_unknown_field(message) => {}
+    let duplicate = match &strict {
+        ConfigError::Decode { message, .. } if is_unknown_field(message) => None,
+        ConfigError::Decode { message, field, .. } if message.starts_with("duplicate field") => {
+            Some(format!(
+                "{}: {}{message}: the last value applies: strict decoding failed, decoded \
+                 leniently as kube-proxy does",
+                origin.display(),
+                if field.is_empty() {
+                    String::new()
+                } else {
+                    format!("{field}: ")
+                }
+            ))
+        }
         _ => return Err(strict),
-    }
+    };
+    // Into serde_json's Value a key written twice keeps its last value, as the YAML-to-JSON
+    // step of upstream's lenient decoder does.
     let value: Option<serde_json::Value> = serde_json::from_str(text)
         .ok()
         .or_else(|| serde_yaml::from_str(text).ok());
@@ -59,15 +75,15 @@ pub fn parse_lenient(text: &str, origin: &Path) -> Result<(KubeProxyConfiguratio
     loop {
         match serde_path_to_error::deserialize::<_, KubeProxyConfiguration>(&value) {
             Ok(config) => {
-                let warnings = dropped
-                    .iter()
-                    .map(|field| {
+                let warnings = duplicate
+                    .into_iter()
+                    .chain(dropped.iter().map(|field| {
                         format!(
                             "{}: unknown field {field} ignored: strict decoding failed, \
                              decoded leniently as kube-proxy does",
                             origin.display()
                         )
-                    })
+                    }))
                     .collect();
                 return Ok((config, warnings));
             }
@@ -263,6 +279,30 @@ mod tests {
     const HEADER: &str =
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
 
+    /// Upstream's strict decoder refuses a key written twice and its lenient one keeps the
+    /// last value (a hand-merged ConfigMap), with a log line: so do we.
+    #[test]
+    fn a_duplicated_field_keeps_its_last_value_with_a_warning() {
+        for text in [
+            format!("{HEADER}mode: iptables\nclusterCIDR: 10.0.0.0/8\nmode: nftables\n"),
+            format!("{HEADER}iptables:\n  masqueradeBit: 12\n  masqueradeBit: 13\nmode: nftables\n"),
+            format!("{HEADER}mode: iptables\nmode: nftables\nnewTopLevel: 1\n"),
+            r#"{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration", "mode": "iptables", "mode": "nftables"}"#.to_string(),
+        ] {
+            assert!(parse(&text).is_err(), "strict decoding refuses {text}");
+            let (config, warnings) = parse_lenient(&text, Path::new("test.yaml")).unwrap();
+            assert_eq!(config.mode, "nftables", "{text}");
+            assert!(!warnings.is_empty(), "{text}");
+            if text.contains("masqueradeBit: 13") {
+                assert_eq!(config.iptables.masquerade_bit, Some(13));
+            }
+        }
+        // A bad value is still refused, duplicated or not.
+        let bad =
+            format!("{HEADER}mode: iptables\nmode: iptables\niptables:\n  masqueradeBit: many\n");
+        assert!(parse_lenient(&bad, Path::new("test.yaml")).is_err());
+    }
+
     #[test]
     fn unknown_fields_are_dropped_with_a_warning_naming_each() {
         let text = format!(
@@ -407,7 +447,7 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_fields_are_refused() {
+    fn duplicate_fields_are_refused_by_strict_decoding() {
         let err = parse(&format!("{HEADER}mode: ipvs\nmode: iptables\n"))
             .unwrap_err()
             .to_string();
