@@ -74,6 +74,8 @@ pub struct Metrics {
     /// Ours: BPF maps replaced by bigger ones as the cluster grew, by map.
     pub map_growths_total: IntCounterVec,
     pub fallbacks_total: IntCounterVec,
+    /// component-base's `kubernetes_build_info` (no namespace), what dashboards key on.
+    pub build_info: IntGaugeVec,
     pub objects_rejected_total: IntCounterVec,
     /// Ours: connected UDP sockets terminated because their backend left the Service,
     /// and the sweeps that looked for them, by result (ebpf mode).
@@ -151,6 +153,90 @@ fn gauge(name: &str, help: &str) -> IntGauge {
         name,
         IntGauge::with_opts(Opts::new(name, help).namespace(NS)),
     )
+}
+
+/// `kubernetes_build_info`'s labels, as component-base names them.
+const BUILD_INFO_LABELS: [&str; 9] = [
+    "major",
+    "minor",
+    "git_version",
+    "git_commit",
+    "git_tree_state",
+    "build_date",
+    "go_version",
+    "compiler",
+    "platform",
+];
+
+/// This agent's values for [`BUILD_INFO_LABELS`]: its version (no Go toolchain, so an
+/// empty `go_version`), `rustc`, the platform as Go spells it.
+fn build_info_labels() -> [String; 9] {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    [
+        env!("CARGO_PKG_VERSION_MAJOR").to_string(),
+        env!("CARGO_PKG_VERSION_MINOR").to_string(),
+        format!("v{}", env!("CARGO_PKG_VERSION")),
+        option_env!("KPE_GIT_COMMIT")
+            .unwrap_or_default()
+            .to_string(),
+        option_env!("KPE_GIT_TREE_STATE")
+            .unwrap_or_default()
+            .to_string(),
+        option_env!("KPE_BUILD_DATE")
+            .unwrap_or_default()
+            .to_string(),
+        String::new(),
+        "rustc".to_string(),
+        format!("{}/{arch}", std::env::consts::OS),
+    ]
+}
+
+/// The prometheus crate's process collector, with `process_cpu_seconds_total` in
+/// fractions of a second (its own counts whole seconds; client_golang's, which kube-proxy
+/// exports, does not).
+struct ProcessMetrics {
+    inner: prometheus::process_collector::ProcessCollector,
+}
+
+impl ProcessMetrics {
+    fn new() -> Self {
+        Self {
+            inner: prometheus::process_collector::ProcessCollector::for_self(),
+        }
+    }
+}
+
+/// User and system CPU time of this process, in seconds.
+fn cpu_seconds() -> Option<f64> {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).ok()?;
+    let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    Some(seconds(usage.user_time()) + seconds(usage.system_time()))
+}
+
+impl Collector for ProcessMetrics {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.inner.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let mut families = self.inner.collect();
+        if let Some(seconds) = cpu_seconds() {
+            for family in &mut families {
+                if family.name() == "process_cpu_seconds_total" {
+                    for metric in family.mut_metric() {
+                        let mut counter = prometheus::proto::Counter::default();
+                        counter.set_value(seconds);
+                        metric.set_counter(counter);
+                    }
+                }
+            }
+        }
+        families
+    }
 }
 
 fn register(registry: &Registry, metric: &(impl Collector + Clone + 'static)) {
@@ -334,6 +420,16 @@ impl Metrics {
                 "BPF maps replaced by bigger ones holding the same entries, by map",
                 &["map"],
             ),
+            build_info: built(
+                "kubernetes_build_info",
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kubernetes_build_info",
+                        "A metric with a constant '1' value labeled by the version and build of this agent (component-base's labels)",
+                    ),
+                    &BUILD_INFO_LABELS,
+                ),
+            ),
             fallbacks_total: counter_vec(
                 "proxy_mode_fallbacks_total",
                 "Proxy mode fallbacks taken at start-up",
@@ -377,11 +473,13 @@ impl Metrics {
         register(r, &m.udp_socket_sweeps_total);
         // process_cpu_seconds_total, process_resident_memory_bytes, process_start_time_seconds,
         // ... as client_golang's process collector exports them for kube-proxy.
-        if let Err(e) = r.register(Box::new(
-            prometheus::process_collector::ProcessCollector::for_self(),
-        )) {
+        if let Err(e) = r.register(Box::new(ProcessMetrics::new())) {
             tracing::error!(error = %e, "cannot register the process metrics");
         }
+        register(r, &m.build_info);
+        let labels = build_info_labels();
+        let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        m.build_info.with_label_values(&labels).set(1);
         m
     }
 

@@ -117,6 +117,7 @@ fn every_mode_exposes_upstreams_families_with_their_types_and_labels() {
             "process_cpu_seconds_total",
             "process_resident_memory_bytes",
             "process_start_time_seconds",
+            "kubernetes_build_info",
         ] {
             assert!(families.contains_key(process), "{mode:?} lacks {process}");
         }
@@ -265,4 +266,41 @@ fn map_growth_is_counted_by_map() {
     let page = m.render();
     assert!(page.contains("# TYPE kubeproxy_ebpf_map_growths_total counter"));
     assert!(page.contains("kubeproxy_ebpf_map_growths_total{map=\"SVC4_V2\"} 1"));
+}
+
+/// client_golang's process CPU counter has fractions of a second; component-base's build
+/// information carries its nine labels and the value 1.
+#[test]
+fn process_cpu_is_fractional_and_build_info_has_component_bases_labels() {
+    // Burn a little CPU so the counter is not a whole number by chance.
+    let mut x = 0u64;
+    for i in 0..3_000_000u64 {
+        x = x.wrapping_mul(31).wrapping_add(i);
+    }
+    assert_ne!(x, 1);
+    let (page, _) = exposed(MetricsMode::Iptables);
+    let cpu_line = page
+        .lines()
+        .find(|l| l.starts_with("process_cpu_seconds_total "))
+        .unwrap_or_else(|| panic!("no process_cpu_seconds_total in {page}"));
+    let cpu: f64 = cpu_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(cpu > 0.0 && cpu.fract() != 0.0, "{cpu_line}");
+    let build = page
+        .lines()
+        .find(|l| l.starts_with("kubernetes_build_info{"))
+        .unwrap_or_else(|| panic!("no kubernetes_build_info in {page}"));
+    for label in [
+        "major=",
+        "minor=",
+        "git_version=",
+        "git_commit=",
+        "git_tree_state=",
+        "build_date=",
+        "go_version=",
+        "compiler=\"rustc\"",
+        "platform=",
+    ] {
+        assert!(build.contains(label), "{build} lacks {label}");
+    }
+    assert!(build.ends_with(" 1"), "{build}");
 }
