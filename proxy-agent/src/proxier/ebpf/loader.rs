@@ -196,6 +196,63 @@ pub fn detect_cgroup2_root() -> Result<PathBuf> {
         .ok_or(LoadError::NoCgroup2)
 }
 
+/// What the socket programs would be attached to, as far as choosing it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupRootFacts {
+    /// The directory is on a cgroup v2 filesystem.
+    pub cgroup2: bool,
+    /// The directory is the root of the host's hierarchy (a kernfs root has inode 1; the
+    /// cgroup2 mount of a container with its own cgroup namespace is that container's
+    /// cgroup, whatever /proc/self/cgroup says).
+    pub hierarchy_root: bool,
+}
+
+impl CgroupRootFacts {
+    /// Reads them for `path`.
+    pub fn of(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let stat = nix::sys::statfs::statfs(path).map_err(std::io::Error::from)?;
+        let cgroup2 = stat.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC;
+        let hierarchy_root = cgroup2 && fs::metadata(path)?.ino() == 1;
+        Ok(Self {
+            cgroup2,
+            hierarchy_root,
+        })
+    }
+}
+
+/// Whether the socket programs may attach to `path` (`explicit`: `ebpf.cgroupRoot` names
+/// it; otherwise it was found in /proc/mounts): an error saying why not, or a warning to
+/// log. A detected mount that is not the hierarchy's root would translate only the agent's
+/// own container (its cgroup namespace) while pods' ClusterIP traffic went untranslated;
+/// an explicit sub-cgroup is a choice (only the processes below it are translated).
+pub fn judge_cgroup_root(
+    path: &Path,
+    facts: CgroupRootFacts,
+    explicit: bool,
+) -> std::result::Result<Option<String>, String> {
+    let shown = path.display();
+    if !facts.cgroup2 {
+        return Err(format!(
+            "{shown} is not a cgroup v2 mount (on a hybrid cgroup host the v2 hierarchy is \
+             /sys/fs/cgroup/unified); set ebpf.cgroupRoot to the host's cgroup v2 root"
+        ));
+    }
+    match (facts.hierarchy_root, explicit) {
+        (true, _) => Ok(None),
+        (false, false) => Err(format!(
+            "the cgroup v2 mount {shown} is not the root of the host's hierarchy (this \
+             container has its own cgroup namespace): socket programs attached there would \
+             translate only this container's traffic; mount the host's /sys/fs/cgroup \
+             (a hostPath volume) and set ebpf.cgroupRoot to it"
+        )),
+        (false, true) => Ok(Some(format!(
+            "ebpf.cgroupRoot {shown} is below the root of the cgroup hierarchy: only \
+             processes in it are translated by the socket programs"
+        ))),
+    }
+}
+
 /// Creates a pin directory that only root can enter: whoever can write a pinned map can
 /// redirect every service, so the directory's mode must not depend on the agent's umask.
 fn create_dir(path: &Path) -> Result<()> {
@@ -628,4 +685,45 @@ fn take_maps(ebpf: &mut Ebpf) -> Result<LbMaps> {
         src_ranges6: take_lpm(ebpf, names::SRC_RANGES6)?,
         maglev: Box::new(KernelMaglev::new(take_array(ebpf, names::MAGLEV)?)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROOT: CgroupRootFacts = CgroupRootFacts {
+        cgroup2: true,
+        hierarchy_root: true,
+    };
+    const NAMESPACED: CgroupRootFacts = CgroupRootFacts {
+        cgroup2: true,
+        hierarchy_root: false,
+    };
+
+    #[test]
+    fn a_detected_mount_must_be_the_hierarchys_root_and_an_explicit_one_a_cgroup2() {
+        let path = Path::new("/sys/fs/cgroup");
+        assert_eq!(judge_cgroup_root(path, ROOT, false), Ok(None));
+        assert_eq!(judge_cgroup_root(path, ROOT, true), Ok(None));
+        // A container's own cgroup namespace: refused when detected, a warning when chosen.
+        let refused = judge_cgroup_root(path, NAMESPACED, false).unwrap_err();
+        assert!(refused.contains("own cgroup namespace"), "{refused}");
+        let warned = judge_cgroup_root(path, NAMESPACED, true).unwrap().unwrap();
+        assert!(warned.contains("only processes in it"), "{warned}");
+        let not_cgroup = CgroupRootFacts {
+            cgroup2: false,
+            hierarchy_root: false,
+        };
+        for explicit in [false, true] {
+            let err = judge_cgroup_root(path, not_cgroup, explicit).unwrap_err();
+            assert!(err.contains("not a cgroup v2 mount"), "{err}");
+        }
+    }
+
+    #[test]
+    fn facts_of_a_directory_that_is_no_cgroup() {
+        let facts = CgroupRootFacts::of(Path::new("/proc")).unwrap();
+        assert!(!facts.cgroup2 && !facts.hierarchy_root);
+        assert!(CgroupRootFacts::of(Path::new("/nonexistent/kpe")).is_err());
+    }
 }

@@ -56,11 +56,17 @@ fn unavailable(layout: &HostLayout) -> Option<String> {
 
 fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
     let config = settings.config;
-    let cgroup = if config.ebpf.cgroup_root.is_empty() {
-        loader::detect_cgroup2_root().map_err(|e| e.to_string())?
-    } else {
+    let explicit = !config.ebpf.cgroup_root.is_empty();
+    let cgroup: std::path::PathBuf = if explicit {
         config.ebpf.cgroup_root.clone().into()
+    } else {
+        loader::detect_cgroup2_root().map_err(|e| e.to_string())?
     };
+    let facts = loader::CgroupRootFacts::of(&cgroup)
+        .map_err(|e| format!("ebpf.cgroupRoot {}: {e}", cgroup.display()))?;
+    if let Some(warning) = loader::judge_cgroup_root(&cgroup, facts, explicit)? {
+        warn!("{warning}");
+    }
     let mut xdp = settings.xdp;
     if xdp != XdpMode::Off
         && let Some(reason) = kernel::xdp_missing()
