@@ -3,17 +3,23 @@
 
 use clap::{CommandFactory as _, FromArgMatches as _, Parser};
 use proxy_agent::{
-    config::{self, Flags},
+    config::{self, Flags, VersionRequest},
     proxier::HostLayout,
 };
 use tracing::{info, warn};
 
 /// A Kubernetes service proxy: kube-proxy's behaviour with an eBPF fast path.
 #[derive(Parser)]
-#[command(name = "proxy-agent", version, args_override_self = true)]
+#[command(
+    name = "proxy-agent",
+    version,
+    disable_version_flag = true,
+    args_override_self = true
+)]
 struct Cli {
     #[command(flatten)]
     flags: Flags,
+
     /// Operator tools (kube-proxy has none: without one, the agent runs).
     #[command(subcommand)]
     tool: Option<proxy_agent::tools::Tool>,
@@ -33,11 +39,40 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 static JEMALLOC_CONF: &[u8; 10] = b"narenas:1\0";
 
 fn main() -> std::process::ExitCode {
-    let matches = Cli::command().get_matches();
+    let args = config::normalize_word_separators(std::env::args_os());
+    let matches = Cli::command().get_matches_from(args);
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    let version = env!("CARGO_PKG_VERSION");
+    match &cli.flags.version {
+        Some(VersionRequest::Print) => {
+            println!("proxy-agent v{version}");
+            return std::process::ExitCode::SUCCESS;
+        }
+        Some(VersionRequest::Raw) => {
+            println!(
+                "version.Info{{GitVersion:\"v{version}\", Compiler:\"rustc\", Platform:\"{}/{}\"}}",
+                std::env::consts::OS,
+                std::env::consts::ARCH
+            );
+            return std::process::ExitCode::SUCCESS;
+        }
+        Some(VersionRequest::Report(reported))
+            if reported
+                .trim_start_matches('v')
+                .split(['-', '+'])
+                .next()
+                .is_none_or(|core| core != version) =>
+        {
+            eprintln!(
+                "Error: invalid argument {reported:?} for \"--version\" flag: version {reported:?} must match major/minor/patch of default version \"v{version}\""
+            );
+            return std::process::ExitCode::from(1);
+        }
+        Some(VersionRequest::No | VersionRequest::Report(_)) | None => {}
+    }
     if let Some(tool) = &cli.tool {
         // The configuration (when it resolves) says where the modes keep their state.
         let layout = config::resolve(&cli.flags, &matches)
@@ -61,11 +96,33 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
+    let json = resolved.options.log_format == "json";
+    let stream_options = resolved
+        .config
+        .logging
+        .options
+        .get(if json { "json" } else { "text" });
+    let split_stream = stream_options
+        .and_then(|o| o.get("splitStream"))
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
     proxy_agent::telemetry::init(
         resolved.options.verbosity,
         &resolved.config.logging.vmodule,
-        resolved.options.log_format == "json",
+        json,
+        split_stream,
     );
+    // As kube-proxy starts: every flag at V(1), then its version.
+    for (name, value) in config::flag_dump(&matches) {
+        info!(target: proxy_agent::telemetry::klog::V1_PRINTF, "FLAG: --{name}={value:?}");
+    }
+    info!(version = %format!("v{version}"), "Version info");
+    if let Some(VersionRequest::Report(reported)) = &cli.flags.version {
+        warn!(
+            version = %reported,
+            "--version=vX.Y.Z accepted; the agent reports its own version, v{version}"
+        );
+    }
     for flag in &resolved.ignored_flags {
         warn!(flag = %flag, "flag ignored because --config is given (the file's value applies)");
     }

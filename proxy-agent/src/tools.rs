@@ -172,14 +172,14 @@ pub fn run(tool: &Tool, layout: &HostLayout) -> Result<String, ToolError> {
     match tool {
         Tool::SocketTerminator(a) => {
             // A long-running server: its log goes to stderr like the agent's.
-            crate::telemetry::init(0, &[], false);
+            crate::telemetry::init(0, &[], false, false);
             crate::proxier::ebpf::sockets::serve(&a.socket, &a.netns_dir)
                 .map_err(ToolError::SocketTerminator)?;
             Ok(String::new())
         }
         Tool::Handover(a) => {
             // What each mode removed, and what it could not, goes to the log (stderr).
-            crate::telemetry::init(0, &[], false);
+            crate::telemetry::init(0, &[], false, false);
             let layout = with_root(&a.bpffs_root);
             if crate::cleanup::cleanup_other_modes(a.to, &layout.bpffs_root, &layout.ipvs_exclude) {
                 Ok(format!(

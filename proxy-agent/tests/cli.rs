@@ -141,3 +141,86 @@ fn write_config_to_round_trips_through_the_flags() {
         String::from_utf8_lossy(&check.stderr)
     );
 }
+
+/// verflag's values: `--version` and `--version=raw` print and exit 0, before anything
+/// else is looked at; `--version=false` runs; another binary version is refused.
+#[test]
+fn version_flag_prints_and_exits_as_kube_proxys() {
+    let version = env!("CARGO_PKG_VERSION");
+    for (args, stdout_has) in [
+        (vec!["--version"], format!("proxy-agent v{version}")),
+        (vec!["--version=true"], format!("proxy-agent v{version}")),
+        (
+            vec!["--version=raw", "--config", "/nonexistent"],
+            format!("GitVersion:\"v{version}\""),
+        ),
+    ] {
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(&stdout_has), "{args:?}: {stdout}");
+    }
+    let out = Command::new(BIN)
+        .args(["--version=v9.9.9"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let path = std::env::temp_dir().join(format!("kpe-version-{}.yaml", std::process::id()));
+    let out = Command::new(BIN)
+        .args([
+            "--version=false",
+            "--write-config-to",
+            path.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// pflag's normalisation: `--cluster_cidr` is `--cluster-cidr`; a configuration file with
+/// a key written twice is read with its last value and a warning, as kube-proxy's lenient
+/// decoder reads it.
+#[test]
+fn underscore_flags_and_duplicated_keys_are_read_as_kube_proxy_reads_them() {
+    let id = std::process::id();
+    let written = std::env::temp_dir().join(format!("kpe-underscore-{id}.yaml"));
+    let out = Command::new(BIN)
+        .args(["--proxy_mode=iptables", "--cluster_cidr", "10.0.0.0/8"])
+        .args(["--write_config_to", written.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&written).unwrap();
+    assert!(
+        text.contains("mode: iptables") && text.contains("clusterCIDR: 10.0.0.0/8"),
+        "{text}"
+    );
+
+    let config = std::env::temp_dir().join(format!("kpe-duplicated-{id}.yaml"));
+    std::fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\nmode: iptables\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["--config", config.to_str().unwrap()])
+        .args(["--write-config-to", written.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = std::fs::read_to_string(&written).unwrap_or_default();
+    let _ = std::fs::remove_file(&config);
+    let _ = std::fs::remove_file(&written);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(text.contains("mode: iptables"), "{text}");
+    assert!(stderr.contains("duplicate field"), "{stderr}");
+}

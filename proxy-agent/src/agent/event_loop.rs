@@ -11,7 +11,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::mpsc;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use super::{
     error::{AgentError, Result},
@@ -513,13 +513,20 @@ impl EventLoop {
                 for f in &self.families {
                     self.health.updated(health_family(*f), now);
                 }
-                debug!(
+                // kube-proxy's V(2) line, which operators grep for; the counts are ours.
+                let go_elapsed = crate::config::Duration::from_std(
+                    std::time::Duration::from_secs_f64(elapsed.max(0.0)),
+                )
+                .map(|d| d.to_string())
+                .unwrap_or_default();
+                info!(
+                    target: crate::telemetry::klog::V2,
+                    elapsed = %go_elapsed,
                     full,
                     changed = self.pending_changed.len(),
                     written = stats.written,
                     deleted = stats.deleted,
-                    seconds = elapsed,
-                    "synced"
+                    "SyncProxyRules complete"
                 );
                 service_health.sync(self.cluster.families(), &self.pending_changed, full);
                 proxier.after_sync(&request);

@@ -41,6 +41,12 @@ pub struct Flags {
     #[arg(long, value_name = "FILE")]
     pub write_config_to: Option<PathBuf>,
 
+    /// Print the version and exit (`--version=raw`: every field of it); `--version=vX.Y.Z`
+    /// runs, reporting that version.
+    #[arg(long, value_name = "true|false|raw|vX.Y.Z", num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_parser = parse_version_request)]
+    pub version: Option<VersionRequest>,
+
     /// Remove the rules and BPF objects this proxy installs, then exit.
     #[arg(long, action = ArgAction::Set, value_parser = parse_go_bool, default_value = "false",
         num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
@@ -277,6 +283,28 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_flag)]
     pub log_flush_frequency: Option<Duration>,
 
+    /// [Alpha] Text format: error messages to stderr, the others to stdout. Needs the
+    /// LoggingAlphaOptions feature gate.
+    #[arg(long, value_parser = parse_go_bool, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_name = "BOOL")]
+    pub log_text_split_stream: Option<bool>,
+
+    /// [Alpha] Text format with split streams: how much of the info stream may be
+    /// buffered (a quantity: 512, 1k, 2Ki, 3M...; accepted, the agent does not buffer).
+    /// Needs the LoggingAlphaOptions feature gate.
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity)]
+    pub log_text_info_buffer_size: Option<String>,
+
+    /// [Alpha] JSON format: error messages to stderr, the others to stdout. Needs the
+    /// LoggingAlphaOptions feature gate.
+    #[arg(long, value_parser = parse_go_bool, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", value_name = "BOOL")]
+    pub log_json_split_stream: Option<bool>,
+
+    /// [Alpha] JSON format with split streams: as --log-text-info-buffer-size.
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity)]
+    pub log_json_info_buffer_size: Option<String>,
+
     // ---- Ours: the eBPF dataplane.
     /// Directory on the BPF filesystem for pinned maps and links.
     /// [default: /sys/fs/bpf/kube-proxy-ebpf]
@@ -320,11 +348,57 @@ pub(crate) enum FlagClass {
 pub(crate) fn flag_class(long: &str) -> FlagClass {
     match long {
         "config" | "write-config-to" | "cleanup" | "init-only" | "master" | "strict-mode"
-        | "source" => FlagClass::Runtime,
-        "v" | "vmodule" | "logging-format" | "log-flush-frequency" => FlagClass::Logging,
+        | "source" | "version" => FlagClass::Runtime,
+        "v"
+        | "vmodule"
+        | "logging-format"
+        | "log-flush-frequency"
+        | "log-text-split-stream"
+        | "log-text-info-buffer-size"
+        | "log-json-split-stream"
+        | "log-json-info-buffer-size" => FlagClass::Logging,
         "hostname-override" => FlagClass::HostnameOverride,
         _ => FlagClass::Config,
     }
+}
+
+/// Every flag with its value as kube-proxy dumps them at start (`FLAG: --name="value"`, in
+/// declaration order): the value given, else the default (clap's, or the `[default: X]` of
+/// its help), else empty.
+pub fn flag_dump(matches: &ArgMatches) -> Vec<(String, String)> {
+    let command = Flags::augment_args(Command::new("flags"));
+    let mut out = Vec::new();
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        let id = arg.get_id().as_str();
+        let given =
+            matches.try_get_raw(id).ok().flatten().filter(|_| {
+                matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+            });
+        let value = match given {
+            Some(values) => values
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(","),
+            None if !arg.get_default_values().is_empty() => arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(","),
+            None => arg
+                .get_help()
+                .map(ToString::to_string)
+                .and_then(|help| {
+                    let start = help.find("[default: ")? + "[default: ".len();
+                    let end = help[start..].find(']')? + start;
+                    Some(help[start..end].to_string())
+                })
+                .unwrap_or_default(),
+        };
+        out.push((long.to_string(), value));
+    }
+    out
 }
 
 /// Long names of the flags given on the command line (or through the environment), in
@@ -546,6 +620,39 @@ pub(crate) fn apply_logging_flags(flags: &Flags, logging: &mut LoggingConfigurat
     set(&mut logging.verbosity, &flags.verbosity);
     set(&mut logging.format, &flags.logging_format);
     set(&mut logging.flush_frequency, &flags.log_flush_frequency);
+    // component-base's logging options: `options.text` / `options.json`.
+    let stream_options = [
+        (
+            "text",
+            flags.log_text_split_stream,
+            &flags.log_text_info_buffer_size,
+        ),
+        (
+            "json",
+            flags.log_json_split_stream,
+            &flags.log_json_info_buffer_size,
+        ),
+    ];
+    for (format, split, buffer) in stream_options {
+        let mut set_option = |key: &str, value: serde_json::Value| {
+            let section = logging
+                .options
+                .entry(format)
+                .or_insert_with(|| serde_json::Value::Object(Default::default()));
+            if !section.is_object() {
+                *section = serde_json::Value::Object(Default::default());
+            }
+            if let Some(section) = section.as_object_mut() {
+                section.insert(key.to_string(), value);
+            }
+        };
+        if let Some(split) = split {
+            set_option("splitStream", serde_json::Value::Bool(split));
+        }
+        if let Some(size) = buffer {
+            set_option("infoBufferSize", serde_json::Value::String(size.clone()));
+        }
+    }
     if !flags.vmodule.is_empty() {
         let mut items: Vec<VModuleItem> = flags
             .vmodule
@@ -554,6 +661,31 @@ pub(crate) fn apply_logging_flags(flags: &Flags, logging: &mut LoggingConfigurat
             .collect();
         items.append(&mut logging.vmodule);
         logging.vmodule = items;
+    }
+}
+
+/// A resource quantity as Kubernetes writes one (`512`, `1k`, `2Ki`, `3M`, `1.5Gi`,
+/// `1e3`): what upstream's `--log-*-info-buffer-size` take.
+fn parse_quantity(text: &str) -> Result<String, String> {
+    const SUFFIXES: &[&str] = &[
+        "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E", "",
+    ];
+    let trimmed = text.trim();
+    let number_end = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(trimmed.len());
+    let (number, suffix) = trimmed.split_at(number_end);
+    let number_ok = number.parse::<f64>().is_ok_and(f64::is_finite);
+    let suffix_ok = SUFFIXES.contains(&suffix)
+        || suffix
+            .strip_prefix(['e', 'E'])
+            .is_some_and(|exponent| exponent.parse::<i32>().is_ok());
+    if number_ok && suffix_ok {
+        Ok(trimmed.to_string())
+    } else {
+        Err(format!(
+            "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' (got {text:?})"
+        ))
     }
 }
 
@@ -615,6 +747,78 @@ fn string_list(values: &[String]) -> Vec<String> {
 }
 
 /// `strconv.ParseBool`.
+/// `--version`'s value, as component-base's verflag reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VersionRequest {
+    /// `--version` or `--version=true`: print the version and exit.
+    Print,
+    /// `--version=raw`: print the version's every field and exit.
+    Raw,
+    /// `--version=false`: run.
+    No,
+    /// `--version=vX.Y.Z`: run, reporting this version (upstream's dynamic version, which
+    /// must keep the binary's major, minor and patch).
+    Report(String),
+}
+
+/// Parses `--version=VALUE` (see [`VersionRequest`]).
+pub fn parse_version_request(value: &str) -> Result<VersionRequest, String> {
+    if value == "raw" {
+        return Ok(VersionRequest::Raw);
+    }
+    if let Some(rest) = value.strip_prefix('v') {
+        let core = rest.split(['-', '+']).next().unwrap_or_default();
+        let parts: Vec<&str> = core.split('.').collect();
+        if parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.parse::<u64>().is_ok())
+        {
+            return Ok(VersionRequest::Report(value.to_string()));
+        }
+        return Err(format!("could not parse {value:?} as a version"));
+    }
+    parse_go_bool(value).map(|print| {
+        if print {
+            VersionRequest::Print
+        } else {
+            VersionRequest::No
+        }
+    })
+}
+
+/// kube-proxy's flag names are normalised as pflag's WordSepNormalizeFunc does:
+/// `--hostname_override` is `--hostname-override`. Only the name of a `--name[=value]`
+/// argument changes, and nothing after a bare `--`.
+pub fn normalize_word_separators<I>(args: I) -> Vec<std::ffi::OsString>
+where
+    I: IntoIterator<Item = std::ffi::OsString>,
+{
+    let mut out = Vec::new();
+    let mut flags_done = false;
+    for arg in args {
+        if flags_done {
+            out.push(arg);
+            continue;
+        }
+        match arg.to_str() {
+            Some("--") => {
+                flags_done = true;
+                out.push(arg);
+            }
+            Some(text) if text.starts_with("--") && text.contains('_') => {
+                let (name, value) = match text.find('=') {
+                    Some(at) => text.split_at(at),
+                    None => (text, ""),
+                };
+                out.push(format!("{}{value}", name.replace('_', "-")).into());
+            }
+            _ => out.push(arg),
+        }
+    }
+    out
+}
+
 fn parse_go_bool(value: &str) -> Result<bool, String> {
     match value {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),

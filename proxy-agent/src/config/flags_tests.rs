@@ -278,6 +278,26 @@ fn mapping_cases() -> Vec<(&'static str, Vec<&'static str>, Check)> {
             vec!["--log-flush-frequency=1s"],
             |c| assert_eq!(c.logging.flush_frequency, Duration::from_secs(1)),
         ),
+        (
+            "log-text-split-stream",
+            vec!["--log-text-split-stream"],
+            |c| assert_eq!(c.logging.options["text"]["splitStream"], true),
+        ),
+        (
+            "log-text-info-buffer-size",
+            vec!["--log-text-info-buffer-size=2Ki"],
+            |c| assert_eq!(c.logging.options["text"]["infoBufferSize"], "2Ki"),
+        ),
+        (
+            "log-json-split-stream",
+            vec!["--log-json-split-stream=false"],
+            |c| assert_eq!(c.logging.options["json"]["splitStream"], false),
+        ),
+        (
+            "log-json-info-buffer-size",
+            vec!["--log-json-info-buffer-size", "1M"],
+            |c| assert_eq!(c.logging.options["json"]["infoBufferSize"], "1M"),
+        ),
         ("bpffs-root", vec!["--bpffs-root=/sys/fs/bpf/kp"], |c| {
             assert_eq!(c.ebpf.bpffs_root, "/sys/fs/bpf/kp")
         }),
@@ -318,6 +338,7 @@ fn mapping_table_covers_every_flag() {
         "master",
         "strict-mode",
         "source",
+        "version",
     ];
     let covered: Vec<&str> = mapping_cases().iter().map(|(name, _, _)| *name).collect();
     for arg in Flags::augment_args(Command::new("t")).get_arguments() {
@@ -557,4 +578,134 @@ fn logging_flags_override_the_file_and_put_vmodule_first() {
         .map(|i| i.file_pattern.as_str())
         .collect();
     assert_eq!(patterns, vec!["a", "b"]);
+}
+
+#[test]
+fn quantities_are_read_as_kubernetes_writes_them() {
+    // Upstream's help says "1K", but its quantity parser (and kube-proxy) refuses it.
+    for good in ["0", "512", "1k", "2Ki", "3M", "1.5Gi", "1e3", "+5", "100m"] {
+        assert_eq!(parse_quantity(good).as_deref(), Ok(good), "{good}");
+    }
+    for bad in ["", "Ki", "1Q", "one", "1 K", "1K"] {
+        assert!(parse_quantity(bad).is_err(), "{bad}");
+    }
+    assert!(parse_error(&["--log-text-info-buffer-size=lots"]).contains("quantities"));
+}
+
+#[test]
+fn underscores_in_flag_names_are_dashes_as_for_pflag() {
+    let os = |v: &[&str]| -> Vec<std::ffi::OsString> { v.iter().map(Into::into).collect() };
+    assert_eq!(
+        normalize_word_separators(os(&[
+            "kube-proxy",
+            "--hostname_override=node_a",
+            "--cluster_cidr",
+            "10.0.0.0/8",
+            "-v=2",
+            "--",
+            "--not_a_flag",
+        ])),
+        os(&[
+            "kube-proxy",
+            "--hostname-override=node_a",
+            "--cluster-cidr",
+            "10.0.0.0/8",
+            "-v=2",
+            "--",
+            "--not_a_flag",
+        ])
+    );
+}
+
+#[test]
+fn version_values_are_verflags() {
+    assert_eq!(parse_version_request("true"), Ok(VersionRequest::Print));
+    assert_eq!(parse_version_request("raw"), Ok(VersionRequest::Raw));
+    assert_eq!(parse_version_request("false"), Ok(VersionRequest::No));
+    assert_eq!(
+        parse_version_request("v1.37.2-rc.1"),
+        Ok(VersionRequest::Report("v1.37.2-rc.1".into()))
+    );
+    for bad in ["v1.2", "yes", "vX.Y.Z"] {
+        assert!(parse_version_request(bad).is_err(), "{bad}");
+    }
+}
+
+/// A value upstream's flag parser takes for a flag of `kind` (the type its --help names).
+fn sample_value(name: &str, kind: &str) -> &'static str {
+    match (name, kind) {
+        ("v", _) => "2",
+        ("detect-local-mode", _) => "ClusterCIDR",
+        ("proxy-mode", _) => "iptables",
+        ("bind-address", _) => "0.0.0.0",
+        ("cluster-cidr", _) => "10.0.0.0/8",
+        ("nodeport-addresses", _) => "primary",
+        ("ipvs-exclude-cidrs", _) => "10.9.0.0/16",
+        ("kube-api-content-type", _) => "application/json",
+        ("logging-format", _) => "text",
+        ("show-hidden-metrics-for-version", _) => "1.36",
+        ("ipvs-scheduler", _) => "rr",
+        ("version", _) => "false",
+        ("oom-score-adj", _) => "-999",
+        ("iptables-masquerade-bit", _) => "14",
+        (_, "bool") => "true",
+        (_, "duration") => "5s",
+        (_, "int32") => "10",
+        (_, "float32") => "5",
+        (_, "ipport") => "127.0.0.1:10249",
+        (_, "mapStringBool") => "LoggingAlphaOptions=true",
+        (_, "pattern=N,...") => "proxier=3",
+        (_, "quantity") => "2Ki",
+        (_, "string") => "x",
+        (other, kind) => panic!("no sample value for --{other} ({kind})"),
+    }
+}
+
+/// Every flag upstream 1.37's --help lists is accepted, with a value of its type, in
+/// dashes and in underscores (pflag's normalisation), so a kube-proxy DaemonSet's command
+/// line starts this agent.
+#[test]
+fn every_flag_of_upstream_kube_proxy_is_accepted() {
+    let list = include_str!("../../tests/data/upstream-kube-proxy-flags.txt");
+    let mut seen = 0;
+    for line in list
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
+        let mut words = line.split_whitespace();
+        let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+            panic!("bad line {line:?}");
+        };
+        let value = sample_value(name, kind);
+        for spelling in [name.to_string(), name.replace('-', "_")] {
+            let arg = format!("--{spelling}={value}");
+            let args = normalize_word_separators(["kube-proxy".into(), arg.clone().into()]);
+            let parsed = Cli::command().try_get_matches_from(args);
+            assert!(
+                parsed.is_ok(),
+                "{arg}: {}",
+                parsed.err().map(|e| e.to_string()).unwrap_or_default()
+            );
+        }
+        seen += 1;
+    }
+    assert!(seen > 50, "only {seen} flags listed");
+}
+
+#[test]
+fn the_flag_dump_shows_given_values_and_defaults_of_every_flag() {
+    let (_, matches) = parse(&["--cluster-cidr=10.0.0.0/8", "--v=2"]);
+    let dump = flag_dump(&matches);
+    let value = |name: &str| {
+        dump.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no --{name} in {dump:?}"))
+    };
+    assert_eq!(value("cluster-cidr"), "10.0.0.0/8");
+    assert_eq!(value("v"), "2");
+    assert_eq!(value("config-sync-period"), "15m0s");
+    assert_eq!(value("cleanup"), "false");
+    assert_eq!(value("hostname-override"), "");
+    assert!(dump.len() > 50);
 }

@@ -34,10 +34,7 @@
 //! ```
 //!
 //! Where this differs from kube-proxy (each is explained where it is implemented):
-//! - an empty `mode` means `ebpf` (ours), not `iptables`; `nftables` is refused by
-//!   validation because the agent does not implement it;
-//! - a file with unknown or duplicate fields is refused, where upstream falls back to
-//!   lenient decoding with a warning;
+//! - an empty `mode` means `ebpf` (ours), not `iptables`;
 //! - `featureGates` accepts any name; `ipvs.scheduler` is checked against the kernel's list;
 //! - the older struct's `udpIdleTimeout` is still accepted, defaulted and validated.
 
@@ -62,7 +59,10 @@ pub use defaults::{
 };
 pub use duration::{Duration, DurationParseError};
 pub use field::{BadValue, ErrorType, FieldError};
-pub use flags::{FeatureGates, Flags, VModule};
+pub use flags::{
+    FeatureGates, Flags, VModule, VersionRequest, flag_dump, normalize_word_separators,
+    parse_version_request,
+};
 pub use load::{
     load_file, load_file_with_warnings, parse_lenient, parse_str, to_yaml, write_config,
 };

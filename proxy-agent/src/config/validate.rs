@@ -122,6 +122,7 @@ pub fn validate(config: &KubeProxyConfiguration) -> Vec<FieldError> {
     validate_show_hidden_metrics_version(&config.show_hidden_metrics_for_version, &mut errors);
     validate_detect_local(config, &mut errors);
     validate_logging(&config.logging, &mut errors);
+    validate_logging_options(config, &mut errors);
     validate_ebpf(config, &mut errors);
 
     errors.sort_by(|a, b| a.field.cmp(&b.field));
@@ -293,6 +294,49 @@ fn validate_detect_local(config: &KubeProxyConfiguration, errors: &mut Vec<Field
         }
         _ => {}
     }
+}
+
+/// logsapi's options (`logging.options.text` / `.json`): split streams and an info buffer
+/// are alpha, forbidden unless the LoggingAlphaOptions feature gate is on (logsapi decides
+/// it from the component's gates, which kube-proxy takes from `featureGates`).
+fn validate_logging_options(config: &KubeProxyConfiguration, errors: &mut Vec<FieldError>) {
+    const GATE: &str = "LoggingAlphaOptions";
+    let alpha_on = config.feature_gates.get(GATE).copied().unwrap_or(false);
+    for format in ["text", "json"] {
+        let Some(section) = config.logging.options.get(format) else {
+            continue;
+        };
+        let split = section
+            .get("splitStream")
+            .and_then(serde_json::Value::as_bool);
+        if split == Some(true) && !alpha_on {
+            errors.push(FieldError::forbidden(
+                format!("logging.options.{format}.splitStream"),
+                format!("Feature gate {GATE} is disabled"),
+            ));
+        }
+        let buffered = match section.get("infoBufferSize") {
+            Some(serde_json::Value::String(size)) => !is_zero_quantity(size),
+            Some(serde_json::Value::Number(size)) => size.as_f64() != Some(0.0),
+            _ => false,
+        };
+        if buffered && !alpha_on {
+            errors.push(FieldError::forbidden(
+                format!("logging.options.{format}.infoBufferSize"),
+                format!("Feature gate {GATE} is disabled"),
+            ));
+        }
+    }
+}
+
+/// Whether a quantity (`0`, `0Ki`, `0.0`) is zero.
+fn is_zero_quantity(text: &str) -> bool {
+    let number: String = text
+        .trim()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == '+' || *c == '-')
+        .collect();
+    number.parse::<f64>().is_ok_and(|n| n == 0.0)
 }
 
 /// logsapi's `Validate`, for the parts that do not depend on klog's own flags.

@@ -6,14 +6,15 @@
 //!   severity I (info, debug, trace), W or E; UTC time; the process id padded to seven
 //!   columns; the source file's name and line; the message and values quoted as Go's
 //!   `strconv.Quote` does, numbers and booleans bare; `error` fields are klog's `err`;
-//! - JSON (component-base's schema): `{"ts":1764205323.456,"caller":"proxier.rs:123",
-//!   "msg":"Message","v":0,"key":"value"}`, `ts` in seconds with milliseconds, `v` the klog
-//!   level of the call (absent on errors, which carry `err`).
+//! - JSON (component-base's schema): `{"ts":1764205323456.789,"caller":"proxier.rs:123",
+//!   "msg":"Message","v":0,"key":"value"}`, `ts` in milliseconds since the epoch with a
+//!   fraction (as zap writes it for component-base), `v` the klog level of the call (absent
+//!   on errors, which carry `err`).
 //!
-//! Levels map to klog's `-v` as kube-proxy uses them: what this agent logs at info is what
-//! kube-proxy logs at V(0)-V(2) (shown at every `-v`), debug is V(4), trace V(5)
-//! ([`klog_level`]). `--vmodule` raises the level for the source files matching its globs
-//! ([`VModuleFilter`]).
+//! Levels map to klog's `-v` as kube-proxy uses them ([`klog_level`]): info is V(0), debug
+//! V(4), trace V(5); an info event whose target is `klog::v<N>` (`info!(target: V2, ...)`)
+//! is V(N), shown from `-v=N` on, where kube-proxy logs the same line at V(N).
+//! `--vmodule` raises the level for the source files matching its globs ([`VModuleFilter`]).
 
 use std::{
     fmt::{self, Write as _},
@@ -29,11 +30,24 @@ use tracing_subscriber::{
 
 use crate::config::VModuleItem;
 
-/// The klog level an event of `level` is logged at (`v` of the JSON form).
-pub fn klog_level(level: &Level) -> u32 {
-    match *level {
+/// Targets of info events kube-proxy logs at V(1) and V(2): `info!(target: V2, ...)`.
+pub const V1: &str = "klog::v1";
+pub const V2: &str = "klog::v2";
+/// kube-proxy's `klog.V(1).Infof` lines (the flag dump): at V(1), the message unquoted.
+pub const V1_PRINTF: &str = "klog::v1::printf";
+
+/// The klog level an event is logged at (`v` of the JSON form): its `klog::v<N>` target's
+/// for an info event, else by its level.
+pub fn klog_level(meta: &Metadata<'_>) -> u32 {
+    match *meta.level() {
         Level::TRACE => 5,
         Level::DEBUG => 4,
+        Level::INFO => meta
+            .target()
+            .strip_prefix("klog::v")
+            .map(|rest| rest.split(':').next().unwrap_or_default())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0),
         _ => 0,
     }
 }
@@ -73,7 +87,9 @@ impl VModuleFilter {
     }
 
     pub fn enabled(&self, meta: &Metadata<'_>) -> bool {
-        *meta.level() <= max_level(self.verbosity_for(meta.file()))
+        let verbosity = self.verbosity_for(meta.file());
+        *meta.level() <= max_level(verbosity)
+            && (*meta.level() != Level::INFO || klog_level(meta) <= verbosity)
     }
 
     /// The most verbose level any file may log at (for the subscriber's level hint).
@@ -305,7 +321,11 @@ fn text_line(meta: &Metadata<'_>, fields: &Fields, now: SystemTime, pid: u32) ->
         pid,
         meta.file().map_or("???", file_name),
         meta.line().unwrap_or(0),
-        quote(&fields.message),
+        if meta.target().ends_with("::printf") {
+            fields.message.clone()
+        } else {
+            quote(&fields.message)
+        },
     );
     for (key, value) in &fields.pairs {
         let _ = match value {
@@ -320,7 +340,7 @@ fn text_line(meta: &Metadata<'_>, fields: &Fields, now: SystemTime, pid: u32) ->
 /// the event's).
 fn json_line(meta: &Metadata<'_>, fields: &Fields, now: SystemTime) -> String {
     let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let ts = (since.as_millis() as f64) / 1000.0;
+    let ts = (since.as_micros() as f64) / 1000.0;
     let caller = format!(
         "{}:{}",
         meta.file().map_or("???", file_name),
@@ -334,7 +354,7 @@ fn json_line(meta: &Metadata<'_>, fields: &Fields, now: SystemTime) -> String {
         json(fields.message.clone().into())
     );
     if *meta.level() != Level::ERROR {
-        let _ = write!(line, ",\"v\":{}", klog_level(meta.level()));
+        let _ = write!(line, ",\"v\":{}", klog_level(meta));
     }
     for (key, value) in &fields.pairs {
         let _ = write!(
@@ -398,6 +418,51 @@ mod tests {
         out.lines()
     }
 
+    /// `info!(target: V2, ..)` is kube-proxy's `klog.V(2).InfoS`: shown from -v=2 on (or
+    /// where --vmodule says), with `"v":2` in JSON.
+    #[test]
+    fn v_targets_are_klog_levels() {
+        let log = |filter: VModuleFilter, format| {
+            let out = CapturedLog::default();
+            let layer = tracing_subscriber::fmt::layer()
+                .event_format(format)
+                .with_writer(out.clone())
+                .with_filter(tracing_subscriber::filter::filter_fn(move |m| {
+                    filter.enabled(m)
+                }));
+            tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+                tracing::info!(target: V1, "at one");
+                tracing::info!(target: V2, "at two");
+                tracing::info!("at zero");
+                tracing::info!(target: V1_PRINTF, "FLAG: --v=\"2\"");
+            });
+            out.lines()
+        };
+        assert_eq!(log(VModuleFilter::new(0, &[]), KlogFormat::Text).len(), 1);
+        let at_one = log(VModuleFilter::new(1, &[]), KlogFormat::Text);
+        assert_eq!(at_one.len(), 3);
+        // A printf line is written as it is, as klog's Infof writes it.
+        assert!(at_one[2].ends_with(r#"] FLAG: --v="2""#), "{}", at_one[2]);
+        let raised = [VModuleItem {
+            file_pattern: "klog".into(),
+            verbosity: 2,
+        }];
+        assert_eq!(
+            log(VModuleFilter::new(0, &raised), KlogFormat::Text).len(),
+            4
+        );
+        let json = log(VModuleFilter::new(2, &[]), KlogFormat::Json);
+        let levels: Vec<u64> = json
+            .iter()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["v"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(levels, [1, 2, 0, 1]);
+    }
+
     #[test]
     fn text_lines_have_klogs_header_and_quoted_pairs() {
         let lines = log_with(KlogFormat::Text, VModuleFilter::new(2, &[]));
@@ -428,7 +493,8 @@ mod tests {
         assert_eq!(lines.len(), 3, "-v=4 shows debug: {lines:?}");
         assert!(lines[0].starts_with(r#"{"ts":"#), "{}", lines[0]);
         let first: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
-        assert!(first["ts"].as_f64().unwrap() > 1.7e9);
+        // Milliseconds since the epoch, with a fraction.
+        assert!(first["ts"].as_f64().unwrap() > 1.7e12);
         assert!(first["caller"].as_str().unwrap().starts_with("klog.rs:"));
         assert_eq!(first["msg"], "proxier running");
         assert_eq!(first["v"], 0);

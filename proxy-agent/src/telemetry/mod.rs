@@ -9,14 +9,23 @@ pub mod klog;
 #[cfg(test)]
 pub(crate) use self::captured::CapturedLog;
 
-use tracing_subscriber::{EnvFilter, Layer as _, filter::filter_fn, fmt, prelude::*};
+use tracing::Level;
+use tracing_subscriber::{
+    EnvFilter, Layer as _,
+    filter::filter_fn,
+    fmt::{self, writer::BoxMakeWriter, writer::MakeWriterExt as _},
+    prelude::*,
+};
 
 use self::klog::{KlogFormat, VModuleFilter};
 use crate::config::VModuleItem;
 
 /// Installs the global subscriber: klog's text format (JSON when `json`), showing what
 /// `-v=verbosity` and `--vmodule` let through.
-pub fn init(verbosity: u32, vmodule: &[VModuleItem], json: bool) {
+///
+/// Everything goes to stderr, as klog writes; with `split_stream` (logsapi's alpha
+/// `splitStream`) error messages go to stderr and the others to stdout.
+pub fn init(verbosity: u32, vmodule: &[VModuleItem], json: bool, split_stream: bool) {
     let klog_filter = VModuleFilter::new(verbosity, vmodule);
     let env_filter = EnvFilter::try_from_default_env().ok();
     let from_env = env_filter.is_some();
@@ -33,9 +42,18 @@ pub fn init(verbosity: u32, vmodule: &[VModuleItem], json: bool) {
     } else {
         KlogFormat::Text
     };
+    let writer = if split_stream {
+        BoxMakeWriter::new(
+            std::io::stderr
+                .with_max_level(Level::ERROR)
+                .or_else(std::io::stdout),
+        )
+    } else {
+        BoxMakeWriter::new(std::io::stderr)
+    };
     let layer = fmt::layer()
         .event_format(format)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_filter(filter);
     let installed = tracing_subscriber::registry()
         .with(env_filter)
