@@ -116,7 +116,6 @@ fn main() -> std::process::ExitCode {
     for (name, value) in config::flag_dump(&matches) {
         info!(target: proxy_agent::telemetry::klog::V1_PRINTF, "FLAG: --{name}={value:?}");
     }
-    info!(version = %format!("v{version}"), "Version info");
     if let Some(VersionRequest::Report(reported)) = &cli.flags.version {
         warn!(
             version = %reported,
@@ -142,6 +141,9 @@ fn main() -> std::process::ExitCode {
             }
         };
     }
+    // As kube-proxy's Run starts (after the configuration's warnings; not for
+    // --write-config-to, which exits before).
+    info!(version = %format!("v{version}"), "Version info");
     if resolved.options.cleanup {
         let layout = HostLayout::from_config(&resolved.config);
         return if proxy_agent::cleanup::cleanup_all(&layout.bpffs_root, &layout.ipvs_exclude) {
