@@ -19,7 +19,7 @@ use super::{
     node_facts::{NodeFacts, NodeSource},
 };
 use crate::{
-    config::Resolved,
+    config::{ProxyMode, Resolved},
     k8s::{
         events::{EventSink, NodeEvent},
         watch::{Change, ClusterEvent, ResourceKind},
@@ -60,6 +60,9 @@ pub struct EventLoop {
     /// Removes what the other modes left; run once, after this mode's first successful
     /// sync (see [`EventLoop::run`]).
     remove_other_modes: Option<Box<dyn FnOnce() + Send>>,
+    /// The mode running, once chosen (for [`super::foreign`]'s probes).
+    running: Option<ProxyMode>,
+    foreign: super::foreign::ForeignProxyWatch,
 }
 
 impl EventLoop {
@@ -86,6 +89,8 @@ impl EventLoop {
             not_programmed: false,
             follow_up: false,
             remove_other_modes: None,
+            running: None,
+            foreign: Default::default(),
             node_name,
             resolved: resolved.clone(),
             synced: HashSet::new(),
@@ -328,6 +333,7 @@ impl EventLoop {
             layout.bpffs_root.clone(),
             layout.ipvs_exclude.clone(),
         );
+        self.running = Some(running);
         self.remove_other_modes = Some(Box::new(move || {
             let _ = crate::cleanup::cleanup_other_modes(running, &bpffs_root, &ipvs_exclude);
         }));
@@ -466,9 +472,13 @@ impl EventLoop {
         let elapsed = started.elapsed().as_secs_f64();
         match result {
             Ok(stats) => {
-                if let Some(remove_other_modes) = self.remove_other_modes.take() {
-                    remove_other_modes();
-                }
+                let first_sync = match self.remove_other_modes.take() {
+                    Some(remove_other_modes) => {
+                        remove_other_modes();
+                        true
+                    }
+                    None => false,
+                };
                 let now = SystemTime::now();
                 // One sync programs every family together: each family's series gets it.
                 let synced: Vec<IpFamily> = request.families.iter().map(|f| f.family).collect();
@@ -530,6 +540,12 @@ impl EventLoop {
                 );
                 service_health.sync(self.cluster.families(), &self.pending_changed, full);
                 proxier.after_sync(&request);
+                if full
+                    && !first_sync
+                    && let Some(running) = self.running
+                {
+                    self.look_for_another_proxy(running);
+                }
                 let big = self.pending_changed.len() >= RELEASE_MEMORY_AFTER_CHANGES;
                 if big {
                     // Not cleared: a cleared set keeps its room (a cold start's 50,000
@@ -564,6 +580,31 @@ impl EventLoop {
 
 impl EventLoop {
     /// The per-family gauges of a successful sync.
+    /// After a full sync: whether another proxy's dataplane appeared on the node (or went),
+    /// said once per change (agent/foreign.rs).
+    fn look_for_another_proxy(&mut self, running: ProxyMode) {
+        use super::foreign::ForeignChange;
+        match self
+            .foreign
+            .observe(super::foreign::written_beside(running))
+        {
+            Some(ForeignChange::Found(found)) => {
+                warn!(
+                    found = %found.join(", "),
+                    "another proxy is programming this node: two proxies fight over its rules; stop the other one"
+                );
+                self.events.emit(NodeEvent::ForeignProxy { found });
+            }
+            Some(ForeignChange::Gone) => {
+                info!("the other proxy's rules and tables are gone from this node");
+            }
+            None => {}
+        }
+        self.metrics
+            .foreign_proxy_detected
+            .set(i64::from(self.foreign.detected()));
+    }
+
     fn report_families(&self, stats: &SyncStats, synced: &[IpFamily]) {
         self.metrics.family_reports(&stats.per_family);
         // ebpf mode's maps hold both families: its totals belong to a family only when

@@ -6,6 +6,7 @@
 mod capacity;
 mod error;
 mod event_loop;
+mod foreign;
 mod mode;
 mod node_facts;
 

@@ -56,6 +56,11 @@ pub enum NodeEvent {
         /// Each grown map: its name and capacity before and after.
         maps: Vec<(&'static str, usize, usize)>,
     },
+    /// Another proxy's dataplane (kube-proxy's chains or tables) is on the node beside ours.
+    ForeignProxy {
+        /// What was found.
+        found: Vec<String>,
+    },
 }
 
 impl NodeEvent {
@@ -71,6 +76,7 @@ impl NodeEvent {
             },
             NodeEvent::MapFull { .. } => "MapFull",
             NodeEvent::MapGrown { .. } => "MapGrown",
+            NodeEvent::ForeignProxy { .. } => "ForeignProxyDetected",
         }
     }
 
@@ -88,7 +94,8 @@ impl NodeEvent {
             NodeEvent::ModeFallback { .. } => "StartProxier",
             NodeEvent::ObjectRejected(_)
             | NodeEvent::MapFull { .. }
-            | NodeEvent::MapGrown { .. } => "Sync",
+            | NodeEvent::MapGrown { .. }
+            | NodeEvent::ForeignProxy { .. } => "Sync",
         }
     }
 
@@ -136,6 +143,11 @@ impl NodeEvent {
                     maps.join(", ")
                 )
             }
+            NodeEvent::ForeignProxy { found } => format!(
+                "another proxy is programming this node: {} (kube-proxy? two proxies on one \
+                 node fight over its rules; stop the other one)",
+                found.join(", ")
+            ),
         };
         truncate(note, NOTE_MAX_BYTES)
     }
@@ -175,6 +187,7 @@ impl NodeEvent {
                     maps.iter().map(|(m, _, to)| format!("{m}={to}")).collect();
                 format!("map-grown/{}", sizes.join(","))
             }
+            NodeEvent::ForeignProxy { found } => format!("foreign-proxy/{}", found.join(",")),
         }
     }
 }

@@ -28,6 +28,12 @@ pub struct ModeEntry {
     /// Removes what the mode installed on the node; `None` when there was nothing to look at
     /// (nothing is logged then).
     pub cleanup: fn(&HostLayout, CleanupScope) -> Option<CleanupReport>,
+    /// What of this mode's dataplane, as kube-proxy writes it, is on the node while another
+    /// mode of ours runs (`running`), one description each: another proxy programming the
+    /// node (kube-proxy come back). The running mode removed all of it after its first
+    /// sync, so anything found was written since. Empty when there is none, or nothing
+    /// could be looked at.
+    pub written_beside: fn(running: ProxyMode) -> Vec<String>,
     /// `inspect` and `trace` on what the mode installed.
     pub tools: ModeTools,
 }

@@ -74,6 +74,8 @@ pub struct Metrics {
     /// Ours: BPF maps replaced by bigger ones as the cluster grew, by map.
     pub map_growths_total: IntCounterVec,
     pub fallbacks_total: IntCounterVec,
+    /// 1 while another proxy's dataplane is found on the node (agent/foreign.rs).
+    pub foreign_proxy_detected: IntGauge,
     /// component-base's `kubernetes_build_info` (no namespace), what dashboards key on.
     pub build_info: IntGaugeVec,
     pub objects_rejected_total: IntCounterVec,
@@ -420,6 +422,10 @@ impl Metrics {
                 "BPF maps replaced by bigger ones holding the same entries, by map",
                 &["map"],
             ),
+            foreign_proxy_detected: gauge(
+                "foreign_proxy_detected",
+                "1 while another proxy's rules or tables (kube-proxy's) are on this node",
+            ),
             build_info: built(
                 "kubernetes_build_info",
                 IntGaugeVec::new(
@@ -477,6 +483,7 @@ impl Metrics {
             tracing::error!(error = %e, "cannot register the process metrics");
         }
         register(r, &m.build_info);
+        register(r, &m.foreign_proxy_detected);
         let labels = build_info_labels();
         let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
         m.build_info.with_label_values(&labels).set(1);

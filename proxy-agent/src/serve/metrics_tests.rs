@@ -106,6 +106,7 @@ fn every_mode_exposes_upstreams_families_with_their_types_and_labels() {
                     "kubeproxy_sync_proxy_rules_failures_total",
                     "kubeproxy_proxy_mode_fallbacks_total",
                     "kubeproxy_objects_rejected_total",
+                    "kubeproxy_foreign_proxy_detected",
                 ];
                 assert!(
                     ours.contains(&name.as_str()) || UPSTREAM.iter().any(|u| u.0 == name),

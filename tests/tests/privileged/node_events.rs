@@ -5,7 +5,8 @@
 //! and the server receives a Warning `ProxyModeFallback` and a Warning `InvalidService`
 //! naming the refused Service, each once. An agent asked for nftables mode with an `nft`
 //! too old falls back to iptables with a `ProxyModeFallback` naming nftables and the
-//! reason.
+//! reason. kube-proxy's nftables table appearing beside the agent's iptables mode (as
+//! when kube-proxy comes back) becomes a Warning `ForeignProxyDetected` within a full sync.
 
 use std::{
     path::PathBuf,
@@ -77,6 +78,11 @@ struct Setup {
 }
 
 fn start(tag: &str, mode: &str, path: Option<&std::ffi::OsStr>) -> Setup {
+    start_with(tag, mode, path, "")
+}
+
+/// [`start`] with `extra` appended to the configuration file.
+fn start_with(tag: &str, mode: &str, path: Option<&std::ffi::OsStr>, extra: &str) -> Setup {
     let binary = TestNode::agent_binary();
     assert!(binary.exists(), "{} is not built", binary.display());
     let ns = format!("kpe-{tag}-{}", std::process::id());
@@ -111,7 +117,7 @@ fn start(tag: &str, mode: &str, path: Option<&std::ffi::OsStr>) -> Setup {
          metricsBindAddress: 127.0.0.1:10249\n\
          clientConnection: {{kubeconfig: {}}}\n\
          conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}\n\
-         ebpf: {{bpffsRoot: {}}}\n",
+         ebpf: {{bpffsRoot: {}}}\n{extra}",
         kubeconfig.display(),
         dir.join("no-bpffs").display()
     );
@@ -272,4 +278,55 @@ async fn nftables_fallback_becomes_an_event_and_iptables_runs() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     drop(setup);
+}
+
+/// Another proxy writing the node (here kube-proxy's nftables table, as its nftables mode
+/// creates it, beside our iptables mode) is reported within a full sync: a Warning event on
+/// the Node, once, and a log line naming what was found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_proxy_on_the_node_becomes_an_event_within_a_full_sync() {
+    require_root!();
+    let mut setup = start_with(
+        "evfp",
+        "iptables",
+        None,
+        "iptables: {syncPeriod: 1s, minSyncPeriod: 0s}\nlogging: {verbosity: 2}\n",
+    );
+    // After the first sync, which removes what other modes left.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !setup.log().contains("SyncProxyRules complete") {
+        assert!(Instant::now() < deadline, "never synced:\n{}", setup.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        with_reason(&setup.server.events(), "ForeignProxyDetected").is_empty(),
+        "{}",
+        setup.log()
+    );
+    let nft = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &setup.ns,
+            "nft",
+            "add",
+            "table",
+            "ip",
+            "kube-proxy",
+        ])
+        .status()
+        .unwrap();
+    assert!(nft.success());
+    let events = setup.events_with(&["ForeignProxyDetected"]).await;
+    let log = setup.log();
+    let found = with_reason(&events, "ForeignProxyDetected");
+    assert_eq!(found.len(), 1, "{events:#?}\n{log}");
+    assert_eq!(found[0]["type"], "Warning");
+    assert_eq!(found[0]["regarding"]["name"], NODE);
+    let note = found[0]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("nftables table ip kube-proxy"), "{note}");
+    assert!(
+        log.contains("another proxy is programming this node"),
+        "{log}"
+    );
 }

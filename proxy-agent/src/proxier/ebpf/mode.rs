@@ -22,6 +22,8 @@ pub static MODE: ModeEntry = ModeEntry {
     probe: unavailable,
     start,
     cleanup,
+    // kube-proxy has no ebpf dataplane: nobody else writes ours.
+    written_beside: |_| Vec::new(),
     tools: ModeTools {
         in_use: |layout| inspect::is_pinned(&layout.bpffs_root),
         inspect_subjects: inspect::SUBJECTS,

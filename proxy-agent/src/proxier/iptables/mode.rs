@@ -19,6 +19,7 @@ pub static MODE: ModeEntry = ModeEntry {
     probe: |_| unavailable(),
     start,
     cleanup,
+    written_beside,
     // iptables-save is always there to read, and iptables is tried last: it answers
     // whatever wrote the rules when no other mode's state is found.
     tools: ModeTools {
@@ -44,6 +45,30 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
     let proxier = IptablesProxier::new(config, settings.node, &mut ProcSysctl::default())
         .map_err(|e| e.to_string())?;
     Ok(Box::new(proxier))
+}
+
+/// kube-proxy's iptables mode on the node: its KUBE-SERVICES chain in the nat table of
+/// either family (the kubelet's own KUBE-* chains are not kube-proxy's). Beside our ipvs
+/// mode, which writes KUBE-SERVICES itself, nothing is looked at.
+fn written_beside(running: ProxyMode) -> Vec<String> {
+    use crate::proxier::netfilter::exec::{CommandBackend, IptablesBackend as _};
+    if running == ProxyMode::Ipvs {
+        return Vec::new();
+    }
+    let Ok(mut backend) = CommandBackend::detect() else {
+        return Vec::new();
+    };
+    use crate::model::IpFamily;
+    [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .filter(|family| {
+            matches!(
+                backend.list_chain(*family, netfilter::Table::Nat, "KUBE-SERVICES"),
+                Ok(Some(_))
+            )
+        })
+        .map(|family| format!("iptables chain KUBE-SERVICES ({family})"))
+        .collect()
 }
 
 /// Removes the chains and jump rules (both families). Beside the ipvs mode, only the

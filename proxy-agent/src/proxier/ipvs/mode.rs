@@ -17,6 +17,7 @@ pub static MODE: ModeEntry = ModeEntry {
     probe: |_| ipvs_unavailable().or_else(super::super::iptables::mode::unavailable),
     start,
     cleanup,
+    written_beside,
     // No reader of IPVS's tables yet; its iptables rules are iptables mode's to show.
     tools: ModeTools::NONE,
 };
@@ -46,6 +47,16 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
 }
 
 /// Removes the chains, ipsets, kube-ipvs0 and the virtual servers outside
+/// kube-proxy's ipvs mode on the node: its dummy interface `kube-ipvs0`, which holds the
+/// service addresses.
+fn written_beside(_running: ProxyMode) -> Vec<String> {
+    if std::path::Path::new("/sys/class/net/kube-ipvs0").exists() {
+        vec!["interface kube-ipvs0".to_string()]
+    } else {
+        Vec::new()
+    }
+}
+
 /// `ipvs.excludeCIDRs`; when another mode starts, only when the mode left something.
 fn cleanup(layout: &HostLayout, scope: CleanupScope) -> Option<CleanupReport> {
     let only_if_present = match scope {

@@ -34,6 +34,7 @@ pub static MODE: ModeEntry = ModeEntry {
     probe: |_| unavailable(),
     start,
     cleanup,
+    written_beside,
     tools: ModeTools {
         in_use: trace::in_use,
         inspect_subjects: &[Subject::Rules, Subject::Affinity],
@@ -86,6 +87,19 @@ fn start(_settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
         Box::new(NftCommand),
         Box::new(NetlinkConntrack::new()),
     )))
+}
+
+/// kube-proxy's nftables mode on the node: a `kube-proxy` table of either family.
+fn written_beside(_running: ProxyMode) -> Vec<String> {
+    let Ok(listing) = nft(&["list", "tables"], None) else {
+        return Vec::new();
+    };
+    [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .map(|family| format!("table {} {TABLE}", family_keyword(family)))
+        .filter(|table| listing.lines().any(|l| l.trim() == table))
+        .map(|table| format!("nftables {table}"))
+        .collect()
 }
 
 /// Deletes the `kube-proxy` tables of both families (when another mode starts, and for
