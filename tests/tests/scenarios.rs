@@ -260,7 +260,7 @@ fn run(mode_args: &[&str], api: &[&str], file: &Path) -> Result<(), Failed> {
 /// one before it), each pair on its own; `cargo xtask conformance --diff MODE --fuzz
 /// --cases N --seed S` runs more.
 const FUZZ_SEED: u64 = 1;
-const FUZZ_CASES: usize = 20;
+const FUZZ_CASES: usize = 10;
 
 /// Our mode and upstream's mode it is judged against, per fuzzing trial.
 const FUZZ_PAIRS: &[(&str, &str)] = &[
