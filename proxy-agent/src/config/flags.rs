@@ -283,25 +283,25 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_flag)]
     pub log_flush_frequency: Option<Duration>,
 
-    /// [Alpha] Text format: error messages to stderr, the others to stdout. Needs the
+    /// (Alpha) Text format: error messages to stderr, the others to stdout. Needs the
     /// LoggingAlphaOptions feature gate.
     #[arg(long, value_parser = parse_go_bool, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_name = "BOOL")]
     pub log_text_split_stream: Option<bool>,
 
-    /// [Alpha] Text format with split streams: how much of the info stream may be
+    /// (Alpha) Text format with split streams: how much of the info stream may be
     /// buffered (a quantity: 512, 1k, 2Ki, 3M...; accepted, the agent does not buffer).
     /// Needs the LoggingAlphaOptions feature gate.
     #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity)]
     pub log_text_info_buffer_size: Option<String>,
 
-    /// [Alpha] JSON format: error messages to stderr, the others to stdout. Needs the
+    /// (Alpha) JSON format: error messages to stderr, the others to stdout. Needs the
     /// LoggingAlphaOptions feature gate.
     #[arg(long, value_parser = parse_go_bool, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_name = "BOOL")]
     pub log_json_split_stream: Option<bool>,
 
-    /// [Alpha] JSON format with split streams: as --log-text-info-buffer-size.
+    /// (Alpha) JSON format with split streams: as --log-text-info-buffer-size.
     #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity)]
     pub log_json_info_buffer_size: Option<String>,
 
