@@ -22,9 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     format::{Expectation, Flow, Mode},
-    fuzz,
     outcome::{AnswerKind, Attempt, Outcome},
-    upstream_outcomes::{Aspect, Listed, UpstreamOutcomes},
+    upstream_outcomes::{Aspect, Listed, UpstreamOutcomes, known_class},
 };
 
 /// What a flow's attempts showed, as far as two proxies are compared.
@@ -177,7 +176,7 @@ fn documented(
         return true;
     }
     let only: Vec<Aspect> = aspects.iter().map(|(a, _)| *a).collect();
-    if fuzz::known_class(&flow.note, ours_mode, &only).is_some() {
+    if known_class(&flow.note, ours_mode, &only).is_some() {
         return true;
     }
     if ours_mode != Mode::Ebpf {

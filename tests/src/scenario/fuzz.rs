@@ -23,7 +23,7 @@
 //! (ready ones, else serving-terminating ones; of this node for a Local policy, of the
 //! cluster otherwise; every serving one where zone hints apply), or `DROP` (one attempt)
 //! where none could. The flow's note carries `fuzz:` tags naming the classes of
-//! [`KNOWN_CLASSES`], the documented differences a fuzzed flow may show.
+//! [`KNOWN_CLASSES`](super::upstream_outcomes::KNOWN_CLASSES), the documented differences a fuzzed flow may show.
 //!
 //! The same seed gives the same files (fastrand's generator, seeded per file).
 
@@ -38,7 +38,6 @@ use super::{
     Scenario,
     conformance::Observation,
     format::{Change, Flow, Mode},
-    upstream_outcomes::Aspect,
 };
 
 /// What one fuzzing run generates.
@@ -71,47 +70,6 @@ pub struct FuzzFile {
     pub name: String,
     pub text: String,
     pub cases: usize,
-}
-
-/// A documented difference a fuzzed flow may show: in `modes` (ours), flows tagged
-/// `fuzz:<tag>` may observe `aspects` differently from upstream's kube-proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KnownClass {
-    pub tag: &'static str,
-    pub modes: &'static [Mode],
-    pub aspects: &'static [Aspect],
-    pub why: &'static str,
-}
-
-/// The classes of documented differences (tests/upstream-outcomes.yaml lists their
-/// instances in the scenario files; tests/scenarios/README.md explains them).
-pub const KNOWN_CLASSES: &[KnownClass] = &[
-    KnownClass {
-        tag: "hairpin",
-        modes: &[Mode::Ebpf],
-        aspects: &[Aspect::Masq],
-        why: "socket-level LB needs no hairpin masquerade (c1's ebpf split, v6-n1 #9)",
-    },
-    KnownClass {
-        tag: "hairpin-not-local",
-        modes: &[Mode::Nftables, Mode::Ebpf],
-        aspects: &[Aspect::Answers, Aspect::Masq, Aspect::Endpoints],
-        why: "upstream's nftables masquerades hairpin connections only for this node's \
-              endpoints (pending: a1 #16)",
-    },
-];
-
-/// The known class covering `aspects` of a flow with `note` in our `mode`, if any.
-pub fn known_class(note: &str, mode: Mode, aspects: &[Aspect]) -> Option<&'static KnownClass> {
-    let tags: BTreeSet<&str> = note
-        .split_whitespace()
-        .filter_map(|word| word.strip_prefix("fuzz:"))
-        .collect();
-    KNOWN_CLASSES.iter().find(|class| {
-        tags.contains(class.tag)
-            && class.modes.contains(&mode)
-            && aspects.iter().all(|a| class.aspects.contains(a))
-    })
 }
 
 /// Every file of a run.
@@ -590,6 +548,13 @@ impl FileGen {
                 tags.push("fuzz:hairpin-not-local");
             }
         }
+        let external_frontend = matches!(
+            frontend,
+            Frontend::NodePort { .. } | Frontend::ExternalIp | Frontend::LoadBalancer
+        );
+        if client == Client::Pod && external_frontend && !self.masquerade_all {
+            tags.push("fuzz:socket-lb-external");
+        }
         let note = format!(
             "case {case}: {} {:?} port {} from {client:?} to {frontend:?} {}",
             service.name,
@@ -1007,6 +972,32 @@ mod tests {
         assert!(seen.iter().any(|s| s.starts_with("Endpoint(")));
     }
 
+    /// The socket-level exception is tagged on a pod's flows to external frontends,
+    /// and only where the file does not ask for masqueradeAll.
+    #[test]
+    fn pod_flows_to_external_frontends_carry_the_socket_lb_tag() {
+        let (mut tagged, mut untagged_pod_external) = (0, 0);
+        for seed in 0..40 {
+            for file in generate(&FuzzOptions {
+                seed,
+                cases: 10,
+                ..FuzzOptions::default()
+            }) {
+                let masquerade_all = file.text.contains("masqueradeAll: true");
+                for flow in parse(&file).flows() {
+                    let pod_external = ["NodePort", "ExternalIp", "LoadBalancer"]
+                        .iter()
+                        .any(|f| flow.note.contains(&format!("from Pod to {f}")));
+                    let has_tag = flow.note.contains("fuzz:socket-lb-external");
+                    assert_eq!(has_tag, pod_external && !masquerade_all, "{}", flow.note);
+                    tagged += usize::from(has_tag);
+                    untagged_pod_external += usize::from(pod_external && !has_tag);
+                }
+            }
+        }
+        assert!(tagged > 0 && untagged_pod_external > 0);
+    }
+
     #[test]
     fn addresses_and_node_ports_never_repeat_within_a_file() {
         for file in generate(&FuzzOptions {
@@ -1107,16 +1098,5 @@ mod tests {
             ..Observation::default()
         };
         assert!(repro(&scenario, &flow, &mixed, "answers", Mode::Ebpf).is_none());
-    }
-
-    #[test]
-    fn known_classes_match_tags_modes_and_aspects() {
-        let note = "case 0: fz1 ClusterIp port p0 from Endpoint(0) to ClusterIp fuzz:hairpin";
-        assert!(known_class(note, Mode::Ebpf, &[Aspect::Masq]).is_some());
-        assert!(known_class(note, Mode::Nftables, &[Aspect::Masq]).is_none());
-        assert!(known_class(note, Mode::Ebpf, &[Aspect::Answers]).is_none());
-        let remote = format!("{note} fuzz:hairpin-not-local");
-        assert!(known_class(&remote, Mode::Nftables, &[Aspect::Answers, Aspect::Masq]).is_some());
-        assert!(known_class("case 0 plain", Mode::Ebpf, &[Aspect::Masq]).is_none());
     }
 }

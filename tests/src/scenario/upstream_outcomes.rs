@@ -206,6 +206,55 @@ impl UpstreamOutcomes {
     }
 }
 
+/// A documented difference a fuzzed flow may show: in `modes` (ours), flows tagged
+/// `fuzz:<tag>` may observe `aspects` differently from upstream's kube-proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownClass {
+    pub tag: &'static str,
+    pub modes: &'static [Mode],
+    pub aspects: &'static [Aspect],
+    pub why: &'static str,
+}
+
+/// The classes of documented differences (tests/upstream-outcomes.yaml lists their
+/// instances in the scenario files; tests/scenarios/README.md explains them).
+pub const KNOWN_CLASSES: &[KnownClass] = &[
+    KnownClass {
+        tag: "hairpin",
+        modes: &[Mode::Ebpf],
+        aspects: &[Aspect::Masq],
+        why: "socket-level LB needs no hairpin masquerade (c1's ebpf split, v6-n1 #9)",
+    },
+    KnownClass {
+        tag: "hairpin-not-local",
+        modes: &[Mode::Nftables, Mode::Ebpf],
+        aspects: &[Aspect::Answers, Aspect::Masq, Aspect::Endpoints],
+        why: "upstream's nftables masquerades hairpin connections only for this node's \
+              endpoints (pending: a1 #16)",
+    },
+    KnownClass {
+        tag: "socket-lb-external",
+        modes: &[Mode::Ebpf],
+        aspects: &[Aspect::Masq],
+        why: "a pod's connection to a NodePort, external IP or LB IP is translated at \
+              connect(), so it needs no SNAT where upstream's rules masquerade it \
+              (f2's and e1's ebpf flows); never under masqueradeAll",
+    },
+];
+
+/// The known class covering `aspects` of a flow with `note` in our `mode`, if any.
+pub fn known_class(note: &str, mode: Mode, aspects: &[Aspect]) -> Option<&'static KnownClass> {
+    let tags: BTreeSet<&str> = note
+        .split_whitespace()
+        .filter_map(|word| word.strip_prefix("fuzz:"))
+        .collect();
+    KNOWN_CLASSES.iter().find(|class| {
+        tags.contains(class.tag)
+            && class.modes.contains(&mode)
+            && aspects.iter().all(|a| class.aspects.contains(a))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,5 +421,16 @@ mod tests {
                 "README explains no `{kind}`"
             );
         }
+    }
+
+    #[test]
+    fn known_classes_match_tags_modes_and_aspects() {
+        let note = "case 0: fz1 ClusterIp port p0 from Endpoint(0) to ClusterIp fuzz:hairpin";
+        assert!(known_class(note, Mode::Ebpf, &[Aspect::Masq]).is_some());
+        assert!(known_class(note, Mode::Nftables, &[Aspect::Masq]).is_none());
+        assert!(known_class(note, Mode::Ebpf, &[Aspect::Answers]).is_none());
+        let remote = format!("{note} fuzz:hairpin-not-local");
+        assert!(known_class(&remote, Mode::Nftables, &[Aspect::Answers, Aspect::Masq]).is_some());
+        assert!(known_class("case 0 plain", Mode::Ebpf, &[Aspect::Masq]).is_none());
     }
 }
