@@ -5,8 +5,11 @@
 //! conntrack entry. recvmsg() and getpeername() put the frontend back, from a per-socket
 //! reverse entry written before the rewrite.
 //!
-//! Verdicts: a frontend without any endpoint fails the syscall with ECONNREFUSED (upstream's
-//! REJECT). Cases that upstream DROPs (traffic-policy Local with endpoints only elsewhere, a
+//! Verdicts: a frontend without any endpoint (or a ClusterIP's unserved port) fails the
+//! syscall as upstream's REJECT fails it: ECONNREFUSED, except for UDP from the node itself
+//! to a frontend other than a NodePort, which upstream's nftables rejects in the output hook:
+//! the datagram is dropped there and send() reports EPERM, so connect() or sendmsg() does too
+//! (NodePorts are rejected in the input hook, after the datagram left, with ICMP). Cases that upstream DROPs (traffic-policy Local with endpoints only elsewhere, a
 //! source outside loadBalancerSourceRanges, an unallocated service address) are left
 //! untranslated: a socket program cannot drop silently, so the packet travels on and the tc
 //! program on the node's device drops it, and the client sees silence as with upstream.
@@ -252,8 +255,13 @@ impl SockFamily for V6 {
     }
 }
 
+/// `in_output_hook`: upstream's REJECT for this frontend and client sits in the output hook.
 #[inline(always)]
-fn reject() -> i32 {
+fn reject(protocol: u8, in_output_hook: bool) -> i32 {
+    if protocol == proto::UDP && in_output_hook {
+        // The default error of a refusing program: EPERM.
+        return 0;
+    }
     // The syscall fails with ECONNREFUSED instead of the default EPERM.
     // SAFETY: a helper without pointer arguments.
     unsafe { bpf_set_retval(-ECONNREFUSED) };
@@ -328,7 +336,7 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
     let internal = from_host || pods_are_local(cfg_flags);
     let (svc, key) = match lookup_frontend::<F>(addr, port, protocol, internal) {
         Frontend::Service { svc, key } => (svc, key),
-        Frontend::Reject => return reject(),
+        Frontend::Reject => return reject(protocol, from_host),
         Frontend::None | Frontend::Drop => return 1,
     };
     if svc.flags & svc_flags::SOURCE_RANGES != 0
@@ -340,7 +348,7 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
         if svc.flags & svc_flags::DROP_NO_ENDPOINTS != 0 {
             return 1;
         }
-        return reject();
+        return reject(protocol, from_host && svc.flags & svc_flags::NODE_PORT == 0);
     }
     if !from_host
         && cfg_flags & LB_CFG_MASQUERADE_ALL != 0

@@ -9,7 +9,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::format::{Expectation, Flow};
+use super::format::{Expectation, Flow, Proto};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -161,6 +161,17 @@ pub struct Judge<'a> {
 }
 
 impl Judge<'_> {
+    /// A REJECT: connection refused, or for UDP from the node itself the EPERM with which
+    /// send() reports a datagram that a REJECT rule in the output hook dropped (the ICMP
+    /// answer comes after the error).
+    fn refused(&self, attempt: &Attempt) -> bool {
+        attempt.outcome == Outcome::Refused
+            || (attempt.outcome == Outcome::Error
+                && attempt.errno == Some(nix::errno::Errno::EPERM as i32)
+                && self.flow.proto == Proto::Udp
+                && self.node_addresses.contains(&self.flow.from))
+    }
+
     pub fn verdict(&self, attempts: &[Attempt]) -> Verdict {
         let seen = summarize(attempts);
         if attempts.is_empty() {
@@ -168,10 +179,7 @@ impl Judge<'_> {
         }
         let problem = match &self.flow.expect {
             Expectation::Backends(set) => self.backend_problem(set, attempts),
-            Expectation::Reject => attempts
-                .iter()
-                .any(|a| a.outcome != Outcome::Refused)
-                .then_some(()),
+            Expectation::Reject => attempts.iter().any(|a| !self.refused(a)).then_some(()),
             Expectation::Drop => attempts
                 .iter()
                 .any(|a| a.outcome != Outcome::Timeout)
@@ -275,7 +283,6 @@ pub fn summarize(attempts: &[Attempt]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenario::format::Proto;
 
     fn flow(expect: Expectation, masq: Option<bool>, sticky: bool) -> Flow {
         Flow {
@@ -415,6 +422,15 @@ mod tests {
         assert!(judge(&reject, &[refused.clone(), refused.clone()]).pass);
         assert!(!judge(&reject, &[refused.clone(), timeout.clone()]).pass);
         assert!(!judge(&reject, std::slice::from_ref(&error)).pass);
+        let mut udp_from_node = flow(Expectation::Reject, None, false);
+        udp_from_node.proto = Proto::Udp;
+        assert!(!judge(&udp_from_node, std::slice::from_ref(&error)).pass);
+        udp_from_node.from = "192.168.0.2".parse().unwrap();
+        assert!(judge(&udp_from_node, std::slice::from_ref(&error)).pass);
+        assert!(judge(&udp_from_node, std::slice::from_ref(&refused)).pass);
+        assert!(!judge(&udp_from_node, std::slice::from_ref(&timeout)).pass);
+        udp_from_node.proto = Proto::Tcp;
+        assert!(!judge(&udp_from_node, std::slice::from_ref(&error)).pass);
 
         let drop = flow(Expectation::Drop, None, false);
         assert!(judge(&drop, std::slice::from_ref(&timeout)).pass);
