@@ -82,7 +82,7 @@ pub async fn trace_flow(
 
 /// Whether `trace`'s verdict agrees with the probe attempts (pure). Forward: every attempt
 /// reached a candidate, and the source it saw is a node address exactly when trace says
-/// that candidate sees one (masqueraded, or a client on the node); reject: every attempt refused; drop: every attempt silent;
+/// that candidate sees one (masqueraded, or a client on the node); reject: every attempt refused (or EPERM from the node); drop: every attempt silent;
 /// untouched: no attempt was answered by anything but the destination itself.
 pub fn agreement(
     trace: &TraceVerdict,
@@ -111,7 +111,14 @@ pub fn agreement(
                 };
                 echo && candidate.is_some() && source_ok
             }
-            "reject" => a.outcome == Outcome::Refused,
+            // From the node, an output-hook REJECT of a datagram fails send() with EPERM
+            // (see Judge::refused; TCP from the node sees the reset, a refusal).
+            "reject" => {
+                a.outcome == Outcome::Refused
+                    || (a.outcome == Outcome::Error
+                        && a.errno == Some(nix::errno::Errno::EPERM as i32)
+                        && node_addresses.contains(&from))
+            }
             "drop" => a.outcome == Outcome::Timeout,
             "untouched" => a.answer_kind != Some(AnswerKind::Echo) || a.backend == Some(to),
             other => return Err(format!("unknown trace action {other:?}")),
