@@ -145,6 +145,12 @@ pub fn errno_name(errno: i32) -> String {
     format!("{:?}", nix::errno::Errno::from_raw(errno))
 }
 
+/// Whether the attempt failed with the EPERM that a netfilter drop (a REJECT included) in
+/// the output hook gives the sender.
+pub fn dropped_in_output_hook(attempt: &Attempt) -> bool {
+    attempt.outcome == Outcome::Error && attempt.errno == Some(nix::errno::Errno::EPERM as i32)
+}
+
 /// A flow's verdict and the sentence that explains it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
@@ -166,10 +172,9 @@ impl Judge<'_> {
     /// answer comes after the error).
     fn refused(&self, attempt: &Attempt) -> bool {
         attempt.outcome == Outcome::Refused
-            || (attempt.outcome == Outcome::Error
-                && attempt.errno == Some(nix::errno::Errno::EPERM as i32)
-                && self.flow.proto == Proto::Udp
-                && self.node_addresses.contains(&self.flow.from))
+            || (self.flow.proto == Proto::Udp
+                && self.node_addresses.contains(&self.flow.from)
+                && dropped_in_output_hook(attempt))
     }
 
     pub fn verdict(&self, attempts: &[Attempt]) -> Verdict {

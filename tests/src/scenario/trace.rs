@@ -17,7 +17,7 @@ use super::{
     error::{Error, Result},
     format::{Flow, Mode},
     netns::Place,
-    outcome::{AnswerKind, Attempt, Outcome},
+    outcome::{AnswerKind, Attempt, Outcome, dropped_in_output_hook},
 };
 
 /// The parts of `proxy-agent trace --output json` the comparison needs.
@@ -115,9 +115,7 @@ pub fn agreement(
             // (see Judge::refused; TCP from the node sees the reset, a refusal).
             "reject" => {
                 a.outcome == Outcome::Refused
-                    || (a.outcome == Outcome::Error
-                        && a.errno == Some(nix::errno::Errno::EPERM as i32)
-                        && node_addresses.contains(&from))
+                    || (node_addresses.contains(&from) && dropped_in_output_hook(a))
             }
             "drop" => a.outcome == Outcome::Timeout,
             "untouched" => a.answer_kind != Some(AnswerKind::Echo) || a.backend == Some(to),
