@@ -13,7 +13,7 @@ use std::{
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use tests::scenario::{
-    Scenario, placement::Placement, real_api::refused_by_real_api,
+    Scenario, ci_files, placement::Placement, real_api::refused_by_real_api,
     upstream_outcomes::UpstreamOutcomes,
 };
 
@@ -50,12 +50,13 @@ fn scenario_files() -> Vec<PathBuf> {
 enum Files {
     /// Every file of both directories.
     All,
-    /// Every file but the IPv6 twins of our own files (the netfilter modes): their IPv6
-    /// rules are replayed through the twins of the shared files (and golden- and
-    /// kernel-tested in their unit tests), ebpf replays every file; the whole CI run must
-    /// stay well under 45 minutes on 2 cores, and `cargo xtask scenarios --mode <mode>`
-    /// replays all.
-    AllButOwnTwins,
+    /// The files in which a netfilter mode's own rules decide something: every file but
+    /// the IPv6 twins of our own files and the files the model decides alike for every mode
+    /// ([`ci_files::MODEL_DECIDED`], and their twins). The twins of the shared files
+    /// replay these modes' IPv6 rules (golden- and kernel-tested in their unit tests too);
+    /// ebpf replays every file. The whole CI run must stay well under 45 minutes on 2
+    /// cores; `cargo xtask scenarios --mode <mode>` replays all.
+    ModeSpecific,
     /// Only files with a client outside the node (and the runner replays only those
     /// clients' flows): XDP sits on the uplink and sees nothing else, so the other flows
     /// would replay the plain ebpf run. Only the shared files (../shared/scenarios): XDP's
@@ -122,12 +123,12 @@ fn modes() -> Vec<(&'static str, &'static [&'static str], Files)> {
         (
             "iptables",
             &["--mode", "iptables", "--trace-check"],
-            Files::AllButOwnTwins,
+            Files::ModeSpecific,
         ),
         (
             "nftables",
             &["--mode", "nftables", "--trace-check"],
-            Files::AllButOwnTwins,
+            Files::ModeSpecific,
         ),
         ipvs,
         (
@@ -148,7 +149,13 @@ fn modes() -> Vec<(&'static str, &'static [&'static str], Files)> {
 fn selected(files: Files, file: &Path) -> bool {
     match files {
         Files::All => true,
-        Files::AllButOwnTwins => !twin_of_an_own_file(file),
+        Files::ModeSpecific => {
+            !twin_of_an_own_file(file)
+                && !file
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(ci_files::model_decided)
+        }
         Files::Fallback => {
             is_shared(file)
                 && file

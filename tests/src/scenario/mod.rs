@@ -25,6 +25,7 @@
 
 pub mod addr;
 pub mod agent;
+pub mod ci_files;
 pub mod cluster;
 pub mod conformance;
 pub mod echo;
