@@ -5,8 +5,7 @@
 //!   (the guest's own kernel, ip_vs loads and ipvsadm programs it, a host-built binary
 //!   runs, writes stay in the guest, the exit status comes back).
 //! - `guest::ipvs_scenarios`: ONE boot for all ipvs work: the scenario runner in ipvs mode
-//!   over the shared scenarios but [`GUEST_LEAVES_OUT`] and the main IPv6 variants
-//!   ([`IPV6_FILES`]), then the
+//!   over [`GUEST_SHARED_FILES`] and the main IPv6 variants ([`IPV6_FILES`]), then the
 //!   privileged ipvs_kernel test binary, and the ipvs tests of the agent_restart,
 //!   drift_repair and mode_switch_cleanup modules of the privileged binary
 //!   ([`GUEST_TEST_BINARIES`]), each when
@@ -15,8 +14,10 @@
 //!   (tests/tests/scenarios.rs and those binaries then do), or the agent has no ipvs
 //!   proxier yet.
 //! - `guest::sctp_scenarios`: ONE boot replaying the SCTP flows (`--only-proto sctp`; the
-//!   host replays the rest) of every scenario file that has one (shared and own) in ebpf mode (XDP off, and XDP generic) and in iptables mode, where this
-//!   host's kernel cannot make SCTP sockets and the host replay reports those flows SKIP.
+//!   host replays the rest) of every scenario file that has one (shared and own, but
+//!   [`ci_files::MODEL_DECIDED`]) in ebpf mode (XDP off, and XDP generic for the files with
+//!   a client outside the node), where this host's kernel cannot make SCTP sockets and
+//!   the host replay reports those flows SKIP.
 //!   Every flow must PASS; a SKIP in the guest fails. It also proves the eBPF programs load
 //!   on an older kernel (Debian 12's 6.1), whose verifier is stricter about stack size.
 //!
@@ -38,8 +39,10 @@ use std::{
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use tests::scenario::{
+    ci_files,
     echo::sctp_supported,
     format::{Proto, Scenario},
+    placement::Placement,
 };
 use xtask::vm::{self, VmOptions, VmOutcome, shell_quote};
 
@@ -201,46 +204,35 @@ fn test_binary(name: &str) -> Option<PathBuf> {
         .map(|(_, path)| path)
 }
 
-/// The IPv6 variants (tests/scenarios) the CI guest replays besides every shared (IPv4)
-/// file: each file costs 30-60 s under emulation, against about 2 s on the host, and the
-/// whole CI run must stay well under 45 minutes on 2 cores. These two cover the ipvs paths
-/// IPv6 adds (ClusterIP, NodePort, externalIPs and LB IPs in one file, and dual-stack);
-/// `cargo xtask scenarios --mode ipvs` replays every file (REJECT, persistence and the
-/// other IPv6 files included).
-const IPV6_FILES: &[&str] = &["v6-a1-overall.yaml", "v6-n1-dual-stack.yaml"];
-
-/// Shared files the CI guest leaves out: topology-hint variants (annotation spellings, zone
-/// labels) whose outcome the model decides the same way for every mode, so the host's ebpf
-/// and iptables trials judge them; m1, m5 and m6 (hints with eTP/iTP=Local) stay. Each
-/// file costs about 25 s under emulation; `cargo xtask scenarios --mode ipvs` replays all.
-const GUEST_LEAVES_OUT: &[&str] = &[
-    "m2-topology-hints-annotation-disabled.yaml",
-    "m3-topology-hints-annotation-odd-case.yaml",
-    "m4-topology-hints-no-annotation.yaml",
-    "m7-topology-node-without-zone-label.yaml",
-    "m8-topology-empty-zone-label.yaml",
-    "m9-topology-node-in-other-zone.yaml",
-    "m10-topology-normal-filtering.yaml",
+/// The shared files the CI guest replays in ipvs mode: each costs 15-50 s under emulation
+/// (against 2-4 s on the host) and the whole CI run must stay well under 45 minutes on 2
+/// cores. Together they program every kind of ipvs virtual server once: ClusterIP,
+/// NodePort, externalIPs and LB IPs (a1), REJECT (b1), source ranges (d1), eTP=Local (f1)
+/// and persistence (k1); the rest vary the model's choice of endpoints or the addresses of
+/// the same paths, and the guest's ipvs_kernel tests program them on the kernel too.
+/// `cargo xtask scenarios --mode ipvs` replays every file.
+const GUEST_SHARED_FILES: &[&str] = &[
+    "a1-overall.yaml",
+    "b1-no-endpoints-reject.yaml",
+    "d1-loadbalancer-source-ranges.yaml",
+    "f1-etp-local.yaml",
+    "k1-session-affinity.yaml",
 ];
 
-/// The shared scenario files the CI guest replays in ipvs mode, sorted.
+/// The IPv6 variant (tests/scenarios) the CI guest replays besides [`GUEST_SHARED_FILES`]:
+/// the ipvs paths IPv6 adds (ClusterIP, NodePort, externalIPs and LB IPs in one file).
+const IPV6_FILES: &[&str] = &["v6-a1-overall.yaml"];
+
+/// The shared scenario files the CI guest replays in ipvs mode, sorted (a missing one
+/// fails the replay).
 fn guest_shared_files() -> Vec<PathBuf> {
     let Ok(dir) = workspace().join("../shared/scenarios").canonicalize() else {
         return Vec::new();
     };
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .map(|entries| {
-            entries
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| !GUEST_LEAVES_OUT.contains(&n))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut files: Vec<PathBuf> = GUEST_SHARED_FILES
+        .iter()
+        .map(|name| dir.join(name))
+        .collect();
     files.sort();
     files
 }
@@ -405,19 +397,39 @@ fn ebpf_cleanup() -> Result<(), Failed> {
     }
 }
 
-/// Scenario files (shared, then own) with at least one SCTP flow.
-fn sctp_scenario_files() -> Vec<PathBuf> {
+/// Scenario files (shared, then own) with at least one SCTP flow, as (file, whether one
+/// comes from a client outside the node), but [`ci_files::MODEL_DECIDED`]: no mode
+/// programs their SCTP ports either (headless), and each file costs 10-30 s a mode under
+/// emulation.
+fn sctp_scenario_files() -> Vec<(PathBuf, bool)> {
     let ws = workspace();
     let mut files = Vec::new();
     for dir in [ws.join("../shared/scenarios"), ws.join("tests/scenarios")] {
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
-        let mut found: Vec<PathBuf> = entries
+        let mut found: Vec<(PathBuf, bool)> = entries
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-            .filter(|p| Scenario::load(p).is_ok_and(|s| s.flows().any(|f| f.proto == Proto::Sctp)))
+            .filter(|p| {
+                !p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(ci_files::model_decided)
+            })
+            .filter_map(|p| {
+                let scenario = Scenario::load(&p).ok()?;
+                let outside = Placement::plan(&scenario)
+                    .map(|placement| placement.external_clients)
+                    .unwrap_or_default();
+                let mut sctp = scenario
+                    .flows()
+                    .filter(|f| f.proto == Proto::Sctp)
+                    .peekable();
+                sctp.peek()?;
+                let from_outside = sctp.any(|f| outside.contains(&f.from));
+                Some((p, from_outside))
+            })
             .collect();
         found.sort();
         files.extend(found);
@@ -425,10 +437,14 @@ fn sctp_scenario_files() -> Vec<PathBuf> {
     files
 }
 
-/// The modes `sctp_scenarios` replays, as (name, runner arguments): those the host replays
-/// (tests/tests/scenarios.rs) that can run on the guest's kernel without IPVS in the way.
-const SCTP_MODES: &[(&str, &[&str])] = &[
-    ("ebpf", &["--mode", "ebpf", "--trace-check"]),
+/// The modes `sctp_scenarios` replays, as (name, runner arguments, whether it replays only
+/// files with an SCTP client outside the node): the programs, whose SCTP paths (no socket
+/// hook, CRC32c instead of a checksum) are our code. ebpf-xdp replays only flows from
+/// outside (XDP sees nothing else). The netfilter modes' SCTP rules differ from their TCP
+/// ones only in the protocol they match (golden-tested); each mode costs 60-150 s here, and
+/// `cargo xtask vm` with `scenario-runner --mode iptables --only-proto sctp` replays them.
+const SCTP_MODES: &[(&str, &[&str], bool)] = &[
+    ("ebpf", &["--mode", "ebpf", "--trace-check"], false),
     (
         "ebpf-xdp",
         &[
@@ -438,15 +454,15 @@ const SCTP_MODES: &[(&str, &[&str])] = &[
             "generic",
             "--only-external-clients",
         ],
+        true,
     ),
-    ("iptables", &["--mode", "iptables", "--trace-check"]),
 ];
 
-fn sctp_script(out: &Path, files: &[PathBuf]) -> String {
+fn sctp_script(out: &Path, files: &[(PathBuf, bool)]) -> String {
     let o = shell_quote(&out.display().to_string());
     // Loaded up front so that a missing module shows as such, not as SKIPped flows.
     let mut script = format!("o={o}\nmodprobe sctp > $o/modprobe.log 2>&1\n");
-    for (name, args) in SCTP_MODES {
+    for (name, args, only_from_outside) in SCTP_MODES {
         let mut runner = vec![RUNNER.to_string(), "run".into()];
         runner.extend(args.iter().map(|a| a.to_string()));
         // The host replays every other flow of these files: the guest only those it cannot.
@@ -456,7 +472,10 @@ fn sctp_script(out: &Path, files: &[PathBuf]) -> String {
             "--only-proto".into(),
             "sctp".into(),
         ]);
-        for file in files {
+        for (file, _) in files
+            .iter()
+            .filter(|(_, from_outside)| *from_outside || !only_from_outside)
+        {
             runner.extend(["--file".into(), file.display().to_string()]);
         }
         script.push_str(&format!(
@@ -484,7 +503,7 @@ fn sctp_scenarios() -> Result<(), Failed> {
         files.len()
     );
     let mut problems = Vec::new();
-    for (name, _) in SCTP_MODES {
+    for (name, _, _) in SCTP_MODES {
         let log = read(&out, &format!("{name}.log"));
         let summary = log.lines().last().unwrap_or_default().to_string();
         let sctp_passed = log
