@@ -278,6 +278,10 @@ fn long_lived(
         }
     };
     shared.with(|r| r.long_opened += 1);
+    // Named in a failure: which flow of the node's conntrack (ours or netfilter's) it was.
+    let local = stream
+        .local_addr()
+        .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
     let mut reader = BufReader::new(stream);
     let mut first_backend = None;
     let mut moved = false;
@@ -310,7 +314,8 @@ fn long_lived(
         Some(err) => {
             shared.with(|r| r.long_broken += 1);
             shared.fail(format!(
-                "long-lived connection {index} to {to}: line {line}: {err}"
+                "long-lived connection {index} from {local} to {to} (backend {first_backend:?}): \
+                 line {line}: {err}"
             ));
         }
         None => shared.with(|r| {
