@@ -442,7 +442,7 @@ fn sctp_scenario_files() -> Vec<(PathBuf, bool)> {
 /// hook, CRC32c instead of a checksum) are our code. ebpf-xdp replays only flows from
 /// outside (XDP sees nothing else). The netfilter modes' SCTP rules differ from their TCP
 /// ones only in the protocol they match (golden-tested); each mode costs 60-150 s here, and
-/// `cargo xtask vm` with `scenario-runner --mode iptables --only-proto sctp` replays them.
+/// `scenario-runner run --mode iptables --only-proto sctp` under `cargo xtask vm` replays them.
 const SCTP_MODES: &[(&str, &[&str], bool)] = &[
     ("ebpf", &["--mode", "ebpf", "--trace-check"], false),
     (
