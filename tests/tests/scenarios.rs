@@ -149,13 +149,7 @@ fn modes() -> Vec<(&'static str, &'static [&'static str], Files)> {
 fn selected(files: Files, file: &Path) -> bool {
     match files {
         Files::All => true,
-        Files::ModeSpecific => {
-            !twin_of_an_own_file(file)
-                && !file
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(ci_files::model_decided)
-        }
+        Files::ModeSpecific => !twin_of_an_own_file(file) && !ci_files::model_decided(file),
         Files::Fallback => {
             is_shared(file)
                 && file

@@ -412,11 +412,7 @@ fn sctp_scenario_files() -> Vec<(PathBuf, bool)> {
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-            .filter(|p| {
-                !p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(ci_files::model_decided)
-            })
+            .filter(|p| !ci_files::model_decided(p))
             .filter_map(|p| {
                 let scenario = Scenario::load(&p).ok()?;
                 let outside = Placement::plan(&scenario)

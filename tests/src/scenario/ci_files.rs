@@ -22,8 +22,12 @@ pub const MODEL_DECIDED: &[&str] = &[
     "m10-topology-normal-filtering.yaml",
 ];
 
-/// Whether the file named `name` is one of [`MODEL_DECIDED`] or its IPv6 twin (`v6-NAME`).
-pub fn model_decided(name: &str) -> bool {
+/// Whether `file` is one of [`MODEL_DECIDED`] or its IPv6 twin (`v6-NAME`), by its name.
+pub fn model_decided(file: &std::path::Path) -> bool {
+    let name = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
     let v4 = name.strip_prefix("v6-").unwrap_or(name);
     MODEL_DECIDED.contains(&v4)
 }
@@ -34,10 +38,11 @@ mod tests {
 
     #[test]
     fn twins_follow_their_file_and_the_rest_is_replayed() {
-        assert!(model_decided("m2-topology-hints-annotation-disabled.yaml"));
-        assert!(model_decided("v6-l1-headless-ignored.yaml"));
-        assert!(!model_decided("m1-topology-hints-auto.yaml"));
-        assert!(!model_decided("v6-a1-overall.yaml"));
+        let decided = |name: &str| model_decided(std::path::Path::new("dir").join(name).as_path());
+        assert!(decided("m2-topology-hints-annotation-disabled.yaml"));
+        assert!(decided("v6-l1-headless-ignored.yaml"));
+        assert!(!decided("m1-topology-hints-auto.yaml"));
+        assert!(!decided("v6-a1-overall.yaml"));
     }
 
     #[test]
