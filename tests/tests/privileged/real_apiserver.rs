@@ -91,8 +91,12 @@ impl Plane {
 fn backends(node: &TestNode<RealApiStore>, vip: [u8; 4], port: u16) -> BTreeSet<String> {
     let addr = u64::from(u32::from_ne_bytes(vip));
     let dport = u64::from(u16::from_ne_bytes(port.to_be_bytes()));
-    // Before the agent pinned its maps there is nothing.
-    let Ok(services) = node.map_entries("SVC4_V2") else {
+    // Before the agent pinned its maps there is nothing; it pins them one at a time, so
+    // the services map may be there before the backends map.
+    let (Ok(services), Ok(backends)) = (
+        node.map_entries("SVC4_V2"),
+        node.map_entries("BACKENDS4_V1"),
+    ) else {
         return BTreeSet::new();
     };
     let ids: BTreeSet<u64> = services
@@ -100,8 +104,7 @@ fn backends(node: &TestNode<RealApiStore>, vip: [u8; 4], port: u16) -> BTreeSet<
         .filter(|e| e.key["addr"] == addr && e.key["dport"] == dport && e.key["slot"] != 0)
         .filter_map(|e| e.value["backend_id"].as_u64())
         .collect();
-    node.map_entries("BACKENDS4_V1")
-        .unwrap()
+    backends
         .iter()
         .filter(|e| e.key.as_u64().is_some_and(|id| ids.contains(&id)))
         .map(|e| {
@@ -117,10 +120,9 @@ fn backends(node: &TestNode<RealApiStore>, vip: [u8; 4], port: u16) -> BTreeSet<
 
 fn has_frontend(node: &TestNode<RealApiStore>, vip: [u8; 4]) -> bool {
     let addr = u64::from(u32::from_ne_bytes(vip));
+    // An unpinned map (the agent not started yet) holds no frontend.
     node.map_entries("SVC4_V2")
-        .unwrap()
-        .iter()
-        .any(|e: &MapEntry| e.key["addr"] == addr)
+        .is_ok_and(|entries| entries.iter().any(|e: &MapEntry| e.key["addr"] == addr))
 }
 
 fn set(items: &[&str]) -> BTreeSet<String> {
