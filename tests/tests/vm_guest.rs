@@ -48,6 +48,12 @@ use xtask::vm::{self, VmOptions, VmOutcome, shell_quote};
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_scenario-runner");
 
+/// How long the guest's scenario-runner invocations may run: far above what they take
+/// (ipvs: about 4 min here; SCTP: about 1 min per mode; CI's machine takes 2.4 times as
+/// long). A run past its limit is hung and stops with a report of where (see [`bounded`]).
+const IPVS_RUNNER_LIMIT: Duration = Duration::from_secs(15 * 60);
+const SCTP_RUNNER_LIMIT: Duration = Duration::from_secs(8 * 60);
+
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -237,6 +243,42 @@ fn guest_shared_files() -> Vec<PathBuf> {
     files
 }
 
+/// Shell lines running `command` in the guest with its stdout in `$o/NAME.log`, its stderr
+/// in `$o/NAME.err` and its exit status in `$o/NAME.rc`, stopped after `limit`. A run still
+/// going then leaves in `$o/NAME.hang` what every user process of the guest was waiting in
+/// (its command line; each thread's state, wait channel and kernel stack) and the tail of
+/// each log under the runner's directory, so that one occurrence of a hang shows its cause
+/// instead of ending as a silent boot timeout.
+fn bounded(command: &str, name: &str, limit: Duration) -> String {
+    let limit = limit.as_secs();
+    format!(
+        r#"{command} > $o/{name}.log 2> $o/{name}.err &
+pid=$!
+waited=0
+while kill -0 $pid 2>/dev/null && [ $waited -lt {limit} ]; do sleep 2; waited=$((waited + 2)); done
+if kill -0 $pid 2>/dev/null; then
+  {{
+    echo "{name}: still running after {limit} s"
+    for p in /proc/[0-9]*; do
+      cmd=$(tr '\0' ' ' < $p/cmdline 2>/dev/null)
+      [ -n "$cmd" ] || continue
+      echo "== ${{p#/proc/}} $cmd"
+      for t in $p/task/*; do
+        echo "-- thread ${{t##*/}} state $(cut -d' ' -f3 $t/stat 2>/dev/null) wchan $(cat $t/wchan 2>/dev/null)"
+        cat $t/stack 2>/dev/null
+      done
+    done
+    for f in $(find /tmp/scenario-runner -name '*.log' 2>/dev/null); do
+      echo "== tail of $f"; tail -n 40 "$f"
+    done
+  }} > $o/{name}.hang 2>&1
+  kill -TERM $pid; sleep 20; kill -KILL $pid 2>/dev/null
+fi
+wait $pid; echo $? > $o/{name}.rc
+"#
+    )
+}
+
 /// What the guest runs for `ipvs_scenarios`; every part leaves its exit status and output
 /// in the results directory. `other_tests`: (name, binary, filter) of [`GUEST_TEST_BINARIES`].
 fn ipvs_script(
@@ -263,9 +305,10 @@ fn ipvs_script(
             runner.extend(["--file".into(), own.join(file).display().to_string()]);
         }
     }
-    script.push_str(&format!(
-        "{} > $o/scenarios.log 2> $o/scenarios.err; echo $? > $o/scenarios.rc\n",
-        vm::shell_words(&runner)
+    script.push_str(&bounded(
+        &vm::shell_words(&runner),
+        "scenarios",
+        IPVS_RUNNER_LIMIT,
     ));
     if let Some(binary) = kernel_tests {
         script.push_str(&format!(
@@ -334,9 +377,10 @@ fn ipvs_scenarios() -> Result<(), Failed> {
     if read(&out, "scenarios.rc").trim() != "0" {
         let fails: Vec<&str> = log.lines().filter(|l| l.starts_with("FAIL")).collect();
         problems.push(format!(
-            "scenario-runner --mode ipvs in the guest: {summary}\n{}\n{}",
+            "scenario-runner --mode ipvs in the guest: {summary}\n{}\n{}\n{}",
             fails.join("\n"),
-            read(&out, "scenarios.err")
+            read(&out, "scenarios.err"),
+            read(&out, "scenarios.hang")
         ));
     }
     if let Some(binary) = &kernel_tests {
@@ -474,10 +518,7 @@ fn sctp_script(out: &Path, files: &[(PathBuf, bool)]) -> String {
         {
             runner.extend(["--file".into(), file.display().to_string()]);
         }
-        script.push_str(&format!(
-            "{} > $o/{name}.log 2> $o/{name}.err; echo $? > $o/{name}.rc\n",
-            vm::shell_words(&runner)
-        ));
+        script.push_str(&bounded(&vm::shell_words(&runner), name, SCTP_RUNNER_LIMIT));
     }
     script
 }
@@ -488,11 +529,9 @@ fn sctp_scenarios() -> Result<(), Failed> {
         return Err("no scenario file has an SCTP flow: nothing for this test to show".into());
     }
     let out = out_dir("sctp");
-    let outcome = boot(
-        &sctp_script(&out, &files),
-        &out,
-        Duration::from_secs(20 * 60),
-    )?;
+    // Every mode's run is bounded: what boot and modprobe take comes on top.
+    let limit = SCTP_RUNNER_LIMIT * SCTP_MODES.len() as u32 + Duration::from_secs(4 * 60);
+    let outcome = boot(&sctp_script(&out, &files), &out, limit)?;
     eprintln!(
         "guest ran for {:.1} s (boot included), {} files",
         outcome.elapsed.as_secs_f64(),
@@ -513,10 +552,11 @@ fn sctp_scenarios() -> Result<(), Failed> {
             .collect();
         if read(&out, &format!("{name}.rc")).trim() != "0" || !not_passed.is_empty() {
             problems.push(format!(
-                "scenario-runner {name} in the guest: {summary}\n{}\n{}\nmodprobe sctp: {}",
+                "scenario-runner {name} in the guest: {summary}\n{}\n{}\nmodprobe sctp: {}\n{}",
                 not_passed.join("\n"),
                 read(&out, &format!("{name}.err")),
-                read(&out, "modprobe.log")
+                read(&out, "modprobe.log"),
+                read(&out, &format!("{name}.hang"))
             ));
         } else if sctp_passed == 0 {
             problems.push(format!("{name}: no SCTP flow passed in the guest:\n{log}"));
