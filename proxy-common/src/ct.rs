@@ -6,6 +6,14 @@
 pub const CT_F_SNAT: u8 = 1 << 0;
 pub const CT_F_REPLY_SEEN: u8 = 1 << 1;
 pub const CT_F_CLOSING: u8 = 1 << 2;
+/// A reply entry that is no flow of the programs: the answer tuple of a connection
+/// netfilter's conntrack translates (the netfilter mode the node ran before started it),
+/// written by the agent for as long as that entry lives. Its answers are left to the stack,
+/// where netfilter translates them, and it keeps the SNAT port of that answer from being
+/// given to a new flow to the same backend, which would take over its packets. Its fields
+/// describe no translation (frontend = backend), so a program that does not know the flag
+/// rewrites nothing.
+pub const CT_F_NETFILTER: u8 = 1 << 3;
 
 /// Direction of the key.
 pub const CT_DIR_FORWARD: u8 = 0;

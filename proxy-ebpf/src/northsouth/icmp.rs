@@ -16,7 +16,7 @@ use aya_ebpf::{
     EbpfContext as _, bindings::TC_ACT_SHOT, helpers::generated::bpf_csum_diff,
     helpers::generated::bpf_skb_load_bytes, programs::TcContext,
 };
-use proxy_common::{CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_SNAT, CtValue, proto};
+use proxy_common::{CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_NETFILTER, CT_F_SNAT, CtValue, proto};
 
 use super::{
     PacketFamily,
@@ -87,7 +87,9 @@ pub fn handle<F: AddrRewrite>(ctx: &TcContext, p: &Packet<F::Addr>) -> i32 {
 fn lookup<F: PacketFamily>(q: &Packet<F::Addr>, dir: u8) -> Option<&'static CtValue> {
     let key = F::ct_key(q.daddr, q.saddr, q.dport, q.sport, q.proto, dir);
     // SAFETY: a map value, valid for this program run.
-    F::ct_get(&key).map(|v| unsafe { &*v })
+    let v = F::ct_get(&key).map(|v| unsafe { &*v })?;
+    // A flow netfilter translates: its errors are netfilter's to translate.
+    (v.flags & CT_F_NETFILTER == 0).then_some(v)
 }
 
 #[inline(never)]

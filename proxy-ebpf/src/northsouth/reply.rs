@@ -2,7 +2,7 @@
 //! Translating a backend's answer back: its source becomes the frontend the client spoke
 //! to, and for SNATed flows its destination becomes the client again.
 
-use proxy_common::{CT_DIR_REPLY, CT_F_SNAT, CtValue};
+use proxy_common::{CT_DIR_REPLY, CT_F_NETFILTER, CT_F_SNAT, CtValue};
 
 use super::{
     PacketFamily, ct,
@@ -13,11 +13,17 @@ use super::{
 };
 use crate::packet::Packet;
 
-/// The flow `p` answers, if it answers one (refreshing its lifetime).
+/// The flow `p` answers, if it answers one of the programs' (refreshing its lifetime).
+/// An answer of a flow netfilter translates is none of theirs (`CT_F_NETFILTER`).
 #[inline(always)]
 pub fn lookup<F: PacketFamily>(p: &Packet<F::Addr>) -> Option<&'static CtValue> {
     let key = F::ct_key(p.saddr, p.daddr, p.sport, p.dport, p.proto, CT_DIR_REPLY);
-    ct::touch(F::ct_get(&key), p, ct::config())
+    let entry = F::ct_get(&key)?;
+    // SAFETY: a map value, valid for this program run.
+    if unsafe { (*entry).flags } & CT_F_NETFILTER != 0 {
+        return None;
+    }
+    ct::touch(Some(entry), p, ct::config())
 }
 
 /// Where the answer goes once translated.

@@ -39,8 +39,9 @@ use proxy_agent::{
     proxier::{
         NodeContext,
         ebpf::{
-            ApplyState, BackendAddr, LoadError, LoadOptions, Loaded, MapSizes, build_maglev_table,
-            leave_new_flows_to_netfilter, load_and_attach, maps_dir,
+            ApplyState, BackendAddr, LoadError, LoadOptions, Loaded, MapSizes, PinnedReservations,
+            Reservations, build_maglev_table, leave_new_flows_to_netfilter, load_and_attach,
+            maps_dir,
         },
     },
 };
@@ -51,6 +52,7 @@ use tests::{
 };
 
 const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
@@ -437,6 +439,19 @@ ip -6 route add fd00:203:113::/64 via fd00:168::1
 ip -6 route add fd00:10::/64 via fd00:168::3
 ip -o link show dev up0 | cut -d: -f1";
 
+/// The configuration the tests' programs run with: the masquerade addresses are the node's,
+/// as the agent's event loop writes them.
+fn node_config() -> LbConfig {
+    LbConfig {
+        masq4: u32::from_ne_bytes(NODE4.octets()),
+        masq6: NODE6.octets(),
+        ct_tcp_lifetime: 600,
+        ct_udp_lifetime: 60,
+        ct_closing_lifetime: 10,
+        ..Default::default()
+    }
+}
+
 impl Dataplane {
     /// None (after saying why) when the object is the build's stand-in.
     fn new(ns: &TempNetns, name: &str) -> Option<Self> {
@@ -471,16 +486,8 @@ impl Dataplane {
             .expect("the uplink's ifindex");
 
         let node = test_node();
-        // As the agent's event loop writes it: the masquerade addresses are the node's.
         loaded
-            .write_config(LbConfig {
-                masq4: u32::from_ne_bytes(NODE4.octets()),
-                masq6: NODE6.octets(),
-                ct_tcp_lifetime: 600,
-                ct_udp_lifetime: 60,
-                ct_closing_lifetime: 10,
-                ..Default::default()
-            })
+            .write_config(node_config())
             .expect("writing the configuration");
         program(&mut loaded, &node);
         Some(Self {
@@ -956,6 +963,135 @@ fn handing_over_v4_starts_no_flow_and_keeps_translating_the_old_ones() {
 #[test]
 fn handing_over_v6_starts_no_flow_and_keeps_translating_the_old_ones() {
     handing_over(true);
+}
+
+/// A flow netfilter's conntrack translates (the mode the node ran before started it), its
+/// answer tuple reserved by the agent's handover (`PinnedReservations`): its SNAT port goes
+/// to no new flow to the same backend, which would take its answers and, by the backend's
+/// ACK to a second SYN, have it reset; its answers and their ICMP errors go to the stack as
+/// they came, for netfilter to translate.
+fn netfilter_flow_reserved(v6: bool) {
+    require_root!();
+    let name = format!("reserved-{}", if v6 { "v6" } else { "v4" });
+    let Some((ns, mut dp)) = setup(&name) else {
+        return;
+    };
+    let (node_port, target_port) = WEB_TCP;
+    // Two SNAT ports: the reserved one and one free.
+    dp.loaded
+        .write_config(LbConfig {
+            snat_port_min: 61_000,
+            snat_port_max: 61_001,
+            ..node_config()
+        })
+        .expect("writing the configuration");
+    let answer = proxy_agent::proxier::conntrack::Tuple {
+        src: backend(v6),
+        dst: node(v6),
+        protocol: TCP,
+        src_port: target_port,
+        dst_port: 61_000,
+    };
+    let family = if v6 { IpFamily::V6 } else { IpFamily::V4 };
+    let mut reservations = PinnedReservations::new(&maps_dir(&dp._bpffs.path));
+    reservations
+        .reserve(family, &answer)
+        .expect("reserving the tuple");
+    assert_eq!(
+        reservations.list(family).expect("listing reservations"),
+        [answer].into(),
+        "read back from the pinned map"
+    );
+
+    let mut translated = 0;
+    for client_port in 40_100..40_110 {
+        let syn = ip_packet(
+            client(v6),
+            node(v6),
+            TCP,
+            tcp(client_port, node_port, 1000, 0, TCP_SYN),
+        );
+        let (verdict, out) = dp.tc(&ns, "tc_uplink_ingress", &frame(ROUTER_MAC, &syn));
+        match verdict {
+            TC_ACT_REDIRECT => {
+                let seen = parse_frame(&out, "a new connection's SYN");
+                assert_eq!(
+                    seen.sport(),
+                    61_001,
+                    "the reserved port is netfilter's flow's"
+                );
+                translated += 1;
+            }
+            // Each of its tries met a taken port (one in 16).
+            TC_ACT_SHOT => {}
+            other => panic!("verdict {other} for a new connection"),
+        }
+        // Its entries go, so that the free port is free again for the next one.
+        if v6 {
+            let keys: Vec<_> = dp.loaded.ct6.keys().filter_map(Result::ok).collect();
+            for key in keys.iter().filter(|k| k.dport != 61_000u16.to_be()) {
+                dp.loaded.ct6.remove(key).expect("forgetting the flow");
+            }
+        } else {
+            let keys: Vec<_> = dp.loaded.ct4.keys().filter_map(Result::ok).collect();
+            for key in keys.iter().filter(|k| k.dport != 61_000u16.to_be()) {
+                dp.loaded.ct4.remove(key).expect("forgetting the flow");
+            }
+        }
+    }
+    assert!(translated > 0, "no new connection was translated");
+
+    // The reserved flow's answer and an ICMP error about its packets: untouched.
+    let answer_packet = ip_packet(
+        backend(v6),
+        node(v6),
+        TCP,
+        tcp(target_port, 61_000, 5001, 1001, TCP_ACK),
+    );
+    let sent = frame(REMOTE_NODE_MAC, &answer_packet);
+    assert_eq!(
+        dp.tc(&ns, "tc_uplink_ingress", &sent),
+        (TC_ACT_OK, sent.clone()),
+        "tc leaves the answer to the stack"
+    );
+    assert_eq!(
+        dp.xdp(&ns, &sent),
+        (XDP_PASS, sent.clone()),
+        "XDP leaves the answer to the stack"
+    );
+    let got = ip_packet(
+        node(v6),
+        backend(v6),
+        TCP,
+        tcp(61_000, target_port, 1001, 5001, TCP_ACK),
+    );
+    let error = ip_packet(
+        backend(v6),
+        node(v6),
+        if v6 { IPPROTO_ICMPV6 } else { IPPROTO_ICMP },
+        icmp_unreachable(v6, if v6 { 4 } else { 3 }, &quote_of(&got)),
+    );
+    let sent = frame(REMOTE_NODE_MAC, &error);
+    assert_eq!(
+        dp.tc(&ns, "tc_uplink_ingress", &sent),
+        (TC_ACT_OK, sent.clone()),
+        "the ICMP error is netfilter's to translate"
+    );
+
+    reservations
+        .release(family, &answer)
+        .expect("releasing the tuple");
+    assert!(reservations.list(family).expect("listing").is_empty());
+}
+
+#[test]
+fn a_netfilter_flows_v4_snat_port_is_reserved_and_its_answers_passed_on() {
+    netfilter_flow_reserved(false);
+}
+
+#[test]
+fn a_netfilter_flows_v6_snat_port_is_reserved_and_its_answers_passed_on() {
+    netfilter_flow_reserved(true);
 }
 
 #[test]

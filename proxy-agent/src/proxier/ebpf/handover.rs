@@ -20,6 +20,17 @@
 //! (10 s) lists the table again, and once no translated flow is left the table goes.
 //! Deleting it, like `--cleanup`, is harmless at any time: at worst the flows it kept end.
 //!
+//! Those flows' answers must stay netfilter's too. A masqueraded flow's answer comes to the
+//! node's address at the port netfilter picked, and the programs pick SNAT ports knowing
+//! only their own conntrack: a new flow to the same backend given that port would take the
+//! old flow's answers, and the backend, seeing a second SYN for a connection it has, would
+//! answer with an ACK whose reset (from the new flow's client) ends the old connection.
+//! This is no rare case: the flows an earlier ebpf mode handed to netfilter keep the
+//! programs' ports. So while the table lives, each masqueraded answer tuple of netfilter's
+//! is also written into the BPF conntrack as a reservation ([`Reservations`],
+//! `CT_F_NETFILTER`): the programs leave its packets to the stack and give its port to no
+//! new flow. Each maintenance round writes the new ones and removes the ended ones.
+//!
 //! The other way, a netfilter mode taking over from ebpf mode, the flows the programs
 //! translated live in the BPF conntrack maps, which go with the programs. The new mode's
 //! cleanup of ebpf mode's state (after its own first sync: its rules are in place) first
@@ -42,8 +53,8 @@ use std::path::Path;
 
 use aya::maps::{Array, HashMap as AyaHash, Map, MapData};
 use proxy_common::{
-    CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, Ct4Key, Ct6Key, CtValue, LB_CFG_HANDING_OVER,
-    LbConfig, proto,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_F_NETFILTER, CT_F_SNAT, Ct4Key, Ct6Key, CtValue,
+    LB_CFG_HANDING_OVER, LbConfig, proto,
 };
 use tracing::{info, warn};
 
@@ -61,6 +72,120 @@ pub fn translated(entry: &Entry) -> bool {
         || entry.reply.src_port != entry.orig.dst_port
         || entry.reply.dst != entry.orig.src
         || entry.reply.dst_port != entry.orig.src_port
+}
+
+/// The answer tuple of a translated netfilter flow whose answers come to a translated
+/// destination (it was masqueraded): what the programs must not give a new flow (see the
+/// module doc). `None` for other flows, and for protocols the programs do not translate.
+pub fn masqueraded_answer(entry: &Entry) -> Option<Tuple> {
+    let tracked = [proto::TCP, proto::UDP, proto::SCTP].contains(&entry.reply.protocol);
+    let masqueraded =
+        entry.reply.dst != entry.orig.src || entry.reply.dst_port != entry.orig.src_port;
+    (tracked && masqueraded).then_some(entry.reply)
+}
+
+/// The BPF conntrack's reservations of netfilter's answer tuples (`CT_F_NETFILTER` reply
+/// entries), per family.
+pub trait Reservations: Send {
+    /// Every reservation of the family.
+    fn list(&mut self, family: IpFamily) -> Result<BTreeSet<Tuple>, String>;
+    fn reserve(&mut self, family: IpFamily, answer: &Tuple) -> Result<(), String>;
+    fn release(&mut self, family: IpFamily, answer: &Tuple) -> Result<(), String>;
+}
+
+/// The family's reservations made to be `wanted`: (written, removed), and the first error.
+fn reconcile(
+    reservations: &mut dyn Reservations,
+    family: IpFamily,
+    wanted: &BTreeSet<Tuple>,
+) -> Result<(usize, usize), String> {
+    let held = reservations.list(family)?;
+    let mut written = 0;
+    for answer in wanted.difference(&held) {
+        reservations.reserve(family, answer)?;
+        written += 1;
+    }
+    let mut removed = 0;
+    for answer in held.difference(wanted) {
+        reservations.release(family, answer)?;
+        removed += 1;
+    }
+    Ok((written, removed))
+}
+
+/// The BPF conntrack key and value reserving `answer` (see [`CT_F_NETFILTER`]): a reply
+/// entry that describes no translation, never expiring (the agent removes it).
+fn reservation_value(answer: &Tuple) -> CtValue {
+    let at = |ip: IpAddr| match ip {
+        IpAddr::V4(ip) => {
+            let mut bytes = [0u8; 16];
+            bytes[..4].copy_from_slice(&ip.octets());
+            bytes
+        }
+        IpAddr::V6(ip) => ip.octets(),
+    };
+    CtValue {
+        frontend_addr: at(answer.src),
+        backend_addr: at(answer.src),
+        client_addr: at(answer.dst),
+        frontend_port: answer.src_port.to_be(),
+        backend_port: answer.src_port.to_be(),
+        client_port: answer.dst_port.to_be(),
+        flags: CT_F_NETFILTER,
+        expires: u32::MAX,
+        ..CtValue::default()
+    }
+}
+
+fn reservation_key4(answer: &Tuple) -> Option<Ct4Key> {
+    let (IpAddr::V4(src), IpAddr::V4(dst)) = (answer.src, answer.dst) else {
+        return None;
+    };
+    Some(Ct4Key {
+        saddr: u32::from_ne_bytes(src.octets()),
+        daddr: u32::from_ne_bytes(dst.octets()),
+        sport: answer.src_port.to_be(),
+        dport: answer.dst_port.to_be(),
+        proto: answer.protocol,
+        dir: CT_DIR_REPLY,
+        _pad: [0; 2],
+    })
+}
+
+fn reservation_key6(answer: &Tuple) -> Option<Ct6Key> {
+    let (IpAddr::V6(src), IpAddr::V6(dst)) = (answer.src, answer.dst) else {
+        return None;
+    };
+    Some(Ct6Key {
+        saddr: src.octets(),
+        daddr: dst.octets(),
+        sport: answer.src_port.to_be(),
+        dport: answer.dst_port.to_be(),
+        proto: answer.protocol,
+        dir: CT_DIR_REPLY,
+        _pad: [0; 2],
+    })
+}
+
+/// The answer tuple a reservation's key stands for.
+fn answer_of4(key: &Ct4Key) -> Tuple {
+    Tuple {
+        src: IpAddr::V4(Ipv4Addr::from(key.saddr.to_ne_bytes())),
+        dst: IpAddr::V4(Ipv4Addr::from(key.daddr.to_ne_bytes())),
+        protocol: key.proto,
+        src_port: u16::from_be(key.sport),
+        dst_port: u16::from_be(key.dport),
+    }
+}
+
+fn answer_of6(key: &Ct6Key) -> Tuple {
+    Tuple {
+        src: IpAddr::V6(Ipv6Addr::from(key.saddr)),
+        dst: IpAddr::V6(Ipv6Addr::from(key.daddr)),
+        protocol: key.proto,
+        src_port: u16::from_be(key.sport),
+        dst_port: u16::from_be(key.dport),
+    }
 }
 
 /// The transaction that (re)creates the family's table.
@@ -117,23 +242,32 @@ impl Nft for NftCommand {
 pub struct NetfilterHandover {
     conntrack: Box<dyn ConntrackTable>,
     nft: Box<dyn Nft>,
+    reservations: Box<dyn Reservations>,
     active: BTreeSet<IpFamily>,
 }
 
 impl NetfilterHandover {
-    pub fn new(conntrack: Box<dyn ConntrackTable>, nft: Box<dyn Nft>) -> Self {
+    pub fn new(
+        conntrack: Box<dyn ConntrackTable>,
+        nft: Box<dyn Nft>,
+        reservations: Box<dyn Reservations>,
+    ) -> Self {
         Self {
             conntrack,
             nft,
+            reservations,
             active: BTreeSet::new(),
         }
     }
 
-    /// How many of the family's netfilter flows were translated; `None` when the table
-    /// cannot be listed (then nothing is known, and nothing is installed).
-    fn translated_flows(&mut self, family: IpFamily) -> Option<usize> {
+    /// The family's netfilter flows that were translated; `None` when the table cannot be
+    /// listed (then nothing is known, and nothing is installed or removed).
+    fn translated_flows(&mut self, family: IpFamily) -> Option<Vec<Entry>> {
         match self.conntrack.list(family) {
-            Ok(entries) => Some(entries.iter().filter(|e| translated(e)).count()),
+            Ok(mut entries) => {
+                entries.retain(translated);
+                Some(entries)
+            }
             Err(error) => {
                 warn!(%family, %error, "listing netfilter conntrack for the handover");
                 None
@@ -141,13 +275,34 @@ impl NetfilterHandover {
         }
     }
 
-    /// At start, before the previous mode's rules go: every family with translated flows
-    /// gets the table. One left by an earlier agent (an upgrade during a handover) is kept
-    /// while its flows live, and removed otherwise.
+    /// Makes the family's reservations those of `flows`' masqueraded answers.
+    fn reserve_answers(&mut self, family: IpFamily, flows: &[Entry]) {
+        let wanted: BTreeSet<Tuple> = flows.iter().filter_map(masqueraded_answer).collect();
+        match reconcile(self.reservations.as_mut(), family, &wanted) {
+            Ok((0, 0)) => {}
+            Ok((written, removed)) => info!(
+                %family,
+                written,
+                removed,
+                reserved = wanted.len(),
+                "SNAT ports of netfilter's masqueraded flows reserved in the BPF conntrack"
+            ),
+            Err(error) => warn!(
+                %family,
+                %error,
+                "reserving the SNAT ports of netfilter's flows: a new flow may take one over"
+            ),
+        }
+    }
+
+    /// At start, before the previous mode's rules go and before the first sync gives the
+    /// programs a frontend: every family with translated flows gets the table and the
+    /// reservations of their answers. A table left by an earlier agent (an upgrade during
+    /// a handover) is kept while its flows live, and removed otherwise.
     pub fn begin(&mut self, families: &[IpFamily]) {
         for &family in families {
             let flows = match self.translated_flows(family) {
-                Some(0) => {
+                Some(flows) if flows.is_empty() => {
                     if self.nft.table_exists(family) {
                         self.active.insert(family);
                     }
@@ -160,15 +315,16 @@ impl NetfilterHandover {
                 Ok(()) => {
                     info!(
                         %family,
-                        flows,
+                        flows = flows.len(),
                         table = TABLE,
                         "keeping netfilter conntrack and NAT on for the flows the previous mode translated"
                     );
                     self.active.insert(family);
+                    self.reserve_answers(family, &flows);
                 }
                 Err(error) => warn!(
                     %family,
-                    flows,
+                    flows = flows.len(),
                     %error,
                     "could not keep netfilter NAT on: the previous mode's established flows will break"
                 ),
@@ -178,10 +334,15 @@ impl NetfilterHandover {
         self.maintain();
     }
 
-    /// Removes the table of every family whose translated flows have all ended.
+    /// Follows the translated flows: their reservations as they are, and the table of
+    /// every family whose flows have all ended removed (with the last reservations).
     pub fn maintain(&mut self) {
         for family in self.active.clone() {
-            if self.translated_flows(family) != Some(0) {
+            let Some(flows) = self.translated_flows(family) else {
+                continue;
+            };
+            self.reserve_answers(family, &flows);
+            if !flows.is_empty() {
                 continue;
             }
             match self.nft.run(&delete_script(family)) {
@@ -360,6 +521,107 @@ impl HeldConntrack {
     }
 }
 
+/// The reservations in the conntrack maps pinned under a directory: the ones the
+/// programs read, opened again at each listing (a reconciliation starts with one), so
+/// that a map replaced since (resized by a later start) is never written behind.
+pub struct PinnedReservations {
+    maps_dir: std::path::PathBuf,
+    maps: HeldConntrack,
+}
+
+impl PinnedReservations {
+    pub fn new(maps_dir: &Path) -> Self {
+        Self {
+            maps_dir: maps_dir.to_path_buf(),
+            maps: HeldConntrack::open(maps_dir),
+        }
+    }
+}
+
+impl Reservations for PinnedReservations {
+    fn list(&mut self, family: IpFamily) -> Result<BTreeSet<Tuple>, String> {
+        self.maps = HeldConntrack::open(&self.maps_dir);
+        if let Some(error) = self.maps.errors.first() {
+            return Err(error.clone());
+        }
+        Ok(self.maps.reservations(family))
+    }
+
+    fn reserve(&mut self, family: IpFamily, answer: &Tuple) -> Result<(), String> {
+        self.maps.reserve(family, answer)
+    }
+
+    fn release(&mut self, family: IpFamily, answer: &Tuple) -> Result<(), String> {
+        self.maps.release(family, answer)
+    }
+}
+
+impl HeldConntrack {
+    /// The answer tuples the family's map reserves.
+    fn reservations(&self, family: IpFamily) -> BTreeSet<Tuple> {
+        let reserved = |value: &CtValue| value.flags & CT_F_NETFILTER != 0;
+        match family {
+            IpFamily::V4 => self.ct4.as_ref().map_or_else(BTreeSet::new, |map| {
+                map.iter()
+                    .filter_map(Result::ok)
+                    .filter(|(key, value)| key.dir == CT_DIR_REPLY && reserved(value))
+                    .map(|(key, _)| answer_of4(&key))
+                    .collect()
+            }),
+            IpFamily::V6 => self.ct6.as_ref().map_or_else(BTreeSet::new, |map| {
+                map.iter()
+                    .filter_map(Result::ok)
+                    .filter(|(key, value)| key.dir == CT_DIR_REPLY && reserved(value))
+                    .map(|(key, _)| answer_of6(&key))
+                    .collect()
+            }),
+        }
+    }
+
+    fn reserve(&mut self, family: IpFamily, answer: &Tuple) -> Result<(), String> {
+        let value = reservation_value(answer);
+        let written = match family {
+            IpFamily::V4 => self
+                .ct4
+                .as_mut()
+                .zip(reservation_key4(answer))
+                .map(|(map, key)| map.insert(key, value, 0)),
+            IpFamily::V6 => self
+                .ct6
+                .as_mut()
+                .zip(reservation_key6(answer))
+                .map(|(map, key)| map.insert(key, value, 0)),
+        };
+        match written {
+            Some(result) => result.map_err(|e| format!("reserving {answer:?}: {e}")),
+            None => Err(format!(
+                "no {family} conntrack map to reserve {answer:?} in"
+            )),
+        }
+    }
+
+    fn release(&mut self, family: IpFamily, answer: &Tuple) -> Result<(), String> {
+        let removed = match family {
+            IpFamily::V4 => self
+                .ct4
+                .as_mut()
+                .zip(reservation_key4(answer))
+                .map(|(map, key)| map.remove(&key)),
+            IpFamily::V6 => self
+                .ct6
+                .as_mut()
+                .zip(reservation_key6(answer))
+                .map(|(map, key)| map.remove(&key)),
+        };
+        match removed {
+            // Gone meanwhile (evicted, or a stale flow's cleanup) is what was wanted.
+            Some(Ok(())) | None => Ok(()),
+            Some(Err(e)) if super::maps::is_not_found(&e) => Ok(()),
+            Some(Err(e)) => Err(format!("releasing {answer:?}: {e}")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::IpAddr;
@@ -511,6 +773,33 @@ mod tests {
         }
     }
 
+    /// Reservations held in memory, shared with the test.
+    #[derive(Default, Clone)]
+    struct Reserved(Arc<Mutex<BTreeSet<(IpFamily, Tuple)>>>);
+
+    impl Reservations for Reserved {
+        fn list(&mut self, family: IpFamily) -> Result<BTreeSet<Tuple>, String> {
+            Ok(self
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(f, _)| *f == family)
+                .map(|(_, t)| *t)
+                .collect())
+        }
+
+        fn reserve(&mut self, family: IpFamily, answer: &Tuple) -> Result<(), String> {
+            self.0.lock().unwrap().insert((family, *answer));
+            Ok(())
+        }
+
+        fn release(&mut self, family: IpFamily, answer: &Tuple) -> Result<(), String> {
+            self.0.lock().unwrap().remove(&(family, *answer));
+            Ok(())
+        }
+    }
+
     struct Recorded(Arc<Mutex<Vec<String>>>);
 
     impl Nft for Recorded {
@@ -542,6 +831,7 @@ mod tests {
         let mut handover = NetfilterHandover::new(
             Box::new(Listed(entries.clone())),
             Box::new(Recorded(scripts.clone())),
+            Box::new(Reserved::default()),
         );
         handover.begin(&[IpFamily::V4, IpFamily::V6]);
         assert!(handover.active());
@@ -571,6 +861,7 @@ mod tests {
         let mut handover = NetfilterHandover::new(
             Box::new(Listed(Arc::new(Mutex::new(Vec::new())))),
             Box::new(Recorded(scripts.clone())),
+            Box::new(Reserved::default()),
         );
         handover.begin(&[IpFamily::V4, IpFamily::V6]);
         assert!(!handover.active());
@@ -583,6 +874,7 @@ mod tests {
         let mut handover = NetfilterHandover::new(
             Box::new(Listed(Arc::new(Mutex::new(Vec::new())))),
             Box::new(Recorded(scripts.clone())),
+            Box::new(Reserved::default()),
         );
         handover.begin(&[IpFamily::V4, IpFamily::V6]);
         assert!(!handover.active());
@@ -592,5 +884,97 @@ mod tests {
         );
         let (removed, errors) = remove_tables(&mut Recorded(scripts.clone()));
         assert_eq!((removed, errors.len()), (0, 0), "nothing is left to remove");
+    }
+
+    #[test]
+    fn only_masqueraded_answers_of_translated_protocols_are_reserved() {
+        let masquerade = entry(
+            ("203.0.113.1", 4000, "192.168.0.11", 30081),
+            ("10.2.0.10", 9001, "192.168.0.11", 62001),
+        );
+        assert_eq!(masqueraded_answer(&masquerade), Some(masquerade.reply));
+        // Its answers go to the client itself: no port of the node is taken.
+        let dnat_only = entry(
+            ("10.1.0.10", 4000, "172.30.0.10", 81),
+            ("10.2.0.10", 9001, "10.1.0.10", 4000),
+        );
+        assert_eq!(masqueraded_answer(&dnat_only), None);
+        let mut icmp = masquerade;
+        icmp.orig.protocol = 1;
+        icmp.reply.protocol = 1;
+        assert_eq!(masqueraded_answer(&icmp), None);
+    }
+
+    #[test]
+    fn a_reservation_is_keyed_as_the_programs_key_answers_and_translates_nothing() {
+        let answer = entry(
+            ("203.0.113.1", 4000, "192.168.0.11", 30081),
+            ("10.2.0.10", 9001, "192.168.0.11", 62001),
+        )
+        .reply;
+        let key = reservation_key4(&answer).expect("an IPv4 tuple");
+        // As a packet carries them: addresses and ports in network order.
+        assert_eq!(key.saddr.to_ne_bytes(), [10, 2, 0, 10]);
+        assert_eq!(key.dport, 62001u16.to_be());
+        assert_eq!((key.proto, key.dir), (proto::TCP, CT_DIR_REPLY));
+        assert_eq!(answer_of4(&key), answer);
+        assert!(reservation_key6(&answer).is_none());
+
+        let value = reservation_value(&answer);
+        assert_eq!(value.flags, CT_F_NETFILTER, "no SNAT: nothing to rewrite");
+        assert_eq!(value.frontend_addr, value.backend_addr);
+        assert_eq!(value.frontend_port, value.backend_port);
+        // Not a flow to hand back to netfilter should a netfilter mode take over.
+        assert!(flow_of(IpFamily::V4, proto::TCP, CT_DIR_REPLY, &value, 1000).is_none());
+
+        let v6 = Tuple {
+            src: "fd00::10".parse().unwrap(),
+            dst: "fd00::1".parse().unwrap(),
+            protocol: proto::UDP,
+            src_port: 53,
+            dst_port: 61234,
+        };
+        assert_eq!(answer_of6(&reservation_key6(&v6).unwrap()), v6);
+    }
+
+    #[test]
+    fn reservations_follow_netfilters_masqueraded_flows_and_end_with_the_table() {
+        let first = entry(
+            ("203.0.113.1", 4000, "192.168.0.11", 30081),
+            ("10.2.0.10", 9001, "192.168.0.11", 62001),
+        );
+        let second = entry(
+            ("203.0.113.1", 4001, "192.168.0.11", 30081),
+            ("10.2.0.11", 9001, "192.168.0.11", 62002),
+        );
+        let entries = Arc::new(Mutex::new(vec![first]));
+        let reserved = Reserved::default();
+        // One left by an earlier agent for a flow that has ended since.
+        let ended = entry(
+            ("203.0.113.1", 4002, "192.168.0.11", 30081),
+            ("10.2.0.10", 9001, "192.168.0.11", 62003),
+        );
+        reserved
+            .0
+            .lock()
+            .unwrap()
+            .insert((IpFamily::V4, ended.reply));
+        let mut handover = NetfilterHandover::new(
+            Box::new(Listed(entries.clone())),
+            Box::new(Recorded(Arc::new(Mutex::new(Vec::new())))),
+            Box::new(reserved.clone()),
+        );
+        let held = || reserved.0.lock().unwrap().clone();
+        handover.begin(&[IpFamily::V4, IpFamily::V6]);
+        assert_eq!(held(), BTreeSet::from([(IpFamily::V4, first.reply)]));
+
+        *entries.lock().unwrap() = vec![second];
+        handover.maintain();
+        assert_eq!(held(), BTreeSet::from([(IpFamily::V4, second.reply)]));
+
+        entries.lock().unwrap().clear();
+        handover.maintain();
+        assert!(!handover.active());
+        assert!(held().is_empty(), "no reservation outlives the handover");
     }
 }

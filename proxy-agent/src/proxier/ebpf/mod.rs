@@ -34,7 +34,7 @@ mod xdp;
 pub use self::{
     apply::ApplyState,
     desired::BackendAddr,
-    handover::leave_new_flows_to_netfilter,
+    handover::{PinnedReservations, Reservations, leave_new_flows_to_netfilter},
     loader::{LoadError, LoadOptions, Loaded, detect_cgroup2_root, load_and_attach},
     maglev::build_table as build_maglev_table,
     names::read_pinned as read_names,
@@ -164,6 +164,7 @@ impl EbpfProxier {
         let mut handover = handover::NetfilterHandover::new(
             Box::new(crate::proxier::conntrack::NetlinkConntrack::new()),
             Box::new(handover::NftCommand),
+            Box::new(handover::PinnedReservations::new(&maps_dir)),
         );
         handover.begin(&[crate::model::IpFamily::V4, crate::model::IpFamily::V6]);
         // Ids are keys of hash maps, not indexes: they may go up to what the maps can grow
