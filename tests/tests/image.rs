@@ -259,3 +259,130 @@ fn a_binary_without_the_ebpf_object_is_refused() {
     assert!(!out.join("rootfs/usr/local/bin/proxy-agent").exists());
     let _ = fs::remove_dir_all(&out);
 }
+
+/// The tree as `cargo xtask image --oci` writes its image: an OCI layout that skopeo (an
+/// OCI tool from Debian's packages) reads and copies, digests checked; its config runs the
+/// Dockerfile's ENTRYPOINT; its top layer holds exactly the runtime stage's files, the
+/// agent byte for byte; the base is its bottom layer (here a small tarball made by the
+/// test: the Debian base mmdebstrap makes needs the network, see docs/image.md).
+#[test]
+fn the_oci_image_is_read_by_skopeo_and_holds_the_runtime_tree() {
+    let agent = tests::node_harness::TestNode::agent_binary();
+    assert!(agent.is_file(), "{} is not built", agent.display());
+    if !embeds_bpf_object(&fs::read(&agent).unwrap()) {
+        eprintln!("SKIP: this build carries no eBPF object (the install step refuses it)");
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("kpe-image-oci-{}", std::process::id()));
+    let tree = image::assemble(&root(), &out, &Agent::Prebuilt(agent.clone())).unwrap();
+    let base_dir = out.join("base");
+    fs::create_dir_all(base_dir.join("etc")).unwrap();
+    fs::write(base_dir.join("etc/os-release"), "ID=test-base\n").unwrap();
+    let base = out.join("base.tar");
+    let status = Command::new("tar")
+        .args(["-C", &base_dir.display().to_string(), "-cf"])
+        .arg(&base)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let layout = image::write_oci(
+        &out,
+        &tree,
+        &image::OciBase::Tarball(base.clone()),
+        image::OCI_TAG,
+    )
+    .unwrap();
+
+    let skopeo = |args: &[&str]| {
+        let output = Command::new("skopeo")
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("skopeo: {e} (cargo xtask setup installs it)");
+            });
+        assert!(
+            output.status.success(),
+            "skopeo {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap_or_default()
+    };
+    let reference = format!("oci:{}:{}", layout.display(), image::OCI_TAG);
+    let inspected = skopeo(&["inspect", &reference]);
+    assert_eq!(inspected["Os"], "linux");
+    assert_eq!(inspected["Layers"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        inspected["Labels"]["org.opencontainers.image.base.name"],
+        tree.config.base.as_str()
+    );
+    let config = skopeo(&["inspect", "--config", &reference]);
+    let runtime = stages().pop().unwrap();
+    let entrypoint = runtime
+        .instructions
+        .iter()
+        .find(|i| i.keyword == "ENTRYPOINT")
+        .unwrap();
+    let dockerfile_entrypoint: Vec<String> = serde_json::from_str(&entrypoint.args).unwrap();
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        serde_json::json!(dockerfile_entrypoint),
+        "the Dockerfile's ENTRYPOINT"
+    );
+    assert_eq!(
+        config["rootfs"]["diff_ids"], inspected["Layers"],
+        "uncompressed layers: digests are diff ids"
+    );
+    // Copying checks every blob against its digest.
+    let copied = out.join("copied");
+    skopeo(&[
+        "copy",
+        "--quiet",
+        &reference,
+        &format!("dir:{}", copied.display()),
+    ]);
+    assert!(copied.join("manifest.json").is_file());
+    let _ = fs::remove_dir_all(&copied);
+
+    // Layers bottom up: the base, then exactly the runtime stage's files.
+    let images = xtask::oci::read_layout(&layout).unwrap();
+    let [(_, manifest, _)] = images.as_slice() else {
+        panic!("one image in the layout");
+    };
+    let files = |layer: &xtask::oci::Descriptor| -> Vec<(String, Vec<u8>, u32)> {
+        let blob = xtask::oci::checked_blob(&layout, layer).unwrap();
+        let mut archive = tar::Archive::new(blob.as_slice());
+        archive
+            .entries()
+            .unwrap()
+            .map(Result::unwrap)
+            .filter(|e| e.header().entry_type().is_file())
+            .map(|mut e| {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut e, &mut bytes).unwrap();
+                let path = e.path().unwrap().display().to_string();
+                let path = path.trim_start_matches("./").to_string();
+                (path, bytes, e.header().mode().unwrap() & 0o777)
+            })
+            .collect()
+    };
+    let base_files = files(&manifest.layers[0]);
+    assert_eq!(base_files.len(), 1);
+    assert_eq!(base_files[0].0, "etc/os-release");
+    let top = files(&manifest.layers[1]);
+    let names: Vec<&str> = top.iter().map(|(p, _, _)| p.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "usr/local/bin/proxy-agent",
+            "usr/share/kube-proxy-ebpf/runtime-packages.txt"
+        ]
+    );
+    assert_eq!(top[0].1, fs::read(&agent).unwrap(), "the built agent");
+    assert_eq!(top[0].2, 0o755, "executable");
+    assert_eq!(
+        String::from_utf8_lossy(&top[1].1),
+        read(image::RUNTIME_PACKAGES)
+    );
+    fs::remove_dir_all(&out).unwrap();
+}

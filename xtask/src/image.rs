@@ -25,7 +25,10 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 
-use crate::util::{run_cmd, step, workspace_root};
+use crate::{
+    oci::write_layout,
+    util::{run_cmd, step, workspace_root},
+};
 
 /// The Dockerfile, the build script and the runtime package list, relative to the root.
 pub const DOCKERFILE: &str = "deploy/Dockerfile";
@@ -318,9 +321,143 @@ fn run_build_script(root: &Path, destdir: &Path, agent: &Agent) -> anyhow::Resul
     run_cmd(&mut cmd)
 }
 
+/// What the OCI image's bottom layer is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OciBase {
+    /// Debian of the Dockerfile's base (its suite) with the runtime packages, made by
+    /// `mmdebstrap` from Debian's archive: the runtime stage as an engine would build it,
+    /// from the same release (not the base image's bytes: see docs/image.md).
+    Debian,
+    /// A root file system tarball made elsewhere.
+    Tarball(PathBuf),
+    /// No base: the runtime stage's own layer only (not runnable alone; for checks).
+    None,
+}
+
+/// The Debian suite of a base image reference (`debian:bookworm-slim@sha256:...`).
+pub fn debian_suite(base: &str) -> anyhow::Result<String> {
+    let name_tag = base.split('@').next().unwrap_or(base);
+    let Some(("debian", tag)) = name_tag.rsplit_once(':') else {
+        bail!("the base {base} is not a tagged debian image: give --oci-base a tarball");
+    };
+    Ok(tag.trim_end_matches("-slim").to_string())
+}
+
+/// The `mmdebstrap` command making `tarball`: `suite` with `packages`, without what
+/// Debian's slim images leave out (documentation, man pages, locales but English) and
+/// without apt's lists, as the runtime stage's `RUN` removes them.
+pub fn mmdebstrap_command(suite: &str, packages: &[String], tarball: &Path) -> Command {
+    let mut cmd = Command::new("mmdebstrap");
+    cmd.args(["--variant=apt", "--format=tar", "--quiet"]);
+    if !packages.is_empty() {
+        cmd.arg(format!("--include={}", packages.join(",")));
+    }
+    for pattern in [
+        "path-exclude=/usr/share/doc/*",
+        "path-include=/usr/share/doc/*/copyright",
+        "path-exclude=/usr/share/man/*",
+        "path-exclude=/usr/share/info/*",
+        "path-exclude=/usr/share/locale/*",
+        "path-include=/usr/share/locale/locale.alias",
+    ] {
+        cmd.arg(format!("--dpkgopt={pattern}"));
+    }
+    cmd.arg("--customize-hook=rm -rf \"$1\"/var/lib/apt/lists/*")
+        .arg(suite)
+        .arg(tarball);
+    cmd
+}
+
+/// The image config and layers of `tree` on `base` (a tarball, or none).
+pub fn oci_image(tree: &Tree, base: Option<(PathBuf, String)>, tag: &str) -> crate::oci::Image {
+    let mut layers = Vec::new();
+    if let Some((path, created_by)) = base {
+        layers.push(crate::oci::Layer::Tarball { path, created_by });
+    }
+    layers.push(crate::oci::Layer::Tree {
+        dir: tree.rootfs.clone(),
+        created_by: format!("{DOCKERFILE}: the runtime stage's COPY instructions"),
+    });
+    let mut labels = std::collections::BTreeMap::new();
+    labels.insert(
+        "org.opencontainers.image.title".to_string(),
+        "kube-proxy-ebpf".to_string(),
+    );
+    labels.insert(
+        "org.opencontainers.image.version".to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    );
+    labels.insert(
+        "org.opencontainers.image.base.name".to_string(),
+        tree.config.base.clone(),
+    );
+    if let Some(revision) = git_revision() {
+        labels.insert("org.opencontainers.image.revision".to_string(), revision);
+    }
+    crate::oci::Image {
+        layers,
+        run: crate::oci::RunConfig {
+            entrypoint: tree.config.entrypoint.clone(),
+            // Debian's images' PATH.
+            env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()],
+            labels,
+        },
+        tag: tag.to_string(),
+    }
+}
+
+fn git_revision() -> Option<String> {
+    let out = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(workspace_root())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Writes the OCI image layout of `tree` into `out/oci` (see [`crate::oci`]), its base
+/// made as `base` says; returns the layout's directory.
+pub fn write_oci(out: &Path, tree: &Tree, base: &OciBase, tag: &str) -> anyhow::Result<PathBuf> {
+    let base_layer = match base {
+        OciBase::None => None,
+        OciBase::Tarball(path) => {
+            Some((path.clone(), format!("a base tarball ({})", path.display())))
+        }
+        OciBase::Debian => {
+            let suite = debian_suite(&tree.config.base)?;
+            let tarball = out.join("base.tar");
+            step(&format!(
+                "making the base: Debian {suite} with {} (mmdebstrap)",
+                tree.config.packages.join(" ")
+            ));
+            run_cmd(&mut mmdebstrap_command(
+                &suite,
+                &tree.config.packages,
+                &tarball,
+            ))
+            .context("mmdebstrap (cargo xtask setup installs it)")?;
+            Some((
+                tarball,
+                format!(
+                    "mmdebstrap --variant=apt {suite} with {}",
+                    tree.config.packages.join(",")
+                ),
+            ))
+        }
+    };
+    let layout = out.join("oci");
+    write_layout(&layout, &oci_image(tree, base_layer, tag))?;
+    if let OciBase::Debian = base {
+        let _ = fs::remove_file(out.join("base.tar"));
+    }
+    Ok(layout)
+}
+
 /// The task: build (or take) the agent and assemble the tree into `out` (default
-/// `target/image` of the workspace's target directory).
-pub fn run(out: Option<PathBuf>, agent: &Agent) -> anyhow::Result<()> {
+/// `target/image` of the workspace's target directory); with `oci`, also its image layout.
+pub fn run(out: Option<PathBuf>, agent: &Agent, oci: Option<&OciBase>) -> anyhow::Result<()> {
     let root = workspace_root();
     let out = out.unwrap_or_else(|| {
         std::env::var_os("CARGO_TARGET_DIR")
@@ -347,8 +484,19 @@ pub fn run(out: Option<PathBuf>, agent: &Agent) -> anyhow::Result<()> {
         tree.config.entrypoint,
         tree.config.packages.join(" ")
     );
+    if let Some(base) = oci {
+        let layout = write_oci(&out, &tree, base, OCI_TAG)?;
+        println!(
+            "    OCI image layout {} (tag {OCI_TAG}); push: skopeo copy oci:{}:{OCI_TAG} docker://REGISTRY/kube-proxy-ebpf:TAG",
+            layout.display(),
+            layout.display()
+        );
+    }
     Ok(())
 }
+
+/// The tag of the image in the layout `--oci` writes.
+pub const OCI_TAG: &str = "latest";
 
 #[cfg(test)]
 mod tests {

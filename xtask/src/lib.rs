@@ -3,5 +3,6 @@
 //! agent image's runtime tree (`image`), and the helpers they share with the task binary.
 
 pub mod image;
+pub mod oci;
 pub mod util;
 pub mod vm;

@@ -60,7 +60,7 @@ enum Task {
     /// The agent image's runtime stage (deploy/Dockerfile) assembled without a container
     /// engine: the release agent built by deploy/image/build-agent.sh, as the image's build
     /// stage builds it, plus the stage's files, into DIR/rootfs, and DIR/image.yaml (base,
-    /// entrypoint, packages). See docs/image.md.
+    /// entrypoint, packages); with --oci, an OCI image layout of it. See docs/image.md.
     Image(ImageArgs),
     /// The demo's pod: an HTTP server answering with its name (run by `demo`).
     #[command(hide = true)]
@@ -76,6 +76,20 @@ struct ImageArgs {
     /// building the release agent.
     #[arg(long, value_name = "PATH")]
     agent_binary: Option<std::path::PathBuf>,
+    /// Also write an OCI image layout of it into DIR/oci (tag `latest`), for
+    /// `skopeo copy oci:DIR/oci:latest docker://...` to push.
+    #[arg(long)]
+    oci: bool,
+    /// The image's bottom layer: `debian` (the Dockerfile's Debian release with the runtime
+    /// packages, made by mmdebstrap), `none` (the agent's layer only), or a root file
+    /// system tarball.
+    #[arg(
+        long,
+        value_name = "debian|none|TARBALL",
+        default_value = "debian",
+        requires = "oci"
+    )]
+    oci_base: String,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -101,7 +115,12 @@ fn main() -> anyhow::Result<()> {
                     image::Agent::Build
                 }
             };
-            image::run(args.out, &agent)
+            let base = match args.oci_base.as_str() {
+                "debian" => image::OciBase::Debian,
+                "none" => image::OciBase::None,
+                path => image::OciBase::Tarball(path.into()),
+            };
+            image::run(args.out, &agent, args.oci.then_some(&base))
         }
         Task::DemoBackend(args) => demo::run_backend(&args),
     }

@@ -36,6 +36,10 @@ const APT_PACKAGES: &[&str] = &[
     "busybox-static",
     "cpio",
     "ipvsadm",
+    // The OCI image of `cargo xtask image --oci`: skopeo reads it back (tests/tests/image.rs)
+    // and pushes it; mmdebstrap makes its Debian base.
+    "skopeo",
+    "mmdebstrap",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
