@@ -916,3 +916,131 @@ fn the_files_listed_as_refused_by_the_real_server_still_are() {
         );
     }
 }
+
+/// Upstream's kube-proxy started beside the agent on its node, as a `kubeadm upgrade
+/// apply` re-adding its DaemonSet would leave it (nftables mode; its own healthz and
+/// metrics ports, since upstream exits when it cannot bind them): the agent reports it
+/// within a full sync (a Warning Event on the Node naming what was found, its log line,
+/// `kubeproxy_foreign_proxy_detected` 1), and reports it gone once kube-proxy's table is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_kube_proxy_beside_the_agent_is_reported_within_a_sync() {
+    require_root!();
+    let plane = Plane::get(false, "beside").await;
+    let node = TestNode::build_real(
+        "real-beside",
+        &scenario_header("real-beside", NODE),
+        &first_objects(),
+        FLOWS,
+        plane.dir(),
+        &[],
+    )
+    .unwrap();
+    // A full sync every second: the other modes are probed after each.
+    const SYNC_PERIOD: Duration = Duration::from_secs(1);
+    let mut overrides = Map::new();
+    overrides.insert(
+        "iptables".into(),
+        json!({"syncPeriod": "1s", "minSyncPeriod": "0s"}),
+    );
+    let agent = node
+        .start_agent(Mode::Ebpf, overrides, false, Path::new(RUNNER))
+        .await
+        .expect("the agent syncs from the real API server");
+    let detected = || counter(&node, "kubeproxy_foreign_proxy_detected");
+    assert_eq!(detected(), 0.0, "nothing beside the agent yet");
+
+    // kube-proxy's configuration as the runner writes it for upstream-nftables (the same
+    // ServiceAccount's kubeconfig, conntrack sysctls left alone), on other ports.
+    let connection = node.source.connection();
+    let bpffs = node.bpffs_root();
+    let fragment = merged_config(&node.scenario.config, &Map::new());
+    let inputs = ConfigInputs {
+        proxy: tests::scenario::agent::Proxy::Upstream,
+        fragment: &fragment,
+        mode: Mode::Nftables,
+        node_name: NODE,
+        connection: &connection,
+        bpffs_root: &bpffs,
+        cgroup_root: &node.topology.cgroup,
+    };
+    let mut config: Value =
+        serde_yaml::from_str(&tests::scenario::agent::render_config(&inputs).unwrap()).unwrap();
+    config["healthzBindAddress"] = json!("127.0.0.1:10356");
+    config["metricsBindAddress"] = json!("127.0.0.1:10349");
+    let config_path = node.topology.run_dir.join("kube-proxy-beside.yaml");
+    std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let binaries =
+        testbed::binaries::Binaries::locate().expect("upstream's binaries (cargo xtask setup)");
+    let log_path = node.topology.run_dir.join("kube-proxy-beside.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut kube_proxy = std::process::Command::new("ip")
+        .args(["netns", "exec", &node.topology.node_ns])
+        .arg(binaries.kube_proxy())
+        .arg("--config")
+        .arg(&config_path)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting upstream's kube-proxy");
+    let kube_proxy_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+
+    let took = eventually("kubeproxy_foreign_proxy_detected 1", WAIT, &agent, || {
+        detected() == 1.0
+    })
+    .await;
+    let kube_proxy_started = kube_proxy_log();
+    assert!(
+        kube_proxy_started.contains("nftables"),
+        "upstream ran in nftables mode:\n{kube_proxy_started}"
+    );
+    let client = client_from_kubeconfig(&plane.dir().join("admin.kubeconfig"))
+        .await
+        .unwrap();
+    let events = kube::Api::<k8s_openapi::api::events::v1::Event>::all(client);
+    let event = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|e| {
+            e.reason.as_deref() == Some("ForeignProxyDetected")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE)
+        });
+    let Some(event) = event else {
+        panic!(
+            "no ForeignProxyDetected event on the server:\n{}",
+            agent.log_tail(40)
+        );
+    };
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("table ip kube-proxy"), "{note}");
+    let agent_log = std::fs::read_to_string(&agent.log).unwrap_or_default();
+    assert!(
+        agent_log.contains("another proxy is programming this node"),
+        "{agent_log}"
+    );
+    eprintln!(
+        "upstream's kube-proxy reported {} ms after it started (full syncs every {SYNC_PERIOD:?})",
+        took.as_millis()
+    );
+
+    // kube-proxy stopped and its tables removed (its pod deleted, then `kube-proxy
+    // --cleanup`): the agent says so.
+    let _ = kube_proxy.kill();
+    let _ = kube_proxy.wait();
+    for family in ["ip", "ip6"] {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "exec", &node.topology.node_ns])
+            .args(["nft", "delete", "table", family, "kube-proxy"])
+            .status();
+    }
+    eventually(
+        "kubeproxy_foreign_proxy_detected 0 once kube-proxy's tables are gone",
+        WAIT,
+        &agent,
+        || detected() == 0.0,
+    )
+    .await;
+}
