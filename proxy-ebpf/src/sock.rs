@@ -268,6 +268,18 @@ fn reject(protocol: u8, in_output_hook: bool) -> i32 {
     0
 }
 
+/// A packet upstream's rules drop: left to the tc program, which drops it, except a
+/// datagram the node itself sends. Dropped by a netfilter rule in the output hook, its
+/// send() fails with EPERM, which a refusing program gives too; a TCP SYN dropped there
+/// is retransmitted until connect() times out, as after the tc program's drop.
+#[inline(always)]
+fn dropped(protocol: u8, from_host: bool) -> i32 {
+    if protocol == proto::UDP && from_host {
+        return 0;
+    }
+    1
+}
+
 /// The node's network-namespace cookie and the configuration flags.
 #[inline(always)]
 fn host_and_flags() -> (u64, u32) {
@@ -337,16 +349,17 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
     let (svc, key) = match lookup_frontend::<F>(addr, port, protocol, internal) {
         Frontend::Service { svc, key } => (svc, key),
         Frontend::Reject => return reject(protocol, from_host),
-        Frontend::None | Frontend::Drop => return 1,
+        Frontend::Drop => return dropped(protocol, from_host),
+        Frontend::None => return 1,
     };
     if svc.flags & svc_flags::SOURCE_RANGES != 0
         && !source_allowed::<F, SENDMSG>(sa, &svc, from_host)
     {
-        return 1;
+        return dropped(protocol, from_host);
     }
     if svc.count == 0 {
         if svc.flags & svc_flags::DROP_NO_ENDPOINTS != 0 {
-            return 1;
+            return dropped(protocol, from_host);
         }
         return reject(protocol, from_host && svc.flags & svc_flags::NODE_PORT == 0);
     }

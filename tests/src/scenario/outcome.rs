@@ -177,6 +177,15 @@ impl Judge<'_> {
                 && dropped_in_output_hook(attempt))
     }
 
+    /// A DROP: no answer; for UDP from the node itself the EPERM with which send()
+    /// reports a datagram that a rule in the output hook dropped.
+    fn dropped(&self, attempt: &Attempt) -> bool {
+        if self.flow.proto == Proto::Udp && self.node_addresses.contains(&self.flow.from) {
+            return dropped_in_output_hook(attempt);
+        }
+        attempt.outcome == Outcome::Timeout
+    }
+
     pub fn verdict(&self, attempts: &[Attempt]) -> Verdict {
         let seen = summarize(attempts);
         if attempts.is_empty() {
@@ -185,10 +194,7 @@ impl Judge<'_> {
         let problem = match &self.flow.expect {
             Expectation::Backends(set) => self.backend_problem(set, attempts),
             Expectation::Reject => attempts.iter().any(|a| !self.refused(a)).then_some(()),
-            Expectation::Drop => attempts
-                .iter()
-                .any(|a| a.outcome != Outcome::Timeout)
-                .then_some(()),
+            Expectation::Drop => attempts.iter().any(|a| !self.dropped(a)).then_some(()),
             Expectation::Local => attempts
                 .iter()
                 .any(|a| {
@@ -446,6 +452,13 @@ mod tests {
             "expected DROP, saw 1x error EPERM (Operation not permitted)"
         );
         assert!(!judge(&drop, std::slice::from_ref(&refused)).pass);
+        // From the node, a dropped datagram fails send() with EPERM, and only that.
+        let mut udp_drop_from_node = flow(Expectation::Drop, None, false);
+        udp_drop_from_node.proto = Proto::Udp;
+        udp_drop_from_node.from = "192.168.0.2".parse().unwrap();
+        assert!(judge(&udp_drop_from_node, std::slice::from_ref(&error)).pass);
+        assert!(!judge(&udp_drop_from_node, std::slice::from_ref(&timeout)).pass);
+        assert!(!judge(&udp_drop_from_node, std::slice::from_ref(&refused)).pass);
 
         let local = flow(Expectation::Local, None, false);
         assert!(judge(&local, std::slice::from_ref(&http)).pass);

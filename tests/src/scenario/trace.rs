@@ -82,7 +82,8 @@ pub async fn trace_flow(
 
 /// Whether `trace`'s verdict agrees with the probe attempts (pure). Forward: every attempt
 /// reached a candidate, and the source it saw is a node address exactly when trace says
-/// that candidate sees one (masqueraded, or a client on the node); reject: every attempt refused (or EPERM from the node); drop: every attempt silent;
+/// that candidate sees one (masqueraded, or a client on the node); reject: every attempt refused (or EPERM from the node); drop: every attempt silent (or
+/// EPERM from the node);
 /// untouched: no attempt was answered by anything but the destination itself.
 pub fn agreement(
     trace: &TraceVerdict,
@@ -117,7 +118,12 @@ pub fn agreement(
                 a.outcome == Outcome::Refused
                     || (node_addresses.contains(&from) && dropped_in_output_hook(a))
             }
-            "drop" => a.outcome == Outcome::Timeout,
+            // From the node, a datagram dropped in the output hook fails send() with EPERM
+            // too (see Judge::dropped; a dropped SYN is retransmitted until it times out).
+            "drop" => {
+                a.outcome == Outcome::Timeout
+                    || (node_addresses.contains(&from) && dropped_in_output_hook(a))
+            }
             "untouched" => a.answer_kind != Some(AnswerKind::Echo) || a.backend == Some(to),
             other => return Err(format!("unknown trace action {other:?}")),
         };
