@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Builds upstream's etcd, kube-apiserver, kube-controller-manager and kube-proxy from the
+# Builds upstream's etcd, kube-apiserver, kube-controller-manager, kube-proxy and kubeadm from the
 # modules go.mod pins into $OUT (default: <repo>/target/k8s-testbed). Go's own caches
 # (GOCACHE, GOMODCACHE) stay in their default places, so a second build relinks at most.
 set -euo pipefail

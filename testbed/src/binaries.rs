@@ -13,13 +13,15 @@ pub const COMPONENTS: &[&str] = &[
     "kube-apiserver",
     "kube-controller-manager",
     "kube-proxy",
+    "kubeadm",
 ];
 
 #[derive(Debug, thiserror::Error)]
 pub enum BinariesError {
     #[error(
         "upstream's {missing} is not built in {dir} (run `cargo xtask setup`, which builds \
-         etcd, kube-apiserver, kube-controller-manager and kube-proxy from testbed/k8s)"
+         etcd, kube-apiserver, kube-controller-manager, kube-proxy and kubeadm from \
+         testbed/k8s)"
     )]
     Missing { missing: String, dir: PathBuf },
 }
@@ -91,6 +93,10 @@ impl Binaries {
 
     pub fn kube_proxy(&self) -> PathBuf {
         self.dir.join("kube-proxy")
+    }
+
+    pub fn kubeadm(&self) -> PathBuf {
+        self.dir.join("kubeadm")
     }
 
     /// The upstream release they were built from (`VERSION`, written by build.sh).

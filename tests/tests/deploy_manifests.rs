@@ -154,17 +154,18 @@ fn mount_holding<'a>(container: &'a Container, path: &Path) -> Option<&'a Volume
         .max_by_key(|m| m.mount_path.len())
 }
 
-/// The `--config` file the agent container is started with.
-fn config_flag(container: &Container) -> PathBuf {
+/// The FILE of `--NAME=FILE` the container is started with.
+fn file_flag(container: &Container, name: &str) -> PathBuf {
+    let prefix = format!("--{name}=");
     let args = container
         .command
         .iter()
         .flatten()
         .chain(container.args.iter().flatten());
-    args.filter_map(|a| a.strip_prefix("--config="))
+    args.filter_map(|a| a.strip_prefix(prefix.as_str()))
         .map(PathBuf::from)
         .next()
-        .expect("the agent is started with --config=FILE")
+        .unwrap_or_else(|| panic!("the agent is started with {prefix}FILE"))
 }
 
 /// The file at `path` in the container, when a ConfigMap volume provides it.
@@ -235,11 +236,41 @@ users:
     tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
 "#;
 
-fn validated_config(text: &str) -> config::KubeProxyConfiguration {
-    let origin = deploy_dir().join("configmap.yaml");
-    let mut cfg = config::parse_str(text, &origin).unwrap_or_else(|e| panic!("{e}"));
+/// kubeadm's `config.conf` as `kubeadm init phase addon kube-proxy --print-manifest` (1.37)
+/// writes it, with podSubnet 10.244.0.0/16.
+fn kubeadm_config_conf() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy-agent/tests/data/config/kubeadm-1.37.conf")
+}
+
+/// The configuration the agent container resolves on a kubeadm cluster: `--config` is
+/// kubeadm's `config.conf` (from its `kube-proxy` ConfigMap), `--config-overrides` the
+/// file `cm` provides.
+fn agent_configuration(
+    ds: &DaemonSet,
+    cm: &ConfigMap,
+    container: &Container,
+) -> config::KubeProxyConfiguration {
+    let base = file_flag(container, "config");
+    assert_eq!(
+        config_map_item(ds, container, &base),
+        ("kube-proxy".to_owned(), "config.conf".to_owned()),
+        "{}: --config is kubeadm's file",
+        container.name
+    );
+    let overrides = config_map_file(ds, cm, container, &file_flag(container, "config-overrides"));
+    let dir = std::env::temp_dir().join(format!(
+        "kpe-deploy-manifests-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let overrides_path = dir.join("overrides.conf");
+    std::fs::write(&overrides_path, overrides).unwrap();
+    let loaded = config::load_files_with_warnings(&kubeadm_config_conf(), &overrides_path);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (mut cfg, warnings) = loaded.unwrap_or_else(|e| panic!("{e}"));
+    assert!(warnings.is_empty(), "{warnings:?}");
     // The order `--config` follows: file defaults, platform defaults, validation.
-    config::apply_defaults(&mut cfg);
     config::apply_platform_defaults(&mut cfg);
     let errors = config::validate(&cfg);
     assert!(
@@ -352,21 +383,31 @@ fn configmap_configuration_passes_the_agents_validation() {
     let ds = only(&all.daemon_sets, "DaemonSet");
     let cm = only(&all.config_maps, "ConfigMap");
     let agent = agent_container(ds);
-    let config_path = config_flag(agent);
-    let cfg = validated_config(&config_map_file(ds, cm, agent, &config_path));
+    let cfg = agent_configuration(ds, cm, agent);
     let effective = config::effective(&cfg).unwrap();
     assert_eq!(effective.mode, ProxyMode::Ebpf);
 
-    // No hand edits: nothing cluster-specific in the file. The pod network comes from the
-    // Node (detectLocalMode NodeCIDR), the API server from kubeadm's kubeconfig.
-    assert_eq!(effective.local_mode, config::LocalMode::NodeCidr);
-    assert!(
-        effective.cluster_cidrs.is_empty(),
-        "{:?}",
-        effective.cluster_cidrs
+    // No hand edits: nothing cluster-specific in the overrides. The pod network is
+    // kubeadm's podSubnet (upstream's default detector, ClusterCIDR), the API server is in
+    // kubeadm's kubeconfig.
+    assert_eq!(effective.local_mode, config::LocalMode::ClusterCidr);
+    assert_eq!(
+        effective.cluster_cidrs,
+        vec!["10.244.0.0/16".parse::<ipnet::IpNet>().unwrap()]
     );
     let text = std::fs::read_to_string(deploy_dir().join("configmap.yaml")).unwrap();
     assert!(!text.contains("CONTROL_PLANE_ENDPOINT"));
+    for silent in [
+        "clusterCIDR",
+        "detectLocalMode",
+        "kubeconfig",
+        "BindAddress",
+    ] {
+        assert!(
+            !text.contains(&format!("{silent}:")),
+            "the overrides leave {silent} to kubeadm's file"
+        );
+    }
 
     // The kubeconfig it names is kubeadm's, from the `kube-proxy` ConfigMap kubeadm creates,
     // mounted in both the agent and the init container (--init-only reads the Node too).
@@ -396,9 +437,12 @@ fn configmap_configuration_passes_the_agents_validation() {
     let sa = only(&all.service_accounts, "ServiceAccount");
     assert_ne!(sa.automount_service_account_token, Some(false));
 
-    // The init container reads the same file.
+    // The init container reads the same files.
     let init_script = init.command.as_ref().unwrap().join(" ");
-    assert!(init_script.contains(&format!("--config={}", config_path.display())));
+    for flag in ["config", "config-overrides"] {
+        let path = file_flag(agent, flag);
+        assert!(init_script.contains(&format!("--{flag}={}", path.display())));
+    }
     assert!(init_script.contains("--init-only"));
 }
 
@@ -408,7 +452,7 @@ fn daemonset_mounts_what_the_configuration_points_at() {
     let ds = only(&all.daemon_sets, "DaemonSet");
     let cm = only(&all.config_maps, "ConfigMap");
     let agent = agent_container(ds);
-    let cfg = validated_config(&config_map_file(ds, cm, agent, &config_flag(agent)));
+    let cfg = agent_configuration(ds, cm, agent);
 
     // Pins go to the host's bpffs, and mounts made there by the init container show up.
     let bpffs = mount_holding(agent, Path::new(&cfg.ebpf.bpffs_root)).unwrap();
@@ -864,12 +908,7 @@ fn cleanup_daemonset_hands_nodes_back_without_api_access() {
     let all = load_manifests();
     let agent_ds = only(&all.daemon_sets, "DaemonSet");
     let agent = agent_container(agent_ds);
-    let cfg = validated_config(&config_map_file(
-        agent_ds,
-        only(&all.config_maps, "ConfigMap"),
-        agent,
-        &config_flag(agent),
-    ));
+    let cfg = agent_configuration(agent_ds, only(&all.config_maps, "ConfigMap"), agent);
     let root = handover.bpffs_root.expect("--bpffs-root");
     assert_eq!(root, PathBuf::from(&cfg.ebpf.bpffs_root));
     let bpffs = mount_holding(init, &root).unwrap();

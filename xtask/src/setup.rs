@@ -150,7 +150,9 @@ pub fn run(args: &SetupArgs) -> anyhow::Result<()> {
         }
     }
 
-    step("upstream's etcd, kube-apiserver, kube-controller-manager and kube-proxy (testbed/k8s)");
+    step(
+        "upstream's etcd, kube-apiserver, kube-controller-manager, kube-proxy and kubeadm (testbed/k8s)",
+    );
     match upstream_binaries_state()? {
         UpstreamState::UpToDate => println!("    built, sources unchanged"),
         state if args.check => println!("    {state:?}"),
@@ -286,14 +288,12 @@ const FINGERPRINT_FILE: &str = "SOURCES";
 
 fn upstream_binaries_state() -> anyhow::Result<UpstreamState> {
     let dir = upstream_bin_dir();
-    let built = [
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-proxy",
-    ]
-    .iter()
-    .all(|b| dir.join(b).is_file());
+    // One binary per command of the module (`cmd/NAME/main.go` builds `NAME`).
+    let built = upstream_sources()?
+        .iter()
+        .filter(|source| source.ends_with("main.go"))
+        .filter_map(|main| main.parent()?.file_name())
+        .all(|name| dir.join(name).is_file());
     if !built {
         return Ok(UpstreamState::NotBuilt);
     }

@@ -119,7 +119,12 @@ pub async fn run(resolved: Resolved) -> Result<()> {
         }
     };
 
-    if let Some(path) = &resolved.options.config_file {
+    let options = &resolved.options;
+    for path in options
+        .config_file
+        .iter()
+        .chain(&options.config_overrides_file)
+    {
         tokio::spawn(exit_when_changed(path.clone(), CONFIG_POLL));
     }
 

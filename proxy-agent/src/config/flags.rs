@@ -37,6 +37,13 @@ pub struct Flags {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// Lay the fields of a second KubeProxyConfiguration over --config's: a field it writes
+    /// replaces the first file's value, a section (`ebpf:`, `iptables:`) merges field by
+    /// field. For reading kubeadm's `kube-proxy` ConfigMap as it is, with this proxy's own
+    /// settings kept apart.
+    #[arg(long, value_name = "FILE", requires = "config")]
+    pub config_overrides: Option<PathBuf>,
+
     /// Write the resolved configuration to FILE as YAML and exit.
     #[arg(long, value_name = "FILE")]
     pub write_config_to: Option<PathBuf>,
@@ -347,8 +354,8 @@ pub(crate) enum FlagClass {
 
 pub(crate) fn flag_class(long: &str) -> FlagClass {
     match long {
-        "config" | "write-config-to" | "cleanup" | "init-only" | "master" | "strict-mode"
-        | "source" | "version" => FlagClass::Runtime,
+        "config" | "config-overrides" | "write-config-to" | "cleanup" | "init-only" | "master"
+        | "strict-mode" | "source" | "version" => FlagClass::Runtime,
         "v"
         | "vmodule"
         | "logging-format"

@@ -332,6 +332,7 @@ fn every_configuration_flag_sets_its_field() {
 fn mapping_table_covers_every_flag() {
     let runtime = [
         "config",
+        "config-overrides",
         "write-config-to",
         "cleanup",
         "init-only",

@@ -33,6 +33,81 @@ pub fn load_file_with_warnings(path: &Path) -> Result<(KubeProxyConfiguration, V
     Ok((config, warnings))
 }
 
+/// Reads `base` as [`load_file_with_warnings`] does, then lays the fields `overrides` writes
+/// over it: kubeadm's `kube-proxy` ConfigMap is read as it is (`--config`) and the agent's
+/// own settings come from a second file (`--config-overrides`). Each file is decoded on its
+/// own first, so an error names the file and field it is in. A field the overrides file
+/// writes replaces the base's value (a list as a whole); a section it writes (`iptables:`,
+/// `ebpf:`) is merged field by field; a field it does not write keeps the base's value.
+/// Defaults apply to the merged result, as to a single file.
+pub fn load_files_with_warnings(
+    base: &Path,
+    overrides: &Path,
+) -> Result<(KubeProxyConfiguration, Vec<String>)> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let (base_config, mut warnings) = parse_lenient(&read(base)?, base)?;
+    let overrides_text = read(overrides)?;
+    let (overrides_config, overrides_warnings) = parse_lenient(&overrides_text, overrides)?;
+    warnings.extend(overrides_warnings);
+    let serialize = |config: &KubeProxyConfiguration| {
+        serde_json::to_value(config).map_err(|error| ConfigError::Serialize(error.to_string()))
+    };
+    let mut merged = serialize(&base_config)?;
+    let written = document_tree(&overrides_text).unwrap_or_default();
+    overlay(&mut merged, &serialize(&overrides_config)?, &written);
+    let mut config: KubeProxyConfiguration = serde_path_to_error::deserialize(&merged)
+        .map_err(|error| decode_error(overrides, error.path().to_string(), error.inner()))?;
+    apply_defaults(&mut config);
+    Ok((config, warnings))
+}
+
+/// Replaces in `target` each field `written` (the overrides file's own tree) names with its
+/// decoded value from `decoded`, descending into sections both sides have. A written field
+/// the decoded form lacks (unknown, so dropped with a warning, or left out when empty)
+/// falls back to its default.
+fn overlay(
+    target: &mut serde_json::Value,
+    decoded: &serde_json::Value,
+    written: &serde_json::Value,
+) {
+    let (Some(target), Some(written)) = (target.as_object_mut(), written.as_object()) else {
+        return;
+    };
+    for (key, written_value) in written {
+        match decoded.get(key) {
+            Some(value) if value.is_object() && written_value.is_object() => {
+                let slot = target
+                    .entry(key.clone())
+                    .or_insert_with(|| serde_json::Value::Object(Default::default()));
+                if slot.is_object() {
+                    overlay(slot, value, written_value);
+                } else {
+                    *slot = value.clone();
+                }
+            }
+            Some(value) => {
+                target.insert(key.clone(), value.clone());
+            }
+            None => {
+                target.remove(key);
+            }
+        }
+    }
+}
+
+/// The document as a tree, a key written twice keeping its last value (as the YAML-to-JSON
+/// step of upstream's lenient decoder does); `None` when it is neither JSON nor YAML.
+fn document_tree(text: &str) -> Option<serde_json::Value> {
+    serde_json::from_str(text)
+        .ok()
+        .or_else(|| serde_yaml::from_str(text).ok())
+}
+
 /// [`load_file_with_warnings`] without the warnings.
 pub fn load_file(path: &Path) -> Result<KubeProxyConfiguration> {
     load_file_with_warnings(path).map(|(config, _)| config)
@@ -63,12 +138,7 @@ pub fn parse_lenient(text: &str, origin: &Path) -> Result<(KubeProxyConfiguratio
         }
         _ => return Err(strict),
     };
-    // Into serde_json's Value a key written twice keeps its last value, as the YAML-to-JSON
-    // step of upstream's lenient decoder does.
-    let value: Option<serde_json::Value> = serde_json::from_str(text)
-        .ok()
-        .or_else(|| serde_yaml::from_str(text).ok());
-    let Some(mut value) = value else {
+    let Some(mut value) = document_tree(text) else {
         return Err(strict);
     };
     let mut dropped = Vec::new();

@@ -64,7 +64,8 @@ pub use flags::{
     parse_version_request,
 };
 pub use load::{
-    load_file, load_file_with_warnings, parse_lenient, parse_str, to_yaml, write_config,
+    load_file, load_file_with_warnings, load_files_with_warnings, parse_lenient, parse_str,
+    to_yaml, write_config,
 };
 pub use net::PortRange;
 pub use typed::{LocalMode, NodePortAddress, NodePortAddresses, ProxyMode, SyncPeriods, XdpMode};
@@ -140,6 +141,8 @@ fn invalid_lines(origin: &str, errors: &[FieldError]) -> String {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunOptions {
     pub config_file: Option<PathBuf>,
+    /// `--config-overrides`: laid over `config_file`.
+    pub config_overrides_file: Option<PathBuf>,
     pub write_config_to: Option<PathBuf>,
     pub cleanup: bool,
     pub init_only: bool,
@@ -184,7 +187,8 @@ pub struct Resolved {
 /// Builds the configuration the way kube-proxy does:
 /// - with `--config`, the file (defaulted) replaces every configuration flag, except the
 ///   logging flags and `--hostname-override`, which still apply; the overridden flags that
-///   were given are returned in `ignored_flags`;
+///   were given are returned in `ignored_flags`; `--config-overrides` lays its fields over
+///   the file's before defaulting ([`load_files_with_warnings`]);
 /// - without it, the flags are applied to the defaulted empty configuration, and the
 ///   deprecated `--healthz-port`/`--metrics-port` are merged into the bind addresses
 ///   (unless `--write-config-to` is given, as upstream);
@@ -205,9 +209,19 @@ pub fn resolve(flags: &Flags, matches: &ArgMatches) -> Result<Resolved> {
                 .filter(|flag| flag_class(flag) == FlagClass::Config)
                 .map(|flag| format!("--{flag}"))
                 .collect();
-            let (config, unknown_fields) = load_file_with_warnings(path)?;
+            let (config, unknown_fields, origin) = match &flags.config_overrides {
+                Some(overrides) => {
+                    let (config, unknown_fields) = load_files_with_warnings(path, overrides)?;
+                    let origin = format!("{} with {}", path.display(), overrides.display());
+                    (config, unknown_fields, origin)
+                }
+                None => {
+                    let (config, unknown_fields) = load_file_with_warnings(path)?;
+                    (config, unknown_fields, path.display().to_string())
+                }
+            };
             warnings.extend(unknown_fields);
-            (config, path.display().to_string())
+            (config, origin)
         }
         None => {
             let mut config = KubeProxyConfiguration {
@@ -239,6 +253,7 @@ pub fn resolve(flags: &Flags, matches: &ArgMatches) -> Result<Resolved> {
 
     let options = RunOptions {
         config_file: flags.config.clone(),
+        config_overrides_file: flags.config_overrides.clone(),
         write_config_to: flags.write_config_to.clone(),
         cleanup: flags.cleanup,
         init_only: flags.init_only,

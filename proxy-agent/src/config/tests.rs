@@ -183,6 +183,7 @@ fn config_file_replaces_configuration_flags_and_lists_them() {
         resolved.options,
         RunOptions {
             config_file: Some(data_file("override.yaml")),
+            config_overrides_file: None,
             write_config_to: None,
             cleanup: true,
             init_only: false,
@@ -216,6 +217,98 @@ fn deprecated_port_flags_are_ignored_with_config_or_write_config_to() {
     assert_eq!(resolved.config.healthz_bind_address, "0.0.0.0:10256");
     let resolved = resolve_args(&["--healthz-port=0"]).unwrap();
     assert_eq!(resolved.config.healthz_bind_address, "");
+}
+
+/// kubeadm's `config.conf` as `kubeadm init phase addon kube-proxy --print-manifest` (1.37)
+/// writes it, with this proxy's own settings laid over it.
+#[test]
+fn config_overrides_lay_their_fields_over_kubeadms_file() {
+    let kubeadm = data_file("kubeadm-1.37.conf");
+    let overrides = data_file("kubeadm-overrides.yaml");
+    let alone = resolve_args(&[&format!("--config={}", kubeadm.display())]).unwrap();
+    let resolved = resolve_args(&[
+        &format!("--config={}", kubeadm.display()),
+        &format!("--config-overrides={}", overrides.display()),
+        "--hostname-override=node-a",
+    ])
+    .unwrap();
+    assert!(resolved.warnings.is_empty(), "{:?}", resolved.warnings);
+    let config = &resolved.config;
+    // Written by the overrides: a field, a list, a field of a section, our own section.
+    assert_eq!(config.mode, "ebpf");
+    assert_eq!(config.node_port_addresses, vec!["10.0.0.0/8".to_owned()]);
+    assert_eq!(config.iptables.sync_period, Duration::from_secs(10));
+    assert_eq!(config.ebpf.bpffs_root, "/sys/fs/bpf/overridden");
+    // Not written by them: kubeadm's, or the default where kubeadm is silent, exactly as
+    // without the overrides.
+    assert_eq!(config.cluster_cidr, "10.244.0.0/16");
+    assert_eq!(config.cluster_cidr, alone.config.cluster_cidr);
+    assert_eq!(config.client_connection, alone.config.client_connection);
+    assert_eq!(
+        config.iptables.masquerade_bit,
+        alone.config.iptables.masquerade_bit
+    );
+    assert_eq!(
+        config.iptables.min_sync_period,
+        alone.config.iptables.min_sync_period
+    );
+    assert_eq!(config.detect_local_mode, "ClusterCIDR");
+    assert_eq!(config.ebpf.cgroup_root, alone.config.ebpf.cgroup_root);
+    assert_eq!(config.hostname_override, "node-a");
+    assert_eq!(
+        resolved.options.config_overrides_file.as_deref(),
+        Some(overrides.as_path())
+    );
+}
+
+#[test]
+fn config_overrides_errors_name_their_file_and_field() {
+    let dir = std::env::temp_dir().join(format!("kp-config-overrides-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = dir.join("base.yaml");
+    std::fs::write(
+        &base,
+        format!("apiVersion: {API_VERSION}\nkind: {KIND}\nnodePortAddresses: [10.0.0.0/8]\n"),
+    )
+    .unwrap();
+    let path = dir.join("overrides.yaml");
+    let resolve_with = |text: &str| {
+        std::fs::write(
+            &path,
+            format!("apiVersion: {API_VERSION}\nkind: {KIND}\n{text}"),
+        )
+        .unwrap();
+        resolve_args(&[
+            &format!("--config={}", base.display()),
+            &format!("--config-overrides={}", path.display()),
+        ])
+    };
+    let resolved = resolve_with("ebpf:\n  bpffsRot: /x\n").unwrap();
+    assert!(
+        resolved.warnings.iter().any(|w| w.starts_with(&format!(
+            "{}: unknown field ebpf.bpffsRot ignored",
+            path.display()
+        ))),
+        "{:?}",
+        resolved.warnings
+    );
+    let error = resolve_with("conntrack:\n  maxPerCore: many\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with(&format!("{}: conntrack.maxPerCore: ", path.display())),
+        "{error}"
+    );
+    // Emptying a list the first file sets: the overrides' empty list wins.
+    let emptied = resolve_with("mode: iptables\nnodePortAddresses: []\n").unwrap();
+    assert!(emptied.config.node_port_addresses.is_empty());
+    // Without --config there is nothing to lay them over.
+    let matches = Cli::command().try_get_matches_from([
+        "kube-proxy",
+        &format!("--config-overrides={}", path.display()),
+    ]);
+    assert!(matches.is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
