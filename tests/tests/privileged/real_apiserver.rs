@@ -996,31 +996,44 @@ async fn a_real_kube_proxy_beside_the_agent_is_reported_within_a_sync() {
     let client = client_from_kubeconfig(&plane.dir().join("admin.kubeconfig"))
         .await
         .unwrap();
+    // The Event is posted and the log line written after the metric is set, each on its
+    // way; and kube-proxy creates its tables one family at a time, so that a first report
+    // may name only one of them.
     let events = kube::Api::<k8s_openapi::api::events::v1::Event>::all(client);
-    let event = events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|e| {
+    let started = Instant::now();
+    let reported = loop {
+        let listed = events.list(&Default::default()).await;
+        let found = listed.iter().flat_map(|l| &l.items).find(|e| {
             e.reason.as_deref() == Some("ForeignProxyDetected")
                 && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE)
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("table ip kube-proxy"))
         });
-    let Some(event) = event else {
-        panic!(
-            "no ForeignProxyDetected event on the server:\n{}",
+        if let Some(event) = found {
+            break event.clone();
+        }
+        let seen = listed.as_ref().map(|l| {
+            l.items
+                .iter()
+                .map(|e| (e.reason.clone(), e.note.clone()))
+                .collect::<Vec<_>>()
+        });
+        assert!(
+            started.elapsed() < WAIT,
+            "no ForeignProxyDetected event naming table ip kube-proxy on the server \
+             ({seen:?}):\n{}",
             agent.log_tail(40)
         );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(event.type_.as_deref(), Some("Warning"));
-    let note = event.note.unwrap_or_default();
-    assert!(note.contains("table ip kube-proxy"), "{note}");
-    let agent_log = std::fs::read_to_string(&agent.log).unwrap_or_default();
-    assert!(
-        agent_log.contains("another proxy is programming this node"),
-        "{agent_log}"
-    );
+    assert_eq!(reported.type_.as_deref(), Some("Warning"));
+    eventually("the agent's log line", WAIT, &agent, || {
+        std::fs::read_to_string(&agent.log)
+            .unwrap_or_default()
+            .contains("another proxy is programming this node")
+    })
+    .await;
     eprintln!(
         "upstream's kube-proxy reported {} ms after it started (full syncs every {SYNC_PERIOD:?})",
         took.as_millis()
