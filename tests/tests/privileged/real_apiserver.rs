@@ -1057,3 +1057,409 @@ async fn a_real_kube_proxy_beside_the_agent_is_reported_within_a_sync() {
     )
     .await;
 }
+
+/// A container of a pod run on the test node as the kubelet would: its command and args
+/// with `$(VAR)` expanded from its env, the binary the image holds at `image_path` replaced
+/// by this machine's, and each volume bind-mounted where the container sees it, in a
+/// mount namespace of its own.
+struct PodRun {
+    /// Container path → host directory.
+    mounts: Vec<(PathBuf, PathBuf)>,
+    /// Mountpoints this test created, removed again when it ends.
+    created: Vec<PathBuf>,
+    netns: PathBuf,
+}
+
+impl PodRun {
+    fn new(netns: PathBuf, mounts: Vec<(PathBuf, PathBuf)>) -> Self {
+        let mut created = Vec::new();
+        for (target, _) in &mounts {
+            let mut missing = Vec::new();
+            let mut at = target.as_path();
+            while !at.exists() {
+                missing.push(at.to_path_buf());
+                match at.parent() {
+                    Some(parent) => at = parent,
+                    None => break,
+                }
+            }
+            std::fs::create_dir_all(target).unwrap();
+            created.extend(missing);
+        }
+        Self {
+            mounts,
+            created,
+            netns,
+        }
+    }
+
+    /// `argv` (already expanded) in the pod's mounts and the node's network namespace.
+    fn command(&self, argv: &[String]) -> std::process::Command {
+        let mut script = String::from("set -e\n");
+        for (i, _) in self.mounts.iter().enumerate() {
+            script += &format!("mount --bind \"$SRC{i}\" \"$DST{i}\"\n");
+        }
+        script += "exec nsenter --net=\"$NETNS\" -- \"$@\"\n";
+        let mut command = std::process::Command::new("unshare");
+        command
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &script,
+                "sh",
+            ])
+            .args(argv)
+            .env("NETNS", &self.netns);
+        for (i, (target, source)) in self.mounts.iter().enumerate() {
+            command
+                .env(format!("SRC{i}"), source)
+                .env(format!("DST{i}"), target);
+        }
+        command
+    }
+}
+
+impl Drop for PodRun {
+    fn drop(&mut self) {
+        // Deepest first; only the empty directories this test made.
+        for dir in &self.created {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// The container's command line as the kubelet runs it: `$(NAME)` replaced by the
+/// container's env (spec.nodeName for a fieldRef), `image_binary` by `binary`.
+fn container_argv(
+    container: &Value,
+    node_name: &str,
+    image_binary: &str,
+    binary: &Path,
+) -> Vec<String> {
+    let mut env = Vec::new();
+    for var in container["env"].as_array().into_iter().flatten() {
+        let name = var["name"].as_str().unwrap_or_default();
+        let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("spec.nodeName") => node_name.to_owned(),
+            Some(other) => panic!("no value for fieldRef {other}"),
+            None => var["value"].as_str().unwrap_or_default().to_owned(),
+        };
+        env.push((name.to_owned(), value));
+    }
+    let words = ["command", "args"]
+        .iter()
+        .flat_map(|key| container[*key].as_array().cloned().unwrap_or_default());
+    words
+        .map(|word| {
+            let mut word = word.as_str().unwrap_or_default().to_owned();
+            for (name, value) in &env {
+                word = word.replace(&format!("$({name})"), value);
+            }
+            word.replace(image_binary, &binary.display().to_string())
+        })
+        .collect()
+}
+
+fn documents_of_kind<'a>(documents: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    documents
+        .iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn yaml_documents(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .filter_map(|document| serde::Deserialize::deserialize(document).ok())
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+/// Writes a ConfigMap's data as the files of its volume, in `dir`.
+fn config_map_files(config_map: &Value, dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    for (key, value) in config_map["data"].as_object().unwrap() {
+        std::fs::write(dir.join(key), value.as_str().unwrap()).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+/// The configuration a process on the node serves on /configz, once it answers.
+async fn configz_of(
+    node: &TestNode<RealApiStore>,
+    process: &mut std::process::Child,
+    log: &Path,
+) -> Value {
+    let started = Instant::now();
+    loop {
+        let answer = get_in(
+            &node.topology.node_ns,
+            &format!("http://{METRICS_BIND}/configz"),
+            Duration::from_secs(2),
+        );
+        if let Ok(response) = answer
+            && response.status == 200
+        {
+            let body: Value = serde_json::from_str(&response.body)
+                .unwrap_or_else(|e| panic!("/configz: {e}: {}", response.body));
+            return body["kubeproxy.config.k8s.io"].clone();
+        }
+        let exited = process.try_wait().ok().flatten();
+        assert!(
+            exited.is_none() && started.elapsed() < WAIT,
+            "no /configz (exited: {exited:?}):\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The fields (`a.b.c`) whose values differ between two configurations.
+fn differing_fields(a: &Value, b: &Value, at: &str, out: &mut Vec<String>) {
+    match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for key in keys {
+                let path = if at.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{at}.{key}")
+                };
+                differing_fields(
+                    a.get(key).unwrap_or(&Value::Null),
+                    b.get(key).unwrap_or(&Value::Null),
+                    &path,
+                    out,
+                );
+            }
+        }
+        _ if a != b => out.push(format!("{at}: {a} vs {b}")),
+        _ => {}
+    }
+}
+
+fn stop(process: &mut std::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(process.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let _ = process.wait();
+}
+
+/// The migration README's "Install: replacing kube-proxy" describes, on the real control
+/// plane, from kubeadm's own output: the `kube-proxy` ConfigMap as `kubeadm init phase
+/// addon kube-proxy --print-manifest` (1.37) writes it, the agent's command line and its
+/// ConfigMap as `kubectl kustomize deploy/` renders them, every file where the pod sees it
+/// (kubeadm's ConfigMap at /var/lib/kube-proxy, ours at /var/lib/kube-proxy-ebpf, the
+/// service-account token, the host's bpffs and cgroup root). The init container and then
+/// the agent run unedited: the agent syncs the cluster into its maps. Its /configz with
+/// kubeadm's file alone equals upstream kube-proxy's for the same file and command line,
+/// field by field (apart from the `ebpf` section upstream does not have); with the
+/// overrides, only what they write differs (and the NodePort addresses their mode implies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubeadm_cluster_s_kube_proxy_configmap_runs_the_agent_unedited() {
+    require_root!();
+    let plane = Plane::get(false, "kubeadm").await;
+    let node = TestNode::build_real(
+        "real-kubeadm",
+        &scenario_header("real-kubeadm", NODE),
+        &first_objects(),
+        FLOWS,
+        plane.dir(),
+        &[],
+    )
+    .unwrap();
+    let binaries =
+        testbed::binaries::Binaries::locate().expect("upstream's binaries (cargo xtask setup)");
+    let run_dir = node.topology.run_dir.clone();
+
+    // The API server as the node reaches it, and the agent's service account.
+    let agent_kubeconfig = kube::config::Kubeconfig::read_from(run_dir.join("kubeconfig")).unwrap();
+    let cluster = agent_kubeconfig.clusters[0].cluster.as_ref().unwrap();
+    let server = cluster.server.clone().unwrap();
+    let endpoint = server.strip_prefix("https://").unwrap();
+    let admin = plane.admin().await;
+    let token = testbed::objects::service_account_token(
+        admin.client(),
+        AGENT_NAMESPACE,
+        AGENT_SERVICE_ACCOUNT,
+    )
+    .await
+    .unwrap();
+    let service_account = run_dir.join("serviceaccount");
+    std::fs::create_dir_all(&service_account).unwrap();
+    std::fs::write(service_account.join("token"), token).unwrap();
+    std::fs::write(
+        service_account.join("ca.crt"),
+        ControlPlane::attach(plane.dir()).unwrap().ca_pem(),
+    )
+    .unwrap();
+    std::fs::write(service_account.join("namespace"), AGENT_NAMESPACE).unwrap();
+
+    // kubeadm's manifests for this cluster (pod network: the node's podCIDR).
+    let init_configuration = run_dir.join("kubeadm.yaml");
+    std::fs::write(
+        &init_configuration,
+        format!(
+            "apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n\
+             kubernetesVersion: {version}\ncontrolPlaneEndpoint: {endpoint}\n\
+             networking: {{podSubnet: 10.0.0.0/8, serviceSubnet: 172.30.0.0/16}}\n",
+            version = binaries.version(),
+        ),
+    )
+    .unwrap();
+    let kubeadm = std::process::Command::new(binaries.kubeadm())
+        .args([
+            "init",
+            "phase",
+            "addon",
+            "kube-proxy",
+            "--print-manifest",
+            "--config",
+        ])
+        .arg(&init_configuration)
+        .output()
+        .unwrap();
+    assert!(
+        kubeadm.status.success(),
+        "kubeadm: {}",
+        String::from_utf8_lossy(&kubeadm.stderr)
+    );
+    let kubeadm_objects = yaml_documents(&String::from_utf8_lossy(&kubeadm.stdout));
+    let kubeadm_files = config_map_files(
+        documents_of_kind(&kubeadm_objects, "ConfigMap", "kube-proxy"),
+        &run_dir.join("kubeadm-configmap"),
+    );
+    let kube_proxy_container = &documents_of_kind(&kubeadm_objects, "DaemonSet", "kube-proxy")["spec"]
+        ["template"]["spec"]["containers"][0];
+
+    // Ours, as kustomize renders deploy/.
+    let deploy = testbed::binaries::workspace_root().join("deploy");
+    let rendered = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&deploy)
+        .output()
+        .expect("kubectl kustomize");
+    assert!(rendered.status.success());
+    let ours = yaml_documents(&String::from_utf8_lossy(&rendered.stdout));
+    let our_files = config_map_files(
+        documents_of_kind(&ours, "ConfigMap", "kube-proxy-ebpf"),
+        &run_dir.join("agent-configmap"),
+    );
+    let pod = &documents_of_kind(&ours, "DaemonSet", "kube-proxy-ebpf")["spec"]["template"]["spec"];
+    let agent_container = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "proxy-agent")
+        .unwrap();
+    let init_container = &pod["initContainers"][0];
+
+    let agent_binary = tests::node_harness::agent_binary();
+    let image_agent = "/usr/local/bin/proxy-agent";
+    std::fs::create_dir_all(node.bpffs_root()).unwrap();
+    let pod_run = PodRun::new(
+        netns_scaffold::netns_path(&node.topology.node_ns),
+        vec![
+            ("/var/lib/kube-proxy".into(), kubeadm_files),
+            ("/var/lib/kube-proxy-ebpf".into(), our_files),
+            (
+                "/var/run/secrets/kubernetes.io/serviceaccount".into(),
+                service_account,
+            ),
+            ("/sys/fs/bpf/kube-proxy-ebpf".into(), node.bpffs_root()),
+            (
+                "/run/kube-proxy-ebpf/cgroupv2".into(),
+                node.topology.cgroup.clone(),
+            ),
+        ],
+    );
+
+    // The init container, then the agent, unedited.
+    let init = pod_run
+        .command(&container_argv(
+            init_container,
+            NODE,
+            image_agent,
+            &agent_binary,
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "the init container: {}{}",
+        String::from_utf8_lossy(&init.stdout),
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let agent_argv = container_argv(agent_container, NODE, image_agent, &agent_binary);
+    let start = |argv: &[String], log_name: &str| {
+        let log_path = run_dir.join(log_name);
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = pod_run
+            .command(argv)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        (child, log_path)
+    };
+    let (mut agent, agent_log) = start(&agent_argv, "agent-kubeadm.log");
+    let with_overrides = configz_of(&node, &mut agent, &agent_log).await;
+    let started = Instant::now();
+    while backends(&node, [172, 30, 0, 81], 80) != set(&["10.183.0.1:9000"]) {
+        assert!(
+            started.elapsed() < WAIT,
+            "the agent did not program the Service:\n{}",
+            std::fs::read_to_string(&agent_log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop(&mut agent);
+
+    // Kubeadm's file alone (the same command line without --config-overrides), and
+    // upstream's kube-proxy on kubeadm's own command line.
+    let alone_argv: Vec<String> = agent_argv
+        .iter()
+        .filter(|a| !a.starts_with("--config-overrides="))
+        .cloned()
+        .collect();
+    let (mut alone, alone_log) = start(&alone_argv, "agent-kubeadm-alone.log");
+    let kubeadm_alone = configz_of(&node, &mut alone, &alone_log).await;
+    stop(&mut alone);
+    let upstream_argv = container_argv(
+        kube_proxy_container,
+        NODE,
+        "/usr/local/bin/kube-proxy",
+        &binaries.kube_proxy(),
+    );
+    let (mut upstream, upstream_log) = start(&upstream_argv, "kube-proxy-kubeadm.log");
+    let upstream_configz = configz_of(&node, &mut upstream, &upstream_log).await;
+    stop(&mut upstream);
+
+    let mut ours_alone = kubeadm_alone.clone();
+    ours_alone.as_object_mut().unwrap().remove("ebpf");
+    let mut differences = Vec::new();
+    differing_fields(&ours_alone, &upstream_configz, "", &mut differences);
+    assert!(
+        differences.is_empty(),
+        "/configz differs from upstream's for kubeadm's file (ours vs upstream's):\n{}\n\
+         ours: {ours_alone:#}\nupstream's: {upstream_configz:#}",
+        differences.join("\n")
+    );
+
+    let mut differences = Vec::new();
+    differing_fields(&with_overrides, &kubeadm_alone, "", &mut differences);
+    let fields: BTreeSet<&str> = differences
+        .iter()
+        .filter_map(|d| d.split(':').next())
+        .collect();
+    assert!(fields.contains("mode"), "{differences:#?}");
+    assert!(
+        fields
+            .iter()
+            .all(|f| ["mode", "nodePortAddresses"].contains(f) || f.starts_with("ebpf.")),
+        "the overrides changed more than they write: {differences:#?}"
+    );
+    assert_eq!(with_overrides["mode"], "ebpf");
+    assert_eq!(with_overrides["nodePortAddresses"], json!(["primary"]));
+}
