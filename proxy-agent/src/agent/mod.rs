@@ -131,6 +131,7 @@ pub async fn run(resolved: Resolved) -> Result<()> {
     let requested = resolved.effective.mode;
     let health = ProxyHealth::new(2 * periods.sync.to_std(), requested.as_str());
     let metrics = Metrics::new();
+    metrics.set_feature_gates(&config.feature_gates);
     metrics.start_families(&families);
     let healthz = parse_bind("healthzBindAddress", &config.healthz_bind_address)?;
     let metrics_addr = parse_bind("metricsBindAddress", &config.metrics_bind_address)?;

@@ -22,6 +22,7 @@ use kube::{
 use tower::{BoxError, ServiceBuilder, ServiceExt as _, util::BoxService};
 use tracing::{info, warn};
 
+use super::client_metrics::RestClientMetricsLayer;
 use super::rate_limit::{RateLimitLayer, TokenBucket};
 use crate::config::DEFAULT_CONTENT_TYPE;
 
@@ -125,6 +126,11 @@ pub async fn make_client(settings: &ConnectionSettings) -> Result<kube::Client> 
             info!("{note}");
         }
     }
+    let host = config
+        .cluster_url
+        .authority()
+        .map(|authority| authority.to_string())
+        .unwrap_or_default();
     let builder = connection_stack(config)?;
     let now = tokio::time::Instant::now();
     Ok(match TokenBucket::new(settings.qps, settings.burst, now) {
@@ -134,11 +140,16 @@ pub async fn make_client(settings: &ConnectionSettings) -> Result<kube::Client> 
                 burst = settings.burst,
                 "API requests rate-limited"
             );
-            builder.with_layer(&RateLimitLayer::new(bucket)).build()
+            builder
+                .with_layer(&RateLimitLayer::new(bucket))
+                .with_layer(&RestClientMetricsLayer::new(host, true))
+                .build()
         }
         None => {
             info!(qps = settings.qps, "API requests not rate-limited");
-            builder.build()
+            builder
+                .with_layer(&RestClientMetricsLayer::new(host, false))
+                .build()
         }
     })
 }

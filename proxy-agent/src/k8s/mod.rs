@@ -2,6 +2,7 @@
 //! The Kubernetes side: the API client and watchers, conversion to the model.
 
 pub mod client;
+pub mod client_metrics;
 pub mod convert;
 pub mod events;
 #[cfg(any(test, feature = "test-fixtures"))]

@@ -78,6 +78,9 @@ pub struct Metrics {
     pub foreign_proxy_detected: IntGauge,
     /// component-base's `kubernetes_build_info` (no namespace), what dashboards key on.
     pub build_info: IntGaugeVec,
+    /// The rest of component-base's families and the linked libraries' (`None` only if
+    /// registering them failed, which is logged).
+    component: Option<super::component_metrics::ComponentFamilies>,
     pub objects_rejected_total: IntCounterVec,
     /// Ours: connected UDP sockets terminated because their backend left the Service,
     /// and the sweeps that looked for them, by result (ebpf mode).
@@ -199,17 +202,69 @@ fn build_info_labels() -> [String; 9] {
 
 /// The prometheus crate's process collector, with `process_cpu_seconds_total` in
 /// fractions of a second (its own counts whole seconds; client_golang's, which kube-proxy
-/// exports, does not).
+/// exports, does not), and the three families client_golang's has and it lacks: the
+/// network namespace's bytes received and sent (client_golang sums /proc/PID/net/dev) and
+/// the address-space limit (unlimited: 2^64 - 1, as client_golang reports it).
 struct ProcessMetrics {
     inner: prometheus::process_collector::ProcessCollector,
+    network_receive: prometheus::Counter,
+    network_transmit: prometheus::Counter,
+    virtual_memory_max: prometheus::Gauge,
 }
 
 impl ProcessMetrics {
     fn new() -> Self {
+        fn made<T>(result: prometheus::Result<T>) -> T {
+            result.unwrap_or_else(|e| unreachable!("a valid process family: {e}"))
+        }
         Self {
             inner: prometheus::process_collector::ProcessCollector::for_self(),
+            network_receive: made(prometheus::Counter::new(
+                "process_network_receive_bytes_total",
+                "Number of bytes received by the process over the network.",
+            )),
+            network_transmit: made(prometheus::Counter::new(
+                "process_network_transmit_bytes_total",
+                "Number of bytes sent by the process over the network.",
+            )),
+            virtual_memory_max: made(prometheus::Gauge::new(
+                "process_virtual_memory_max_bytes",
+                "Maximum amount of virtual memory available in bytes.",
+            )),
         }
     }
+}
+
+/// Bytes received and sent over every interface of this process's network namespace.
+fn network_bytes() -> Option<(f64, f64)> {
+    let text = std::fs::read_to_string("/proc/self/net/dev").ok()?;
+    Some(parse_net_dev(&text))
+}
+
+/// Sums `/proc/net/dev`'s receive and transmit byte columns (the first and ninth number
+/// after each interface name).
+fn parse_net_dev(text: &str) -> (f64, f64) {
+    let mut totals = (0.0, 0.0);
+    for line in text.lines().skip(2) {
+        let Some((_, counters)) = line.split_once(':') else {
+            continue;
+        };
+        let numbers: Vec<f64> = counters
+            .split_whitespace()
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        if let (Some(rx), Some(tx)) = (numbers.first(), numbers.get(8)) {
+            totals.0 += rx;
+            totals.1 += tx;
+        }
+    }
+    totals
+}
+
+/// The soft RLIMIT_AS, unlimited as u64::MAX.
+fn virtual_memory_max() -> Option<f64> {
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_AS).ok()?;
+    Some(soft as f64)
 }
 
 /// User and system CPU time of this process, in seconds.
@@ -221,11 +276,29 @@ fn cpu_seconds() -> Option<f64> {
 
 impl Collector for ProcessMetrics {
     fn desc(&self) -> Vec<&prometheus::core::Desc> {
-        self.inner.desc()
+        let mut descs = self.inner.desc();
+        descs.extend(self.network_receive.desc());
+        descs.extend(self.network_transmit.desc());
+        descs.extend(self.virtual_memory_max.desc());
+        descs
     }
 
     fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
         let mut families = self.inner.collect();
+        if let Some((received, sent)) = network_bytes() {
+            for (counter, value) in [
+                (&self.network_receive, received),
+                (&self.network_transmit, sent),
+            ] {
+                counter.reset();
+                counter.inc_by(value);
+                families.extend(counter.collect());
+            }
+        }
+        if let Some(limit) = virtual_memory_max() {
+            self.virtual_memory_max.set(limit);
+            families.extend(self.virtual_memory_max.collect());
+        }
         if let Some(seconds) = cpu_seconds() {
             for family in &mut families {
                 if family.name() == "process_cpu_seconds_total" {
@@ -291,7 +364,7 @@ impl Collector for PacketCounter {
 impl Metrics {
     /// The registry with the families every mode has, `process_*` included.
     pub fn new() -> Self {
-        let m = Self {
+        let mut m = Self {
             registry: Registry::new(),
             sync_duration: histogram_vec(
                 "sync_proxy_rules_duration_seconds",
@@ -455,7 +528,13 @@ impl Metrics {
                 "Searches for connected UDP sockets to removed backends, by result (complete, netns_unreachable, kernel_unsupported, failed)",
                 &["result"],
             ),
+            component: None,
         };
+        m.component = super::component_metrics::register(&m.registry)
+            .inspect_err(
+                |e| tracing::error!(error = %e, "cannot register component-base's metrics"),
+            )
+            .ok();
         let r = &m.registry;
         register(r, &m.sync_duration);
         register(r, &m.last_queued_timestamp);
@@ -482,12 +561,29 @@ impl Metrics {
         if let Err(e) = r.register(Box::new(ProcessMetrics::new())) {
             tracing::error!(error = %e, "cannot register the process metrics");
         }
+        if let Err(e) = crate::k8s::client_metrics::register(r) {
+            tracing::error!(error = %e, "cannot register the rest_client metrics");
+        }
         register(r, &m.build_info);
         register(r, &m.foreign_proxy_detected);
         let labels = build_info_labels();
         let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
         m.build_info.with_label_values(&labels).set(1);
+        m.count_registered();
         m
+    }
+
+    /// `kubernetes_feature_enabled` from the configuration's `featureGates`.
+    pub fn set_feature_gates(&self, feature_gates: &std::collections::BTreeMap<String, bool>) {
+        if let Some(component) = &self.component {
+            component.set_feature_gates(feature_gates);
+        }
+    }
+
+    fn count_registered(&self) {
+        if let Some(component) = &self.component {
+            component.count_registered(&self.registry);
+        }
     }
 
     /// Shows the node's families in the sync timestamps before the first sync, at 0
@@ -543,6 +639,7 @@ impl Metrics {
                 counter.with_label_values(&label).inc_by(0);
             }
         }
+        self.count_registered();
     }
 
     /// Adds a counter read from the kernel at each scrape (iptables mode's upstream nfacct
@@ -556,6 +653,7 @@ impl Metrics {
         if let Err(e) = self.registry.register(Box::new(collector)) {
             tracing::error!(error = %e, name, "packet counter registered twice");
         }
+        self.count_registered();
     }
 
     /// Counts a failed rules transaction of `mode`: an iptables-restore (iptables and ipvs

@@ -118,7 +118,13 @@ fn every_mode_exposes_upstreams_families_with_their_types_and_labels() {
             "process_cpu_seconds_total",
             "process_resident_memory_bytes",
             "process_start_time_seconds",
+            "process_network_receive_bytes_total",
+            "process_network_transmit_bytes_total",
+            "process_virtual_memory_max_bytes",
             "kubernetes_build_info",
+            "kubernetes_feature_enabled",
+            "registered_metrics_total",
+            "rest_client_exec_plugin_ttl_seconds",
         ] {
             assert!(families.contains_key(process), "{mode:?} lacks {process}");
         }
@@ -304,4 +310,14 @@ fn process_cpu_is_fractional_and_build_info_has_component_bases_labels() {
         assert!(build.contains(label), "{build} lacks {label}");
     }
     assert!(build.ends_with(" 1"), "{build}");
+}
+
+#[test]
+fn net_dev_sums_every_interfaces_bytes() {
+    let text = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:    1000      10    0    0    0     0          0         0     1000      10    0    0    0     0       0          0
+  eth0:  200000     100    0    0    0     0          0         0    30000      90    0    0    0     0       0          0
+";
+    assert_eq!(parse_net_dev(text), (201000.0, 31000.0));
 }

@@ -3,6 +3,7 @@
 //! (metricsBindAddress) and the per-service health checks of eTP=Local services. The
 //! health state and the metrics registry do not know each other; the servers use both.
 
+mod component_metrics;
 mod health;
 mod metrics;
 mod metrics_server;

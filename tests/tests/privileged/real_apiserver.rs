@@ -1463,3 +1463,161 @@ async fn a_kubeadm_cluster_s_kube_proxy_configmap_runs_the_agent_unedited() {
     assert_eq!(with_overrides["mode"], "ebpf");
     assert_eq!(with_overrides["nodePortAddresses"], json!(["primary"]));
 }
+
+/// A /metrics page's families: name → (type, label names of its samples, `le` and
+/// `quantile` aside).
+fn metric_families(page: &str) -> std::collections::BTreeMap<String, (String, BTreeSet<String>)> {
+    let mut families = std::collections::BTreeMap::new();
+    for line in page.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut words = rest.split_whitespace();
+            if let (Some(name), Some(kind)) = (words.next(), words.next()) {
+                families.insert(name.to_owned(), (kind.to_owned(), BTreeSet::new()));
+            }
+        }
+    }
+    for line in page.lines().filter(|l| !l.starts_with('#')) {
+        let Some((sample, labels)) = line.split_once('{') else {
+            continue;
+        };
+        let family = ["_bucket", "_sum", "_count", "_total"]
+            .iter()
+            .filter_map(|suffix| sample.strip_suffix(suffix))
+            .find(|base| families.contains_key(*base))
+            .unwrap_or(sample);
+        let Some((_, names)) = families.get_mut(family) else {
+            continue;
+        };
+        let labels = labels.rsplit_once('}').map_or("", |(l, _)| l);
+        for pair in labels.split("\",") {
+            if let Some((name, _)) = pair.split_once('=')
+                && name != "le"
+                && name != "quantile"
+            {
+                names.insert(name.trim().to_owned());
+            }
+        }
+    }
+    families
+}
+
+/// Upstream's kube-proxy and the agent, each in iptables mode on the same node and
+/// control plane, after a first sync: every family upstream's /metrics has (apart from
+/// Go's runtime, `go_*`) the agent's has too, with the same type and label names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_family_of_upstream_kube_proxy_is_served_alike() {
+    require_root!();
+    let plane = Plane::get(false, "families").await;
+    let node = TestNode::build_real(
+        "real-families",
+        &scenario_header("real-families", NODE),
+        &first_objects(),
+        FLOWS,
+        plane.dir(),
+        &[],
+    )
+    .unwrap();
+    let scrape = || {
+        get_in(
+            &node.topology.node_ns,
+            &format!("http://{METRICS_BIND}/metrics"),
+            Duration::from_secs(2),
+        )
+        .ok()
+        .filter(|r| r.status == 200)
+        .map(|r| r.body)
+    };
+    let synced = |page: &str| {
+        page.lines()
+            .filter(|l| l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds"))
+            .any(|l| l.rsplit(' ').next().is_some_and(|v| v != "0"))
+    };
+
+    let connection = node.source.connection();
+    let bpffs = node.bpffs_root();
+    let fragment = merged_config(&node.scenario.config, &Map::new());
+    let inputs = ConfigInputs {
+        proxy: tests::scenario::agent::Proxy::Upstream,
+        fragment: &fragment,
+        mode: Mode::Iptables,
+        node_name: NODE,
+        connection: &connection,
+        bpffs_root: &bpffs,
+        cgroup_root: &node.topology.cgroup,
+    };
+    let config_path = node.topology.run_dir.join("kube-proxy-families.yaml");
+    std::fs::write(
+        &config_path,
+        tests::scenario::agent::render_config(&inputs).unwrap(),
+    )
+    .unwrap();
+    let binaries =
+        testbed::binaries::Binaries::locate().expect("upstream's binaries (cargo xtask setup)");
+    let log_path = node.topology.run_dir.join("kube-proxy-families.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut kube_proxy = std::process::Command::new("nsenter")
+        .arg(format!(
+            "--net={}",
+            netns_scaffold::netns_path(&node.topology.node_ns).display()
+        ))
+        .arg("--")
+        .arg(binaries.kube_proxy())
+        .arg("--config")
+        .arg(&config_path)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting upstream's kube-proxy");
+    let started = Instant::now();
+    let upstream_page = loop {
+        if let Some(page) = scrape()
+            && synced(&page)
+        {
+            break page;
+        }
+        assert!(
+            started.elapsed() < WAIT && kube_proxy.try_wait().ok().flatten().is_none(),
+            "upstream's kube-proxy did not sync:\n{}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    stop(&mut kube_proxy);
+
+    let agent = node
+        .start_agent(Mode::Iptables, Map::new(), false, Path::new(RUNNER))
+        .await
+        .expect("the agent syncs from the real API server");
+    let our_page = scrape().expect("the agent's /metrics");
+    drop(agent);
+
+    let upstream = metric_families(&upstream_page);
+    let ours = metric_families(&our_page);
+    let mut missing = Vec::new();
+    for (name, (kind, labels)) in &upstream {
+        if name.starts_with("go_") {
+            continue;
+        }
+        match ours.get(name) {
+            None => missing.push(format!("{name} ({kind} {labels:?}): not served")),
+            Some((our_kind, our_labels)) if our_kind != kind || our_labels != labels => missing
+                .push(format!(
+                    "{name}: {our_kind} {our_labels:?}, upstream's {kind} {labels:?}"
+                )),
+            Some(_) => {}
+        }
+    }
+    eprintln!(
+        "upstream's families ({}), go_* aside, all served alike: {:?}",
+        upstream.len(),
+        upstream
+            .keys()
+            .filter(|n| !n.starts_with("go_"))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        missing.is_empty(),
+        "families of upstream's /metrics the agent lacks or serves otherwise:\n{}",
+        missing.join("\n")
+    );
+}
