@@ -16,7 +16,7 @@ pub const CONFIGZ_GROUP: &str = "kubeproxy.config.k8s.io";
 
 /// `/configz`'s body: `{"kubeproxy.config.k8s.io": <the effective configuration>}`, the
 /// defaulted, validated configuration the agent runs with, in the form upstream reports
-/// it ([`as_upstream_reports`]). Computed once: the agent exits when its configuration
+/// it (`as_upstream_reports`). Computed once: the agent exits when its configuration
 /// changes.
 pub fn configz_body(config: &KubeProxyConfiguration) -> String {
     let mut body = serde_json::Map::new();
