@@ -120,10 +120,12 @@ pub struct Flags {
     pub metrics_bind_address: Option<String>,
 
     /// Deprecated: port of the health server, 0 disables it; use --healthz-bind-address.
+    /// [default: 10256]
     #[arg(long, hide = true, value_name = "PORT", allow_negative_numbers = true)]
     pub healthz_port: Option<i32>,
 
     /// Deprecated: port of the metrics server, 0 disables it; use --metrics-bind-address.
+    /// [default: 10249]
     #[arg(long, hide = true, value_name = "PORT", allow_negative_numbers = true)]
     pub metrics_port: Option<i32>,
 
@@ -141,8 +143,8 @@ pub struct Flags {
     pub feature_gates: Vec<FeatureGates>,
 
     // ---- Proxy mode.
-    /// Dataplane: ebpf, iptables, ipvs or nftables.
-    /// [default: ebpf]
+    /// Dataplane: ebpf, iptables, ipvs or nftables (unset: ebpf, where upstream's is
+    /// iptables).
     #[arg(long = "proxy-mode", visible_alias = "mode", value_name = "MODE")]
     pub proxy_mode: Option<String>,
 
@@ -208,7 +210,7 @@ pub struct Flags {
 
     // ---- Local traffic detection and addresses.
     /// How traffic from local pods is recognised: ClusterCIDR, NodeCIDR, BridgeInterface or
-    /// InterfaceNamePrefix. [default: ClusterCIDR]
+    /// InterfaceNamePrefix (unset: ClusterCIDR).
     #[arg(long, value_name = "MODE")]
     pub detect_local_mode: Option<String>,
 
@@ -369,12 +371,13 @@ pub(crate) fn flag_class(long: &str) -> FlagClass {
     }
 }
 
-/// Every flag with its value as kube-proxy dumps them at start (`FLAG: --name="value"`, in
-/// declaration order): the value given, else the default (clap's, or the `[default: X]` of
-/// its help), else empty.
+/// Every flag with its value as kube-proxy dumps them at start (`FLAG: --name="value"`,
+/// sorted by name as pflag visits them, `--help` included): the value given, else the
+/// default (clap's, or the `[default: X]` of its help), else what pflag prints for a flag
+/// of that kind left at its zero value (`false`, `0s`, `[]`, `0`), else empty.
 pub fn flag_dump(matches: &ArgMatches) -> Vec<(String, String)> {
     let command = Flags::augment_args(Command::new("flags"));
-    let mut out = Vec::new();
+    let mut out = vec![("help".to_owned(), "false".to_owned())];
     for arg in command.get_arguments() {
         let Some(long) = arg.get_long() else { continue };
         let id = arg.get_id().as_str();
@@ -401,11 +404,31 @@ pub fn flag_dump(matches: &ArgMatches) -> Vec<(String, String)> {
                     let end = help[start..].find(']')? + start;
                     Some(help[start..end].to_string())
                 })
-                .unwrap_or_default(),
+                .unwrap_or_else(|| zero_value(arg).to_owned()),
         };
         out.push((long.to_string(), value));
     }
+    out.sort();
     out
+}
+
+/// What pflag prints for a flag of `arg`'s kind (told by its value name) at its zero
+/// value.
+fn zero_value(arg: &clap::Arg) -> &'static str {
+    let names = arg.get_value_names().unwrap_or_default();
+    let Some(name) = names.first().map(|n| n.as_str()) else {
+        return "";
+    };
+    match name {
+        "BOOL" => "false",
+        "DURATION" => "0s",
+        "QUANTITY" => "0",
+        _ if name.starts_with("true|false") => "false",
+        // A map (feature gates, vmodule) prints empty, a list `[]`.
+        _ if name.contains('=') => "",
+        _ if name.ends_with(",...") => "[]",
+        _ => "",
+    }
 }
 
 /// Long names of the flags given on the command line (or through the environment), in

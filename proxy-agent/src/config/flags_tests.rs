@@ -708,5 +708,13 @@ fn the_flag_dump_shows_given_values_and_defaults_of_every_flag() {
     assert_eq!(value("config-sync-period"), "15m0s");
     assert_eq!(value("cleanup"), "false");
     assert_eq!(value("hostname-override"), "");
+    // Unset, as pflag prints its zero values; the platform defaults come later.
+    assert_eq!(value("masquerade-all"), "false");
+    assert_eq!(value("conntrack-udp-timeout"), "0s");
+    assert_eq!(value("nodeport-addresses"), "[]");
+    assert_eq!(value("proxy-mode"), "");
+    assert_eq!(value("help"), "false");
+    let names: Vec<&str> = dump.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.is_sorted(), "{names:?}");
     assert!(dump.len() > 50);
 }

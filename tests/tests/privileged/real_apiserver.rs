@@ -14,7 +14,7 @@
 //! or compact etcd start their own. Without the shared one, each test starts its own.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     ffi::OsString,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -1503,7 +1503,9 @@ fn metric_families(page: &str) -> std::collections::BTreeMap<String, (String, BT
 
 /// Upstream's kube-proxy and the agent, each in iptables mode on the same node and
 /// control plane, after a first sync: every family upstream's /metrics has (apart from
-/// Go's runtime, `go_*`) the agent's has too, with the same type and label names.
+/// Go's runtime, `go_*`) the agent's has too, with the same type and label names; and
+/// their logs start alike (the flag dump with upstream's values, the version, the sync
+/// summary at V2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_family_of_upstream_kube_proxy_is_served_alike() {
     require_root!();
@@ -1533,63 +1535,111 @@ async fn every_metric_family_of_upstream_kube_proxy_is_served_alike() {
             .any(|l| l.rsplit(' ').next().is_some_and(|v| v != "0"))
     };
 
+    // Each proxy as its DaemonSet runs it: its configuration file (the runner's, iptables
+    // mode), on the node, here at -v=2 so that the start-up lines are all there.
     let connection = node.source.connection();
     let bpffs = node.bpffs_root();
     let fragment = merged_config(&node.scenario.config, &Map::new());
-    let inputs = ConfigInputs {
-        proxy: tests::scenario::agent::Proxy::Upstream,
-        fragment: &fragment,
-        mode: Mode::Iptables,
-        node_name: NODE,
-        connection: &connection,
-        bpffs_root: &bpffs,
-        cgroup_root: &node.topology.cgroup,
-    };
-    let config_path = node.topology.run_dir.join("kube-proxy-families.yaml");
-    std::fs::write(
-        &config_path,
-        tests::scenario::agent::render_config(&inputs).unwrap(),
-    )
-    .unwrap();
     let binaries =
         testbed::binaries::Binaries::locate().expect("upstream's binaries (cargo xtask setup)");
-    let log_path = node.topology.run_dir.join("kube-proxy-families.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut kube_proxy = std::process::Command::new("nsenter")
-        .arg(format!(
-            "--net={}",
-            netns_scaffold::netns_path(&node.topology.node_ns).display()
-        ))
-        .arg("--")
-        .arg(binaries.kube_proxy())
-        .arg("--config")
-        .arg(&config_path)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("starting upstream's kube-proxy");
-    let started = Instant::now();
-    let upstream_page = loop {
-        if let Some(page) = scrape()
-            && synced(&page)
-        {
-            break page;
-        }
-        assert!(
-            started.elapsed() < WAIT && kube_proxy.try_wait().ok().flatten().is_none(),
-            "upstream's kube-proxy did not sync:\n{}",
-            std::fs::read_to_string(&log_path).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let run = async |proxy: tests::scenario::agent::Proxy, binary: &Path, name: &str| {
+        let inputs = ConfigInputs {
+            proxy,
+            fragment: &fragment,
+            mode: Mode::Iptables,
+            node_name: NODE,
+            connection: &connection,
+            bpffs_root: &bpffs,
+            cgroup_root: &node.topology.cgroup,
+        };
+        let config_path = node.topology.run_dir.join(format!("{name}.yaml"));
+        std::fs::write(
+            &config_path,
+            tests::scenario::agent::render_config(&inputs).unwrap(),
+        )
+        .unwrap();
+        let log_path = node.topology.run_dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut process = std::process::Command::new("nsenter")
+            .arg(format!(
+                "--net={}",
+                netns_scaffold::netns_path(&node.topology.node_ns).display()
+            ))
+            .arg("--")
+            .arg(binary)
+            .arg(format!("--config={}", config_path.display()))
+            .arg("-v=2")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let started = Instant::now();
+        let page = loop {
+            if let Some(page) = scrape()
+                && synced(&page)
+            {
+                break page;
+            }
+            assert!(
+                started.elapsed() < WAIT && process.try_wait().ok().flatten().is_none(),
+                "{name} did not sync:\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        stop(&mut process);
+        (page, std::fs::read_to_string(&log_path).unwrap_or_default())
     };
-    stop(&mut kube_proxy);
+    let (upstream_page, upstream_log) = run(
+        tests::scenario::agent::Proxy::Upstream,
+        &binaries.kube_proxy(),
+        "kube-proxy",
+    )
+    .await;
+    let (our_page, our_log) = run(
+        tests::scenario::agent::Proxy::Ours,
+        &tests::node_harness::agent_binary(),
+        "agent",
+    )
+    .await;
 
-    let agent = node
-        .start_agent(Mode::Iptables, Map::new(), false, Path::new(RUNNER))
-        .await
-        .expect("the agent syncs from the real API server");
-    let our_page = scrape().expect("the agent's /metrics");
-    drop(agent);
+    // The first lines: each flag with its value, as pflag prints it (the same values for
+    // every flag upstream has, the file aside), then the version; at V2 each sync's summary.
+    let flags = |log: &str| -> BTreeMap<String, String> {
+        log.lines()
+            .filter_map(|l| l.split_once("] FLAG: --"))
+            .filter_map(|(_, flag)| flag.split_once('='))
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect()
+    };
+    let (upstream_flags, our_flags) = (flags(&upstream_log), flags(&our_log));
+    let mut differing = Vec::new();
+    for (name, value) in &upstream_flags {
+        match our_flags.get(name) {
+            _ if name == "config" => {}
+            Some(ours) if ours == value => {}
+            ours => differing.push(format!("--{name}: upstream's {value}, ours {ours:?}")),
+        }
+    }
+    assert!(
+        differing.is_empty() && upstream_flags.len() > 50,
+        "the start-up flag dumps differ:\n{}",
+        differing.join("\n")
+    );
+    for log in [&upstream_log, &our_log] {
+        let first_non_flag = log.lines().find(|l| !l.contains("] FLAG: --"));
+        assert!(
+            log.lines().next().is_some_and(|l| l.contains("] FLAG: --")),
+            "the flags come first:\n{log}"
+        );
+        assert!(first_non_flag.is_some());
+        for message in [
+            "\"Version info\" version=\"v",
+            "\"SyncProxyRules complete\"",
+        ] {
+            assert!(log.contains(message), "no {message} in\n{log}");
+        }
+    }
 
     let upstream = metric_families(&upstream_page);
     let ours = metric_families(&our_page);
