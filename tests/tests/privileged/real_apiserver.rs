@@ -1542,66 +1542,105 @@ async fn every_metric_family_of_upstream_kube_proxy_is_served_alike() {
     let fragment = merged_config(&node.scenario.config, &Map::new());
     let binaries =
         testbed::binaries::Binaries::locate().expect("upstream's binaries (cargo xtask setup)");
-    let run = async |proxy: tests::scenario::agent::Proxy, binary: &Path, name: &str| {
-        let inputs = ConfigInputs {
-            proxy,
-            fragment: &fragment,
-            mode: Mode::Iptables,
-            node_name: NODE,
-            connection: &connection,
-            bpffs_root: &bpffs,
-            cgroup_root: &node.topology.cgroup,
+    let run =
+        async |proxy: tests::scenario::agent::Proxy, binary: &Path, name: &str, format: &str| {
+            let inputs = ConfigInputs {
+                proxy,
+                fragment: &fragment,
+                mode: Mode::Iptables,
+                node_name: NODE,
+                connection: &connection,
+                bpffs_root: &bpffs,
+                cgroup_root: &node.topology.cgroup,
+            };
+            let config_path = node.topology.run_dir.join(format!("{name}.yaml"));
+            std::fs::write(
+                &config_path,
+                tests::scenario::agent::render_config(&inputs).unwrap(),
+            )
+            .unwrap();
+            let log_path = node.topology.run_dir.join(format!("{name}.log"));
+            let log = std::fs::File::create(&log_path).unwrap();
+            let mut process = std::process::Command::new("nsenter")
+                .arg(format!(
+                    "--net={}",
+                    netns_scaffold::netns_path(&node.topology.node_ns).display()
+                ))
+                .arg("--")
+                .arg(binary)
+                .arg(format!("--config={}", config_path.display()))
+                .arg("-v=2")
+                .arg(format!("--logging-format={format}"))
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+            let started = Instant::now();
+            let page = loop {
+                if let Some(page) = scrape()
+                    && synced(&page)
+                {
+                    break page;
+                }
+                assert!(
+                    started.elapsed() < WAIT && process.try_wait().ok().flatten().is_none(),
+                    "{name} did not sync:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            stop(&mut process);
+            (page, std::fs::read_to_string(&log_path).unwrap_or_default())
         };
-        let config_path = node.topology.run_dir.join(format!("{name}.yaml"));
-        std::fs::write(
-            &config_path,
-            tests::scenario::agent::render_config(&inputs).unwrap(),
-        )
-        .unwrap();
-        let log_path = node.topology.run_dir.join(format!("{name}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let mut process = std::process::Command::new("nsenter")
-            .arg(format!(
-                "--net={}",
-                netns_scaffold::netns_path(&node.topology.node_ns).display()
-            ))
-            .arg("--")
-            .arg(binary)
-            .arg(format!("--config={}", config_path.display()))
-            .arg("-v=2")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        let started = Instant::now();
-        let page = loop {
-            if let Some(page) = scrape()
-                && synced(&page)
-            {
-                break page;
-            }
-            assert!(
-                started.elapsed() < WAIT && process.try_wait().ok().flatten().is_none(),
-                "{name} did not sync:\n{}",
-                std::fs::read_to_string(&log_path).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        stop(&mut process);
-        (page, std::fs::read_to_string(&log_path).unwrap_or_default())
-    };
     let (upstream_page, upstream_log) = run(
         tests::scenario::agent::Proxy::Upstream,
         &binaries.kube_proxy(),
         "kube-proxy",
+        "text",
     )
     .await;
     let (our_page, our_log) = run(
         tests::scenario::agent::Proxy::Ours,
         &tests::node_harness::agent_binary(),
         "agent",
+        "text",
     )
     .await;
+
+    // klog's JSON as component-base writes it: the same fields in the version line (`ts`
+    // in milliseconds, `v`, `caller`, `msg`, the version).
+    let (_, upstream_json) = run(
+        tests::scenario::agent::Proxy::Upstream,
+        &binaries.kube_proxy(),
+        "kube-proxy-json",
+        "json",
+    )
+    .await;
+    let (_, our_json) = run(
+        tests::scenario::agent::Proxy::Ours,
+        &tests::node_harness::agent_binary(),
+        "agent-json",
+        "json",
+    )
+    .await;
+    let version_line = |log: &str| -> Map<String, Value> {
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<Map<String, Value>>(l).ok())
+            .find(|line| line.get("msg") == Some(&json!("Version info")))
+            .unwrap_or_else(|| panic!("no JSON \"Version info\" line in\n{log}"))
+    };
+    let (upstream_version, our_version) = (version_line(&upstream_json), version_line(&our_json));
+    let keys = |line: &Map<String, Value>| line.keys().cloned().collect::<BTreeSet<_>>();
+    assert_eq!(
+        keys(&our_version),
+        keys(&upstream_version),
+        "ours {our_version:?}, upstream's {upstream_version:?}"
+    );
+    for line in [&our_version, &upstream_version] {
+        let ts = line["ts"].as_f64().unwrap_or_default();
+        assert!(ts > 1.7e12 && ts < 1e13, "ts in milliseconds: {line:?}");
+        assert_eq!(line["v"], json!(0), "{line:?}");
+    }
 
     // The first lines: each flag with its value, as pflag prints it (the same values for
     // every flag upstream has, the file aside), then the version; at V2 each sync's summary.
