@@ -1542,87 +1542,71 @@ async fn every_metric_family_of_upstream_kube_proxy_is_served_alike() {
     let fragment = merged_config(&node.scenario.config, &Map::new());
     let binaries =
         testbed::binaries::Binaries::locate().expect("upstream's binaries (cargo xtask setup)");
-    let run =
-        async |proxy: tests::scenario::agent::Proxy, binary: &Path, name: &str, format: &str| {
-            let inputs = ConfigInputs {
-                proxy,
-                fragment: &fragment,
-                mode: Mode::Iptables,
-                node_name: NODE,
-                connection: &connection,
-                bpffs_root: &bpffs,
-                cgroup_root: &node.topology.cgroup,
-            };
-            let config_path = node.topology.run_dir.join(format!("{name}.yaml"));
-            std::fs::write(
-                &config_path,
-                tests::scenario::agent::render_config(&inputs).unwrap(),
-            )
-            .unwrap();
-            let log_path = node.topology.run_dir.join(format!("{name}.log"));
-            let log = std::fs::File::create(&log_path).unwrap();
-            let mut process = std::process::Command::new("nsenter")
-                .arg(format!(
-                    "--net={}",
-                    netns_scaffold::netns_path(&node.topology.node_ns).display()
-                ))
-                .arg("--")
-                .arg(binary)
-                .arg(format!("--config={}", config_path.display()))
-                .arg("-v=2")
-                .arg(format!("--logging-format={format}"))
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-            let started = Instant::now();
-            let page = loop {
-                if let Some(page) = scrape()
-                    && synced(&page)
-                {
-                    break page;
-                }
-                assert!(
-                    started.elapsed() < WAIT && process.try_wait().ok().flatten().is_none(),
-                    "{name} did not sync:\n{}",
-                    std::fs::read_to_string(&log_path).unwrap_or_default()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
-            stop(&mut process);
-            (page, std::fs::read_to_string(&log_path).unwrap_or_default())
+    let run = async |proxy: tests::scenario::agent::Proxy, format: &str| {
+        let (binary, name) = match proxy {
+            tests::scenario::agent::Proxy::Upstream => {
+                (binaries.kube_proxy(), format!("kube-proxy-{format}"))
+            }
+            tests::scenario::agent::Proxy::Ours => (
+                tests::node_harness::agent_binary(),
+                format!("agent-{format}"),
+            ),
         };
-    let (upstream_page, upstream_log) = run(
-        tests::scenario::agent::Proxy::Upstream,
-        &binaries.kube_proxy(),
-        "kube-proxy",
-        "text",
-    )
-    .await;
-    let (our_page, our_log) = run(
-        tests::scenario::agent::Proxy::Ours,
-        &tests::node_harness::agent_binary(),
-        "agent",
-        "text",
-    )
-    .await;
-
+        let inputs = ConfigInputs {
+            proxy,
+            fragment: &fragment,
+            mode: Mode::Iptables,
+            node_name: NODE,
+            connection: &connection,
+            bpffs_root: &bpffs,
+            cgroup_root: &node.topology.cgroup,
+        };
+        let config_path = node.topology.run_dir.join(format!("{name}.yaml"));
+        std::fs::write(
+            &config_path,
+            tests::scenario::agent::render_config(&inputs).unwrap(),
+        )
+        .unwrap();
+        let log_path = node.topology.run_dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut process = std::process::Command::new("nsenter")
+            .arg(format!(
+                "--net={}",
+                netns_scaffold::netns_path(&node.topology.node_ns).display()
+            ))
+            .arg("--")
+            .arg(binary)
+            .arg(format!("--config={}", config_path.display()))
+            .arg("-v=2")
+            .arg(format!("--logging-format={format}"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let started = Instant::now();
+        let page = loop {
+            if let Some(page) = scrape()
+                && synced(&page)
+            {
+                break page;
+            }
+            assert!(
+                started.elapsed() < WAIT && process.try_wait().ok().flatten().is_none(),
+                "{name} did not sync:\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        stop(&mut process);
+        (page, std::fs::read_to_string(&log_path).unwrap_or_default())
+    };
+    use tests::scenario::agent::Proxy::{Ours, Upstream};
+    let (upstream_page, upstream_log) = run(Upstream, "text").await;
+    let (our_page, our_log) = run(Ours, "text").await;
     // klog's JSON as component-base writes it: the same fields in the version line (`ts`
     // in milliseconds, `v`, `caller`, `msg`, the version).
-    let (_, upstream_json) = run(
-        tests::scenario::agent::Proxy::Upstream,
-        &binaries.kube_proxy(),
-        "kube-proxy-json",
-        "json",
-    )
-    .await;
-    let (_, our_json) = run(
-        tests::scenario::agent::Proxy::Ours,
-        &tests::node_harness::agent_binary(),
-        "agent-json",
-        "json",
-    )
-    .await;
+    let (_, upstream_json) = run(Upstream, "json").await;
+    let (_, our_json) = run(Ours, "json").await;
     let version_line = |log: &str| -> Map<String, Value> {
         log.lines()
             .filter_map(|l| serde_json::from_str::<Map<String, Value>>(l).ok())
