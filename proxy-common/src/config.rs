@@ -82,3 +82,9 @@ pub const LB_CFG_LOCAL_DETECTOR: u32 = 1 << 2;
 /// it, a flow the programs start between the copy of their conntrack into netfilter's and
 /// their removal would meet the rules' choice of a backend at its next packet.
 pub const LB_CFG_HANDING_OVER: u32 = 1 << 3;
+/// `ebpf.socketLBHostNamespaceOnly`: socket programs translate only what the node's own
+/// namespace connects to. Pods' connections keep the service address their sockets asked
+/// for (a sidecar that redirects them reads it as the original destination), and the
+/// pod-side tc program load-balances them per packet, with conntrack; the pod-side egress
+/// program then translates the answers of backends on the node itself.
+pub const LB_CFG_SOCKET_LB_HOST_NETNS_ONLY: u32 = 1 << 4;

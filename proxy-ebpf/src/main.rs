@@ -79,6 +79,11 @@ pub fn tc_pod_ingress(ctx: TcContext) -> i32 {
     northsouth::pod::handle(&ctx)
 }
 
+#[classifier]
+pub fn tc_pod_egress(ctx: TcContext) -> i32 {
+    northsouth::pod::handle_egress(&ctx)
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

@@ -26,6 +26,11 @@
 //! external frontend of an eTP=Cluster service) is left untranslated here; the pod-side tc
 //! program load-balances it per packet, with SNAT to the node and conntrack, as it does for
 //! SCTP. Everything else keeps the per-connection path.
+//!
+//! socketLBHostNamespaceOnly: only the node's own namespace is translated here. A service
+//! mesh's sidecar redirects a pod's connections to itself and reads the original
+//! destination the socket asked for, which must still be the service; the pod-side tc
+//! programs load-balance those connections per packet instead.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -34,8 +39,8 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use proxy_common::{
-    LB_CFG_HANDING_OVER, LB_CFG_MASQUERADE_ALL, SockFrontend, SockRevNat4Key, SockRevNat4Value,
-    SockRevNat6Key, SockRevNat6Value, SvcValue, proto, svc_flags,
+    LB_CFG_HANDING_OVER, LB_CFG_MASQUERADE_ALL, LB_CFG_SOCKET_LB_HOST_NETNS_ONLY, SockFrontend,
+    SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue, proto, svc_flags,
 };
 
 use crate::{
@@ -345,6 +350,10 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
         return 1;
     }
     let from_host = netns == host_netns;
+    if !from_host && cfg_flags & LB_CFG_SOCKET_LB_HOST_NETNS_ONLY != 0 {
+        // Pods keep the address they asked for (see the module's notes).
+        return 1;
+    }
     let internal = from_host || pods_are_local(cfg_flags);
     let (svc, key) = match lookup_frontend::<F>(addr, port, protocol, internal) {
         Frontend::Service { svc, key } => (svc, key),

@@ -107,6 +107,7 @@ pub fn load_options(
         devices: Vec::new(),
         xdp: proxy_agent::config::XdpMode::Off,
         maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
+        pod_egress: false,
     }
 }
 

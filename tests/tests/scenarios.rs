@@ -65,6 +65,10 @@ enum Files {
     /// under 45 minutes on 2 cores, and `cargo xtask scenarios --xdp-mode generic` replays
     /// every file.
     SharedWithExternalClients,
+    /// Every file of ../shared/scenarios: for a variant of a mode whose plain run replays
+    /// every file (`scenario-runner run` with the variant's arguments replays them all:
+    /// 4m20s for `--agent-arg=--socket-lb-host-namespace-only`, every flow passing).
+    Shared,
     /// Only [`FALLBACK_FILES`] of ../shared/scenarios: the fallback agent runs the iptables
     /// proxier, whose outcomes the `iptables` trial already judges on every file; what this
     /// mode adds is the fallback itself.
@@ -93,7 +97,9 @@ const FALLBACK_FILES: &[&str] = &[
 /// objects from upstream's API server ([`api_args`]), the others from the test API server;
 /// upstream's kube-proxy (`upstream-*`) replays the files with upstream outcomes listed
 /// ([`Files::UpstreamListed`]). `ebpf-xdp` is ebpf mode with XDP generic on the uplink in
-/// front of tc. ipvs needs a kernel with IPVS: where this one has none,
+/// front of tc. `ebpf-socket-lb-host-only` is ebpf mode with socket-level load balancing
+/// limited to the node's namespace (`--socket-lb-host-namespace-only`): pods' flows then take
+/// the per-packet tc path, and must keep every outcome. ipvs needs a kernel with IPVS: where this one has none,
 /// `ipvs-fallback` starts the agent in ipvs mode, requires that it fell back to iptables
 /// (its /proxyMode) and judges the flows as iptables; the real ipvs runs are in the guest of
 /// tests/tests/vm_guest.rs.
@@ -119,6 +125,15 @@ fn modes() -> Vec<(&'static str, &'static [&'static str], Files)> {
                 "--only-external-clients",
             ],
             Files::SharedWithExternalClients,
+        ),
+        (
+            "ebpf-socket-lb-host-only",
+            &[
+                "--mode",
+                "ebpf",
+                "--agent-arg=--socket-lb-host-namespace-only",
+            ],
+            Files::Shared,
         ),
         (
             "iptables",
@@ -149,6 +164,7 @@ fn modes() -> Vec<(&'static str, &'static [&'static str], Files)> {
 fn selected(files: Files, file: &Path) -> bool {
     match files {
         Files::All => true,
+        Files::Shared => is_shared(file),
         Files::ModeSpecific => !twin_of_an_own_file(file) && !ci_files::model_decided(file),
         Files::Fallback => {
             is_shared(file)

@@ -348,6 +348,7 @@ impl SyncSide for EbpfSide {
             devices: Vec::new(),
             xdp: proxy_agent::config::XdpMode::Off,
             maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
+            pod_egress: false,
         };
         let masq = step.world.node.primary_ips.v4;
         sync_step("ebpf", &self.ns, &mut self.proxier, step, || {

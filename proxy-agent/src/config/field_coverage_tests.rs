@@ -96,6 +96,7 @@ const WRONG_TYPE: &[(&str, &str)] = &[
     ("ebpf.mapSizes.maglevTables", "many"),
     ("ebpf.loadBalancerAlgorithm", "[maglev]"),
     ("ebpf.maglevTableSize", "-1"),
+    ("ebpf.socketLBHostNamespaceOnly", "only"),
 ];
 
 /// What validation makes of a well-typed value out of range or of a bad format.
@@ -464,6 +465,7 @@ const OUT_OF_RANGE: &[(&str, &str, Context, Bad)] = &[
         &[],
         Bad::Refused("ebpf.maglevTableSize"),
     ),
+    ("ebpf.socketLBHostNamespaceOnly", "true", &[], Bad::Accepted),
 ];
 
 /// A minimal valid file with `settings` (dotted paths) added.

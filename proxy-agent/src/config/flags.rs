@@ -331,6 +331,14 @@ pub struct Flags {
     /// XDP acceleration: off, generic or native. [default: off]
     #[arg(long, value_name = "MODE")]
     pub xdp_mode: Option<String>,
+
+    /// Socket-level load balancing for the node's own processes only; pods' connections
+    /// are translated per packet (for service-mesh sidecars and NodeLocal DNSCache, which
+    /// must see the ClusterIP). [default: false]
+    #[arg(long = "socket-lb-host-namespace-only", value_parser = parse_go_bool,
+        num_args = 0..=1, require_equals = true, default_missing_value = "true",
+        value_name = "BOOL")]
+    pub socket_lb_host_namespace_only: Option<bool>,
 }
 
 /// One `--feature-gates` occurrence.
@@ -580,6 +588,10 @@ pub(crate) fn apply_config_flags(
         ebpf.devices = string_list(devices);
     }
     set(&mut ebpf.xdp_mode, &flags.xdp_mode);
+    set(
+        &mut ebpf.socket_lb_host_namespace_only,
+        &flags.socket_lb_host_namespace_only,
+    );
     warnings
 }
 

@@ -312,6 +312,11 @@ fn mapping_cases() -> Vec<(&'static str, Vec<&'static str>, Check)> {
         ("xdp-mode", vec!["--xdp-mode=native"], |c| {
             assert_eq!(c.ebpf.xdp_mode, "native")
         }),
+        (
+            "socket-lb-host-namespace-only",
+            vec!["--socket-lb-host-namespace-only"],
+            |c| assert!(c.ebpf.socket_lb_host_namespace_only),
+        ),
     ]
 }
 

@@ -271,6 +271,12 @@ pub struct EbpfConfiguration {
     /// Entries of each Maglev table: a prime in [251, 131071]. More entries spread flows
     /// more evenly over many backends and cost memory (4 bytes each, per table).
     pub maglev_table_size: u32,
+    /// Socket-level load balancing for the node's own processes only: pods' connections
+    /// keep the service address they asked for and are translated per packet on their way
+    /// out of the pod. For service meshes whose sidecars redirect a pod's outbound traffic
+    /// (Istio, Linkerd) and for NodeLocal DNSCache: they must see the ClusterIP.
+    #[serde(rename = "socketLBHostNamespaceOnly", deserialize_with = "nullable")]
+    pub socket_lb_host_namespace_only: bool,
 }
 
 impl Default for EbpfConfiguration {
@@ -285,6 +291,7 @@ impl Default for EbpfConfiguration {
             conntrack: EbpfConntrack::default(),
             load_balancer_algorithm: String::new(),
             maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
+            socket_lb_host_namespace_only: false,
         }
     }
 }

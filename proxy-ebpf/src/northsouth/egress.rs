@@ -42,13 +42,7 @@ fn run<F: AddrRewrite>(ctx: &TcContext) -> i32 {
         return TC_ACT_OK;
     };
     if let Some(v) = reply::lookup::<F>(p) {
-        // Already on its way out of the right device: rewrite and let it go.
-        let next = reply::next::<F>(p, v);
-        return if reply::rewrite::<TcContext, F>(ctx, p, &next) {
-            TC_ACT_OK
-        } else {
-            TC_ACT_SHOT
-        };
+        return reply::rewrite_in_place::<F>(ctx, p, v);
     }
     // SAFETY: the context pointer is valid for the program's run.
     let forwarded = unsafe { (*ctx.skb.skb).ingress_ifindex } != 0;

@@ -79,3 +79,19 @@ pub fn translate<C: Forward, F: AddrRewrite>(ctx: &C, p: &Packet<F::Addr>, v: &C
     }
     ctx.send(plan)
 }
+
+/// Translates an answer already on its way out of the device that leads to its client (tc
+/// egress): rewritten and let go, dropped when a rewrite failed.
+#[inline(always)]
+pub fn rewrite_in_place<F: AddrRewrite>(
+    ctx: &aya_ebpf::programs::TcContext,
+    p: &Packet<F::Addr>,
+    v: &CtValue,
+) -> i32 {
+    let next = next::<F>(p, v);
+    if rewrite::<aya_ebpf::programs::TcContext, F>(ctx, p, &next) {
+        aya_ebpf::bindings::TC_ACT_OK
+    } else {
+        aya_ebpf::bindings::TC_ACT_SHOT
+    }
+}

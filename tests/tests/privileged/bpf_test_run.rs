@@ -407,6 +407,7 @@ fn load_in(
             devices: Vec::new(),
             xdp: proxy_agent::config::XdpMode::Off,
             maglev_table_size,
+            pod_egress: false,
         })
     });
     match loaded {

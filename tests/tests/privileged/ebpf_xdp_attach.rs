@@ -29,6 +29,7 @@ fn options_on(bpffs: &TempBpffs, cg: &TempCgroup, xdp: XdpMode, device: &str) ->
         devices: vec![device.into()],
         xdp,
         maglev_table_size: proxy_common::maglev::DEFAULT_TABLE_SIZE,
+        pod_egress: false,
     }
 }
 

@@ -26,14 +26,15 @@ use tracing::{debug, info, warn};
 use crate::proxier::netlink::NetlinkError;
 use crate::proxier::netlink::tc::{BpfFilter, ClsactHook, TcSocket};
 
-/// The tc programs (uplink ingress and egress, the pod side) and the XDP program, by the
+/// The tc programs (uplink ingress and egress, the pod side's) and the XDP program, by the
 /// names the object gives them.
-pub const TC_PROGRAMS: &[&str] = &[UPLINK_INGRESS, UPLINK_EGRESS, POD_INGRESS];
+pub const TC_PROGRAMS: &[&str] = &[UPLINK_INGRESS, UPLINK_EGRESS, POD_INGRESS, POD_EGRESS];
 
 /// The tc programs' names in the object (the loader attaches them by these names).
 pub(super) const UPLINK_INGRESS: &str = "tc_uplink_ingress";
 pub(super) const UPLINK_EGRESS: &str = "tc_uplink_egress";
 pub(super) const POD_INGRESS: &str = "tc_pod_ingress";
+pub(super) const POD_EGRESS: &str = "tc_pod_egress";
 pub const XDP_PROGRAMS: &[&str] = &[super::xdp::PROGRAM];
 
 /// The priority (`pref`) of the tc filters this agent attaches through netlink: fixed, so

@@ -29,7 +29,7 @@ use crate::proxier::netlink::tc::ClsactHook;
 
 pub use super::pins::{MapSizes, links_dir, maps_dir};
 use super::{
-    attached::{self, POD_INGRESS, UPLINK_EGRESS, UPLINK_INGRESS},
+    attached::{self, POD_EGRESS, POD_INGRESS, UPLINK_EGRESS, UPLINK_INGRESS},
     maps::{KernelHash, KernelLpm, KernelMaglev, LbMaps},
     node_settings::LocalCidrMaps,
     resize::{self, PinPlan, Resizable},
@@ -104,6 +104,10 @@ pub struct LoadOptions {
     /// Entries of one Maglev table (`ebpf.maglevTableSize`): the Maglev map holds
     /// `map_sizes.maglev_tables` of them.
     pub maglev_table_size: u32,
+    /// Attach the pod-side egress program too (socketLBHostNamespaceOnly: see
+    /// `proxy_common::LB_CFG_SOCKET_LB_HOST_NETNS_ONLY`); without it, an earlier agent's
+    /// links of that program are removed.
+    pub pod_egress: bool,
 }
 
 /// The socket programs and where they attach.
@@ -148,8 +152,10 @@ pub struct Loaded {
     pub local_cidrs: LocalCidrMaps,
     links_dir: PathBuf,
     uplinks: Vec<String>,
-    /// Devices the pod-side program is attached to.
+    /// Devices the pod-side programs are attached to.
     pod_devices: Vec<String>,
+    /// Whether the pod-side egress program is one of them ([`LoadOptions::pod_egress`]).
+    pod_egress: bool,
     /// Uplinks XDP runs on.
     pub xdp_devices: Vec<String>,
     /// Set until the programs are attached (at once, or after the first full sync of a
@@ -352,6 +358,7 @@ pub(super) fn load_and_attach_sized(
         links_dir,
         uplinks: opts.devices.clone(),
         pod_devices: Vec::new(),
+        pod_egress: opts.pod_egress,
         xdp_devices: Vec::new(),
         pending: Some(PendingAttach {
             cgroup: opts.cgroup.clone(),
@@ -446,7 +453,10 @@ impl Loaded {
             links_dir,
         )?;
         let pods = pod_devices(&self.uplinks);
-        attach_tc(ebpf, POD_INGRESS, TcAttachType::Ingress, &pods, links_dir)?;
+        attach_pod_side(ebpf, self.pod_egress, &pods, links_dir)?;
+        if !self.pod_egress {
+            remove_pod_egress(links_dir, &pods);
+        }
         self.pod_devices = pods;
         // After tc: what XDP passes on must find tc in place.
         self.xdp_devices = super::xdp::attach(ebpf, pending.xdp, &self.uplinks, links_dir);
@@ -485,7 +495,7 @@ fn load_object(
 }
 
 impl Loaded {
-    /// Attaches the pod-side program to devices that appeared since the last look and drops
+    /// Attaches the pod-side programs to devices that appeared since the last look and drops
     /// the links of devices that went away. Returns the devices added.
     pub fn refresh_pod_devices(&mut self) -> Result<Vec<String>> {
         if self.pending.is_some() {
@@ -498,19 +508,57 @@ impl Loaded {
             .cloned()
             .collect();
         for gone in self.pod_devices.iter().filter(|d| !now.contains(d)) {
-            let _ = fs::remove_file(self.links_dir.join(format!("{POD_INGRESS}_{gone}")));
+            for program in [POD_INGRESS, POD_EGRESS] {
+                let _ = fs::remove_file(self.links_dir.join(format!("{program}_{gone}")));
+            }
         }
         if !added.is_empty() {
-            attach_tc(
-                &mut self.ebpf,
-                POD_INGRESS,
-                TcAttachType::Ingress,
-                &added,
-                &self.links_dir,
-            )?;
+            attach_pod_side(&mut self.ebpf, self.pod_egress, &added, &self.links_dir)?;
         }
         self.pod_devices = now;
         Ok(added)
+    }
+}
+
+/// The pod-side programs on `devices`: ingress always, egress when asked for.
+fn attach_pod_side(
+    ebpf: &mut Ebpf,
+    egress: bool,
+    devices: &[String],
+    links_dir: &Path,
+) -> Result<()> {
+    attach_tc(ebpf, POD_INGRESS, TcAttachType::Ingress, devices, links_dir)?;
+    if egress {
+        attach_tc(ebpf, POD_EGRESS, TcAttachType::Egress, devices, links_dir)?;
+    }
+    Ok(())
+}
+
+/// Removes the pod-side egress program an earlier agent attached with
+/// socketLBHostNamespaceOnly: its pinned links (every device's, the devices gone since
+/// included) and, on kernels without TCX, its filters on `devices`.
+fn remove_pod_egress(links_dir: &Path, devices: &[String]) {
+    let prefix = format!("{POD_EGRESS}_");
+    let mut removed = 0;
+    if let Ok(entries) = fs::read_dir(links_dir) {
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix)
+                && fs::remove_file(entry.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+    }
+    if !super::kernel::has_tcx() {
+        for device in devices {
+            attached::remove_stale_filters(device, ClsactHook::Egress, POD_EGRESS, None);
+        }
+    }
+    if removed > 0 {
+        info!(
+            links = removed,
+            "pod-side egress program of an earlier agent detached (socketLBHostNamespaceOnly is off)"
+        );
     }
 }
 

@@ -9,7 +9,7 @@ use super::{
     EbpfProxier, attached, inspect, kernel, loader, loader::LoadOptions, node_settings, pins, trace,
 };
 use crate::{
-    config::{EbpfConntrack, ProxyMode, XdpMode},
+    config::{EbpfConfiguration, ProxyMode, XdpMode},
     proxier::{
         CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools, NodeContext,
         Proxier, conntrack::Replace,
@@ -88,6 +88,7 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
         devices: settings.devices.to_vec(),
         xdp,
         maglev_table_size: config.ebpf.maglev_table_size,
+        pod_egress: config.ebpf.socket_lb_host_namespace_only,
     };
     // Validation refused an unknown algorithm before any mode started.
     let algorithm = config
@@ -114,7 +115,7 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
     let proxier = EbpfProxier::start_with_limits(
         &opts,
         &config.ebpf.map_size_limits,
-        lb_config(cookie, settings.node, &config.ebpf.conntrack, snat),
+        lb_config(cookie, settings.node, &config.ebpf, snat),
         algorithm,
     )
     .map_err(|e| e.to_string())?;
@@ -125,13 +126,15 @@ fn start(settings: &ModeSettings<'_>) -> Result<Box<dyn Proxier>, String> {
 const EPHEMERAL_PORTS_SYSCTL: &str = "net/ipv4/ip_local_port_range";
 
 /// The dataplane's runtime configuration: the node's namespace, its masquerade addresses
-/// and SNAT ports, how long idle north-south flows are remembered.
+/// and SNAT ports, how long idle north-south flows are remembered, whether pods' sockets
+/// are load-balanced.
 fn lb_config(
     host_netns_cookie: u64,
     node: &NodeContext,
-    conntrack: &EbpfConntrack,
+    ebpf: &EbpfConfiguration,
     snat: node_settings::SnatPorts,
 ) -> proxy_common::LbConfig {
+    let conntrack = &ebpf.conntrack;
     // Validation keeps these within u32 seconds; saturate rather than wrap regardless.
     let secs = |d: crate::config::Duration| u32::try_from(d.to_std().as_secs()).unwrap_or(u32::MAX);
     let mut cfg = proxy_common::LbConfig {
@@ -141,6 +144,11 @@ fn lb_config(
         ct_udp_lifetime: secs(conntrack.udp_timeout),
         snat_port_min: snat.min,
         snat_port_max: snat.max,
+        flags: if ebpf.socket_lb_host_namespace_only {
+            proxy_common::LB_CFG_SOCKET_LB_HOST_NETNS_ONLY
+        } else {
+            0
+        },
         ..Default::default()
     };
     for ip in node.primary_ips.iter() {
@@ -230,7 +238,11 @@ mod tests {
             udp_timeout: crate::config::Duration::from_secs(45),
         };
         let snat = node_settings::snat_ports(Some((32_768, 60_999)));
-        let cfg = lb_config(42, &node, &conntrack, snat);
+        let ebpf = EbpfConfiguration {
+            conntrack,
+            ..Default::default()
+        };
+        let cfg = lb_config(42, &node, &ebpf, snat);
         assert_eq!(cfg.host_netns_cookie, 42);
         assert_eq!(cfg.masq4, u32::from_ne_bytes([192, 168, 0, 2]));
         assert_eq!(
@@ -246,5 +258,17 @@ mod tests {
             (7200, 7, 45)
         );
         assert_eq!((cfg.snat_port_min, cfg.snat_port_max), (61_000, 65_535));
+        assert_eq!(cfg.flags, 0, "pods' sockets are load-balanced by default");
+    }
+
+    #[test]
+    fn socket_lb_host_namespace_only_sets_its_configuration_bit() {
+        let ebpf = EbpfConfiguration {
+            socket_lb_host_namespace_only: true,
+            ..Default::default()
+        };
+        let snat = node_settings::snat_ports(None);
+        let cfg = lb_config(1, &NodeContext::default(), &ebpf, snat);
+        assert_eq!(cfg.flags, proxy_common::LB_CFG_SOCKET_LB_HOST_NETNS_ONLY);
     }
 }

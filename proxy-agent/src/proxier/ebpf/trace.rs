@@ -196,10 +196,11 @@ fn masquerade_flow(state: &LiveState, f: &LiveFrontend, s: &LiveScope, q: &Quest
 /// The trace of `q` through the ebpf dataplane described by `state`.
 pub fn trace(state: &LiveState, q: &Question) -> Verdict {
     // The kernel runs no cgroup socket hook for SCTP: a pod's SCTP is load-balanced per
-    // packet by the pod-side tc program.
+    // packet by the pod-side tc program, and so is everything of pods when socket-level
+    // load balancing is limited to the node's namespace.
     let socket = match q.client {
         ClientKind::External => false,
-        ClientKind::Pod => q.proto != proto::SCTP,
+        ClientKind::Pod => q.proto != proto::SCTP && !state.node.socket_lb_host_namespace_only,
         ClientKind::Node => true,
     };
     let mut v = Verdict::untouched("ebpf", q, if socket { "socket" } else { "tc" });
@@ -212,8 +213,11 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
     steps.push(if socket {
         "a client on this node: connect()/sendmsg() is translated by the cgroup socket programs"
             .into()
-    } else if q.client == ClientKind::Pod {
+    } else if q.client == ClientKind::Pod && q.proto == proto::SCTP {
         "SCTP from a pod (no socket hook runs for SCTP): the pod-side tc program translates each packet"
+            .into()
+    } else if q.client == ClientKind::Pod {
+        "socketLBHostNamespaceOnly: the pod's connection keeps the service address (a sidecar reads it); the pod-side tc program translates each packet"
             .into()
     } else {
         "a client outside the node: the uplink's tc (or XDP) program translates the packet"

@@ -157,6 +157,9 @@ pub struct LiveNode {
     pub local_detector: bool,
     /// The sources the detector calls local (empty for interface-based detectors).
     pub local_cidrs: Vec<IpNet>,
+    /// socketLBHostNamespaceOnly: the socket programs leave pods' connections to the
+    /// pod-side tc programs.
+    pub socket_lb_host_namespace_only: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -394,6 +397,9 @@ pub fn decode(raw: &RawMaps) -> LiveState {
         masquerade_all: raw.config.flags & proxy_common::LB_CFG_MASQUERADE_ALL != 0,
         local_detector: raw.config.flags & proxy_common::LB_CFG_LOCAL_DETECTOR != 0,
         local_cidrs: raw.local_cidrs.clone(),
+        socket_lb_host_namespace_only: raw.config.flags
+            & proxy_common::LB_CFG_SOCKET_LB_HOST_NETNS_ONLY
+            != 0,
     };
     state
 }

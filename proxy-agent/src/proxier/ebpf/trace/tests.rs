@@ -446,3 +446,35 @@ fn sctp_from_a_pod_is_translated_per_packet_and_its_hairpin_masqueraded() {
         v.steps
     );
 }
+
+#[test]
+fn with_socket_lb_limited_to_the_host_a_pods_connection_is_translated_per_packet() {
+    let mut w = World::new();
+    w.add(
+        mk_service("ns1", "svc1")
+            .cluster_ip("172.30.0.41")
+            .port("p80", 80, "TCP")
+            .build(),
+        &[("10.180.0.1", "node-a", true)],
+    );
+    let mut state = w.state();
+    state.node.socket_lb_host_namespace_only = true;
+    let v = trace(&state, &q("10.0.0.2", "172.30.0.41:80", ClientKind::Pod));
+    assert_eq!(v.action, Action::Forward);
+    assert_eq!(v.decided_by, "tc");
+    assert!(!v.masquerade);
+    assert_eq!(addrs(&v), ["10.180.0.1:80"]);
+    assert!(
+        v.steps
+            .iter()
+            .any(|s| s.contains("socketLBHostNamespaceOnly")),
+        "{:?}",
+        v.steps
+    );
+    // The node's own connections keep the socket-level path.
+    let from_node = trace(
+        &state,
+        &q("192.168.0.2", "172.30.0.41:80", ClientKind::Node),
+    );
+    assert_eq!(from_node.decided_by, "socket");
+}
