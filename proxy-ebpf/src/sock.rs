@@ -66,6 +66,8 @@ pub trait SockFamily: Family {
     /// The frontend a socket's reverse entry names for this backend.
     fn load_rev(cookie: u64, backend: (Self::Addr, u16)) -> Option<(Self::Addr, u16, u32)>;
     fn forget_rev(cookie: u64, backend: (Self::Addr, u16));
+    /// A loopback address (127.0.0.0/8, ::1): a pod's is its own, never the node's.
+    fn is_loopback(addr: Self::Addr) -> bool;
 }
 
 impl SockFamily for V4 {
@@ -139,6 +141,11 @@ impl SockFamily for V4 {
             _pad: 0,
         };
         let _ = SOCK_REV_NAT4_V2.remove(key);
+    }
+    #[inline(always)]
+    fn is_loopback(addr: u32) -> bool {
+        // Network byte order in memory: the first byte is the first octet.
+        addr.to_ne_bytes()[0] == 127
     }
 }
 
@@ -258,6 +265,10 @@ impl SockFamily for V6 {
         };
         let _ = SOCK_REV_NAT6_V2.remove(key);
     }
+    #[inline(always)]
+    fn is_loopback(addr: [u8; 16]) -> bool {
+        addr == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+    }
 }
 
 /// `in_output_hook`: upstream's REJECT for this frontend and client sits in the output hook.
@@ -350,8 +361,9 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
         return 1;
     }
     let from_host = netns == host_netns;
-    if !from_host && cfg_flags & LB_CFG_SOCKET_LB_HOST_NETNS_ONLY != 0 {
-        // Pods keep the address they asked for (see the module's notes).
+    if !from_host && (cfg_flags & LB_CFG_SOCKET_LB_HOST_NETNS_ONLY != 0 || F::is_loopback(addr)) {
+        // Pods keep the address they asked for (see the module's notes); a pod's loopback
+        // is its own, whatever NodePorts the node serves on its loopback.
         return 1;
     }
     let internal = from_host || pods_are_local(cfg_flags);

@@ -270,6 +270,14 @@ impl EventLoop {
             masquerade_all: self.resolved.effective.masquerade_all,
             masquerade_bit: config.masquerade_bit(choice.mode),
             localhost_nodeports: config.iptables.localhost_node_ports.unwrap_or(true),
+            loopback_nodeport_families: proxier::loopback_nodeport_families(
+                config
+                    .feature_gates
+                    .get(proxier::LOCALHOST_NODEPORTS_GATE)
+                    .copied()
+                    .unwrap_or(false),
+                &self.resolved.effective.node_port_addresses,
+            ),
         };
 
         let layout = HostLayout::from_config(config);

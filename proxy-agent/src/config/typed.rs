@@ -174,6 +174,15 @@ impl NodePortAddresses {
         cidrs
     }
 
+    /// Whether the list names a loopback range of `v6`'s family itself (`localhost`,
+    /// 127.0.0.1/32, ::1/128: a range whose network address is loopback), as upstream's
+    /// `ContainsExplicitLoopback`; a catch-all range that merely holds one does not count.
+    pub fn lists_loopback_explicitly(&self, v6: bool) -> bool {
+        self.cidrs()
+            .iter()
+            .any(|cidr| cidr.addr().is_ipv6() == v6 && cidr.network().is_loopback())
+    }
+
     /// Whether `ip` is covered by an explicit range (keywords expanded, `primary` excluded).
     pub fn contains(&self, ip: IpAddr) -> bool {
         self.cidrs().iter().any(|cidr| cidr.contains(&ip))
@@ -515,5 +524,40 @@ mod tests {
         assert_eq!(config.masquerade_bit(ProxyMode::Nftables), 20);
         assert_eq!(config.masquerade_bit(ProxyMode::Iptables), 5);
         assert_eq!(config.masquerade_bit(ProxyMode::Ebpf), 5);
+    }
+
+    /// Upstream's Test_useLocalhostNodePortProxy, row by row: (family is IPv6, list, served).
+    #[test]
+    fn loopback_ranges_count_only_when_listed_themselves() {
+        let rows: &[(bool, &[&str], bool)] = &[
+            (false, &["127.0.0.0/8"], true),
+            (true, &["::1/128"], true),
+            (false, &["::1/128"], false),
+            (true, &["127.0.0.0/8"], false),
+            (false, &["0.0.0.0/0"], false),
+            (true, &["::/0"], false),
+            (false, &["127.0.0.0/8", "0.0.0.0/0"], true),
+            (false, &["0.0.0.0/0", "127.0.0.0/8"], true),
+            (false, &["192.168.1.1/32"], false),
+            (false, &[], false),
+            // Ours: the keywords expand first.
+            (false, &["localhost"], true),
+            (true, &["localhost"], true),
+            (false, &["all"], false),
+            (false, &["primary"], false),
+        ];
+        for (v6, list, served) in rows {
+            let addresses = NodePortAddresses {
+                entries: list
+                    .iter()
+                    .map(|e| NodePortAddress::parse(e).unwrap())
+                    .collect(),
+            };
+            assert_eq!(
+                addresses.lists_loopback_explicitly(*v6),
+                *served,
+                "{list:?}, IPv6: {v6}"
+            );
+        }
     }
 }

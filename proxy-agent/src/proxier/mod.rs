@@ -20,9 +20,9 @@ pub use self::ebpf::SocketSweepUnsupported;
 pub use self::{
     registry::{CleanupReport, CleanupScope, HostLayout, ModeEntry, ModeSettings, ModeTools},
     sync::{
-        ConntrackReconcile, FamilyReport, FullMap, MapGrowth, MapUsage, NodeContext, Proxier,
-        RestoreFailure, SocketSweep, SyncError, SyncRequest, SyncStats, TableRules,
-        resolve_nodeport_addresses,
+        ConntrackReconcile, FamilyReport, FullMap, LOCALHOST_NODEPORTS_GATE, MapGrowth, MapUsage,
+        NodeContext, Proxier, RestoreFailure, SocketSweep, SyncError, SyncRequest, SyncStats,
+        TableRules, loopback_nodeport_families, resolve_nodeport_addresses,
     },
 };
 /// The inputs of a sync, which the model owns.

@@ -35,6 +35,11 @@ pub struct NodeContext {
     pub masquerade_bit: u32,
     /// iptables.localhostNodePorts (iptables mode, IPv4).
     pub localhost_nodeports: bool,
+    /// The families whose loopback address serves NodePorts in ebpf mode, which follows
+    /// nftables mode: with the KubeProxyNFTablesLocalhostNodePorts gate on, where
+    /// nodePortAddresses lists a loopback range explicitly (upstream's userspace proxy
+    /// serves TCP there; the socket programs serve TCP and UDP).
+    pub loopback_nodeport_families: Vec<IpFamily>,
 }
 
 impl NodeContext {
@@ -49,10 +54,33 @@ impl NodeContext {
         })
     }
 
+    /// Whether NodePorts are served on `family`'s loopback address (ebpf mode).
+    pub fn serves_loopback_nodeports(&self, family: IpFamily) -> bool {
+        self.loopback_nodeport_families.contains(&family)
+    }
+
     /// Whether `ip` is one of this node's addresses.
     pub fn is_node_address(&self, ip: &IpAddr) -> bool {
         self.host_addresses.contains(ip)
     }
+}
+
+/// The feature gate of upstream 1.37's localhost NodePorts in nftables mode.
+pub const LOCALHOST_NODEPORTS_GATE: &str = "KubeProxyNFTablesLocalhostNodePorts";
+
+/// [`NodeContext::loopback_nodeport_families`]: with the gate on, the families of which
+/// nodePortAddresses lists a loopback range itself.
+pub fn loopback_nodeport_families(
+    gate_on: bool,
+    addresses: &crate::config::NodePortAddresses,
+) -> Vec<IpFamily> {
+    if !gate_on {
+        return Vec::new();
+    }
+    [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .filter(|family| addresses.lists_loopback_explicitly(*family == IpFamily::V6))
+        .collect()
 }
 
 /// Resolves nodePortAddresses against the host's addresses: keywords `primary`, `localhost`,

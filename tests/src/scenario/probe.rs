@@ -67,7 +67,22 @@ fn bound_socket(spec: &ProbeSpec, ty: Type, protocol: Protocol) -> io::Result<So
     let socket = Socket::new(Domain::for_address(spec.to), ty, Some(protocol))?;
     // A fixed UDP source port is reused by the next attempt and the next step.
     socket.set_reuse_address(true)?;
-    socket.bind(&SocketAddr::new(spec.from, spec.from_port).into())?;
+    // A node process talking over loopback (`curl localhost:30080`) binds no address (only
+    // its fixed port, if any): the route gives it 127.0.0.1 (::1) all the same, unless its
+    // destination is translated away from loopback (a NodePort served on loopback by the
+    // socket programs), where a bound loopback source makes connect() fail with EINVAL.
+    let loopback_talk = spec.from.is_loopback() && spec.to.ip().is_loopback();
+    let from = if loopback_talk {
+        match spec.from {
+            IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        }
+    } else {
+        spec.from
+    };
+    if !loopback_talk || spec.from_port != 0 {
+        socket.bind(&SocketAddr::new(from, spec.from_port).into())?;
+    }
     Ok(socket)
 }
 

@@ -648,8 +648,9 @@ fn desired_node(families: &[FamilyState], node: &NodeContext) -> (HashSet<IpAddr
     let mut addrs = HashSet::new();
     let mut cidrs = HashSet::new();
     for f in families {
+        let loopback = node.serves_loopback_nodeports(f.family);
         match node.nodeport_addresses_of(f.family) {
-            Some(list) => addrs.extend(list.into_iter().filter(|a| !a.is_loopback())),
+            Some(list) => addrs.extend(list.into_iter().filter(|a| loopback || !a.is_loopback())),
             None => addrs.extend(
                 node.host_addresses
                     .iter()

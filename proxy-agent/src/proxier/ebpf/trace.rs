@@ -209,6 +209,11 @@ pub fn trace(state: &LiveState, q: &Question) -> Verdict {
             .push("only TCP, UDP and SCTP are load-balanced".into());
         return v;
     }
+    if q.client == ClientKind::Pod && q.to.ip().is_loopback() {
+        v.steps
+            .push("a pod's loopback address is its own: the socket programs leave it alone".into());
+        return v;
+    }
     let steps = &mut v.steps;
     steps.push(if socket {
         "a client on this node: connect()/sendmsg() is translated by the cgroup socket programs"

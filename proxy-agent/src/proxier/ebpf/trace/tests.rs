@@ -478,3 +478,23 @@ fn with_socket_lb_limited_to_the_host_a_pods_connection_is_translated_per_packet
     );
     assert_eq!(from_node.decided_by, "socket");
 }
+
+#[test]
+fn a_pods_loopback_is_its_own_even_where_the_node_serves_nodeports_on_loopback() {
+    let mut w = World::new();
+    w.node.nodeport_addresses = Some(vec!["127.0.0.1".parse().unwrap()]);
+    w.node.loopback_nodeport_families = vec![crate::model::IpFamily::V4];
+    w.add(
+        mk_service("ns1", "svc1")
+            .cluster_ip("172.30.0.41")
+            .type_("NodePort")
+            .node_port("p80", 80, "TCP", 30080)
+            .build(),
+        &[("10.180.0.1", "node-a", true)],
+    );
+    let state = w.state();
+    let from_node = trace(&state, &q("127.0.0.1", "127.0.0.1:30080", ClientKind::Node));
+    assert_eq!(from_node.action, Action::Forward);
+    let from_pod = trace(&state, &q("10.0.0.2", "127.0.0.1:30080", ClientKind::Pod));
+    assert_eq!(from_pod.action, Action::Untouched, "{:?}", from_pod.steps);
+}

@@ -164,6 +164,17 @@ fn node_context(doc: &Value) -> NodeContext {
         }
     }
     let iptables = &config["iptables"];
+    let listed = crate::config::NodePortAddresses {
+        entries: config["nodePortAddresses"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| crate::config::NodePortAddress::parse(e.as_str()?))
+            .collect(),
+    };
+    let gate = config["featureGates"][crate::proxier::LOCALHOST_NODEPORTS_GATE]
+        .as_bool()
+        .unwrap_or(false);
     NodeContext {
         name: node["name"].as_str().unwrap().to_string(),
         labels: Default::default(),
@@ -174,6 +185,7 @@ fn node_context(doc: &Value) -> NodeContext {
         masquerade_all: config["masqueradeAll"].as_bool().unwrap_or(false),
         masquerade_bit: iptables["masqueradeBit"].as_u64().unwrap_or(14) as u32,
         localhost_nodeports: iptables["localhostNodePorts"].as_bool().unwrap_or(true),
+        loopback_nodeport_families: crate::proxier::loopback_nodeport_families(gate, &listed),
     }
 }
 
