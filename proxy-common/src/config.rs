@@ -88,3 +88,9 @@ pub const LB_CFG_HANDING_OVER: u32 = 1 << 3;
 /// pod-side tc program load-balances them per packet, with conntrack; the pod-side egress
 /// program then translates the answers of backends on the node itself.
 pub const LB_CFG_SOCKET_LB_HOST_NETNS_ONLY: u32 = 1 << 4;
+/// Upstream 1.37's KubeProxyNFTablesLocalhostNodePorts gate is on but nodePortAddresses lists
+/// no loopback range of the family: the node's connections to a NodePort on a loopback
+/// address (127.0.0.0/8; ::1) are refused, as nftables mode's `localhost-nodeport-reject`
+/// rules refuse them.
+pub const LB_CFG_LOOPBACK_NODEPORTS_REJECT4: u32 = 1 << 5;
+pub const LB_CFG_LOOPBACK_NODEPORTS_REJECT6: u32 = 1 << 6;

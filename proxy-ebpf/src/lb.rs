@@ -288,6 +288,13 @@ pub fn lookup_frontend<F: Family>(
     }
 }
 
+/// Whether `port`/`proto` is a NodePort of some service (its frontend on every NodePort
+/// address).
+#[inline(always)]
+pub fn is_node_port<F: Family>(port: u16, proto: u8) -> bool {
+    F::svc(&F::svc_key(F::zero(), port, proto, SCOPE_EXTERNAL, 0)).is_some()
+}
+
 /// Where a client of the per-packet path sits.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum ClientSide {

@@ -39,14 +39,15 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use proxy_common::{
-    LB_CFG_HANDING_OVER, LB_CFG_MASQUERADE_ALL, LB_CFG_SOCKET_LB_HOST_NETNS_ONLY, SockFrontend,
-    SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue, proto, svc_flags,
+    LB_CFG_HANDING_OVER, LB_CFG_LOOPBACK_NODEPORTS_REJECT4, LB_CFG_LOOPBACK_NODEPORTS_REJECT6,
+    LB_CFG_MASQUERADE_ALL, LB_CFG_SOCKET_LB_HOST_NETNS_ONLY, SockFrontend, SockRevNat4Key,
+    SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue, proto, svc_flags,
 };
 
 use crate::{
     lb::{
-        Client, ClientSide, Family, Frontend, MaglevHash, V4, V6, lookup_frontend, masquerade_flow,
-        pods_are_local, select_backend,
+        Client, ClientSide, Family, Frontend, MaglevHash, V4, V6, is_node_port, lookup_frontend,
+        masquerade_flow, pods_are_local, select_backend,
     },
     maps::{LB_CONFIG_V1, SOCK_FRONTEND_V1, SOCK_REV_NAT4_V2, SOCK_REV_NAT6_V2},
 };
@@ -68,9 +69,12 @@ pub trait SockFamily: Family {
     fn forget_rev(cookie: u64, backend: (Self::Addr, u16));
     /// A loopback address (127.0.0.0/8, ::1): a pod's is its own, never the node's.
     fn is_loopback(addr: Self::Addr) -> bool;
+    /// The family's `LB_CFG_LOOPBACK_NODEPORTS_REJECT*` bit.
+    const LOOPBACK_NODEPORTS_REJECT: u32;
 }
 
 impl SockFamily for V4 {
+    const LOOPBACK_NODEPORTS_REJECT: u32 = LB_CFG_LOOPBACK_NODEPORTS_REJECT4;
     #[inline(always)]
     fn dst(sa: *mut bpf_sock_addr) -> (u32, u16) {
         // SAFETY: the context's sock_addr is valid for the program's run.
@@ -166,6 +170,7 @@ fn bytes_to_words(b: [u8; 16]) -> [u32; 4] {
 }
 
 impl SockFamily for V6 {
+    const LOOPBACK_NODEPORTS_REJECT: u32 = LB_CFG_LOOPBACK_NODEPORTS_REJECT6;
     #[inline(always)]
     fn dst(sa: *mut bpf_sock_addr) -> ([u8; 16], u16) {
         // SAFETY: the context's sock_addr is valid for the program's run.
@@ -296,6 +301,26 @@ fn dropped(protocol: u8, from_host: bool) -> i32 {
     1
 }
 
+/// A destination no frontend holds (the caller runs in the node's namespace): refused when
+/// it is a NodePort on a loopback address that the configuration refuses (nftables mode's
+/// `localhost-nodeport-reject`, in its input hook: ECONNREFUSED for TCP and UDP alike);
+/// left alone otherwise.
+#[inline(always)]
+fn loopback_node_port<F: SockFamily>(
+    addr: F::Addr,
+    port: u16,
+    protocol: u8,
+    cfg_flags: u32,
+) -> i32 {
+    if cfg_flags & F::LOOPBACK_NODEPORTS_REJECT != 0
+        && F::is_loopback(addr)
+        && is_node_port::<F>(port, protocol)
+    {
+        return reject(protocol, false);
+    }
+    1
+}
+
 /// The node's network-namespace cookie and the configuration flags.
 #[inline(always)]
 fn host_and_flags() -> (u64, u32) {
@@ -371,7 +396,7 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
         Frontend::Service { svc, key } => (svc, key),
         Frontend::Reject => return reject(protocol, from_host),
         Frontend::Drop => return dropped(protocol, from_host),
-        Frontend::None => return 1,
+        Frontend::None => return loopback_node_port::<F>(addr, port, protocol, cfg_flags),
     };
     if svc.flags & svc_flags::SOURCE_RANGES != 0
         && !source_allowed::<F, SENDMSG>(sa, &svc, from_host)

@@ -260,6 +260,11 @@ impl EventLoop {
     /// Creates the dataplane (falling back if it cannot start) and runs until a signal.
     pub async fn start(mut self, choice: ModeChoice, facts: NodeFacts) -> Result<()> {
         let config = &self.resolved.config;
+        let localhost_gate = config
+            .feature_gates
+            .get(proxier::LOCALHOST_NODEPORTS_GATE)
+            .copied()
+            .unwrap_or(false);
         let mut node = NodeContext {
             name: self.node_name.clone(),
             labels: self.cluster.node_labels().clone(),
@@ -271,13 +276,10 @@ impl EventLoop {
             masquerade_bit: config.masquerade_bit(choice.mode),
             localhost_nodeports: config.iptables.localhost_node_ports.unwrap_or(true),
             loopback_nodeport_families: proxier::loopback_nodeport_families(
-                config
-                    .feature_gates
-                    .get(proxier::LOCALHOST_NODEPORTS_GATE)
-                    .copied()
-                    .unwrap_or(false),
+                localhost_gate,
                 &self.resolved.effective.node_port_addresses,
             ),
+            loopback_nodeports_gate: localhost_gate,
         };
 
         let layout = HostLayout::from_config(config);

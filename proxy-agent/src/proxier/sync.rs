@@ -40,6 +40,9 @@ pub struct NodeContext {
     /// nodePortAddresses lists a loopback range explicitly (upstream's userspace proxy
     /// serves TCP there; the socket programs serve TCP and UDP).
     pub loopback_nodeport_families: Vec<IpFamily>,
+    /// The KubeProxyNFTablesLocalhostNodePorts gate: loopback NodePorts of the other
+    /// families are refused (ebpf mode, as nftables mode refuses them).
+    pub loopback_nodeports_gate: bool,
 }
 
 impl NodeContext {
@@ -57,6 +60,11 @@ impl NodeContext {
     /// Whether NodePorts are served on `family`'s loopback address (ebpf mode).
     pub fn serves_loopback_nodeports(&self, family: IpFamily) -> bool {
         self.loopback_nodeport_families.contains(&family)
+    }
+
+    /// Whether NodePorts on `family`'s loopback addresses are refused (ebpf mode).
+    pub fn rejects_loopback_nodeports(&self, family: IpFamily) -> bool {
+        self.loopback_nodeports_gate && !self.serves_loopback_nodeports(family)
     }
 
     /// Whether `ip` is one of this node's addresses.

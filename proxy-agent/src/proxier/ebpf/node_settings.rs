@@ -17,10 +17,13 @@ use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
-use proxy_common::{LB_CFG_LOCAL_DETECTOR, LB_CFG_MASQUERADE_ALL};
+use proxy_common::{
+    LB_CFG_LOCAL_DETECTOR, LB_CFG_LOOPBACK_NODEPORTS_REJECT4, LB_CFG_LOOPBACK_NODEPORTS_REJECT6,
+    LB_CFG_MASQUERADE_ALL,
+};
 
 use super::maps::{KvMap, Prefix, Result};
-use crate::proxier::NodeContext;
+use crate::{model::IpFamily, proxier::NodeContext};
 
 /// The ports north-south SNAT gives the flows it masquerades, when the kernel's own
 /// ephemeral range leaves them free: 61000-65535, just above Linux's default
@@ -99,11 +102,20 @@ pub fn config_flags(node: &NodeContext) -> u32 {
     if node.local_detector.is_implemented() {
         flags |= LB_CFG_LOCAL_DETECTOR;
     }
+    if node.rejects_loopback_nodeports(IpFamily::V4) {
+        flags |= LB_CFG_LOOPBACK_NODEPORTS_REJECT4;
+    }
+    if node.rejects_loopback_nodeports(IpFamily::V6) {
+        flags |= LB_CFG_LOOPBACK_NODEPORTS_REJECT6;
+    }
     flags
 }
 
 /// The flag bits [`config_flags`] owns (the rest of `flags` belongs to others).
-pub const NODE_FLAGS: u32 = LB_CFG_MASQUERADE_ALL | LB_CFG_LOCAL_DETECTOR;
+pub const NODE_FLAGS: u32 = LB_CFG_MASQUERADE_ALL
+    | LB_CFG_LOCAL_DETECTOR
+    | LB_CFG_LOOPBACK_NODEPORTS_REJECT4
+    | LB_CFG_LOOPBACK_NODEPORTS_REJECT6;
 
 /// The sources the local-traffic detector calls local, both families (empty for the
 /// interface-based detectors: nothing that arrives on an uplink is local then).
@@ -266,9 +278,26 @@ mod tests {
             config_flags(&node(LocalDetector::None, true)),
             LB_CFG_MASQUERADE_ALL
         );
-        assert_eq!(config_flags(&node(cidrs, true)), NODE_FLAGS);
+        assert_eq!(
+            config_flags(&node(cidrs, true)),
+            LB_CFG_LOCAL_DETECTOR | LB_CFG_MASQUERADE_ALL
+        );
         let bridge = LocalDetector::BridgeInterface("cbr0".into());
         assert_eq!(config_flags(&node(bridge, false)), LB_CFG_LOCAL_DETECTOR);
+    }
+
+    #[test]
+    fn loopback_nodeports_are_refused_per_family_where_the_gate_is_on_and_none_is_listed() {
+        let mut n = node(LocalDetector::None, false);
+        n.loopback_nodeport_families = vec![IpFamily::V4];
+        assert_eq!(config_flags(&n), 0, "the gate is off");
+        n.loopback_nodeports_gate = true;
+        assert_eq!(config_flags(&n), LB_CFG_LOOPBACK_NODEPORTS_REJECT6);
+        n.loopback_nodeport_families.clear();
+        assert_eq!(
+            config_flags(&n),
+            LB_CFG_LOOPBACK_NODEPORTS_REJECT4 | LB_CFG_LOOPBACK_NODEPORTS_REJECT6
+        );
     }
 
     #[test]

@@ -104,6 +104,18 @@ fn lookup<'a>(
             ));
             Lookup::Reject
         }
+        None if addr.is_loopback()
+            && state
+                .node
+                .loopback_nodeports_rejected
+                .contains(&addr.is_ipv6())
+            && find(unspecified(&addr)).is_some() =>
+        {
+            steps.push(format!(
+                "{port}/{p} is a NodePort, refused on loopback: the KubeProxyNFTablesLocalhostNodePorts gate is on and nodePortAddresses lists no loopback range of the family"
+            ));
+            Lookup::Reject
+        }
         None if state.node.service_cidrs.iter().any(|c| c.contains(&addr)) => {
             steps.push(format!(
                 "{addr} is inside a service CIDR but no service holds it"

@@ -294,6 +294,12 @@ pub fn trace(
         "nat PREROUTING"
     };
     let mut v = Verdict::untouched("iptables", q, decided_by);
+    if q.client == ClientKind::Pod && q.to.ip().is_loopback() {
+        // The pod's own loopback: its packets never reach the node's rules.
+        v.steps
+            .push("a pod's loopback address is its own: the node's rules never see it".into());
+        return v;
+    }
     let ctx = Ctx {
         q,
         node_addresses,

@@ -160,6 +160,8 @@ pub struct LiveNode {
     /// socketLBHostNamespaceOnly: the socket programs leave pods' connections to the
     /// pod-side tc programs.
     pub socket_lb_host_namespace_only: bool,
+    /// The families (IPv6: true) whose loopback NodePorts are refused.
+    pub loopback_nodeports_rejected: Vec<bool>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -400,6 +402,14 @@ pub fn decode(raw: &RawMaps) -> LiveState {
         socket_lb_host_namespace_only: raw.config.flags
             & proxy_common::LB_CFG_SOCKET_LB_HOST_NETNS_ONLY
             != 0,
+        loopback_nodeports_rejected: [
+            (false, proxy_common::LB_CFG_LOOPBACK_NODEPORTS_REJECT4),
+            (true, proxy_common::LB_CFG_LOOPBACK_NODEPORTS_REJECT6),
+        ]
+        .into_iter()
+        .filter(|(_, bit)| raw.config.flags & bit != 0)
+        .map(|(v6, _)| v6)
+        .collect(),
     };
     state
 }

@@ -498,3 +498,26 @@ fn a_pods_loopback_is_its_own_even_where_the_node_serves_nodeports_on_loopback()
     let from_pod = trace(&state, &q("10.0.0.2", "127.0.0.1:30080", ClientKind::Pod));
     assert_eq!(from_pod.action, Action::Untouched, "{:?}", from_pod.steps);
 }
+
+#[test]
+fn with_the_gate_and_no_loopback_listed_loopback_nodeports_are_refused() {
+    let mut w = World::new();
+    w.node.loopback_nodeports_gate = true;
+    w.add(
+        mk_service("ns1", "svc1")
+            .cluster_ip("172.30.0.41")
+            .type_("NodePort")
+            .node_port("p80", 80, "TCP", 30080)
+            .build(),
+        &[("10.180.0.1", "node-a", true)],
+    );
+    let state = w.state();
+    for to in ["127.0.0.1:30080", "127.0.0.5:30080"] {
+        let v = trace(&state, &q("127.0.0.1", to, ClientKind::Node));
+        assert_eq!(v.action, Action::Reject, "{to}: {:?}", v.steps);
+    }
+    let other_port = trace(&state, &q("127.0.0.1", "127.0.0.1:30081", ClientKind::Node));
+    assert_eq!(other_port.action, Action::Untouched);
+    let from_pod = trace(&state, &q("10.0.0.2", "127.0.0.1:30080", ClientKind::Pod));
+    assert_eq!(from_pod.action, Action::Untouched);
+}

@@ -186,6 +186,7 @@ fn node_context(doc: &Value) -> NodeContext {
         masquerade_bit: iptables["masqueradeBit"].as_u64().unwrap_or(14) as u32,
         localhost_nodeports: iptables["localhostNodePorts"].as_bool().unwrap_or(true),
         loopback_nodeport_families: crate::proxier::loopback_nodeport_families(gate, &listed),
+        loopback_nodeports_gate: gate,
     }
 }
 

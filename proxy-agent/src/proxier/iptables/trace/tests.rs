@@ -202,6 +202,16 @@ fn rules_counting_in_nfacct_are_read_by_the_parser_trace_and_inspect() {
         );
     }
 
+    // A pod's 127.0.0.1 is its own: the node's rules never see it.
+    let from_pod = trace(
+        NAT_WITH_NFACCT,
+        FILTER_WITH_NFACCT,
+        &node(),
+        &RecentLists::new(),
+        &q("10.0.0.2", "127.0.0.1:3002", ClientKind::Pod),
+    );
+    assert_eq!(from_pod.action, Action::Untouched);
+
     // inspect rules: both rules are the service's NodePort frontends, the counting one
     // for 127.0.0.0/8.
     let summary = crate::proxier::netfilter::inspect::summarise(
