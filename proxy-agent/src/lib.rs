@@ -22,6 +22,7 @@ pub mod runner;
 pub mod serve;
 pub mod sorted;
 pub mod source;
+pub mod status;
 pub mod sys;
 pub mod telemetry;
 pub mod tools;

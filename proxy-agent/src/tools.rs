@@ -24,6 +24,10 @@ pub enum Tool {
     Inspect(InspectArgs),
     /// Explain what the running dataplane would do with a connection.
     Trace(TraceArgs),
+    /// One screen on this node's proxy: the mode the agent runs, its last sync, the
+    /// dataplane's programs and where they are attached, the maps' fill, and the
+    /// dataplane's drop and reject counters by reason.
+    Status(StatusArgs),
     /// Run as the DaemonSet's socket-terminator sidecar: list and destroy the connected UDP
     /// sockets of the node's network namespaces when the agent asks (see
     /// proxier::ebpf::sockets). Needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN.
@@ -60,6 +64,22 @@ pub struct InspectArgs {
     /// services | backends | affinity | conntrack | rules
     #[arg(value_parser = parse_subject)]
     pub subject: Subject,
+    /// text or json.
+    #[arg(long, short = 'o', default_value = "text", value_parser = parse_output)]
+    pub output: Output,
+    /// The agent's bpffs root (default: the configuration's, else /sys/fs/bpf/kube-proxy-ebpf).
+    #[arg(long, value_name = "DIR")]
+    pub bpffs_root: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct StatusArgs {
+    /// The agent's metrics server (`metricsBindAddress`; `0.0.0.0` is asked on 127.0.0.1).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:10249")]
+    pub metrics_address: String,
+    /// The agent's health server (`healthzBindAddress`).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:10256")]
+    pub healthz_address: String,
     /// text or json.
     #[arg(long, short = 'o', default_value = "text", value_parser = parse_output)]
     pub output: Output,
@@ -198,6 +218,25 @@ pub fn run(tool: &Tool, layout: &HostLayout) -> Result<String, ToolError> {
                 ToolError::Mode(format!("{} mode has no inspect", entry.mode.as_str()))
             })?;
             inspect(&layout, a.subject, a.output).map_err(ToolError::Mode)
+        }
+        Tool::Status(a) => {
+            let layout = with_root(&a.bpffs_root);
+            let endpoints = crate::status::Endpoints {
+                metrics: crate::status::local_address(&a.metrics_address),
+                healthz: crate::status::local_address(&a.healthz_address),
+            };
+            let agent = crate::status::ask_agent(&endpoints);
+            // The dataplane of the mode the agent names, else of the mode in use here.
+            let named = agent.mode.as_deref().and_then(ProxyMode::parse);
+            let dataplane = proxier::tool_mode(named, &layout, |t| t.status.is_some())
+                .ok()
+                .filter(|entry| named.is_some() || (entry.tools.in_use)(&layout))
+                .and_then(|entry| entry.tools.status)
+                .map(|status| status(&layout))
+                .transpose()
+                .map_err(ToolError::Mode)?;
+            let report = crate::status::StatusReport { agent, dataplane };
+            Ok(report.render(a.output, std::time::SystemTime::now())?)
         }
         Tool::Trace(a) => {
             let layout = with_root(&a.bpffs_root);

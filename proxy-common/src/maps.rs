@@ -66,6 +66,83 @@ pub const XDP_STAT_PASS: u32 = 2;
 pub const XDP_STAT_TX: u32 = 3;
 pub const XDP_STAT_TRANSLATED_PASS: u32 = 4;
 
+/// Per-CPU counters (u64) of what the programs dropped or refused themselves, one slot per
+/// reason ([`DATAPATH_REASONS`]). A packet XDP drops is counted there; one it leaves to tc
+/// (a reject, which tc answers) is counted by tc; a connection a socket program refuses, by
+/// that program.
+pub const DATAPATH_STATS: &str = "DATAPATH_STATS_V1";
+/// A frontend whose traffic policy is Local has endpoints on other nodes only.
+pub const DROP_NO_LOCAL_ENDPOINTS: u32 = 0;
+/// The source is outside the frontend's loadBalancerSourceRanges.
+pub const DROP_SOURCE_RANGE: u32 = 1;
+/// An address of a service CIDR that no service holds.
+pub const DROP_UNALLOCATED_SERVICE_IP: u32 = 2;
+/// A fragment that cannot be translated (its first fragment made no flow, or SCTP's
+/// checksum would need the whole packet).
+pub const DROP_FRAGMENT: u32 = 3;
+/// No free SNAT port for a masqueraded flow.
+pub const DROP_SNAT_PORTS_EXHAUSTED: u32 = 4;
+/// The conntrack map refused the new flow's entries.
+pub const DROP_CONNTRACK_FULL: u32 = 5;
+/// Rewriting the packet failed (the kernel refused the helper).
+pub const DROP_REWRITE_FAILED: u32 = 6;
+/// The frontend's backend slot names no backend (a sync in progress).
+pub const DROP_BACKEND_MISSING: u32 = 7;
+/// A frontend without endpoints (upstream's REJECT).
+pub const REJECT_NO_ENDPOINTS: u32 = 8;
+/// A ClusterIP's port that no service port serves.
+pub const REJECT_UNSERVED_PORT: u32 = 9;
+/// A NodePort on a loopback address the configuration refuses.
+pub const REJECT_LOOPBACK_NODEPORT: u32 = 10;
+pub const DATAPATH_STAT_SLOTS: u32 = 11;
+
+/// Whether a datapath counter slot counts drops or rejects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DatapathVerdict {
+    Drop,
+    Reject,
+}
+
+/// Every slot of [`DATAPATH_STATS`]: its verdict and the `reason` label of its metric.
+pub const DATAPATH_REASONS: &[(u32, DatapathVerdict, &str)] = &[
+    (
+        DROP_NO_LOCAL_ENDPOINTS,
+        DatapathVerdict::Drop,
+        "no_local_endpoints",
+    ),
+    (DROP_SOURCE_RANGE, DatapathVerdict::Drop, "source_range"),
+    (
+        DROP_UNALLOCATED_SERVICE_IP,
+        DatapathVerdict::Drop,
+        "unallocated_service_ip",
+    ),
+    (DROP_FRAGMENT, DatapathVerdict::Drop, "fragment"),
+    (
+        DROP_SNAT_PORTS_EXHAUSTED,
+        DatapathVerdict::Drop,
+        "snat_ports_exhausted",
+    ),
+    (DROP_CONNTRACK_FULL, DatapathVerdict::Drop, "conntrack_full"),
+    (DROP_REWRITE_FAILED, DatapathVerdict::Drop, "rewrite_failed"),
+    (
+        DROP_BACKEND_MISSING,
+        DatapathVerdict::Drop,
+        "backend_missing",
+    ),
+    (REJECT_NO_ENDPOINTS, DatapathVerdict::Reject, "no_endpoints"),
+    (
+        REJECT_UNSERVED_PORT,
+        DatapathVerdict::Reject,
+        "unserved_port",
+    ),
+    (
+        REJECT_LOOPBACK_NODEPORT,
+        DatapathVerdict::Reject,
+        "loopback_nodeport",
+    ),
+];
+const _: () = assert!(DATAPATH_REASONS.len() == DATAPATH_STAT_SLOTS as usize);
+
 /// Every map the programs define, for pinning, inspection and cleanup.
 pub const ALL: &[&str] = &[
     SVC4,
@@ -94,6 +171,7 @@ pub const ALL: &[&str] = &[
     MAGLEV,
     MAGLEV_CONFIG,
     XDP_STATS,
+    DATAPATH_STATS,
 ];
 
 /// Compile-time capacities; the agent overrides them from its configuration at load time.

@@ -107,6 +107,23 @@ pub fn count_xdp(slot: u32) {
     }
 }
 
+#[btf_map]
+pub static DATAPATH_STATS_V1: PerCpuArray<u64, { DATAPATH_STAT_SLOTS as usize }> =
+    PerCpuArray::new();
+
+/// Counts one drop or reject in [`DATAPATH_STATS_V1`] (`reason`: a `proxy_common::maps`
+/// `DROP_*` / `REJECT_*` slot). Inlined: a frame of its own under `forward` took the
+/// longest chain (`tc_pod_ingress`) over the verifier's 512 bytes, while its key fits in
+/// the callers' frames as the kernel rounds them (to 32 bytes;
+/// `ebpf_object::stack_budget` checks every chain).
+#[inline(always)]
+pub fn count_datapath(reason: u32) {
+    if let Some(counter) = DATAPATH_STATS_V1.get_ptr_mut(reason) {
+        // SAFETY: a per-CPU slot; only this CPU's programs touch it.
+        unsafe { *counter += 1 };
+    }
+}
+
 /// Per-CPU scratch space for FIB lookups: the parameters are too big for the BPF stack of
 /// the longest call chain. Not pinned (nothing persists in it).
 #[btf_map]

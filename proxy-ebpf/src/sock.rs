@@ -41,7 +41,12 @@ use aya_ebpf::{
 use proxy_common::{
     LB_CFG_HANDING_OVER, LB_CFG_LOOPBACK_NODEPORTS_REJECT4, LB_CFG_LOOPBACK_NODEPORTS_REJECT6,
     LB_CFG_MASQUERADE_ALL, LB_CFG_SOCKET_LB_HOST_NETNS_ONLY, SockFrontend, SockRevNat4Key,
-    SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue, proto, svc_flags,
+    SockRevNat4Value, SockRevNat6Key, SockRevNat6Value, SvcValue,
+    maps::{
+        DROP_NO_LOCAL_ENDPOINTS, DROP_SOURCE_RANGE, DROP_UNALLOCATED_SERVICE_IP,
+        REJECT_LOOPBACK_NODEPORT, REJECT_NO_ENDPOINTS, REJECT_UNSERVED_PORT,
+    },
+    proto, svc_flags,
 };
 
 use crate::{
@@ -49,7 +54,7 @@ use crate::{
         Client, ClientSide, Family, Frontend, MaglevHash, V4, V6, is_node_port, lookup_frontend,
         masquerade_flow, pods_are_local, select_backend,
     },
-    maps::{LB_CONFIG_V1, SOCK_FRONTEND_V1, SOCK_REV_NAT4_V2, SOCK_REV_NAT6_V2},
+    maps::{LB_CONFIG_V1, SOCK_FRONTEND_V1, SOCK_REV_NAT4_V2, SOCK_REV_NAT6_V2, count_datapath},
 };
 
 const ECONNREFUSED: i32 = 111;
@@ -277,8 +282,10 @@ impl SockFamily for V6 {
 }
 
 /// `in_output_hook`: upstream's REJECT for this frontend and client sits in the output hook.
+/// Counted under `reason` (a `proxy_common::maps::REJECT_*` slot).
 #[inline(always)]
-fn reject(protocol: u8, in_output_hook: bool) -> i32 {
+fn reject(protocol: u8, in_output_hook: bool, reason: u32) -> i32 {
+    count_datapath(reason);
     if protocol == proto::UDP && in_output_hook {
         // The default error of a refusing program: EPERM.
         return 0;
@@ -293,9 +300,11 @@ fn reject(protocol: u8, in_output_hook: bool) -> i32 {
 /// datagram the node itself sends. Dropped by a netfilter rule in the output hook, its
 /// send() fails with EPERM, which a refusing program gives too; a TCP SYN dropped there
 /// is retransmitted until connect() times out, as after the tc program's drop.
+/// Counted under `reason` when refused here (the tc program counts what it drops).
 #[inline(always)]
-fn dropped(protocol: u8, from_host: bool) -> i32 {
+fn dropped(protocol: u8, from_host: bool, reason: u32) -> i32 {
     if protocol == proto::UDP && from_host {
+        count_datapath(reason);
         return 0;
     }
     1
@@ -316,7 +325,7 @@ fn loopback_node_port<F: SockFamily>(
         && F::is_loopback(addr)
         && is_node_port::<F>(port, protocol)
     {
-        return reject(protocol, false);
+        return reject(protocol, false, REJECT_LOOPBACK_NODEPORT);
     }
     1
 }
@@ -394,20 +403,24 @@ pub fn translate<F: SockFamily, const SENDMSG: bool>(ctx: &SockAddrContext) -> i
     let internal = from_host || pods_are_local(cfg_flags);
     let (svc, key) = match lookup_frontend::<F>(addr, port, protocol, internal) {
         Frontend::Service { svc, key } => (svc, key),
-        Frontend::Reject => return reject(protocol, from_host),
-        Frontend::Drop => return dropped(protocol, from_host),
+        Frontend::Reject => return reject(protocol, from_host, REJECT_UNSERVED_PORT),
+        Frontend::Drop => return dropped(protocol, from_host, DROP_UNALLOCATED_SERVICE_IP),
         Frontend::None => return loopback_node_port::<F>(addr, port, protocol, cfg_flags),
     };
     if svc.flags & svc_flags::SOURCE_RANGES != 0
         && !source_allowed::<F, SENDMSG>(sa, &svc, from_host)
     {
-        return dropped(protocol, from_host);
+        return dropped(protocol, from_host, DROP_SOURCE_RANGE);
     }
     if svc.count == 0 {
         if svc.flags & svc_flags::DROP_NO_ENDPOINTS != 0 {
-            return dropped(protocol, from_host);
+            return dropped(protocol, from_host, DROP_NO_LOCAL_ENDPOINTS);
         }
-        return reject(protocol, from_host && svc.flags & svc_flags::NODE_PORT == 0);
+        return reject(
+            protocol,
+            from_host && svc.flags & svc_flags::NODE_PORT == 0,
+            REJECT_NO_ENDPOINTS,
+        );
     }
     if !from_host
         && cfg_flags & LB_CFG_MASQUERADE_ALL != 0

@@ -329,6 +329,28 @@ impl EventLoop {
                 Box::new(proxier::iptables::localhost_nodeports_accepted_packets),
             );
         }
+        if choice.mode == crate::config::ProxyMode::Ebpf {
+            for (verdict, name, help) in [
+                (
+                    proxy_common::maps::DatapathVerdict::Drop,
+                    "ebpf_datapath_drops_total",
+                    "Packets and connections the eBPF programs dropped, by reason",
+                ),
+                (
+                    proxy_common::maps::DatapathVerdict::Reject,
+                    "ebpf_datapath_rejects_total",
+                    "Packets and connections the eBPF programs refused (upstream's REJECT), by reason",
+                ),
+            ] {
+                let maps_dir = proxier::ebpf::maps_dir(&layout.bpffs_root);
+                self.metrics.register_labelled_packet_counter(
+                    name,
+                    help,
+                    "reason",
+                    Box::new(move || proxier::ebpf::counters::counts_of(&maps_dir, verdict)),
+                );
+            }
+        }
         info!(
             mode = proxier.mode(),
             requested = choice.requested.as_str(),

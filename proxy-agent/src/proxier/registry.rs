@@ -40,6 +40,8 @@ pub struct ModeEntry {
 
 /// Renders one `inspect` subject of the mode's live state.
 pub type InspectFn = fn(&HostLayout, Subject, Output) -> Result<String, String>;
+/// Reads the mode's dataplane for `proxy-agent status`.
+pub type StatusFn = fn(&HostLayout) -> Result<crate::status::DataplaneStatus, String>;
 /// Follows one connection through the mode's live state.
 pub type TraceFn = fn(&HostLayout, &TraceRequest) -> Result<Verdict, String>;
 
@@ -54,6 +56,8 @@ pub struct ModeTools {
     pub inspect: Option<InspectFn>,
     /// What the running dataplane would do with one connection.
     pub trace: Option<TraceFn>,
+    /// What `proxy-agent status` shows of the mode's dataplane from the kernel.
+    pub status: Option<StatusFn>,
 }
 
 impl ModeTools {
@@ -63,6 +67,7 @@ impl ModeTools {
         inspect_subjects: &[],
         inspect: None,
         trace: None,
+        status: None,
     };
 }
 

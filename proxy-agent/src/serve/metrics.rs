@@ -34,6 +34,9 @@ const NS: &str = "kubeproxy";
 /// reported then, as upstream reports nothing when its nfacct object is missing).
 pub type PacketCountReader = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
+/// Reads counters of one label at scrape time, as `(label value, count)`.
+pub type LabelledCountReader = Box<dyn Fn() -> Option<Vec<(String, u64)>> + Send + Sync>;
+
 /// Handles to every metric; cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -361,6 +364,29 @@ impl Collector for PacketCounter {
     }
 }
 
+/// Counters of one label read from the kernel at scrape time (ebpf mode's datapath drops).
+struct LabelledPacketCounter {
+    counters: IntCounterVec,
+    read: LabelledCountReader,
+}
+
+impl Collector for LabelledPacketCounter {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.counters.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let Some(counts) = (self.read)() else {
+            return Vec::new();
+        };
+        self.counters.reset();
+        for (label, count) in counts {
+            self.counters.with_label_values(&[&label]).inc_by(count);
+        }
+        self.counters.collect()
+    }
+}
+
 impl Metrics {
     /// The registry with the families every mode has, `process_*` included.
     pub fn new() -> Self {
@@ -648,6 +674,26 @@ impl Metrics {
     pub fn register_packet_counter(&self, name: &str, help: &str, read: PacketCountReader) {
         let collector = PacketCounter {
             counter: counter(name, help),
+            read,
+        };
+        if let Err(e) = self.registry.register(Box::new(collector)) {
+            tracing::error!(error = %e, name, "packet counter registered twice");
+        }
+        self.count_registered();
+    }
+
+    /// Adds counters of one `label` read at each scrape (every value `read` gives, zeros
+    /// included, so that a rate query sees the series from the start); no sample while
+    /// `read` has no value. `name` is without the `kubeproxy_` namespace.
+    pub fn register_labelled_packet_counter(
+        &self,
+        name: &str,
+        help: &str,
+        label: &str,
+        read: LabelledCountReader,
+    ) {
+        let collector = LabelledPacketCounter {
+            counters: counter_vec(name, help, &[label]),
             read,
         };
         if let Err(e) = self.registry.register(Box::new(collector)) {

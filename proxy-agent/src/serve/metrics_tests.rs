@@ -211,6 +211,33 @@ fn a_packet_counter_is_read_at_each_scrape_and_absent_when_unreadable() {
 }
 
 #[test]
+fn labelled_packet_counters_are_read_at_each_scrape_zeros_included() {
+    let m = Metrics::new();
+    let value = std::sync::Arc::new(std::sync::Mutex::new(Some(vec![
+        ("no_endpoints".to_string(), 3),
+        ("unserved_port".to_string(), 0),
+    ])));
+    let read = value.clone();
+    m.register_labelled_packet_counter(
+        "ebpf_datapath_rejects_total",
+        "help",
+        "reason",
+        Box::new(move || read.lock().unwrap().clone()),
+    );
+    let page = m.render();
+    assert!(page.contains("# TYPE kubeproxy_ebpf_datapath_rejects_total counter"));
+    assert!(page.contains("kubeproxy_ebpf_datapath_rejects_total{reason=\"no_endpoints\"} 3"));
+    assert!(page.contains("kubeproxy_ebpf_datapath_rejects_total{reason=\"unserved_port\"} 0"));
+    *value.lock().unwrap() = Some(vec![("no_endpoints".to_string(), 5)]);
+    assert!(
+        m.render()
+            .contains("kubeproxy_ebpf_datapath_rejects_total{reason=\"no_endpoints\"} 5")
+    );
+    *value.lock().unwrap() = None;
+    assert!(!m.render().contains("kubeproxy_ebpf_datapath_rejects_total"));
+}
+
+#[test]
 fn conntrack_reconciler_metrics_carry_the_family() {
     let m = Metrics::new();
     m.register_mode(MetricsMode::Ebpf, &[IpFamily::V4]);

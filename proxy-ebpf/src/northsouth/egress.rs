@@ -13,7 +13,14 @@
 //!   pods for outside clients (externalTrafficPolicy applies to them).
 
 use aya_ebpf::{bindings::TC_ACT_OK, bindings::TC_ACT_SHOT, programs::TcContext};
-use proxy_common::{LB_CFG_HANDING_OVER, svc_flags};
+use proxy_common::{
+    LB_CFG_HANDING_OVER,
+    maps::{
+        DROP_NO_LOCAL_ENDPOINTS, DROP_SOURCE_RANGE, DROP_UNALLOCATED_SERVICE_IP,
+        REJECT_UNSERVED_PORT,
+    },
+    svc_flags,
+};
 
 use super::{
     PacketFamily, ct,
@@ -23,6 +30,7 @@ use super::{
 };
 use crate::{
     lb::{Frontend, V4, V6, lookup_frontend, pods_are_local},
+    maps::count_datapath,
     packet::Packet,
 };
 
@@ -62,19 +70,24 @@ pub fn verdict<F: PacketFamily>(p: &Packet<F::Addr>, internal: bool, flags: u32)
         // node over: its rules, not these, decide what is dropped.
         return TC_ACT_OK;
     }
-    match lookup_frontend::<F>(p.daddr, p.dport, p.proto, internal) {
-        Frontend::None => TC_ACT_OK,
-        Frontend::Drop | Frontend::Reject => TC_ACT_SHOT,
+    let reason = match lookup_frontend::<F>(p.daddr, p.dport, p.proto, internal) {
+        Frontend::None => return TC_ACT_OK,
+        // The socket programs refuse these themselves; what reaches here was sent before
+        // the frontend changed.
+        Frontend::Drop => DROP_UNALLOCATED_SERVICE_IP,
+        Frontend::Reject => REJECT_UNSERVED_PORT,
         Frontend::Service { svc, .. } => {
             if svc.flags & svc_flags::SOURCE_RANGES != 0
                 && !F::source_allowed(svc.rev_nat_id, p.saddr)
             {
-                return TC_ACT_SHOT;
+                DROP_SOURCE_RANGE
+            } else if svc.count == 0 {
+                DROP_NO_LOCAL_ENDPOINTS
+            } else {
+                return TC_ACT_OK;
             }
-            if svc.count == 0 {
-                return TC_ACT_SHOT;
-            }
-            TC_ACT_OK
         }
-    }
+    };
+    count_datapath(reason);
+    TC_ACT_SHOT
 }

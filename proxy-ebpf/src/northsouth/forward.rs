@@ -36,8 +36,9 @@ pub trait Forward: PacketIo {
         stack_ok: bool,
     ) -> Option<Plan>;
     fn send(&self, plan: Plan) -> i32;
-    /// Answers a packet for a frontend without endpoints (upstream's REJECT).
-    fn reject<F: PacketFamily>(&self, p: &Packet<F::Addr>) -> i32;
+    /// Answers a packet for a frontend without endpoints (upstream's REJECT), counted under
+    /// `reason` by the layer that answers.
+    fn reject<F: PacketFamily>(&self, p: &Packet<F::Addr>, reason: u32) -> i32;
     /// Handles an ICMP(v6) packet: errors about tracked flows are translated.
     fn icmp<F: AddrRewrite>(&self, p: &Packet<F::Addr>) -> i32;
 }
@@ -57,7 +58,8 @@ impl Forward for TcContext {
         route::tc_send(plan)
     }
     #[inline(always)]
-    fn reject<F: PacketFamily>(&self, p: &Packet<F::Addr>) -> i32 {
+    fn reject<F: PacketFamily>(&self, p: &Packet<F::Addr>, reason: u32) -> i32 {
+        crate::maps::count_datapath(reason);
         reject::reject::<F>(self, p)
     }
     #[inline(always)]
@@ -101,8 +103,8 @@ impl Forward for XdpContext {
         xdp_action::XDP_TX as i32
     }
     #[inline(always)]
-    fn reject<F: PacketFamily>(&self, _p: &Packet<F::Addr>) -> i32 {
-        // tc, next on the same device, answers it.
+    fn reject<F: PacketFamily>(&self, _p: &Packet<F::Addr>, _reason: u32) -> i32 {
+        // tc, next on the same device, answers (and counts) it.
         Self::PASS
     }
     #[inline(always)]

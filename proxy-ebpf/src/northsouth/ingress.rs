@@ -3,7 +3,13 @@
 //! in tc and, when enabled, in XDP before it (see [`super::forward`]).
 
 use proxy_common::{
-    CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, CtValue, LB_CFG_HANDING_OVER, proto, svc_flags,
+    CT_DIR_FORWARD, CT_F_CLOSING, CT_F_SNAT, CtValue, LB_CFG_HANDING_OVER,
+    maps::{
+        DROP_BACKEND_MISSING, DROP_CONNTRACK_FULL, DROP_FRAGMENT, DROP_NO_LOCAL_ENDPOINTS,
+        DROP_REWRITE_FAILED, DROP_SNAT_PORTS_EXHAUSTED, DROP_SOURCE_RANGE,
+        DROP_UNALLOCATED_SERVICE_IP, REJECT_NO_ENDPOINTS, REJECT_UNSERVED_PORT,
+    },
+    proto, svc_flags,
 };
 
 use super::{
@@ -21,7 +27,7 @@ use crate::{
         Client, ClientSide, Frontend, MaglevHash, V4, V6, flow_hash, lookup_frontend,
         masquerade_flow, pods_are_local, select_backend,
     },
-    maps::CT_SCRATCH,
+    maps::{CT_SCRATCH, count_datapath},
     packet::Packet,
 };
 
@@ -88,7 +94,7 @@ fn balance<C: Forward, F: AddrRewrite + Masquerade>(
     }
     match new_flow::<C, F>(ctx, p, ct::config(), side) {
         NewFlow::Done(action) => action,
-        NewFlow::Reject => ctx.reject::<F>(p),
+        NewFlow::Reject(reason) => ctx.reject::<F>(p, reason),
     }
 }
 
@@ -103,14 +109,23 @@ pub fn from_pod<F: AddrRewrite + Masquerade>(ctx: &TcContext, p: &Packet<F::Addr
     balance::<TcContext, F>(ctx, p, ClientSide::Pod)
 }
 
+/// A new flow's packet dropped and counted under `reason`. One frame for every drop of
+/// new_flow, beside its deeper calls: inlined at each site, the counters' keys took
+/// new_flow's frame a size class up and the pod-side chain over the verifier's limit.
+#[inline(never)]
+fn dropped<C: Forward>(reason: u32) -> NewFlow {
+    count_datapath(reason);
+    NewFlow::Done(C::DROP)
+}
+
 /// What became of a packet that belongs to no flow yet.
 enum NewFlow {
     /// The program's return code.
     Done(i32),
     /// Answer it (TCP RST, ICMP unreachable). Built by the caller, so that the answer's frame
     /// sits beside new_flow's, not under it: nested, the two came to exactly the 512 bytes
-    /// of combined stack the verifier allows.
-    Reject,
+    /// of combined stack the verifier allows. The reason is the counter slot.
+    Reject(u32),
 }
 
 #[inline(never)]
@@ -146,13 +161,13 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
     }
     if p.later_fragment {
         // Its first fragment made no flow: nothing to join.
-        return NewFlow::Done(C::DROP);
+        return dropped::<C>(DROP_FRAGMENT);
     }
     let internal = side == ClientSide::Pod && pods_are_local(cfg.flags);
     let (svc, key) = match lookup_frontend::<F>(p.daddr, p.dport, p.proto, internal) {
         Frontend::None => return NewFlow::Done(C::PASS),
-        Frontend::Drop => return NewFlow::Done(C::DROP),
-        Frontend::Reject => return NewFlow::Reject,
+        Frontend::Drop => return dropped::<C>(DROP_UNALLOCATED_SERVICE_IP),
+        Frontend::Reject => return NewFlow::Reject(REJECT_UNSERVED_PORT),
         Frontend::Service { svc, key } => (svc, key),
     };
     let maglev = side == ClientSide::Outside && svc.flags & svc_flags::MAGLEV != 0;
@@ -166,13 +181,13 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
         return NewFlow::Done(C::PASS);
     }
     if svc.flags & svc_flags::SOURCE_RANGES != 0 && !F::source_allowed(svc.rev_nat_id, p.saddr) {
-        return NewFlow::Done(C::DROP);
+        return dropped::<C>(DROP_SOURCE_RANGE);
     }
     if svc.count == 0 {
         if svc.flags & svc_flags::DROP_NO_ENDPOINTS != 0 {
-            return NewFlow::Done(C::DROP);
+            return dropped::<C>(DROP_NO_LOCAL_ENDPOINTS);
         }
-        return NewFlow::Reject;
+        return NewFlow::Reject(REJECT_NO_ENDPOINTS);
     }
     // Maglev applies to clients outside the node only: an ECMP router may send their packets
     // to any node, which must all pick the same backend.
@@ -186,13 +201,13 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
     let Some((backend_id, backend)) =
         select_backend::<F>(&svc, &key, Client::Addr(p.saddr), maglev_hash)
     else {
-        return NewFlow::Done(C::DROP);
+        return dropped::<C>(DROP_BACKEND_MISSING);
     };
     let (baddr, bport) = F::backend_target(&backend);
     if p.proto == proto::SCTP && bport != p.dport && p.fragment {
         // SCTP's CRC32c covers the ports and the whole packet: a fragment's cannot be
         // patched (whole packets are: proxy_common::crc32c).
-        return NewFlow::Done(C::DROP);
+        return dropped::<C>(DROP_FRAGMENT);
     }
     // Built in per-CPU scratch space: the stack is too small for it.
     let Some(v) = CT_SCRATCH.get_ptr_mut(0) else {
@@ -220,10 +235,10 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
     let hairpin = baddr == p.saddr;
     if masq != F::zero() && (hairpin || masquerade_flow::<F>(&svc, cfg.flags, &p.saddr, side)) {
         let Some(port) = ct::snat_port::<F>(cfg, v, masq, p.proto) else {
-            return NewFlow::Done(C::DROP);
+            return dropped::<C>(DROP_SNAT_PORTS_EXHAUSTED);
         };
         if p.proto == proto::SCTP && port != p.sport && p.fragment {
-            return NewFlow::Done(C::DROP);
+            return dropped::<C>(DROP_FRAGMENT);
         }
         v.flags |= CT_F_SNAT;
         v.snat_addr = F::to16(masq);
@@ -235,7 +250,7 @@ fn new_flow<C: Forward, F: AddrRewrite + Masquerade>(
         return NewFlow::Done(C::PASS);
     };
     if !ct::create::<F>(v, p.proto) {
-        return NewFlow::Done(C::DROP);
+        return dropped::<C>(DROP_CONNTRACK_FULL);
     }
     NewFlow::Done(forward::<C, F>(ctx, p, v, plan))
 }
@@ -278,12 +293,14 @@ fn forward<C: Forward, F: AddrRewrite>(
     if !F::rewrite_addr(ctx, p, Side::Destination, next.daddr)
         || !rewrite_port(ctx, p, Side::Destination, next.dport)
     {
+        count_datapath(DROP_REWRITE_FAILED);
         return C::DROP;
     }
     if v.flags & CT_F_SNAT != 0
         && (!F::rewrite_addr(ctx, p, Side::Source, next.saddr)
             || !rewrite_port(ctx, p, Side::Source, next.sport))
     {
+        count_datapath(DROP_REWRITE_FAILED);
         return C::DROP;
     }
     ctx.send(plan)

@@ -75,6 +75,7 @@ pub fn translate<C: Forward, F: AddrRewrite>(ctx: &C, p: &Packet<F::Addr>, v: &C
         return C::PASS;
     };
     if !rewrite::<C, F>(ctx, p, &next) {
+        crate::maps::count_datapath(proxy_common::maps::DROP_REWRITE_FAILED);
         return C::DROP;
     }
     ctx.send(plan)
@@ -92,6 +93,7 @@ pub fn rewrite_in_place<F: AddrRewrite>(
     if rewrite::<aya_ebpf::programs::TcContext, F>(ctx, p, &next) {
         aya_ebpf::bindings::TC_ACT_OK
     } else {
+        crate::maps::count_datapath(proxy_common::maps::DROP_REWRITE_FAILED);
         aya_ebpf::bindings::TC_ACT_SHOT
     }
 }

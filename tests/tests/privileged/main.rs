@@ -15,6 +15,7 @@ mod clients;
 mod drift_repair;
 mod ebpf_cleanup;
 mod ebpf_connected_udp;
+mod ebpf_counters;
 mod ebpf_mesh;
 mod ebpf_socket_lb;
 mod ebpf_xdp_attach;

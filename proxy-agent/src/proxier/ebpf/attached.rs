@@ -132,6 +132,31 @@ pub fn remove_filters(
     Ok(sweep)
 }
 
+/// Our tc filters on every device of the caller's namespace, as (ifindex, hook, program):
+/// how the tc programs are attached on kernels without TCX, where no link is pinned.
+pub fn our_filters() -> Result<Vec<(u32, ClsactHook, &'static str)>, NetlinkError> {
+    let mut socket = TcSocket::open()?;
+    let mut names: Option<HashMap<u32, String>> = None;
+    let mut out = Vec::new();
+    for link in socket.links()? {
+        for hook in ClsactHook::BOTH {
+            let Ok(filters) = socket.bpf_filters(link.ifindex, hook) else {
+                continue;
+            };
+            for filter in filters {
+                let names = names.get_or_insert_with(program_names);
+                if let Some(program) = TC_PROGRAMS
+                    .iter()
+                    .find(|p| filter_is_ours(&filter, names, std::slice::from_ref(*p)))
+                {
+                    out.push((link.ifindex, hook, *program));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn filter_is_ours(filter: &BpfFilter, names: &HashMap<u32, String>, ours: &[&str]) -> bool {
     let kernel_name = filter
         .prog_id

@@ -111,7 +111,7 @@ pub struct LoadOptions {
 }
 
 /// The socket programs and where they attach.
-const SOCK_PROGRAMS: &[&str] = &[
+pub(super) const SOCK_PROGRAMS: &[&str] = &[
     "sock_connect4",
     "sock_connect6",
     "sock_sendmsg4",

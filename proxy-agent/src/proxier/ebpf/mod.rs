@@ -9,6 +9,7 @@
 mod apply;
 mod attached;
 mod budget;
+pub mod counters;
 mod desired;
 mod entries;
 mod growth;
@@ -26,6 +27,7 @@ pub(super) mod pins;
 mod resize;
 pub mod sockets;
 mod stale_ct;
+mod status;
 mod trace;
 mod upgrade;
 mod xdp;

@@ -29,6 +29,7 @@ pub static MODE: ModeEntry = ModeEntry {
         inspect_subjects: inspect::SUBJECTS,
         inspect: Some(inspect::inspect_live),
         trace: Some(trace::trace_live),
+        status: Some(super::status::status_live),
     },
 };
 

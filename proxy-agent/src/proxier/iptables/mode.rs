@@ -27,6 +27,7 @@ pub static MODE: ModeEntry = ModeEntry {
         inspect_subjects: &[Subject::Rules],
         inspect: Some(netfilter::inspect::inspect_live),
         trace: Some(trace::trace_live),
+        status: None,
     },
 };
 

@@ -40,6 +40,7 @@ pub static MODE: ModeEntry = ModeEntry {
         inspect_subjects: &[Subject::Rules, Subject::Affinity],
         inspect: Some(trace::inspect_live),
         trace: Some(trace::trace_live),
+        status: None,
     },
 };
 
