@@ -131,7 +131,7 @@ fn read_metrics(page: &str, out: &mut AgentStatus) {
     out.maps = maps;
 }
 
-fn fill<'a>(maps: &'a mut Vec<MapFill>, map: String) -> &'a mut MapFill {
+fn fill(maps: &mut Vec<MapFill>, map: String) -> &mut MapFill {
     let index = match maps.iter().position(|m| m.map == map) {
         Some(i) => i,
         None => {
