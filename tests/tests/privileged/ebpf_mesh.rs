@@ -24,7 +24,7 @@ use std::{
 use serde_json::json;
 use tests::{
     node_harness::{TestNode, node_yaml, scenario_header, time_scale},
-    python_backend::{STREAM_ECHO, python, start_backend},
+    python_backend::{python, start_backend},
     require_root,
     scenario::{Mode, agent::Agent, netns::Place},
 };
@@ -103,39 +103,16 @@ except OSError as e:
     print("err", errno.errorcode.get(e.errno, e.errno))
 "#;
 
-/// The pod's redirect, as a mesh's init container installs it.
+/// The pod's redirect, as a mesh's init container installs it: the sidecar's own
+/// connections and loopback pass, every other outbound TCP connection goes to the sidecar.
 fn install_redirect(place: &Place) {
-    let rules = [
-        vec![
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "-m",
-            "mark",
-            "--mark",
-            SIDECAR_MARK,
-        ],
-        vec![
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "-d",
-            "127.0.0.0/8",
-        ],
-        vec!["-t", "nat", "-A", "OUTPUT", "-p", "tcp"],
-    ];
-    for (rule, target) in rules.iter().zip([
-        vec!["-j", "RETURN"],
-        vec!["-j", "RETURN"],
-        vec!["-j", "REDIRECT", "--to-ports", SIDECAR_PORT],
-    ]) {
-        let args: Vec<String> = rule.iter().chain(&target).map(|s| s.to_string()).collect();
+    let mark = format!("-m mark --mark {SIDECAR_MARK} -j RETURN");
+    let redirect = format!("-j REDIRECT --to-ports {SIDECAR_PORT}");
+    for rule in [mark.as_str(), "-d 127.0.0.0/8 -j RETURN", redirect.as_str()] {
+        let mut args: Vec<String> = ["-t", "nat", "-A", "OUTPUT", "-p", "tcp"]
+            .map(String::from)
+            .to_vec();
+        args.extend(rule.split(' ').map(String::from));
         let status = place
             .command(Path::new("iptables"), &args)
             .status()
@@ -196,33 +173,6 @@ fn ask(node: &TestNode, sidecar: &Sidecar, vip: &str) -> (String, String) {
     (app, sidecar.next_line())
 }
 
-/// A backend on the node's address (host network): in the node's namespace, outside the
-/// pods.
-fn start_host_backend(node: &TestNode) -> Child {
-    let place = Place {
-        netns: node.topology.node_ns.clone(),
-        cgroup: None,
-    };
-    let mut child = place
-        .command(
-            Path::new("python3"),
-            &[
-                "-c".to_string(),
-                STREAM_ECHO.to_string(),
-                NODE_IP.to_string(),
-            ],
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 starts");
-    let mut line = String::new();
-    if let Some(stdout) = child.stdout.as_mut() {
-        let _ = BufReader::new(stdout).read_line(&mut line);
-    }
-    assert_eq!(line.trim(), "ready", "the host-network backend listens");
-    child
-}
-
 /// The pinned links of the pod-side egress program.
 fn pod_egress_links(node: &TestNode) -> Vec<String> {
     let links = node.bpffs_root().join("links");
@@ -276,7 +226,8 @@ async fn a_sidecar_sees_the_cluster_ip_only_with_socket_lb_limited_to_the_host()
     .unwrap();
     let mut children = vec![
         start_backend(&node.topology, POD_BACKEND),
-        start_host_backend(&node),
+        // A host-network endpoint: the node's own namespace.
+        start_backend(&node.topology, NODE_IP),
     ];
     install_redirect(&node.topology.client_place(CLIENT.parse().unwrap()));
 
